@@ -1,0 +1,107 @@
+"""SamplingParams: how one request samples and when it stops (vLLM's offline API shape).
+
+A msgspec Struct, so the same object crosses the API → engine-core boundary as typed msgpack.
+Every field is validated in ``__post_init__``: bad values raise ``ValueError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+_MAX_LOGPROBS = 20
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Per-request sampling and stopping parameters.
+
+    ``temperature == 0`` means greedy. ``top_k`` of 0 or -1 disables top-k. ``seed`` makes the
+    request's samples reproducible whatever else is in the batch. ``logprobs`` asks for the
+    sampled token's logprob plus the top-N alternatives (N = ``logprobs``, 0 = only the sampled).
+    ``logit_bias`` maps token id → bias added to that token's logit before sampling.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] = msgspec.field(default_factory=list)
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        _check(_is_int(self.n) and self.n >= 1, "n", f"must be an integer >= 1, got {self.n!r}")
+        _check(_is_num(self.temperature) and self.temperature >= 0, "temperature",
+               f"must be >= 0, got {self.temperature!r}")
+        _check(_is_num(self.top_p) and 0 < self.top_p <= 1, "top_p",
+               f"must be in (0, 1], got {self.top_p!r}")
+        _check(_is_int(self.top_k) and self.top_k >= -1, "top_k",
+               f"must be -1 (disabled), 0 (disabled) or a positive integer, got {self.top_k!r}")
+        _check(_is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p",
+               f"must be in [0, 1], got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_is_num(value) and -2 <= value <= 2, name, f"must be in [-2, 2], got {value!r}")
+        _check(_is_num(self.repetition_penalty) and self.repetition_penalty > 0,
+               "repetition_penalty", f"must be > 0, got {self.repetition_penalty!r}")
+        _check(self.seed is None or _is_int(self.seed), "seed",
+               f"must be an integer, got {self.seed!r}")
+        _check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
+               "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        _check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens",
+               f"must be an integer >= 0, got {self.min_tokens!r}")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+               f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop",
+               "must be a list of non-empty strings")
+        _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+               "must be a list of non-negative token ids")
+        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs
+                                         <= _MAX_LOGPROBS),
+               "logprobs", f"must be an integer in [0, {_MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.logit_bias:
+            for token, bias in self.logit_bias.items():
+                _check(_is_int(token) and token >= 0, "logit_bias",
+                       f"keys must be token ids (non-negative integers), got {token!r}")
+                _check(_is_num(bias) and -100 <= bias <= 100, "logit_bias",
+                       f"values must be in [-100, 100], got {bias!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate_vocab(self, vocab_size: int) -> None:
+        """Raise ValueError if any token id given by the caller is outside the vocabulary."""
+        for token in list(self.logit_bias or {}) + self.stop_token_ids:
+            if token >= vocab_size:
+                raise ValueError(f"token id {token} is out of the vocabulary (size {vocab_size})")
+
+    def clone(self, **changes) -> SamplingParams:
+        return msgspec.structs.replace(self, **changes)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_num(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
+
+
+def _check(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"SamplingParams.{field} {message}")
