@@ -1,0 +1,101 @@
+"""Command line: ``radixserve generate | chat | bench``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from radixserve.cli_args import add_engine_args, add_sampling_args, engine_kwargs, sampling_params
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="radixserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="print a continuation of a prompt")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    add_engine_args(gen)
+    add_sampling_args(gen, temperature=0.0, max_tokens=64)
+
+    chat = sub.add_parser("chat", help="interactive chat in the terminal, streamed")
+    chat.add_argument("--system", default=None, help="system message")
+    add_engine_args(chat)
+    add_sampling_args(chat, temperature=0.7, max_tokens=512)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    offline = bench_sub.add_parser("offline", help="in-process load, prefill and decode speed")
+    from radixserve.bench.offline import add_args as add_offline_args
+    add_offline_args(offline)
+    add_engine_args(offline)
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        if args.command == "chat":
+            return _chat(args)
+        if args.command == "bench":
+            from radixserve.bench.offline import run
+            return run(args, engine_kwargs(args))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"radixserve: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _load(args):
+    params = sampling_params(args)  # validate before the (slow) model load
+    from radixserve import LLM
+
+    return LLM(args.model, **engine_kwargs(args)), params
+
+
+def _generate(args) -> int:
+    if not args.prompt:
+        raise ValueError("the prompt is empty")
+    llm, params = _load(args)
+    prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+    for delta in llm.stream(prompt, params, chat=args.chat):
+        print(delta, end="", flush=True)
+    print()
+    return 0
+
+
+def _chat(args) -> int:
+    llm, params = _load(args)
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    print("radixserve chat — /reset clears the conversation, /exit or Ctrl-D quits.",
+          file=sys.stderr)
+    while True:
+        try:
+            line = input(">>> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return 0
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        if line.strip() == "/reset":
+            history = history[:1] if args.system else []
+            continue
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line})
+        reply = []
+        try:
+            for delta in llm.stream(history, params, chat=True):
+                reply.append(delta)
+                print(delta, end="", flush=True)
+        except KeyboardInterrupt:
+            pass
+        except ValueError as exc:  # e.g. the conversation outgrew the context window
+            print(f"\nradixserve: error: {exc}", file=sys.stderr)
+            history.pop()
+            continue
+        print()
+        history.append({"role": "assistant", "content": "".join(reply)})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

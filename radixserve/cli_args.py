@@ -1,0 +1,55 @@
+"""Shared CLI flags for the engine (model, KV pool, scheduler, device)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None,
+                   help="a .gguf file or a Hugging Face folder (default: embedded SmolLM2-135M)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--kv-cache-memory-gb", type=float, default=1.0,
+                   help="memory budget of the paged KV pool, GiB")
+    g.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="explicit KV pool size in blocks (overrides the memory budget)")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="max running requests per step")
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="token budget per step (decodes + prefill chunks)")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="context window (default: the model's)")
+    g.add_argument("--device", default="cpu", help="cpu or cuda")
+    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="default: float32 on CPU, bfloat16 on CUDA")
+    g.add_argument("--seed", type=int, default=0, help="engine seed for unseeded requests")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    return dict(block_size=args.block_size, kv_cache_memory_gb=args.kv_cache_memory_gb,
+                num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                max_model_len=args.max_model_len, device=args.device, dtype=args.dtype,
+                seed=args.seed)
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, temperature: float,
+                      max_tokens: int) -> None:
+    g = parser.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=max_tokens)
+    g.add_argument("--temperature", type=float, default=temperature)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
+    g.add_argument("--ignore-eos", action="store_true")
+
+
+def sampling_params(args: argparse.Namespace):
+    from radixserve.sampling_params import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                          top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, seed=args.sampling_seed,
+                          ignore_eos=args.ignore_eos)

@@ -1,0 +1,47 @@
+"""PrefixCache: the interface the KV manager uses to reuse KV of earlier requests.
+
+Implementations: ``NoPrefixCache`` (no reuse) and the radix-tree cache. Token runs are
+page-aligned: only whole blocks of ``block_size`` tokens are ever cached or matched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """``block_ids`` hold the KV of the first ``num_tokens`` tokens; ``handle`` is what to lock."""
+
+    block_ids: list[int]
+    num_tokens: int
+    handle: Any = None
+
+
+class PrefixCache(Protocol):
+    def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
+        """Longest cached page-aligned prefix of ``token_ids``. Touches LRU state only.
+
+        The match must be ``lock``ed before its blocks are used, or they may be evicted.
+        """
+
+    def lock(self, handle: Any) -> None:
+        """Protect the matched path from eviction (ref count +1)."""
+
+    def unlock(self, handle: Any) -> None:
+        """Undo one ``lock``."""
+
+    def release(self, token_ids: list[int], block_ids: list[int], handle: Any) -> None:
+        """A request is done with ``block_ids`` holding KV for ``token_ids``.
+
+        Unlocks ``handle``; keeps what is worth caching; returns the rest to the block pool.
+        """
+
+    def evict(self, num_blocks: int) -> int:
+        """Free up to ``num_blocks`` unreferenced cached blocks (LRU first); return how many."""
+
+    @property
+    def num_evictable_blocks(self) -> int: ...
+
+    def check_integrity(self) -> None: ...

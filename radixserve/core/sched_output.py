@@ -1,0 +1,61 @@
+"""Plain data passed from the scheduler to the model runner and back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixserve.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """One sequence's share of a step: feed ``token_ids`` at positions ``start_pos...``.
+
+    ``block_ids`` is the sequence's whole block table (read-only for the runner). When
+    ``sample`` is set, the last fed position produces the next token; the sampling fields
+    are then filled (references to the request's lists: the runner only reads them).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
+    block_ids: list[int]
+    sample: bool
+    sampling_params: SamplingParams | None = None
+    seed: int = 0
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        return self.start_pos + len(self.token_ids)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    seqs: list[ScheduledSeq]
+    num_batched_tokens: int
+    preempted_ids: list[str]
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """Results for the sequences with ``sample`` set, in the order they appear in the batch.
+
+    ``logprobs[i]`` is the sampled token's logprob and ``top_logprobs[i]`` a list of
+    (token_id, logprob) pairs; both are None for rows that did not ask for logprobs.
+    """
+
+    request_ids: list[str]
+    token_ids: list[int]
+    logprobs: list[float | None]
+    top_logprobs: list[list[tuple[int, float]] | None]

@@ -1,0 +1,183 @@
+"""Scheduler: token accounting over a token budget; continuous batching with chunked prefill.
+
+There are no prefill/decode phases. Every request has ``num_computed_tokens`` chasing
+``num_tokens``; each step hands out at most ``max_num_batched_tokens`` tokens, running requests
+first (decodes before unfinished prefill chunks), then waiting requests in queue order. A prompt
+longer than the remaining budget is split into chunks across steps.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+
+from radixserve.config import SchedulerConfig
+from radixserve.core.kv.kv_manager import KVCacheManager
+from radixserve.core.request import Request, RequestStatus
+from radixserve.core.sched_output import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from radixserve.core.stop import check_stop
+from radixserve.engine.messages import EngineCoreOutput
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> None:
+        self.config = config
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self._order = itertools.count()
+        self._queue_keys: dict[str, tuple] = {}
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request. ValueError if it could never fit in the KV pool."""
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        longest = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+        need = self.kv.num_blocks_for(longest)
+        if need > self.kv.block_pool.num_blocks:
+            raise ValueError(
+                f"request needs up to {need} KV blocks ({longest} tokens) but the pool holds "
+                f"{self.kv.block_pool.num_blocks}; raise the KV cache memory budget")
+        self.requests[request.request_id] = request
+        self._queue_keys[request.request_id] = (request.priority, request.arrival_time,
+                                                next(self._order))
+        self._enqueue(request)
+
+    def abort_requests(self, request_ids: list[str]) -> list[Request]:
+        """Finish the given requests wherever they are, freeing their blocks."""
+        aborted = []
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            if request.status is RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, "abort")
+            aborted.append(request)
+        return aborted
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        seqs: list[ScheduledSeq] = []
+        scheduled: set[str] = set()
+        preempted: list[str] = []
+
+        # Running requests: decodes (1 new token) before unfinished prefill chunks.
+        for request in sorted(self.running, key=lambda r: r.num_new_tokens > 1):
+            if budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(request.num_new_tokens, budget)
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self._pick_victim(scheduled)
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            seqs.append(self._scheduled_seq(request, num_new))
+            scheduled.add(request.request_id)
+            budget -= num_new
+
+        # Waiting requests, in queue order, while blocks, budget and seats last.
+        while (self.waiting and budget > 0 and not preempted
+               and len(self.running) < self.config.max_num_seqs):
+            request = self.waiting[0]
+            if not request.block_ids:
+                cached = self.kv.match_and_lock(request)
+                request.num_computed_tokens = cached
+                if request.num_preemptions == 0:
+                    request.num_cached_tokens = cached
+            num_new = min(request.num_new_tokens, budget)
+            if not self.kv.allocate_slots(request, num_new):
+                self.kv.free(request)
+                request.num_computed_tokens = 0
+                break
+            self.waiting.pop(0)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            seqs.append(self._scheduled_seq(request, num_new))
+            budget -= num_new
+
+        num_batched = self.config.max_num_batched_tokens - budget
+        return SchedulerOutput(seqs, num_batched, preempted)
+
+    def update_from_output(self, sched: SchedulerOutput,
+                           result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Advance computed tokens, append sampled tokens, finish stopped requests."""
+        for seq in sched.seqs:
+            self.requests[seq.request_id].num_computed_tokens += seq.num_tokens
+        outputs = []
+        for i, rid in enumerate(result.request_ids):
+            request = self.requests[rid]
+            request.append_token(result.token_ids[i])
+            reason = check_stop(request, self.max_model_len)
+            logprob = result.logprobs[i]
+            out = EngineCoreOutput(
+                rid, [result.token_ids[i]], reason,
+                None if logprob is None else [logprob],
+                None if logprob is None else [result.top_logprobs[i] or []],
+                request.num_cached_tokens)
+            outputs.append(out)
+            if reason is not None:
+                self.running.remove(request)
+                self._finish(request, reason)
+        return outputs
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()
+        assert len(self.requests) == len(self.running) + len(self.waiting)
+        for request in self.running:
+            assert request.status is RequestStatus.RUNNING
+            assert len(request.block_ids) >= self.kv.num_blocks_for(request.num_computed_tokens)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _scheduled_seq(self, request: Request, num_new: int) -> ScheduledSeq:
+        start = request.num_computed_tokens
+        sample = start + num_new == request.num_tokens
+        seq = ScheduledSeq(request.request_id, request.all_token_ids[start:start + num_new],
+                           start, request.block_ids, sample)
+        if sample:
+            seq.sampling_params = request.sampling_params
+            seq.seed = request.seed
+            seq.prompt_token_ids = request.prompt_token_ids
+            seq.output_token_ids = request.output_token_ids
+            seq.stop_token_ids = request.stop_token_ids
+        return seq
+
+    def _pick_victim(self, scheduled: set[str]) -> Request:
+        """Lowest priority (largest value), then latest arrival, among not-yet-scheduled."""
+        candidates = [r for r in self.running if r.request_id not in scheduled]
+        return max(candidates, key=lambda r: self._queue_keys[r.request_id])
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute-style preemption: drop the KV, go back to waiting, resume later."""
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self._enqueue(request)
+
+    def _enqueue(self, request: Request) -> None:
+        key = self._queue_keys.__getitem__
+        bisect.insort(self.waiting, request, key=lambda r: key(r.request_id))
+
+    def _finish(self, request: Request, reason: str) -> None:
+        if request.block_ids:
+            self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        del self.requests[request.request_id]
+        del self._queue_keys[request.request_id]

@@ -1,0 +1,100 @@
+"""EngineCore: the scheduler + KV manager + model runner loop, one ``step()`` at a time.
+
+The offline ``LLM`` runs it in-process; the server runs it in its own process behind ZMQ.
+It works on token ids only: text (detokenization, stop strings) lives in the frontend.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from radixserve.config import EngineConfig, ModelConfig
+from radixserve.core.kv.block_pool import BlockPool
+from radixserve.core.kv.kv_manager import KVCacheManager
+from radixserve.core.kv.no_cache import NoPrefixCache
+from radixserve.core.request import Request
+from radixserve.core.scheduler import Scheduler
+from radixserve.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from radixserve.models.loader import ModelSource, load_model, load_model_config, open_gguf
+from radixserve.runner.kv_cache import num_blocks_for_budget
+from radixserve.runner.model_runner import ModelRunner
+
+
+class EngineCore:
+    def __init__(self, scheduler: Scheduler, runner, vocab_size: int, seed: int = 0) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.vocab_size = vocab_size
+        self._rng = random.Random(seed)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, source: ModelSource,
+                    show_progress: bool = True) -> EngineCore:
+        reader = open_gguf(source.path) if source.kind == "gguf" else None
+        model_config = load_model_config(source, reader)
+        device, dtype = config.device.torch_device, config.device.torch_dtype
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was asked for but CUDA is not available")
+        model = load_model(source, model_config, device, dtype, reader, show_progress)
+        num_blocks = num_blocks_for_budget(model_config, config.cache, dtype)
+        block_size = config.cache.block_size
+        runner = ModelRunner(model, model_config, num_blocks, block_size, device, dtype)
+        pool = BlockPool(num_blocks)
+        kv = KVCacheManager(pool, NoPrefixCache(pool), block_size)
+        max_len = resolve_max_model_len(config, model_config)
+        scheduler = Scheduler(config.scheduler, kv, max_len)
+        return cls(scheduler, runner, model_config.vocab_size, config.seed)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        """Queue a request. ValueError (nothing queued) on a prompt the engine cannot take."""
+        params = req.sampling_params
+        num_prompt = len(req.prompt_token_ids)
+        if num_prompt == 0:
+            raise ValueError("the prompt is empty")
+        if num_prompt >= self.max_model_len:
+            raise ValueError(f"the prompt has {num_prompt} tokens; the context window is "
+                             f"{self.max_model_len} (and at least one token must be generated)")
+        if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) >= self.vocab_size:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        params.validate_vocab(self.vocab_size)
+        room = self.max_model_len - num_prompt
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids.update(req.eos_token_ids)
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        request = Request(req.request_id, list(req.prompt_token_ids), params,
+                          frozenset(stop_ids), seed, req.arrival_time or time.time(),
+                          req.priority, max_tokens)
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.abort_requests(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def step(self) -> EngineCoreOutputs:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return EngineCoreOutputs([], time.time())
+        result = self.runner.execute(sched)
+        outputs = self.scheduler.update_from_output(sched, result)
+        return EngineCoreOutputs(outputs, time.time())
+
+
+def resolve_max_model_len(config: EngineConfig, model: ModelConfig) -> int:
+    limit = model.max_position_embeddings
+    asked = config.scheduler.max_model_len
+    if asked is None:
+        return limit
+    if asked > limit:
+        raise ValueError(f"max_model_len={asked} exceeds the model's context window ({limit})")
+    return asked

@@ -1,0 +1,203 @@
+"""The offline API, shaped like vLLM's: ``LLM(model).generate(prompts, SamplingParams(...))``.
+
+Runs the same ``EngineCore`` as the server, in-process.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+
+from radixserve.config import CacheConfig, DeviceConfig, EngineConfig, SchedulerConfig
+from radixserve.engine.engine_core import EngineCore
+from radixserve.engine.messages import EngineCoreRequest
+from radixserve.engine.output_processor import RequestState
+from radixserve.engine.tokenizer import Tokenizer
+from radixserve.models.loader import ModelSource
+from radixserve.outputs import RequestOutput
+from radixserve.sampling_params import SamplingParams
+
+Prompt = str | list[int] | dict
+
+
+class LLM:
+    """Load a model (None → the embedded SmolLM2-135M-Instruct) and generate offline.
+
+    Errors in the arguments raise ValueError / FileNotFoundError before anything is queued,
+    so the object keeps working after a bad call.
+    """
+
+    def __init__(self, model: str | None = None, *, block_size: int = 16,
+                 kv_cache_memory_gb: float = 1.0, num_kv_blocks: int | None = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 max_model_len: int | None = None, device: str = "cpu",
+                 dtype: str | None = None, seed: int = 0, show_progress: bool = True) -> None:
+        self.config = EngineConfig(
+            model=model,
+            cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks),
+            scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len),
+            device=DeviceConfig(device, dtype), seed=seed)
+        self.source = ModelSource.resolve(model)
+        self.tokenizer = load_tokenizer(self.source)
+        self.engine = EngineCore.from_config(self.config, self.source, show_progress)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Tokenizer:
+        return self.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order. Prompts: text, token ids, or
+        ``{"prompt": str}`` / ``{"prompt_token_ids": [...]}``."""
+        prompts = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(prompts))
+        items = [self._tokenize(p) for p in prompts]
+        return self._run(items, params, priority or [0] * len(items))
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             add_generation_prompt: bool = True, tools: list[dict] | None = None,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them."""
+        if not messages:
+            raise ValueError("messages is empty")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        texts = [self.tokenizer.apply_chat_template(
+            conv, add_generation_prompt=add_generation_prompt, tools=tools,
+            **(chat_template_kwargs or {})) for conv in conversations]
+        params = _as_params_list(sampling_params, len(texts))
+        items = [(t, self.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+        return self._run(items, params, [0] * len(items))
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None,
+               chat: bool = False) -> Iterator[str]:
+        """Yield text deltas of one request as they are generated (n must be 1)."""
+        params = sampling_params or SamplingParams()
+        if params.n != 1:
+            raise ValueError("stream() supports n=1 only")
+        if chat:
+            text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
+            item = (text, self.tokenizer.encode(text, add_special_tokens=False))
+        else:
+            item = self._tokenize(prompt)
+        rid = f"stream-{next(self._ids)}"
+        state = RequestState(0, item[1], params, self.tokenizer)
+        self._submit(rid, item[1], params, 0)
+        try:
+            while not state.finished:
+                for out in self.engine.step().outputs:
+                    delta = state.process(out)
+                    if delta:
+                        yield delta
+                    if state.finished and out.finish_reason is None:
+                        self.engine.abort_requests([rid])
+        finally:
+            if not state.finished:
+                self.engine.abort_requests([rid])
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("the prompt is empty")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise ValueError(f"a prompt must be a string, a list of token ids or a dict, "
+                         f"got {type(prompt).__name__}")
+
+    def _check(self, token_ids: list[int], params: SamplingParams) -> None:
+        limit = self.engine.max_model_len
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        if len(token_ids) >= limit:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens; the context window is "
+                             f"{limit} (and at least one token must be generated)")
+        if min(token_ids) < 0 or max(token_ids) >= self.engine.vocab_size:
+            raise ValueError(f"prompt token ids must be in [0, {self.engine.vocab_size})")
+        params.validate_vocab(self.engine.vocab_size)
+
+    def _submit(self, rid: str, token_ids: list[int], params: SamplingParams,
+                priority: int) -> None:
+        self._check(token_ids, params)
+        req = EngineCoreRequest(request_id=rid, prompt_token_ids=token_ids,
+                                sampling_params=params,
+                                eos_token_ids=sorted(self.tokenizer.eos_token_ids),
+                                priority=priority)
+        self.engine.add_request(req)
+
+    def _run(self, items: list[tuple[str | None, list[int]]], params: list[SamplingParams],
+             priority: Sequence[int]) -> list[RequestOutput]:
+        for (_, ids), p in zip(items, params):
+            self._check(ids, p)
+        results, states = [], {}
+        try:
+            for (text, ids), p, prio in zip(items, params, priority):
+                result = RequestOutput(f"{next(self._ids)}", text, ids)
+                results.append(result)
+                for i in range(p.n):
+                    child = _child_params(p, i)
+                    rid = f"{result.request_id}-{i}"
+                    self._submit(rid, ids, child, prio)
+                    states[rid] = (result, RequestState(i, ids, child, self.tokenizer))
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step().outputs:
+                    result, state = states[out.request_id]
+                    state.process(out)
+                    if state.finished and out.finish_reason is None:
+                        self.engine.abort_requests([out.request_id])
+        finally:
+            pending = [rid for rid, (_, s) in states.items() if not s.finished]
+            self.engine.abort_requests(pending)
+        for rid, (result, state) in states.items():
+            result.outputs.append(state.completion_output())
+            result.num_cached_tokens = state.num_cached_tokens
+        for result in results:
+            result.outputs.sort(key=lambda o: o.index)
+            result.finished = True
+        return results
+
+
+def load_tokenizer(source: ModelSource) -> Tokenizer:
+    if source.kind == "gguf":
+        return Tokenizer.from_gguf(source.path)
+    return Tokenizer.from_hf_dir(source.path)
+
+
+def _child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The i-th of n samples: n=1, and a distinct but reproducible seed."""
+    if params.n == 1:
+        return params
+    seed = None if params.seed is None else params.seed * 1_000_003 + index
+    return params.clone(n=1, seed=seed)
+
+
+def _as_prompt_list(prompts) -> list[Prompt]:
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("no prompts given")
+    return prompts
+
+
+def _as_params_list(params, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} SamplingParams for {n} prompts")
+    return params

@@ -1,0 +1,119 @@
+"""Reference paged attention in plain torch: runs on any device.
+
+The packed batch holds decode-like sequences (one new token) first, then prefill chunks.
+The KV pool per layer is ``[num_blocks, block_size, num_kv_heads, head_dim]``; a token at
+position p of a sequence lives in slot ``block_ids[p // block_size] * block_size + p % block_size``.
+
+- decode rows: one batched matmul over K/V gathered through slot indices, masked by context
+  length, grouped-query without repeating K/V (``q`` viewed as [B, kv_heads, group, d]).
+- prefill chunks, one at a time: a fresh prompt attends causally to its own K/V; a chunk with
+  earlier context (chunked prefill, prefix-cache hit) reads the context from the pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    q_start: int
+    q_len: int
+    start_pos: int
+    ctx_slots: torch.Tensor | None  # [ctx_len] pool slots; None when start_pos == 0
+    mask: torch.Tensor | None  # [q_len, ctx_len] bool; None when start_pos == 0
+
+
+@dataclass(slots=True)
+class TorchAttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
+    num_decodes: int
+    decode_slots: torch.Tensor | None  # [B, L] pool slots of each decode row's context
+    decode_mask: torch.Tensor | None  # [B, 1, 1, L] True where a key is valid
+    prefills: list[PrefillChunk]
+
+
+class TorchPagedAttention:
+    name = "torch"
+
+    def build_metadata(self, *, slot_mapping: torch.Tensor, block_table: torch.Tensor,
+                       context_lens: list[int], q_lens: list[int], start_pos: list[int],
+                       block_size: int) -> TorchAttentionMetadata:
+        """``block_table`` [S, max_blocks] padded; sequences with q_len 1 come first."""
+        device = slot_mapping.device
+        num_decodes = 0
+        while num_decodes < len(q_lens) and q_lens[num_decodes] == 1:
+            num_decodes += 1
+        decode_slots = decode_mask = None
+        if num_decodes:
+            max_len = max(context_lens[:num_decodes])
+            slots = _slots(block_table[:num_decodes], block_size, max_len)
+            lens = torch.tensor(context_lens[:num_decodes], device=device)
+            decode_mask = (torch.arange(max_len, device=device) < lens[:, None])[:, None, None, :]
+            decode_slots = slots
+        prefills, q_start = [], num_decodes
+        for i in range(num_decodes, len(q_lens)):
+            ctx_slots = mask = None
+            if start_pos[i] > 0:
+                ctx_len = context_lens[i]
+                ctx_slots = _slots(block_table[i:i + 1], block_size, ctx_len)[0]
+                q_pos = torch.arange(start_pos[i], ctx_len, device=device)
+                mask = torch.arange(ctx_len, device=device)[None, :] <= q_pos[:, None]
+            prefills.append(PrefillChunk(q_start, q_lens[i], start_pos[i], ctx_slots, mask))
+            q_start += q_lens[i]
+        return TorchAttentionMetadata(slot_mapping, num_decodes, decode_slots, decode_mask,
+                                      prefills)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor],
+                meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+        """q [T, H, d], k/v [T, KVH, d] → [T, H, d]. Writes k/v into the pool first."""
+        k_cache, v_cache = kv_cache
+        num_kv_heads, head_dim = k_cache.shape[-2:]
+        flat_k = k_cache.view(-1, num_kv_heads, head_dim)
+        flat_v = v_cache.view(-1, num_kv_heads, head_dim)
+        flat_k.index_copy_(0, meta.slot_mapping, k)
+        flat_v.index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        if meta.num_decodes:
+            b = meta.num_decodes
+            out[:b] = _decode(q[:b], flat_k[meta.decode_slots], flat_v[meta.decode_slots],
+                              meta.decode_mask, scale)
+        for p in meta.prefills:
+            rows = slice(p.q_start, p.q_start + p.q_len)
+            qs = q[rows].transpose(0, 1).unsqueeze(0)
+            if p.ctx_slots is None:
+                ks, vs = k[rows], v[rows]
+                o = F.scaled_dot_product_attention(
+                    qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
+                    is_causal=True, scale=scale, enable_gqa=True)
+            else:
+                ks, vs = flat_k[p.ctx_slots], flat_v[p.ctx_slots]
+                o = F.scaled_dot_product_attention(
+                    qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
+                    attn_mask=p.mask, scale=scale, enable_gqa=True)
+            out[rows] = o.squeeze(0).transpose(0, 1)
+        return out
+
+
+def _slots(block_table: torch.Tensor, block_size: int, length: int) -> torch.Tensor:
+    """[S, max_blocks] block ids → [S, length] pool slots of positions 0..length-1."""
+    offsets = torch.arange(block_size, device=block_table.device)
+    slots = (block_table[:, :, None] * block_size + offsets).flatten(1)
+    return slots[:, :length]
+
+
+def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+            scale: float) -> torch.Tensor:
+    """q [B, H, d]; k/v [B, L, KVH, d]; mask [B, 1, 1, L] → [B, H, d]."""
+    b, num_heads, d = q.shape
+    num_kv_heads = k.shape[2]
+    qg = q.view(b, num_kv_heads, num_heads // num_kv_heads, d)
+    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale  # [B, KVH, G, L]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, v.transpose(1, 2))  # [B, KVH, G, d]
+    return out.reshape(b, num_heads, d)

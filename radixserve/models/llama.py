@@ -1,0 +1,156 @@
+"""Llama-family decoder: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm).
+
+Weights use Hugging Face names; q/k/v and gate/up are fused into one matmul each at load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from radixserve.config import ModelConfig
+from radixserve.layers.activation import silu_and_mul
+from radixserve.layers.norm import RMSNorm
+from radixserve.layers.rotary import RotaryEmbedding
+from radixserve.runner.forward_context import get_forward_context
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size,
+                                  bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.rotary = rotary
+        self.scale = cfg.head_dim ** -0.5
+        self.split = (cfg.q_size, cfg.kv_size, cfg.kv_size)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        ctx = get_forward_context()
+        out = ctx.backend.forward(q, k, v.contiguous(), ctx.kv_caches[self.layer_idx],
+                                  ctx.attn_metadata, self.scale)
+        return self.o_proj(out.view(num_tokens, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                 cfg.rope_scaling)
+        self.rotary = rotary
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = (None if cfg.tie_word_embeddings
+                        else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Packed batch [T] → final hidden states [T, hidden]."""
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(positions, x)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.matmul(hidden, weight.t()).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors, fusing q/k/v and gate/up. Raises ValueError on a missing or
+        unexpected tensor."""
+        params = dict(self.named_parameters())
+        fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+                 "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue
+            parts = name.split(".")
+            shard = fused.get(parts[-2]) if len(parts) >= 2 else None
+            if shard is not None:
+                target, idx = shard
+                name = ".".join(parts[:-2] + [target, parts[-1]])
+                param = params.get(name)
+                if param is None:
+                    raise ValueError(f"unexpected weight {name!r}")
+                offset, size = self._shard_range(target, idx)
+                _copy(param.data[offset:offset + size], tensor, name)
+                loaded.add(f"{name}#{idx}")
+                continue
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"unexpected weight {name!r}")
+            _copy(param.data, tensor, name)
+            loaded.add(name)
+        missing = [n for n in self._expected_names() if n not in loaded]
+        if missing:
+            raise ValueError(f"weights missing from the checkpoint: {missing[:5]}"
+                             f"{' ...' if len(missing) > 5 else ''}")
+
+    def _shard_range(self, target: str, idx: int) -> tuple[int, int]:
+        cfg = self.config
+        if target == "qkv_proj":
+            sizes = (cfg.q_size, cfg.kv_size, cfg.kv_size)
+        else:
+            sizes = (cfg.intermediate_size, cfg.intermediate_size)
+        return sum(sizes[:idx]), sizes[idx]
+
+    def _expected_names(self) -> list[str]:
+        names = []
+        for name, _ in self.named_parameters():
+            if ".qkv_proj." in name:
+                names += [f"{name}#{i}" for i in range(3)]
+            elif ".gate_up_proj." in name:
+                names += [f"{name}#{i}" for i in range(2)]
+            else:
+                names.append(name)
+        return names
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ValueError(f"weight {name!r} has shape {tuple(src.shape)}, "
+                         f"expected {tuple(dst.shape)}")
+    dst.copy_(src)

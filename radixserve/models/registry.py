@@ -1,0 +1,27 @@
+"""Model classes by architecture name (HF ``architectures`` or GGUF ``general.architecture``)."""
+
+from __future__ import annotations
+
+import importlib
+
+_LLAMA = ("radixserve.models.llama", "LlamaForCausalLM")
+_MODELS = {
+    "LlamaForCausalLM": _LLAMA,
+    "MistralForCausalLM": _LLAMA,
+    "Qwen2ForCausalLM": _LLAMA,
+    "Qwen3ForCausalLM": _LLAMA,
+}
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                      "qwen3": "Qwen3ForCausalLM"}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def get_model_class(architecture: str):
+    if architecture not in _MODELS:
+        raise ValueError(f"unsupported model architecture {architecture!r}; supported: "
+                         f"{supported_architectures()} (GGUF: {sorted(GGUF_ARCHITECTURES)})")
+    module, cls = _MODELS[architecture]
+    return getattr(importlib.import_module(module), cls)

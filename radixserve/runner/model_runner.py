@@ -1,0 +1,87 @@
+"""ModelRunner: SchedulerOutput (plain data) → one batched forward → sampled tokens.
+
+Input tensors are built once per step; the packed batch puts one-token sequences first
+(decodes), then prefill chunks, with no padding. Logits are computed only at positions that
+sample. The runner reads the scheduled data and never mutates requests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.config import ModelConfig
+from radixserve.core.sched_output import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from radixserve.layers.attn_backends import get_attn_backend
+from radixserve.runner.forward_context import ForwardContext, forward_context
+from radixserve.runner.kv_cache import allocate_kv_cache
+from radixserve.runner.sampler import Sampler, SamplingBatch
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, config: ModelConfig, num_blocks: int,
+                 block_size: int, device: torch.device, dtype: torch.dtype,
+                 attn_backend: str = "torch") -> None:
+        self.model = model
+        self.config = config
+        self.block_size = block_size
+        self.device = device
+        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
+        self.backend = get_attn_backend(attn_backend)
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        seqs = sorted(sched.seqs, key=lambda s: s.num_tokens > 1)  # decodes first, stable
+        input_ids, positions, meta, sample_idx = self._prepare(seqs)
+        ctx = ForwardContext(meta, self.kv_caches, self.backend)
+        with forward_context(ctx):
+            hidden = self.model(input_ids, positions)
+        sampling = [s for s in seqs if s.sample]
+        if not sampling:
+            return ModelRunnerOutput([], [], [], [])
+        logits = self.model.compute_logits(hidden[sample_idx])
+        return self._sample(sampling, logits)
+
+    def _prepare(self, seqs: list[ScheduledSeq]):
+        dev, bs = self.device, self.block_size
+        q_lens = [s.num_tokens for s in seqs]
+        starts = [s.start_pos for s in seqs]
+        flat_ids = [t for s in seqs for t in s.token_ids]
+        max_blocks = max(len(s.block_ids) for s in seqs)
+        table = [s.block_ids + [0] * (max_blocks - len(s.block_ids)) for s in seqs]
+
+        input_ids = torch.tensor(flat_ids, dtype=torch.long, device=dev)
+        q_lens_t = torch.tensor(q_lens, dtype=torch.long, device=dev)
+        block_table = torch.tensor(table, dtype=torch.long, device=dev)
+        seq_idx = torch.repeat_interleave(torch.arange(len(seqs), device=dev), q_lens_t)
+        cu = torch.cumsum(q_lens_t, 0)
+        offset_in_seq = torch.arange(len(flat_ids), device=dev) - (cu - q_lens_t)[seq_idx]
+        positions = torch.tensor(starts, dtype=torch.long, device=dev)[seq_idx] + offset_in_seq
+        slot_mapping = block_table[seq_idx, positions // bs] * bs + positions % bs
+        meta = self.backend.build_metadata(
+            slot_mapping=slot_mapping, block_table=block_table,
+            context_lens=[s.context_len for s in seqs], q_lens=q_lens, start_pos=starts,
+            block_size=bs)
+        sample_idx = (cu - 1)[torch.tensor([s.sample for s in seqs], device=dev)]
+        return input_ids, positions, meta, sample_idx
+
+    def _sample(self, seqs: list[ScheduledSeq], logits: torch.Tensor) -> ModelRunnerOutput:
+        batch = SamplingBatch.build(
+            params=[s.sampling_params for s in seqs], seeds=[s.seed for s in seqs],
+            output_token_ids=[s.output_token_ids for s in seqs],
+            prompt_token_ids=[s.prompt_token_ids for s in seqs],
+            stop_token_ids=[s.stop_token_ids for s in seqs],
+            vocab_size=logits.shape[-1], device=self.device)
+        out = self.sampler(logits, batch)
+        token_ids = out.token_ids.tolist()
+        logprobs: list = [None] * len(seqs)
+        top: list = [None] * len(seqs)
+        if out.logprobs is not None:
+            all_lp = out.logprobs.tolist()
+            top_ids, top_lp = (out.top_logprobs[0].tolist(), out.top_logprobs[1].tolist())
+            for i, s in enumerate(seqs):
+                n = s.sampling_params.logprobs
+                if n is not None:
+                    logprobs[i] = all_lp[i]
+                    top[i] = list(zip(top_ids[i][:n], top_lp[i][:n]))
+        return ModelRunnerOutput([s.request_id for s in seqs], token_ids, logprobs, top)

