@@ -32,8 +32,10 @@ class EngineCore:
 
     @classmethod
     def from_config(cls, config: EngineConfig, source: ModelSource,
-                    show_progress: bool = True) -> EngineCore:
-        reader = open_gguf(source.path) if source.kind == "gguf" else None
+                    show_progress: bool = True, reader=None) -> EngineCore:
+        """Load the model and size the KV pool; ``reader``: an open GGUFReader to reuse."""
+        if reader is None and source.kind == "gguf":
+            reader = open_gguf(source.path)
         model_config = load_model_config(source, reader)
         device, dtype = config.device.torch_device, config.device.torch_dtype
         if device.type == "cuda" and not torch.cuda.is_available():

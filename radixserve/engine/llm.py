@@ -13,7 +13,7 @@ from radixserve.engine.engine_core import EngineCore
 from radixserve.engine.messages import EngineCoreRequest
 from radixserve.engine.output_processor import RequestState
 from radixserve.engine.tokenizer import Tokenizer
-from radixserve.models.loader import ModelSource
+from radixserve.models.loader import ModelSource, open_gguf
 from radixserve.outputs import RequestOutput
 from radixserve.sampling_params import SamplingParams
 
@@ -38,8 +38,9 @@ class LLM:
             scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len),
             device=DeviceConfig(device, dtype), seed=seed)
         self.source = ModelSource.resolve(model)
-        self.tokenizer = load_tokenizer(self.source)
-        self.engine = EngineCore.from_config(self.config, self.source, show_progress)
+        reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
+        self.tokenizer = load_tokenizer(self.source, reader)
+        self.engine = EngineCore.from_config(self.config, self.source, show_progress, reader)
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:
@@ -167,9 +168,10 @@ class LLM:
         return results
 
 
-def load_tokenizer(source: ModelSource) -> Tokenizer:
+def load_tokenizer(source: ModelSource, reader=None) -> Tokenizer:
+    """The model's tokenizer; ``reader`` is an open GGUFReader of ``source`` to reuse."""
     if source.kind == "gguf":
-        return Tokenizer.from_gguf(source.path)
+        return Tokenizer.from_gguf(reader or source.path)
     return Tokenizer.from_hf_dir(source.path)
 
 

@@ -48,6 +48,8 @@ class RequestState:
             self._add_logprobs(out)
         before = len(self.text)
         self.text += self.detok.step(out.new_token_ids)
+        if out.finish_reason is not None:
+            self.text += self.detok.flush()  # a last, incomplete character
         if self.params.stop and self._match_stop(before):
             pass
         elif out.finish_reason is not None:

@@ -1,0 +1,132 @@
+"""Rendering Hugging Face chat templates (Jinja2) the way `transformers` does.
+
+The environment mirrors `transformers.utils.chat_template_utils`: a sandboxed, immutable Jinja2
+environment with `trim_blocks`/`lstrip_blocks`, loop controls, a `{% generation %}` block that
+renders its body unchanged, and the helpers templates on the Hub rely on (`raise_exception`,
+`strftime_now`, and a `tojson` filter that does not HTML-escape).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+__all__ = ["ChatTemplateError", "compile_chat_template", "render_chat_template"]
+
+ChatTemplateError = jinja2.exceptions.TemplateError
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` renders its body as-is.
+
+    Templates mark assistant output with it so `transformers` can build masks; rendering text only
+    needs the tag to parse.
+    """
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        call = self.call_method("_render_body")
+        return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    """Lets a template reject its input: `{{ raise_exception('...') }}`."""
+    raise ChatTemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """`json.dumps` with `transformers`' defaults (no ASCII or HTML escaping)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    """The current local time, formatted with `strftime`."""
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=1)
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+@lru_cache(maxsize=32)
+def compile_chat_template(source: str) -> jinja2.Template:
+    """Compile `source` once; later calls with the same text return the cached template.
+
+    Raises `jinja2.TemplateSyntaxError` if the template does not parse.
+    """
+    return _environment().from_string(source)
+
+
+def _normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Plain dicts without `None`-valued keys, as `transformers` passes them to templates.
+
+    APIs such as OpenAI's send `content=None` or `tool_calls=None`; templates handle a missing
+    key but often render a literal "None".
+    """
+    normalized = []
+    for message in messages:
+        if not isinstance(message, Mapping):
+            raise TypeError(f"chat messages must be mappings, got {type(message).__name__}")
+        normalized.append({key: value for key, value in message.items() if value is not None})
+    return normalized
+
+
+def render_chat_template(
+    source: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    documents: Sequence[Mapping[str, Any]] | None = None,
+    special_tokens: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> str:
+    """Render a conversation with the chat template `source`.
+
+    The template sees `messages`, `tools`, `documents`, `add_generation_prompt`, the named special
+    tokens (`bos_token`, `eos_token`, ...) and any extra `kwargs`, which take precedence over the
+    special tokens. The result equals `transformers`' `apply_chat_template(..., tokenize=False)`.
+    Tools must be JSON schemas (mappings), else `TypeError`; `ChatTemplateError` is raised when
+    the template calls `raise_exception`.
+    """
+    if tools is not None and not all(isinstance(tool, Mapping) for tool in tools):
+        raise TypeError("tools must be JSON-schema mappings")
+    context = {**(special_tokens or {}), **kwargs}
+    return compile_chat_template(source).render(
+        messages=_normalize_messages(messages),
+        tools=None if tools is None else [dict(tool) for tool in tools],
+        documents=None if documents is None else [dict(doc) for doc in documents],
+        add_generation_prompt=add_generation_prompt,
+        **context,
+    )

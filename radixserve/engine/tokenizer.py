@@ -1,0 +1,308 @@
+"""Text <-> token ids, built from a GGUF file's metadata or a Hugging Face tokenizer directory.
+
+`Tokenizer` wraps a Hugging Face `tokenizers.Tokenizer` (the Rust BPE implementation) and adds
+what the engine needs on top: special token ids, the set of ids that end generation, and the
+model's chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFReader
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer as HFTokenizer
+
+from radixserve.engine.chat_template import render_chat_template
+
+__all__ = ["Tokenizer"]
+
+_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types (tokenizer.ggml.token_type)
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _gpt2_pre() -> pre_tokenizers.PreTokenizer:
+    """GPT-2's regex, applied by the byte-level pre-tokenizer itself."""
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _smollm_pre() -> pre_tokenizers.PreTokenizer:
+    """SmolLM/StarCoder: every digit on its own, then GPT-2's regex (llama.cpp's 'smollm')."""
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2_pre()])
+
+
+def _split_pre(pattern: str) -> Callable[[], pre_tokenizers.PreTokenizer]:
+    """A regex split (matches kept as pieces) followed by a regex-free byte-level mapping."""
+
+    def build() -> pre_tokenizers.PreTokenizer:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+
+    return build
+
+
+_PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
+    "default": _gpt2_pre,
+    "gpt-2": _gpt2_pre,
+    "gpt2": _gpt2_pre,
+    "smollm": _smollm_pre,
+    "llama3": _split_pre(_LLAMA3_SPLIT),
+    "llama-v3": _split_pre(_LLAMA3_SPLIT),
+    "llama-bpe": _split_pre(_LLAMA3_SPLIT),
+    "qwen2": _split_pre(_QWEN2_SPLIT),
+    "deepseek-r1-qwen": _split_pre(_QWEN2_SPLIT),
+}
+# Llama 3 looks a whole pre-token up in the vocabulary before merging (as llama.cpp does).
+_IGNORE_MERGES = frozenset({"llama3", "llama-v3", "llama-bpe"})
+_SUPPORTED_MODELS = ("gpt2",)
+
+
+def _set_bos_eos(backend: HFTokenizer, bos_id: int | None, eos_id: int | None) -> None:
+    """Make `encode(..., add_special_tokens=True)` add `bos_id` in front and/or `eos_id` at the
+    end (`None`: do not add); with neither, remove the post-processor."""
+    bos = backend.id_to_token(bos_id) if bos_id is not None else None
+    eos = backend.id_to_token(eos_id) if eos_id is not None else None
+    if bos is None and eos is None:
+        backend.post_processor = None
+        return
+    single = f"{bos + ':0 ' if bos else ''}$A:0{' ' + eos + ':0' if eos else ''}"
+    pair = f"{single}{' ' + bos + ':1' if bos else ''} $B:1{' ' + eos + ':1' if eos else ''}"
+    backend.post_processor = processors.TemplateProcessing(
+        single=single,
+        pair=pair,
+        special_tokens=[(bos, bos_id)] * bool(bos) + [(eos, eos_id)] * bool(eos),
+    )
+
+
+def _gguf_tokenizer_fields(path_or_reader: str | os.PathLike[str] | GGUFReader) -> dict[str, Any]:
+    """Every `tokenizer.*` metadata value of a GGUF file, keyed without the `tokenizer.` prefix."""
+    reader = path_or_reader
+    if not isinstance(reader, GGUFReader):
+        reader = GGUFReader(reader)
+    return {
+        key.removeprefix("tokenizer."): field.contents()
+        for key, field in reader.fields.items()
+        if key.startswith("tokenizer.")
+    }
+
+
+def _gguf_backend(meta: Mapping[str, Any]) -> HFTokenizer:
+    """A byte-level BPE `tokenizers.Tokenizer` from GGUF tokenizer metadata (no post-processor)."""
+    model_type = meta.get("ggml.model")
+    if model_type not in _SUPPORTED_MODELS:
+        raise ValueError(
+            f"unsupported GGUF tokenizer model {model_type!r}; supported: {list(_SUPPORTED_MODELS)}"
+        )
+    pre_type = meta.get("ggml.pre", "default")
+    if pre_type not in _PRE_TOKENIZERS:
+        raise ValueError(
+            f"unsupported GGUF pre-tokenizer {pre_type!r}; supported: {sorted(_PRE_TOKENIZERS)}"
+        )
+    tokens: list[str] = meta["ggml.tokens"]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    merges = [tuple(merge.split(" ", 1)) for merge in meta["ggml.merges"]]
+    backend = HFTokenizer(
+        models.BPE(vocab=vocab, merges=merges, ignore_merges=pre_type in _IGNORE_MERGES)
+    )
+    backend.pre_tokenizer = _PRE_TOKENIZERS[pre_type]()
+    backend.decoder = decoders.ByteLevel()
+    token_types = meta.get("ggml.token_type") or ()
+    backend.add_tokens(
+        [AddedToken(tokens[i], special=True, normalized=False)
+         for i, kind in enumerate(token_types) if kind == _CONTROL]
+        + [AddedToken(tokens[i], special=False, normalized=False)
+           for i, kind in enumerate(token_types) if kind == _USER_DEFINED]
+    )
+    return backend
+
+
+def _token_content(value: Any) -> str | None:
+    """A special token from tokenizer_config.json: a string or an `AddedToken`-like dict."""
+    if isinstance(value, Mapping):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _config_chat_template(config: Mapping[str, Any]) -> str | None:
+    """`chat_template` from tokenizer_config.json: a string, or a list of named templates."""
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {entry["name"]: entry["template"] for entry in template}
+        return named.get("default", next(iter(named.values()), None))
+    return template
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+class Tokenizer:
+    """Encoding, decoding and chat templating for one model.
+
+    Special tokens added to the backend (control tokens) are matched whole in any text passed to
+    `encode`, so `"<|im_start|>"` becomes one id whether or not `add_special_tokens` is set;
+    `add_special_tokens` only controls the BOS/EOS the model adds around a sequence.
+    """
+
+    def __init__(
+        self,
+        backend: HFTokenizer,
+        *,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        unk_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        extra_eos_token_ids: Iterable[int] = (),
+        chat_template: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.unk_token_id = unk_token_id
+        self.pad_token_id = pad_token_id
+        self.chat_template = chat_template
+        named = {
+            "bos_token": bos_token_id,
+            "eos_token": eos_token_id,
+            "unk_token": unk_token_id,
+            "pad_token": pad_token_id,
+        }
+        present = {name: token_id for name, token_id in named.items() if token_id is not None}
+        # Named special tokens as strings: the variables chat templates see (`bos_token`, ...).
+        self.special_tokens = {name: backend.id_to_token(i) for name, i in present.items()}
+        added = backend.get_added_tokens_decoder()
+        special_added = {i for i, token in added.items() if token.special}
+        self.all_special_ids: set[int] = special_added | set(present.values())
+        self.eos_token_ids: set[int] = set(extra_eos_token_ids) | ({eos_token_id} - {None})
+
+    @classmethod
+    def from_gguf(cls, path_or_reader: str | os.PathLike[str] | GGUFReader) -> Tokenizer:
+        """Build from a GGUF file (or an open `GGUFReader`, to share one parse with the loader).
+
+        Only byte-level BPE (`tokenizer.ggml.model == 'gpt2'`) is supported; other models and
+        unknown `tokenizer.ggml.pre` types raise `ValueError` naming the supported ones.
+        """
+        meta = _gguf_tokenizer_fields(path_or_reader)
+        backend = _gguf_backend(meta)
+        bos_id = meta.get("ggml.bos_token_id")
+        eos_id = meta.get("ggml.eos_token_id")
+        _set_bos_eos(
+            backend,
+            bos_id if meta.get("ggml.add_bos_token", False) else None,
+            eos_id if meta.get("ggml.add_eos_token", False) else None,
+        )
+        eot_id = meta.get("ggml.eot_token_id")
+        return cls(
+            backend,
+            bos_token_id=bos_id,
+            eos_token_id=eos_id,
+            unk_token_id=meta.get("ggml.unknown_token_id"),
+            pad_token_id=meta.get("ggml.padding_token_id"),
+            extra_eos_token_ids=() if eot_id is None else (eot_id,),
+            chat_template=meta.get("chat_template"),
+        )
+
+    @classmethod
+    def from_hf_dir(cls, directory: str | os.PathLike[str]) -> Tokenizer:
+        """Build from a Hugging Face model directory.
+
+        Reads tokenizer.json, tokenizer_config.json (special tokens, `add_bos_token`,
+        `add_eos_token`, `chat_template`), chat_template.jinja (which wins over the config's
+        template) and generation_config.json (extra end-of-generation ids), when present.
+        """
+        root = Path(directory)
+        backend = HFTokenizer.from_file(str(root / "tokenizer.json"))
+        config = _read_json(root / "tokenizer_config.json")
+        ids = {
+            name: backend.token_to_id(content) if content is not None else None
+            for name in ("bos_token", "eos_token", "unk_token", "pad_token")
+            for content in (_token_content(config.get(name)),)
+        }
+        explicit = "add_bos_token" in config or "add_eos_token" in config
+        if explicit or backend.post_processor is None:  # as transformers does
+            _set_bos_eos(
+                backend,
+                ids["bos_token"] if config.get("add_bos_token") else None,
+                ids["eos_token"] if config.get("add_eos_token") else None,
+            )
+        template_file = root / "chat_template.jinja"
+        chat_template = (
+            template_file.read_text(encoding="utf-8")
+            if template_file.is_file()
+            else _config_chat_template(config)
+        )
+        generation_eos = _read_json(root / "generation_config.json").get("eos_token_id")
+        if isinstance(generation_eos, int):
+            generation_eos = [generation_eos]
+        return cls(
+            backend,
+            bos_token_id=ids["bos_token"],
+            eos_token_id=ids["eos_token"],
+            unk_token_id=ids["unk_token"],
+            pad_token_id=ids["pad_token"],
+            extra_eos_token_ids=generation_eos or (),
+            chat_template=chat_template,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer can produce, added tokens included."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; `add_special_tokens` adds the model's BOS/EOS, if it uses any."""
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        """`encode` for several texts, in parallel in the Rust backend."""
+        encodings = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [encoding.ids for encoding in encodings]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`; bytes that do not form valid UTF-8 become U+FFFD."""
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
+        """The vocabulary strings of `ids` (byte-level spelling); `None` for unknown ids."""
+        return [self.backend.id_to_token(token_id) for token_id in ids]
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """The prompt text for `messages`, rendered with the model's chat template.
+
+        Matches `transformers`' `apply_chat_template(..., tokenize=False)`. Extra `kwargs`
+        reach the template as variables. Raises `ValueError` if the model has no template.
+        """
+        if self.chat_template is None:
+            raise ValueError("this model has no chat template")
+        return render_chat_template(
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            special_tokens=self.special_tokens,
+            **kwargs,
+        )

@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny random models as Hugging Face folders and GGUF files (see tiny_models)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tiny_models import ARCHS, FTYPES, hf_to_gguf, make_hf_model  # noqa: E402
+
+
+class GGUFFiles(dict):
+    """`(arch, ftype) -> Path` of a GGUF converted from `tiny_hf_dirs[arch]`, built on first use.
+
+    Index it (`files["llama", "Q8_0"]`) or call it (`files("llama", "Q8_0")`). Each GGUF sits
+    alone in its own folder, so `from_pretrained(path.parent, gguf_file=path.name)` works.
+    """
+
+    def __init__(self, hf_dirs: dict[str, Path], root: Path):
+        super().__init__()
+        self._hf_dirs = hf_dirs
+        self._root = root
+
+    def __missing__(self, key: tuple[str, str]) -> Path:
+        arch, ftype = key
+        if arch not in self._hf_dirs or ftype not in FTYPES:
+            raise KeyError(key)
+        out = self._root / f"{arch}-{ftype}" / f"tiny-{arch}-{ftype}.gguf"
+        path = hf_to_gguf(self._hf_dirs[arch], out, ftype)
+        self[key] = path
+        return path
+
+    def __call__(self, arch: str, ftype: str = "F32") -> Path:
+        return self[arch, ftype]
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dirs(tmp_path_factory) -> dict[str, Path]:
+    """arch -> Hugging Face folder of a tiny random model (seed 0, default config)."""
+    root = tmp_path_factory.mktemp("tiny_hf")
+    return {arch: make_hf_model(arch, root / arch, seed=0) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_files(tiny_hf_dirs, tmp_path_factory) -> GGUFFiles:
+    """Lazy `(arch, ftype) -> GGUF path` mapping, also callable: `tiny_gguf_files(arch, ftype)`."""
+    return GGUFFiles(tiny_hf_dirs, tmp_path_factory.mktemp("tiny_gguf"))
