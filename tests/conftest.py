@@ -50,3 +50,11 @@ def tiny_hf_dirs(tmp_path_factory) -> dict[str, Path]:
 def tiny_gguf_files(tiny_hf_dirs, tmp_path_factory) -> GGUFFiles:
     """Lazy `(arch, ftype) -> GGUF path` mapping, also callable: `tiny_gguf_files(arch, ftype)`."""
     return GGUFFiles(tiny_hf_dirs, tmp_path_factory.mktemp("tiny_gguf"))
+
+
+@pytest.fixture(scope="session")
+def embedded_llm():
+    """One LLM on the embedded SmolLM2-135M GGUF, shared by the whole session."""
+    from radixserve import LLM
+
+    return LLM(show_progress=False)

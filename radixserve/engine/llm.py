@@ -39,8 +39,8 @@ class LLM:
             device=DeviceConfig(device, dtype), seed=seed)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
-        self.tokenizer = load_tokenizer(self.source, reader)
         self.engine = EngineCore.from_config(self.config, self.source, show_progress, reader)
+        self.tokenizer = load_tokenizer(self.source, reader)
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:
@@ -188,10 +188,12 @@ def _as_prompt_list(prompts) -> list[Prompt]:
         return [prompts]
     if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
         return [prompts]
-    prompts = list(prompts)
+    if not isinstance(prompts, list | tuple):
+        raise ValueError(f"a prompt must be a string, a list of token ids or a dict, "
+                         f"got {type(prompts).__name__}")
     if not prompts:
         raise ValueError("no prompts given")
-    return prompts
+    return list(prompts)
 
 
 def _as_params_list(params, n: int) -> list[SamplingParams]:

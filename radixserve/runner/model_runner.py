@@ -42,6 +42,22 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[sample_idx])
         return self._sample(sampling, logits)
 
+    @torch.inference_mode()
+    def all_logits(self, seqs: list[ScheduledSeq]) -> list[torch.Tensor]:
+        """Run ``seqs`` (KV written as in ``execute``) and return each one's logits at every
+        fed position, ``[num_tokens, vocab]``, in the given order (for tests and prompt
+        logprobs)."""
+        order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_tokens > 1)
+        packed = [seqs[i] for i in order]
+        input_ids, positions, meta, _ = self._prepare(packed)
+        with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
+            hidden = self.model(input_ids, positions)
+        logits = self.model.compute_logits(hidden).split([s.num_tokens for s in packed])
+        result: list[torch.Tensor] = [torch.empty(0)] * len(seqs)
+        for rank, i in enumerate(order):
+            result[i] = logits[rank]
+        return result
+
     def _prepare(self, seqs: list[ScheduledSeq]):
         dev, bs = self.device, self.block_size
         q_lens = [s.num_tokens for s in seqs]

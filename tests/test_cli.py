@@ -1,0 +1,48 @@
+"""The CLI as a user runs it (subprocess), on the embedded model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from radixserve.__main__ import main
+
+
+def run_cli(*args, stdin=None, timeout=180):
+    return subprocess.run([sys.executable, "-m", "radixserve", *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_generate_prints_a_continuation():
+    r = run_cli("generate", "The capital of France is", "--max-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+
+
+def test_chat_streams_answers_and_keeps_history():
+    r = run_cli("chat", "--temperature", "0", "--max-tokens", "30",
+                stdin="What is the capital of France?\n/reset\n/exit\n")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "hi", "--max-tokens", "0"], "max_tokens"),
+    (["generate", "hi", "--temperature", "-1"], "temperature"),
+    (["generate", "hi", "--top-p", "0"], "top_p"),
+    (["generate", "hi", "--top-k", "-5"], "top_k"),
+    (["generate", "", "--max-tokens", "2"], "empty"),
+    (["generate", "hi", "--model", "/nonexistent/model.gguf"], "not found"),
+])
+def test_bad_arguments_exit_2_with_a_message(args, message, capsys):
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_corrupt_gguf_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 10)
+    assert main(["generate", "hi", "--model", str(bad)]) == 2
+    assert "not a valid GGUF" in capsys.readouterr().err
