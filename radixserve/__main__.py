@@ -1,4 +1,4 @@
-"""Command line: ``radixserve generate | chat | bench``."""
+"""Command line: ``radixserve serve | generate | chat | bench``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(chat)
     add_sampling_args(chat, temperature=0.7, max_tokens=512)
 
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    from radixserve.server.launch import add_serve_args
+    add_serve_args(serve)
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     offline = bench_sub.add_parser("offline", help="in-process load, prefill and decode speed")
@@ -36,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "chat":
             return _chat(args)
+        if args.command == "serve":
+            from radixserve.server.launch import serve
+            return serve(args)
         if args.command == "bench":
             from radixserve.bench.offline import run
             return run(args, engine_kwargs(args))

@@ -93,6 +93,13 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     def clone(self, **changes) -> SamplingParams:
         return msgspec.structs.replace(self, **changes)
 
+    def for_sample(self, index: int) -> SamplingParams:
+        """The ``index``-th of ``n`` samples: n=1 and a distinct, reproducible seed."""
+        if self.n == 1:
+            return self
+        seed = None if self.seed is None else self.seed * 1_000_003 + index
+        return self.clone(n=1, seed=seed)
+
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -41,6 +41,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    queue_time: float | None = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

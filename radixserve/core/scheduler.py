@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import time
 
 from radixserve.config import SchedulerConfig
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.request import Request, RequestStatus
 from radixserve.core.sched_output import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from radixserve.core.stop import check_stop
-from radixserve.engine.messages import EngineCoreOutput
+from radixserve.engine.messages import EngineCoreOutput, SchedulerStats
 
 
 class Scheduler:
@@ -29,6 +30,7 @@ class Scheduler:
         self.running: list[Request] = []
         self._order = itertools.count()
         self._queue_keys: dict[str, tuple] = {}
+        self.num_preemptions = 0
 
     @property
     def num_unfinished(self) -> int:
@@ -104,6 +106,8 @@ class Scheduler:
                 request.num_computed_tokens = 0
                 break
             self.waiting.pop(0)
+            if request.queue_time is None:
+                request.queue_time = max(0.0, time.time() - request.arrival_time)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             seqs.append(self._scheduled_seq(request, num_new))
@@ -127,12 +131,18 @@ class Scheduler:
                 rid, [result.token_ids[i]], reason,
                 None if logprob is None else [logprob],
                 None if logprob is None else [result.top_logprobs[i] or []],
-                request.num_cached_tokens)
+                request.num_cached_tokens,
+                request.queue_time if request.num_output_tokens == 1 else None)
             outputs.append(out)
             if reason is not None:
                 self.running.remove(request)
                 self._finish(request, reason)
         return outputs
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(len(self.running), len(self.waiting), self.kv.usage,
+                              self.kv.block_pool.num_blocks, self.kv.num_query_tokens,
+                              self.kv.num_hit_tokens, self.num_preemptions)
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
@@ -167,6 +177,7 @@ class Scheduler:
         self.kv.free(request)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        self.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self._enqueue(request)
 

@@ -18,7 +18,8 @@ from radixserve.core.kv.no_cache import NoPrefixCache
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
 from radixserve.engine.messages import EngineCoreOutputs, EngineCoreRequest
-from radixserve.models.loader import ModelSource, load_model, load_model_config, open_gguf
+from radixserve.models.loader import load_model, load_model_config, open_gguf
+from radixserve.models.source import ModelSource
 from radixserve.runner.kv_cache import num_blocks_for_budget
 from radixserve.runner.model_runner import ModelRunner
 

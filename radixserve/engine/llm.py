@@ -12,8 +12,9 @@ from radixserve.config import CacheConfig, DeviceConfig, EngineConfig, Scheduler
 from radixserve.engine.engine_core import EngineCore
 from radixserve.engine.messages import EngineCoreRequest
 from radixserve.engine.output_processor import RequestState
-from radixserve.engine.tokenizer import Tokenizer
-from radixserve.models.loader import ModelSource, open_gguf
+from radixserve.engine.tokenizer import Tokenizer, load_tokenizer
+from radixserve.models.loader import open_gguf
+from radixserve.models.source import ModelSource
 from radixserve.outputs import RequestOutput
 from radixserve.sampling_params import SamplingParams
 
@@ -146,7 +147,7 @@ class LLM:
                 result = RequestOutput(f"{next(self._ids)}", text, ids)
                 results.append(result)
                 for i in range(p.n):
-                    child = _child_params(p, i)
+                    child = p.for_sample(i)
                     rid = f"{result.request_id}-{i}"
                     self._submit(rid, ids, child, prio)
                     states[rid] = (result, RequestState(i, ids, child, self.tokenizer))
@@ -166,21 +167,6 @@ class LLM:
             result.outputs.sort(key=lambda o: o.index)
             result.finished = True
         return results
-
-
-def load_tokenizer(source: ModelSource, reader=None) -> Tokenizer:
-    """The model's tokenizer; ``reader`` is an open GGUFReader of ``source`` to reuse."""
-    if source.kind == "gguf":
-        return Tokenizer.from_gguf(reader or source.path)
-    return Tokenizer.from_hf_dir(source.path)
-
-
-def _child_params(params: SamplingParams, index: int) -> SamplingParams:
-    """The i-th of n samples: n=1, and a distinct but reproducible seed."""
-    if params.n == 1:
-        return params
-    seed = None if params.seed is None else params.seed * 1_000_003 + index
-    return params.clone(n=1, seed=seed)
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:

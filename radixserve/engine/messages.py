@@ -21,7 +21,11 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
-    """New tokens of one request from one step. ``top_logprobs`` rows are [(id, logprob), ...]."""
+    """New tokens of one request from one step. ``top_logprobs`` rows are [(id, logprob), ...].
+
+    ``queue_time`` (seconds from arrival to first scheduling) rides on the first output only.
+    ``error`` is set, with finish_reason "abort", when the engine refused the request.
+    """
 
     request_id: str
     new_token_ids: list[int]
@@ -29,8 +33,48 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     num_cached_tokens: int = 0
+    queue_time: float | None = None
+    error: str | None = None
+
+
+class SchedulerStats(msgspec.Struct, array_like=True):
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    num_kv_blocks: int = 0
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    num_preemptions: int = 0
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True):
     outputs: list[EngineCoreOutput]
     timestamp: float = 0.0
+    stats: SchedulerStats | None = None
+
+
+# -- frontend → engine-core process -------------------------------------------------------
+
+class AddRequest(msgspec.Struct, tag="add", array_like=True):
+    request: EngineCoreRequest
+
+
+class AbortRequests(msgspec.Struct, tag="abort", array_like=True):
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
+    pass
+
+
+EngineInput = AddRequest | AbortRequests | Shutdown
+
+
+class EngineReady(msgspec.Struct):
+    """Sent once by the engine-core process when its model is loaded (or failed to load)."""
+
+    max_model_len: int = 0
+    vocab_size: int = 0
+    num_kv_blocks: int = 0
+    block_size: int = 0
+    error: str | None = None

@@ -306,3 +306,10 @@ class Tokenizer:
             special_tokens=self.special_tokens,
             **kwargs,
         )
+
+
+def load_tokenizer(source, reader: GGUFReader | None = None) -> Tokenizer:
+    """The tokenizer of a ``ModelSource``; ``reader``: an open GGUFReader of it to reuse."""
+    if source.kind == "gguf":
+        return Tokenizer.from_gguf(reader or source.path)
+    return Tokenizer.from_hf_dir(source.path)

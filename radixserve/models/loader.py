@@ -1,6 +1,7 @@
 """Weights in: GGUF files (via ``gguf``) and Hugging Face safetensors folders.
 
-``ModelSource`` says where a model is; ``load_model_config`` reads its shape; ``load_model``
+``ModelSource`` (models/source.py) says where a model is; ``load_model_config`` reads its
+shape; ``load_model``
 builds the module and fills it. Tensors are mapped to Hugging Face names; llama.cpp's
 Q/K row permutation (Llama GGUF files only) is undone here.
 """
@@ -11,36 +12,13 @@ import glob
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
 from radixserve.config import ModelConfig
-from radixserve.models.default import default_model_path
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    kind: str  # "gguf" | "hf"
-    path: str
-    name: str
-
-    @classmethod
-    def resolve(cls, model: str | None) -> ModelSource:
-        """None → the embedded model; a ``.gguf`` file; or a HF folder. FileNotFoundError else."""
-        path = default_model_path() if model is None else os.path.expanduser(model)
-        if os.path.isfile(path):
-            return cls("gguf", path, os.path.basename(path).removesuffix(".gguf"))
-        if os.path.isdir(path):
-            if not os.path.isfile(os.path.join(path, "config.json")):
-                raise FileNotFoundError(f"{path} is a folder without config.json")
-            if not glob.glob(os.path.join(path, "*.safetensors")):
-                raise FileNotFoundError(f"{path} holds no *.safetensors files")
-            return cls("hf", path, os.path.basename(os.path.normpath(path)))
-        raise FileNotFoundError(f"model not found: {path} (expected a .gguf file or a folder "
-                                "with config.json and *.safetensors)")
+from radixserve.models.source import ModelSource
 
 
 def open_gguf(path: str):

@@ -122,15 +122,16 @@ class SamplingBatch:
 class SamplerOutput:
     token_ids: Tensor  # [B] int64
     logprobs: Tensor | None  # [B] float32: log_softmax(raw logits) at the sampled token
-    top_logprobs: tuple[Tensor, Tensor] | None  # (ids [B, N], logprobs [B, N]), descending
+    top_logprobs: tuple[Tensor, Tensor] | None  # (ids [B, N], logprobs [B, N]), descending;
+    # None exactly when logprobs is None
 
 
 class Sampler:
     """Stateless: ``sampler(logits, batch)`` → SamplerOutput. Does not modify ``logits``.
 
-    ``logprobs`` / ``top_logprobs`` describe the raw model distribution and are None when no row
-    asked (``top_logprobs`` is also None when the largest N asked is 0). Rows that did not ask
-    get values anyway; the caller drops them.
+    ``logprobs`` / ``top_logprobs`` describe the raw model distribution; both are None when no
+    row asked, else both are set (top-N with N = max asked, possibly 0 columns). Rows that did
+    not ask, or asked fewer, get values anyway; the caller slices them.
     """
 
     def __call__(self, logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
@@ -142,11 +143,8 @@ class Sampler:
         if raw is None:
             return SamplerOutput(token_ids, None, None)
         logprobs = raw.gather(1, token_ids.unsqueeze(1)).squeeze(1)
-        top = None
-        if batch.max_num_logprobs > 0:
-            values, ids = raw.topk(batch.max_num_logprobs, dim=-1)
-            top = (ids, values)
-        return SamplerOutput(token_ids, logprobs, top)
+        values, ids = raw.topk(batch.max_num_logprobs, dim=-1)
+        return SamplerOutput(token_ids, logprobs, (ids, values))
 
 
 def _process_logits(logits: Tensor, batch: SamplingBatch) -> Tensor:

@@ -11,7 +11,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.sched_output import ScheduledSeq
-from radixserve.models.loader import ModelSource, load_model, load_model_config
+from radixserve.models.loader import load_model, load_model_config
+from radixserve.models.source import ModelSource
 from radixserve.runner.model_runner import ModelRunner
 
 ATOL = 1e-4

@@ -19,6 +19,8 @@ class KVCacheManager:
         self.prefix_cache = prefix_cache
         self.block_size = block_size
         self._handles: dict[str, object] = {}
+        self.num_query_tokens = 0  # prefix-cache lookups, in tokens (metrics)
+        self.num_hit_tokens = 0
 
     @property
     def usage(self) -> float:
@@ -34,6 +36,8 @@ class KVCacheManager:
         """
         assert not request.block_ids and request.num_computed_tokens == 0
         match = self.prefix_cache.match_prefix(request.all_token_ids[:-1])
+        self.num_query_tokens += request.num_tokens
+        self.num_hit_tokens += match.num_tokens
         self.prefix_cache.lock(match.handle)
         self._handles[request.request_id] = match.handle
         request.block_ids = list(match.block_ids)

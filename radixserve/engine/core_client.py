@@ -1,0 +1,99 @@
+"""The API process's side of the engine-core connection (asyncio + ZMQ).
+
+One background task reads ``EngineCoreOutputs`` (one message per engine step) and routes each
+request's output to the ``asyncio.Queue`` registered for it. If the engine dies, every pending
+queue receives an ``EngineDeadError`` so no request hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from radixserve.engine.messages import (
+    AbortRequests, AddRequest, EngineCoreOutputs, EngineCoreRequest, EngineReady,
+    SchedulerStats, Shutdown)
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class EngineCoreClient:
+    def __init__(self, input_addr: str, output_addr: str) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.bind(input_addr)
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.bind(output_addr)
+        self.encoder = msgspec.msgpack.Encoder()
+        self.decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        self.queues: dict[str, asyncio.Queue] = {}
+        self.stats = SchedulerStats()
+        self.ready: EngineReady | None = None
+        self.dead: str | None = None
+        self.last_output_time = time.time()
+        self._task: asyncio.Task | None = None
+
+    async def wait_ready(self, is_alive, timeout: float) -> EngineReady:
+        """Wait for the engine's EngineReady; RuntimeError if it fails, dies or times out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if await self.pull.poll(200):
+                ready = msgspec.msgpack.decode(await self.pull.recv(), type=EngineReady)
+                if ready.error:
+                    raise RuntimeError(f"the engine failed to start: {ready.error}")
+                self.ready = ready
+                return ready
+            if not is_alive():
+                raise RuntimeError("the engine process exited during start-up")
+        raise RuntimeError(f"the engine did not start within {timeout:.0f} s")
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._output_loop())
+
+    async def add_request(self, request: EngineCoreRequest, queue: asyncio.Queue) -> None:
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        self.queues[request.request_id] = queue
+        await self.push.send(self.encoder.encode(AddRequest(request)))
+
+    async def abort(self, request_ids: list[str]) -> None:
+        ids = [rid for rid in request_ids if self.queues.pop(rid, None) is not None]
+        if ids and not self.dead:
+            await self.push.send(self.encoder.encode(AbortRequests(ids)))
+
+    def mark_dead(self, reason: str) -> None:
+        """The engine is gone: fail every pending request."""
+        self.dead = reason
+        for queue in self.queues.values():
+            queue.put_nowait(EngineDeadError(reason))
+        self.queues.clear()
+
+    async def shutdown(self) -> None:
+        if not self.dead:
+            await self.push.send(self.encoder.encode(Shutdown()))
+        if self._task:
+            self._task.cancel()
+        self.push.close(linger=500)
+        self.pull.close(linger=0)
+        self.ctx.term()
+
+    async def _output_loop(self) -> None:
+        queues = self.queues
+        while True:
+            outputs = self.decoder.decode(await self.pull.recv())
+            self.last_output_time = time.time()
+            if outputs.stats is not None:
+                self.stats = outputs.stats
+            for out in outputs.outputs:
+                queue = queues.get(out.request_id)
+                if queue is None:
+                    continue  # aborted by the frontend meanwhile
+                queue.put_nowait(out)
+                if out.finish_reason is not None:
+                    del queues[out.request_id]

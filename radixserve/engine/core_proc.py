@@ -1,0 +1,86 @@
+"""The engine-core process: EngineCore behind two ZMQ sockets.
+
+    API process  ──PUSH ipc://…/in──▶  engine core  ──PUSH ipc://…/out──▶  API process
+                  AddRequest | AbortRequests | Shutdown      EngineReady, then EngineCoreOutputs
+
+The loop drains every pending input message, runs one step if any request is unfinished, and
+sends one ``EngineCoreOutputs`` per step carrying all requests' new tokens plus scheduler stats.
+Idle, it blocks on the input socket (waking every second to notice an orphaned process).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+
+import msgspec
+import zmq
+
+from radixserve.engine.messages import (
+    AbortRequests, EngineCoreOutput, EngineCoreOutputs, EngineInput, EngineReady,
+    Shutdown)
+
+_IDLE_POLL_MS = 1000
+
+
+def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
+    """Process entry point. ``build_engine()`` returns an object with EngineCore's interface
+    (``add_request``, ``abort_requests``, ``has_unfinished_requests``, ``step``,
+    ``max_model_len``, ``vocab_size``, ``scheduler``), e.g. the real engine or the mock."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when we stop
+    parent = os.getppid()
+    ctx = zmq.Context()
+    inp = ctx.socket(zmq.PULL)
+    inp.connect(input_addr)
+    out = ctx.socket(zmq.PUSH)
+    out.connect(output_addr)
+    encoder = msgspec.msgpack.Encoder()
+    try:
+        engine = build_engine()
+    except Exception as exc:  # report the load failure to the parent, then exit
+        out.send(encoder.encode(EngineReady(error=f"{type(exc).__name__}: {exc}")))
+        traceback.print_exc()
+        return
+    stats = engine.scheduler.stats()
+    out.send(encoder.encode(EngineReady(engine.max_model_len, engine.vocab_size,
+                                        stats.num_kv_blocks, engine.scheduler.kv.block_size)))
+    try:
+        _loop(engine, inp, out, encoder, parent)
+    finally:
+        out.close(linger=1000)
+        inp.close(linger=0)
+        ctx.term()
+
+
+def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> None:
+    decoder = msgspec.msgpack.Decoder(EngineInput)
+    while True:
+        busy = engine.has_unfinished_requests()
+        if inp.poll(0 if busy else _IDLE_POLL_MS):
+            errors = []
+            while True:
+                try:
+                    msg = decoder.decode(inp.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                if isinstance(msg, Shutdown):
+                    return
+                if isinstance(msg, AbortRequests):
+                    engine.abort_requests(msg.request_ids)
+                    continue
+                try:
+                    engine.add_request(msg.request)
+                except ValueError as exc:
+                    errors.append(EngineCoreOutput(msg.request.request_id, [], "abort",
+                                                   error=str(exc)))
+            if errors:
+                out.send(encoder.encode(EngineCoreOutputs(errors, time.time(),
+                                                          engine.scheduler.stats())))
+        elif not busy and os.getppid() != parent:
+            return  # orphaned: the API process is gone
+        if engine.has_unfinished_requests():
+            outputs = engine.step()
+            outputs.stats = engine.scheduler.stats()
+            out.send(encoder.encode(outputs))

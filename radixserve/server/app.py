@@ -1,0 +1,170 @@
+"""FastAPI routes of the OpenAI-compatible server (handlers live in serving_*.py)."""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from radixserve import __version__
+from radixserve.engine.async_engine import EngineRequestError
+from radixserve.engine.core_client import EngineDeadError
+from radixserve.server.metrics import ServerMetrics
+from radixserve.server.protocol import (
+    CompletionRequest, ModelCard, ModelList, error_body, validation_error_body, value_error_body)
+from radixserve.server.protocol_chat import (
+    ChatCompletionRequest, DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
+    TokenizeResponse)
+from radixserve.server.serving import ClientDisconnected, OpenAIError, ServingContext, \
+    until_disconnect
+from radixserve.server.serving_chat import ChatServer, render_messages
+from radixserve.server.serving_completion import CompletionServer
+
+_OPEN_PATHS = {"/health", "/version", "/metrics"}
+
+
+def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None = None,
+              max_body_bytes: int = 32 * 1024 * 1024) -> FastAPI:
+    app = FastAPI(title="radixserve", version=__version__)
+    completions, chat = CompletionServer(ctx), ChatServer(ctx)
+    client = ctx.engine.client
+    _install_errors(app)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body_bytes:
+            return _error(f"request body too large ({length} bytes; limit {max_body_bytes})",
+                          413)
+        if api_key is not None and request.url.path not in _OPEN_PATHS:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return _error("invalid or missing API key", 401, "authentication_error",
+                              code="invalid_api_key")
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        if client.dead:
+            return _error(f"engine unavailable: {client.dead}", 503, "service_unavailable")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.get("/load")
+    async def load():
+        s = client.stats
+        return {"num_requests_running": s.num_running, "num_requests_waiting": s.num_waiting,
+                "kv_cache_usage": s.kv_usage, "num_kv_blocks": s.num_kv_blocks,
+                "num_pending_requests": len(client.queues)}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return ModelList(data=[ModelCard(id=ctx.model_name, max_model_len=ctx.max_model_len)])
+
+    @app.post("/v1/completions")
+    async def create_completion(body: CompletionRequest, request: Request):
+        arrival = time.time()
+        prompts, params = completions.prepare(body)
+        if body.stream:
+            return _stream(completions.stream(body, prompts, params, arrival))
+        return await until_disconnect(request, completions.full(body, prompts, params, arrival))
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(body: ChatCompletionRequest, request: Request):
+        arrival = time.time()
+        ids, params, use_tools = chat.prepare(body)
+        if body.stream:
+            return _stream(chat.stream(body, ids, params, use_tools, arrival))
+        return await until_disconnect(request, chat.full(body, ids, params, use_tools, arrival))
+
+    @app.post("/v1/chat/completions/render")
+    async def render_chat(body: ChatCompletionRequest):
+        ctx.check_model(body.model)
+        text = render_messages(ctx, body)
+        ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+        return {"prompt": text, "prompt_token_ids": ids, "count": len(ids)}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        ctx.check_model(body.model)
+        if body.messages is not None:
+            text = render_messages(ctx, body)
+        else:
+            text = body.prompt
+        ids = ctx.tokenizer.encode(text, add_special_tokens=body.effective_add_special_tokens())
+        strs = ctx.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids,
+                                token_strs=strs)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        ctx.check_model(body.model)
+        if any(t >= ctx.tokenizer.vocab_size for t in body.tokens):
+            raise OpenAIError("token ids are out of the vocabulary", param="tokens")
+        return DetokenizeResponse(prompt=ctx.tokenizer.decode(body.tokens,
+                                                              skip_special_tokens=False))
+
+    return app
+
+
+def _stream(chunks) -> StreamingResponse:
+    async def guarded():
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except EngineDeadError as exc:
+            yield f"data: {_json(error_body(f'engine unavailable: {exc}', 'service_unavailable', code=503))}\n\n"
+        except EngineRequestError as exc:
+            yield f"data: {_json(error_body(str(exc)))}\n\n"
+    return StreamingResponse(guarded(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+def _json(obj) -> str:
+    import json
+    return json.dumps(obj)
+
+
+def _error(message: str, status: int, type: str = "invalid_request_error",
+           param: str | None = None, code=None) -> JSONResponse:
+    return JSONResponse(error_body(message, type, param, code), status_code=status)
+
+
+def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request, exc):
+        return JSONResponse(validation_error_body(exc), status_code=400)
+
+    @app.exception_handler(OpenAIError)
+    async def on_openai(request, exc: OpenAIError):
+        return _error(exc.message, exc.status, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(ValueError)
+    async def on_value(request, exc: ValueError):
+        return JSONResponse(value_error_body(exc), status_code=400)
+
+    @app.exception_handler(EngineDeadError)
+    async def on_dead(request, exc):
+        return _error(f"engine unavailable: {exc}", 503, "service_unavailable")
+
+    @app.exception_handler(ClientDisconnected)
+    async def on_disconnect(request, exc):
+        return Response(status_code=499)
+
+    @app.exception_handler(404)
+    async def on_404(request, exc):
+        return _error(f"no route {request.method} {request.url.path}", 404, "not_found")
+
+    @app.exception_handler(405)
+    async def on_405(request, exc):
+        return _error(f"method {request.method} not allowed on {request.url.path}", 405)

@@ -1,0 +1,140 @@
+"""``radixserve serve``: start the engine-core process, wait until it is ready, serve HTTP.
+
+The API process binds two ipc:// sockets in a private temp folder and spawns the engine-core
+process, which connects, loads the model and answers EngineReady; only then does the port open.
+A watcher marks the engine dead if its process exits (/health → 503, pending requests end with
+a 503-style error). SIGINT/SIGTERM: uvicorn stops accepting, drains in-flight requests for up
+to ``--drain-timeout`` seconds, then the engine is told to shut down and is joined (killed if
+it does not exit), so no orphan process is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+
+from radixserve.cli_args import add_engine_args, engine_kwargs
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=os.environ.get("RADIXSERVE_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' (env RADIXSERVE_API_KEY)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model name clients use (default: the model file's name)")
+    parser.add_argument("--mock-engine", action="store_true",
+                        help="no model: instant prefill, one random token per step "
+                             "(frontend benchmarks)")
+    parser.add_argument("--tool-call-parser", default=None,
+                        help="parse tool calls from the output (hermes, qwen2_5, qwen3)")
+    parser.add_argument("--reasoning-parser", default=None,
+                        help="split <think> reasoning into reasoning_content "
+                             "(think, qwen3, deepseek_r1)")
+    parser.add_argument("--max-n", type=int, default=16, help="largest accepted n")
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="seconds to finish in-flight requests on shutdown")
+    parser.add_argument("--startup-timeout", type=float, default=600.0)
+    parser.add_argument("--log-level", default="warning")
+    add_engine_args(parser)
+
+
+def _build_real_engine(kwargs: dict, model: str | None):
+    from radixserve.config import CacheConfig, DeviceConfig, EngineConfig, SchedulerConfig
+    from radixserve.engine.engine_core import EngineCore
+    from radixserve.models.source import ModelSource
+
+    config = EngineConfig(
+        model=model,
+        cache=CacheConfig(kwargs["block_size"], kwargs["kv_cache_memory_gb"],
+                          kwargs["num_kv_blocks"]),
+        scheduler=SchedulerConfig(kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"],
+                                  kwargs["max_model_len"]),
+        device=DeviceConfig(kwargs["device"], kwargs["dtype"]), seed=kwargs["seed"])
+    return EngineCore.from_config(config, ModelSource.resolve(model), show_progress=False)
+
+
+def _build_mock_engine(vocab_size: int, max_model_len: int):
+    from radixserve.bench.mock_engine import MockEngine
+
+    return MockEngine(vocab_size, max_model_len)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from radixserve.engine.parsers import get_reasoning_parser, get_tool_parser
+    from radixserve.engine.tokenizer import load_tokenizer
+    from radixserve.models.source import ModelSource
+
+    source = ModelSource.resolve(args.model)
+    tool_parser = get_tool_parser(args.tool_call_parser) if args.tool_call_parser else None
+    reasoning = get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None
+    tokenizer = load_tokenizer(source)
+    kwargs = engine_kwargs(args)
+    if args.mock_engine:
+        build = functools.partial(_build_mock_engine, tokenizer.vocab_size,
+                                  args.max_model_len or 8192)
+    else:
+        build = functools.partial(_build_real_engine, kwargs, args.model)
+    name = args.served_model_name or source.name
+    return asyncio.run(_serve(args, build, tokenizer, name, tool_parser, reasoning))
+
+
+async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
+    import uvicorn
+
+    from radixserve.engine.async_engine import AsyncLLM
+    from radixserve.engine.core_client import EngineCoreClient
+    from radixserve.engine.core_proc import run_engine_core
+    from radixserve.server.app import build_app
+    from radixserve.server.metrics import ServerMetrics
+    from radixserve.server.serving import ServingContext
+
+    tmp = tempfile.mkdtemp(prefix="radixserve-")
+    in_addr, out_addr = f"ipc://{tmp}/in", f"ipc://{tmp}/out"
+    client = EngineCoreClient(in_addr, out_addr)
+    proc = multiprocessing.get_context("spawn").Process(
+        target=run_engine_core, args=(build, in_addr, out_addr), name="radixserve-engine",
+        daemon=True)
+    proc.start()
+    watcher = None
+    try:
+        ready = await client.wait_ready(proc.is_alive, args.startup_timeout)
+        client.start()
+        watcher = asyncio.ensure_future(_watch(proc, client))
+        metrics = ServerMetrics(client, name)
+        engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
+        ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning)
+        app = build_app(ctx, metrics, args.api_key)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                loop="none", http="httptools",
+                                timeout_graceful_shutdown=args.drain_timeout)
+        server = uvicorn.Server(config)
+        print(f"radixserve: serving {name} on http://{args.host}:{args.port} "
+              f"(context {ready.max_model_len}, {ready.num_kv_blocks} KV blocks)",
+              file=sys.stderr, flush=True)
+        await server.serve()
+    except RuntimeError as exc:
+        print(f"radixserve: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if watcher:
+            watcher.cancel()
+        await client.shutdown()
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+async def _watch(proc, client) -> None:
+    while proc.is_alive():
+        await asyncio.sleep(0.25)
+    client.mark_dead(f"the engine process exited with code {proc.exitcode}")

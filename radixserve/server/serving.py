@@ -1,0 +1,150 @@
+"""What both OpenAI endpoints share: the served model, request checks, SSE, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from radixserve.engine.async_engine import AsyncLLM
+from radixserve.engine.parsers import ReasoningParser, ToolCallParser
+from radixserve.sampling_params import SamplingParams
+from radixserve.server.protocol import ParamError, SamplingRequest
+
+
+class OpenAIError(Exception):
+    """An error answered with an OpenAI error body."""
+
+    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.type, self.param, self.code = (
+            message, status, type, param, code)
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+@dataclass
+class ServingContext:
+    engine: AsyncLLM
+    model_name: str
+    max_n: int = 16
+    tool_parser: ToolCallParser | None = None
+    reasoning_parser: ReasoningParser | None = None
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise OpenAIError(f"The model `{model}` does not exist.", 404,
+                              "NotFoundError", "model", "model_not_found")
+
+    def sampling_params(self, body: SamplingRequest, num_prompt_tokens: int) -> SamplingParams:
+        """SamplingParams for one prompt; 400 if it cannot fit the context window."""
+        if body.response_format is not None or body.structured_outputs is not None:
+            field = "response_format" if body.response_format is not None else \
+                "structured_outputs"
+            raise OpenAIError(f"{field} is not supported yet", param=field)
+        if num_prompt_tokens == 0:
+            raise OpenAIError("the prompt is empty", param="prompt")
+        room = self.max_model_len - num_prompt_tokens
+        asked = body.requested_max_tokens()
+        if room < 1 or (asked is not None and asked > room):
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {num_prompt_tokens + (asked or 1)} tokens ({num_prompt_tokens} "
+                f"in the prompt, {asked or 1} in the completion). Please reduce the length of "
+                f"the prompt or completion.", param="max_tokens" if room >= 1 else "messages",
+                code="context_length_exceeded")
+        params = body.to_sampling_params(default_max_tokens=room)
+        if params.n > self.max_n:
+            raise ParamError("n", f"n must be <= {self.max_n}, got {params.n}")
+        params.validate_vocab(self.tokenizer.vocab_size)
+        return params
+
+
+def sse(payload) -> str:
+    data = payload if isinstance(payload, str) else payload.model_dump_json()
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def json_sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+async def until_disconnect(request: Request, work: Awaitable):
+    """Await ``work`` unless the client disconnects first, then cancel it (which aborts the
+    engine requests it started) and raise ClientDisconnected."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, Exception):
+            pass
+        raise ClientDisconnected()
+    return task.result()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def merge(iterators: list[AsyncIterator]) -> AsyncIterator:
+    """Interleave several async iterators as their items arrive."""
+    if len(iterators) == 1:
+        async for item in iterators[0]:
+            yield item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(it):
+        try:
+            async for item in it:
+                await queue.put(item)
+            await queue.put(done)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            await queue.put(exc)
+
+    tasks = [asyncio.ensure_future(pump(it)) for it in iterators]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def token_bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8"))

@@ -1,0 +1,227 @@
+"""POST /v1/chat/completions: the model's chat template in, assistant messages out.
+
+Each sample's text goes through the reasoning parser (``<think>`` → ``reasoning_content``)
+and then the tool-call parser (``<tool_call>`` → ``tool_calls``) when those are active; the
+streamed deltas add up to the non-streamed message.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from radixserve.engine.output_processor import RequestState
+from radixserve.engine.parsers import ToolCallDelta
+from radixserve.server.protocol import (
+    ChatCompletionRequest, PromptTokensDetails, UsageInfo, random_id)
+from radixserve.server.protocol_chat import (
+    ChatCompletionChoice, ChatCompletionMessage, ChatCompletionStreamResponse, ChatLogprobs,
+    ChatTokenLogprob, ChatTopLogprob, DeltaFunctionCall, DeltaMessage, DeltaToolCall,
+    FunctionCall, ToolCall)
+from radixserve.server.protocol_chat import ChatCompletionStreamChoice as StreamChoice
+from radixserve.server.protocol_chat import ChatCompletionResponse
+from radixserve.server.serving import SSE_DONE, OpenAIError, ServingContext, sse, token_bytes
+
+
+def render_messages(ctx: ServingContext, body) -> str:
+    """The chat template applied to a chat request (or a tokenize request in chat form)."""
+    messages = [_message_dict(m) for m in body.messages]
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    kwargs = dict(body.chat_template_kwargs or {})
+    if getattr(body, "reasoning_effort", None) is not None:
+        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+    try:
+        text = ctx.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=body.add_generation_prompt and
+            not body.continue_final_message, tools=tools, **kwargs)
+    except ValueError as exc:
+        raise OpenAIError(str(exc), param="messages") from exc
+    except Exception as exc:  # a template's raise_exception or a rendering error
+        raise OpenAIError(f"the chat template failed: {exc}", param="messages") from exc
+    if body.continue_final_message:
+        last = messages[-1].get("content") or ""
+        cut = text.rfind(last)
+        if cut >= 0:
+            text = text[:cut + len(last)]
+    return text
+
+
+def _message_dict(m) -> dict:
+    d = {"role": m.role, "content": m.text()}
+    if m.name is not None:
+        d["name"] = m.name
+    if m.tool_calls:
+        d["tool_calls"] = [tc.model_dump() for tc in m.tool_calls]
+    if m.tool_call_id is not None:
+        d["tool_call_id"] = m.tool_call_id
+    return d
+
+
+class ChatServer:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    def prepare(self, body: ChatCompletionRequest):
+        ctx = self.ctx
+        ctx.check_model(body.model)
+        if isinstance(body.tool_choice, str) and body.tool_choice == "required" or \
+                not isinstance(body.tool_choice, str | None):
+            raise OpenAIError("tool_choice 'required' or a named function needs constrained "
+                              "decoding, which is not supported yet", param="tool_choice")
+        use_tools = bool(body.tools) and body.tool_choice != "none"
+        if use_tools and ctx.tool_parser is None:
+            raise OpenAIError("tool calling needs a tool-call parser: start the server with "
+                              "--tool-call-parser hermes", param="tools")
+        text = render_messages(ctx, body)
+        ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+        params = ctx.sampling_params(body, len(ids))
+        return ids, params, use_tools
+
+    def _parsers(self, use_tools: bool):
+        reasoning = self.ctx.reasoning_parser
+        tools = self.ctx.tool_parser if use_tools else None
+        return reasoning, tools
+
+    async def full(self, body: ChatCompletionRequest, ids, params, use_tools,
+                   arrival: float) -> ChatCompletionResponse:
+        request_id = random_id("chatcmpl-")
+        reasoning_parser, tool_parser = self._parsers(use_tools)
+        finals: dict[int, RequestState] = {}
+        async for step in self.ctx.engine.generate(ids, params, request_id, body.priority,
+                                                   arrival):
+            if step.state.finished:
+                finals[step.index] = step.state
+        choices = []
+        for index in sorted(finals):
+            state = finals[index]
+            reasoning, content = None, state.text
+            if reasoning_parser is not None:
+                reasoning, content = reasoning_parser.extract(content)
+            calls = []
+            if tool_parser is not None:
+                content, calls = tool_parser.extract(content)
+            finish = "tool_calls" if calls else state.finish_reason
+            message = ChatCompletionMessage(
+                content=content, reasoning_content=reasoning,
+                tool_calls=[ToolCall(id=c.id, function=FunctionCall(
+                    name=c.name, arguments=c.arguments)) for c in calls] or None)
+            choices.append(ChatCompletionChoice(
+                index=index, message=message, finish_reason=finish,
+                stop_reason=state.stop_reason,
+                logprobs=_logprobs(state, 0) if state.logprobs is not None else None))
+        return ChatCompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
+                                      usage=_usage(len(ids), list(finals.values())))
+
+    async def stream(self, body: ChatCompletionRequest, ids, params, use_tools,
+                     arrival: float) -> AsyncIterator[str]:
+        request_id = random_id("chatcmpl-")
+        created = int(time.time())
+        model = self.ctx.model_name
+        reasoning_parser, tool_parser = self._parsers(use_tools)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        def chunk(index, delta, finish=None, logprobs=None, stop_reason=None):
+            return sse(ChatCompletionStreamResponse(
+                id=request_id, created=created, model=model, choices=[StreamChoice(
+                    index=index, delta=delta, logprobs=logprobs, finish_reason=finish,
+                    stop_reason=stop_reason)]))
+
+        for i in range(params.n):
+            yield chunk(i, DeltaMessage(role="assistant", content=""))
+        streams = {}
+        states: dict[int, RequestState] = {}
+        async for step in self.ctx.engine.generate(ids, params, request_id, body.priority,
+                                                   arrival):
+            state = states[step.index] = step.state
+            if step.index not in streams:
+                streams[step.index] = _ChoiceStream(reasoning_parser, tool_parser)
+            cs = streams[step.index]
+            deltas = cs.feed(step.text)
+            if state.finished:
+                deltas += cs.finish()
+            logprobs = None
+            if state.logprobs is not None:
+                logprobs = _logprobs(state, len(state.token_ids) -
+                                     len(step.output.new_token_ids))
+            for delta in deltas:
+                yield chunk(step.index, delta, logprobs=logprobs)
+                logprobs = None
+            if logprobs is not None:
+                yield chunk(step.index, DeltaMessage(), logprobs=logprobs)
+            if state.finished:
+                finish = "tool_calls" if cs.has_tool_calls else state.finish_reason
+                yield chunk(step.index, DeltaMessage(), finish, stop_reason=state.stop_reason)
+        if include_usage:
+            yield sse(ChatCompletionStreamResponse(
+                id=request_id, created=created, model=model, choices=[],
+                usage=_usage(len(ids), list(states.values()))))
+        yield SSE_DONE
+
+
+class _ChoiceStream:
+    """One sample's streaming parsers: reasoning first, then tool calls on the content."""
+
+    def __init__(self, reasoning_parser, tool_parser) -> None:
+        self.reasoning = reasoning_parser.new_stream() if reasoning_parser else None
+        self.tools = tool_parser.new_stream() if tool_parser else None
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return self.tools is not None and self.tools.has_tool_calls
+
+    def feed(self, text: str) -> list[DeltaMessage]:
+        if not text:
+            return []
+        if self.reasoning is None:
+            return self._content(text, final=False)
+        reasoning, content = self.reasoning.feed(text)
+        return self._merge(reasoning, content, final=False)
+
+    def finish(self) -> list[DeltaMessage]:
+        if self.reasoning is None:
+            return self._content("", final=True)
+        reasoning, content = self.reasoning.finish()
+        return self._merge(reasoning, content, final=True)
+
+    def _merge(self, reasoning: str, content: str, final: bool) -> list[DeltaMessage]:
+        out = [DeltaMessage(reasoning_content=reasoning)] if reasoning else []
+        return out + self._content(content, final)
+
+    def _content(self, text: str, final: bool) -> list[DeltaMessage]:
+        if self.tools is None:
+            return [DeltaMessage(content=text)] if text else []
+        items = self.tools.feed(text) if text else []
+        if final:
+            items += self.tools.finish()
+        out = []
+        for item in items:
+            if isinstance(item, ToolCallDelta):
+                out.append(DeltaMessage(tool_calls=[DeltaToolCall(
+                    index=item.index, id=item.id, type="function" if item.id else None,
+                    function=DeltaFunctionCall(name=item.name,
+                                               arguments=item.arguments_delta))]))
+            else:
+                out.append(DeltaMessage(content=item))
+        return out
+
+
+def _usage(num_prompt: int, states: list[RequestState]) -> UsageInfo:
+    num_completion = sum(len(s.token_ids) for s in states)
+    cached = max((s.num_cached_tokens for s in states), default=0)
+    return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
+                     total_tokens=num_prompt + num_completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def _logprobs(state: RequestState, start: int) -> ChatLogprobs:
+    content = []
+    for token_id, entry in zip(state.token_ids[start:], state.logprobs[start:]):
+        chosen = entry[token_id]
+        tops = sorted((lp for lp in entry.values() if lp.rank is not None),
+                      key=lambda lp: lp.rank)
+        content.append(ChatTokenLogprob(
+            token=chosen.decoded_token, logprob=chosen.logprob,
+            bytes=token_bytes(chosen.decoded_token),
+            top_logprobs=[ChatTopLogprob(token=lp.decoded_token, logprob=lp.logprob,
+                                         bytes=token_bytes(lp.decoded_token)) for lp in tops]))
+    return ChatLogprobs(content=content)

@@ -1,0 +1,146 @@
+"""POST /v1/completions: text in, text out, streamed (SSE) or whole."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+
+from radixserve.engine.async_engine import StepDelta
+from radixserve.engine.output_processor import RequestState
+from radixserve.server.protocol import (
+    CompletionLogprobs, CompletionRequest, CompletionResponse, CompletionResponseChoice,
+    CompletionStreamResponse, PromptTokensDetails, UsageInfo, random_id)
+from radixserve.server.serving import SSE_DONE, OpenAIError, ServingContext, merge, sse
+
+
+def _prompts(ctx: ServingContext, body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif prompt and isinstance(prompt[0], int):
+        prompt = [prompt]
+    items = []
+    for p in prompt:
+        if isinstance(p, str):
+            items.append((p, ctx.tokenizer.encode(p)))
+        else:
+            items.append((None, list(p)))
+    return items
+
+
+class CompletionServer:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    def prepare(self, body: CompletionRequest):
+        """Validate and tokenize; OpenAIError / ValueError before anything is queued."""
+        self.ctx.check_model(body.model)
+        if body.echo and body.logprobs is not None:
+            raise OpenAIError("echo together with logprobs is not supported", param="echo")
+        prompts = _prompts(self.ctx, body)
+        for _, ids in prompts:
+            if ids and (min(ids) < 0 or max(ids) >= self.ctx.tokenizer.vocab_size):
+                raise OpenAIError("prompt token ids are out of the vocabulary", param="prompt")
+        params = [self.ctx.sampling_params(body, len(ids)) for _, ids in prompts]
+        return prompts, params
+
+    def _streams(self, body, prompts, params, request_id, arrival):
+        n = params[0].n
+        streams = []
+        for i, ((_, ids), p) in enumerate(zip(prompts, params)):
+            streams.append(_offset(self.ctx.engine.generate(
+                ids, p, f"{request_id}-{i}", body.priority, arrival), i * n))
+        return merge(streams)
+
+    async def full(self, body: CompletionRequest, prompts, params,
+                   arrival: float) -> CompletionResponse:
+        request_id = random_id("cmpl-")
+        finals: dict[int, tuple[RequestState, int]] = {}
+        async for index, step in self._streams(body, prompts, params, request_id, arrival):
+            if step.state.finished:
+                finals[index] = (step.state, index // params[0].n)
+        choices = []
+        for index in sorted(finals):
+            state, prompt_idx = finals[index]
+            text = state.text
+            if body.echo:
+                text = _echo_text(self.ctx, prompts[prompt_idx]) + text
+            choices.append(CompletionResponseChoice(
+                index=index, text=text, finish_reason=state.finish_reason,
+                stop_reason=state.stop_reason,
+                logprobs=_logprobs(self.ctx, state, 0, len(state.token_ids))
+                if state.logprobs is not None else None))
+        usage = _usage(prompts, params, [s for s, _ in finals.values()])
+        return CompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
+                                  usage=usage)
+
+    async def stream(self, body: CompletionRequest, prompts, params,
+                     arrival: float) -> AsyncIterator[str]:
+        request_id = random_id("cmpl-")
+        created = int(time.time())
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        states: dict[int, RequestState] = {}
+        sent_echo: set[int] = set()
+        async for index, step in self._streams(body, prompts, params, request_id, arrival):
+            state = step.state
+            states[index] = state
+            text = step.text
+            if body.echo and index not in sent_echo:
+                sent_echo.add(index)
+                text = _echo_text(self.ctx, prompts[index // params[0].n]) + text
+            if not text and not state.finished:
+                continue
+            logprobs = None
+            if state.logprobs is not None:
+                new = len(step.output.new_token_ids)
+                logprobs = _logprobs(self.ctx, state, len(state.token_ids) - new,
+                                     len(state.token_ids))
+            choice = CompletionResponseChoice(
+                index=index, text=text, logprobs=logprobs,
+                finish_reason=state.finish_reason if state.finished else None,
+                stop_reason=state.stop_reason if state.finished else None)
+            yield sse(CompletionStreamResponse(id=request_id, created=created,
+                                               model=self.ctx.model_name, choices=[choice]))
+        if include_usage:
+            usage = _usage(prompts, params, list(states.values()))
+            yield sse(CompletionStreamResponse(id=request_id, created=created,
+                                               model=self.ctx.model_name, choices=[],
+                                               usage=usage))
+        yield SSE_DONE
+
+
+async def _offset(steps: AsyncIterator[StepDelta], base: int):
+    async for step in steps:
+        yield base + step.index, step
+
+
+def _echo_text(ctx: ServingContext, prompt: tuple[str | None, list[int]]) -> str:
+    text, ids = prompt
+    return text if text is not None else ctx.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _usage(prompts, params, states: list[RequestState]) -> UsageInfo:
+    num_prompt = sum(len(ids) for _, ids in prompts)
+    num_completion = sum(len(s.token_ids) for s in states)
+    cached = sum(s.num_cached_tokens for s in states if s.index == 0)
+    return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
+                     total_tokens=num_prompt + num_completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def _logprobs(ctx: ServingContext, state: RequestState, start: int,
+              end: int) -> CompletionLogprobs:
+    """OpenAI completions logprobs for tokens ``start:end`` of ``state``."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    offset = len(ctx.tokenizer.decode(state.token_ids[:start])) if start else 0
+    for token_id, entry in zip(state.token_ids[start:end], state.logprobs[start:end]):
+        text = entry[token_id].decoded_token
+        tokens.append(text)
+        token_lps.append(entry[token_id].logprob)
+        tops.append({lp.decoded_token: lp.logprob for lp in entry.values()
+                     if lp.rank is not None})
+        offsets.append(offset)
+        offset += len(text)
+    return CompletionLogprobs(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops,
+                              text_offset=offsets)
