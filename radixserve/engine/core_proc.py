@@ -75,7 +75,8 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
                 except ValueError as exc:
                     errors.append(EngineCoreOutput(msg.request.request_id, [], "abort",
                                                    error=str(exc)))
-            if errors:
+            if errors or not engine.has_unfinished_requests():
+                # no step follows: report refusals and fresh stats (e.g. after an abort) now
                 out.send(encoder.encode(EngineCoreOutputs(errors, time.time(),
                                                           engine.scheduler.stats())))
         elif not busy and os.getppid() != parent:

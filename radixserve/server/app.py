@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 
@@ -18,8 +19,8 @@ from radixserve.server.protocol import (
 from radixserve.server.protocol_chat import (
     ChatCompletionRequest, DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
     TokenizeResponse)
-from radixserve.server.serving import ClientDisconnected, OpenAIError, ServingContext, \
-    until_disconnect
+from radixserve.server.serving import (
+    ClientDisconnected, OpenAIError, ServingContext, wait_disconnect, until_disconnect)
 from radixserve.server.serving_chat import ChatServer, render_messages
 from radixserve.server.serving_completion import CompletionServer
 
@@ -33,18 +34,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     client = ctx.engine.client
     _install_errors(app)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_body_bytes:
-            return _error(f"request body too large ({length} bytes; limit {max_body_bytes})",
-                          413)
-        if api_key is not None and request.url.path not in _OPEN_PATHS:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return _error("invalid or missing API key", 401, "authentication_error",
-                              code="invalid_api_key")
-        return await call_next(request)
+    app.add_middleware(_Guard, api_key=api_key, max_body_bytes=max_body_bytes)
 
     @app.get("/health")
     async def health():
@@ -76,7 +66,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
         arrival = time.time()
         prompts, params = completions.prepare(body)
         if body.stream:
-            return _stream(completions.stream(body, prompts, params, arrival))
+            return _stream(completions.stream(body, prompts, params, arrival), request)
         return await until_disconnect(request, completions.full(body, prompts, params, arrival))
 
     @app.post("/v1/chat/completions")
@@ -84,7 +74,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
         arrival = time.time()
         ids, params, use_tools = chat.prepare(body)
         if body.stream:
-            return _stream(chat.stream(body, ids, params, use_tools, arrival))
+            return _stream(chat.stream(body, ids, params, use_tools, arrival), request)
         return await until_disconnect(request, chat.full(body, ids, params, use_tools, arrival))
 
     @app.post("/v1/chat/completions/render")
@@ -101,7 +91,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
             text = render_messages(ctx, body)
         else:
             text = body.prompt
-        ids = ctx.tokenizer.encode(text, add_special_tokens=body.effective_add_special_tokens())
+        ids = ctx.tokenizer.encode(text, add_special_tokens=body.effective_add_special_tokens)
         strs = ctx.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids,
                                 token_strs=strs)
@@ -117,17 +107,73 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     return app
 
 
-def _stream(chunks) -> StreamingResponse:
+class _Guard:
+    """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from streams):
+    rejects oversized bodies (413) and, with an API key, unauthenticated requests (401)."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            response = _error(f"request body too large ({int(length)} bytes; limit "
+                              f"{self.max_body_bytes})", 413)
+            return await response(scope, receive, send)
+        if self.expected is not None and scope["path"] not in _OPEN_PATHS:
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = _error("invalid or missing API key", 401, "authentication_error",
+                                  code="invalid_api_key")
+                return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def _stream(chunks, request: Request) -> StreamingResponse:
+    """SSE response that stops (aborting the engine requests) as soon as the client leaves,
+    whether or not the ASGI server reports the disconnect on send."""
+
     async def guarded():
+        watcher = asyncio.ensure_future(wait_disconnect(request))
+        step = None
         try:
-            async for chunk in chunks:
+            while True:
+                step = asyncio.ensure_future(chunks.__anext__())
+                await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    return  # client gone
+                try:
+                    chunk = step.result()
+                except StopAsyncIteration:
+                    return
                 yield chunk
         except EngineDeadError as exc:
-            yield f"data: {_json(error_body(f'engine unavailable: {exc}', 'service_unavailable', code=503))}\n\n"
+            body = error_body(f"engine unavailable: {exc}", "service_unavailable", code=503)
+            yield f"data: {_json(body)}\n\n"
         except EngineRequestError as exc:
             yield f"data: {_json(error_body(str(exc)))}\n\n"
+        finally:
+            # NOTE: a separate task: when the server cancels this response (client gone), every
+            # await here would be cancelled again before the engine requests are aborted.
+            watcher.cancel()
+            asyncio.ensure_future(_close(step, chunks))
+
     return StreamingResponse(guarded(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
+
+
+async def _close(step: asyncio.Future | None, chunks) -> None:
+    """Stop a response's generator: cancel its pending step (which aborts its engine
+    requests on the way out), then close it."""
+    if step is not None and not step.done():
+        step.cancel()
+        await asyncio.gather(step, return_exceptions=True)
+    await chunks.aclose()
 
 
 def _json(obj) -> str:
@@ -160,6 +206,10 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(ClientDisconnected)
     async def on_disconnect(request, exc):
         return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def on_internal(request, exc):
+        return _error(f"internal error: {type(exc).__name__}: {exc}", 500, "internal_error")
 
     @app.exception_handler(404)
     async def on_404(request, exc):

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -88,6 +90,7 @@ def serve(args: argparse.Namespace) -> int:
 async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
     import uvicorn
 
+    _Server = _server_class()
     from radixserve.engine.async_engine import AsyncLLM
     from radixserve.engine.core_client import EngineCoreClient
     from radixserve.engine.core_proc import run_engine_core
@@ -114,7 +117,7 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 loop="none", http="httptools",
                                 timeout_graceful_shutdown=args.drain_timeout)
-        server = uvicorn.Server(config)
+        server = _Server(config)
         print(f"radixserve: serving {name} on http://{args.host}:{args.port} "
               f"(context {ready.max_model_len}, {ready.num_kv_blocks} KV blocks)",
               file=sys.stderr, flush=True)
@@ -132,6 +135,27 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
             proc.join()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, which would kill us
+        before the engine is stopped; handle them on the loop instead."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            try:
+                yield
+            finally:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+
+    return Server
 
 
 async def _watch(proc, client) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ async def until_disconnect(request: Request, work: Awaitable):
     """Await ``work`` unless the client disconnects first, then cancel it (which aborts the
     engine requests it started) and raise ClientDisconnected."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    watcher = asyncio.ensure_future(wait_disconnect(request))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -105,7 +106,7 @@ async def until_disconnect(request: Request, work: Awaitable):
     return task.result()
 
 
-async def _wait_disconnect(request: Request) -> None:
+async def wait_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
@@ -115,16 +116,18 @@ async def _wait_disconnect(request: Request) -> None:
 async def merge(iterators: list[AsyncIterator]) -> AsyncIterator:
     """Interleave several async iterators as their items arrive."""
     if len(iterators) == 1:
-        async for item in iterators[0]:
-            yield item
+        async with contextlib.aclosing(iterators[0]) as it:
+            async for item in it:
+                yield item
         return
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
 
     async def pump(it):
         try:
-            async for item in it:
-                await queue.put(item)
+            async with contextlib.aclosing(it):
+                async for item in it:
+                    await queue.put(item)
             await queue.put(done)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
             await queue.put(exc)

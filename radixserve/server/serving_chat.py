@@ -7,17 +7,31 @@ streamed deltas add up to the non-streamed message.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
 from radixserve.engine.output_processor import RequestState
 from radixserve.engine.parsers import ToolCallDelta
 from radixserve.server.protocol import (
-    ChatCompletionRequest, PromptTokensDetails, UsageInfo, random_id)
+    ChatCompletionRequest,
+    PromptTokensDetails,
+    UsageInfo,
+    random_id,
+)
 from radixserve.server.protocol_chat import (
-    ChatCompletionChoice, ChatCompletionMessage, ChatCompletionStreamResponse, ChatLogprobs,
-    ChatTokenLogprob, ChatTopLogprob, DeltaFunctionCall, DeltaMessage, DeltaToolCall,
-    FunctionCall, ToolCall)
+    ChatCompletionChoice,
+    ChatCompletionMessage,
+    ChatCompletionStreamResponse,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    ChatTopLogprob,
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
+)
 from radixserve.server.protocol_chat import ChatCompletionStreamChoice as StreamChoice
 from radixserve.server.protocol_chat import ChatCompletionResponse
 from radixserve.server.serving import SSE_DONE, OpenAIError, ServingContext, sse, token_bytes
@@ -32,8 +46,11 @@ def render_messages(ctx: ServingContext, body) -> str:
         kwargs.setdefault("reasoning_effort", body.reasoning_effort)
     try:
         text = ctx.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=body.add_generation_prompt and
-            not body.continue_final_message, tools=tools, **kwargs)
+            messages,
+            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+            tools=tools,
+            **kwargs,
+        )
     except ValueError as exc:
         raise OpenAIError(str(exc), param="messages") from exc
     except Exception as exc:  # a template's raise_exception or a rendering error
@@ -42,7 +59,7 @@ def render_messages(ctx: ServingContext, body) -> str:
         last = messages[-1].get("content") or ""
         cut = text.rfind(last)
         if cut >= 0:
-            text = text[:cut + len(last)]
+            text = text[: cut + len(last)]
     return text
 
 
@@ -64,14 +81,23 @@ class ChatServer:
     def prepare(self, body: ChatCompletionRequest):
         ctx = self.ctx
         ctx.check_model(body.model)
-        if isinstance(body.tool_choice, str) and body.tool_choice == "required" or \
-                not isinstance(body.tool_choice, str | None):
-            raise OpenAIError("tool_choice 'required' or a named function needs constrained "
-                              "decoding, which is not supported yet", param="tool_choice")
+        if (
+            isinstance(body.tool_choice, str)
+            and body.tool_choice == "required"
+            or not isinstance(body.tool_choice, str | None)
+        ):
+            raise OpenAIError(
+                "tool_choice 'required' or a named function needs constrained "
+                "decoding, which is not supported yet",
+                param="tool_choice",
+            )
         use_tools = bool(body.tools) and body.tool_choice != "none"
         if use_tools and ctx.tool_parser is None:
-            raise OpenAIError("tool calling needs a tool-call parser: start the server with "
-                              "--tool-call-parser hermes", param="tools")
+            raise OpenAIError(
+                "tool calling needs a tool-call parser: start the server with "
+                "--tool-call-parser hermes",
+                param="tools",
+            )
         text = render_messages(ctx, body)
         ids = ctx.tokenizer.encode(text, add_special_tokens=False)
         params = ctx.sampling_params(body, len(ids))
@@ -82,15 +108,18 @@ class ChatServer:
         tools = self.ctx.tool_parser if use_tools else None
         return reasoning, tools
 
-    async def full(self, body: ChatCompletionRequest, ids, params, use_tools,
-                   arrival: float) -> ChatCompletionResponse:
+    async def full(
+        self, body: ChatCompletionRequest, ids, params, use_tools, arrival: float
+    ) -> ChatCompletionResponse:
         request_id = random_id("chatcmpl-")
         reasoning_parser, tool_parser = self._parsers(use_tools)
         finals: dict[int, RequestState] = {}
-        async for step in self.ctx.engine.generate(ids, params, request_id, body.priority,
-                                                   arrival):
-            if step.state.finished:
-                finals[step.index] = step.state
+        async with contextlib.aclosing(
+            self.ctx.engine.generate(ids, params, request_id, body.priority, arrival)
+        ) as steps:
+            async for step in steps:
+                if step.state.finished:
+                    finals[step.index] = step.state
         choices = []
         for index in sorted(finals):
             state = finals[index]
@@ -102,18 +131,33 @@ class ChatServer:
                 content, calls = tool_parser.extract(content)
             finish = "tool_calls" if calls else state.finish_reason
             message = ChatCompletionMessage(
-                content=content, reasoning_content=reasoning,
-                tool_calls=[ToolCall(id=c.id, function=FunctionCall(
-                    name=c.name, arguments=c.arguments)) for c in calls] or None)
-            choices.append(ChatCompletionChoice(
-                index=index, message=message, finish_reason=finish,
-                stop_reason=state.stop_reason,
-                logprobs=_logprobs(state, 0) if state.logprobs is not None else None))
-        return ChatCompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
-                                      usage=_usage(len(ids), list(finals.values())))
+                content=content,
+                reasoning_content=reasoning,
+                tool_calls=[
+                    ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+                    for c in calls
+                ]
+                or None,
+            )
+            choices.append(
+                ChatCompletionChoice(
+                    index=index,
+                    message=message,
+                    finish_reason=finish,
+                    stop_reason=state.stop_reason,
+                    logprobs=_logprobs(state, 0) if state.logprobs is not None else None,
+                )
+            )
+        return ChatCompletionResponse(
+            id=request_id,
+            model=self.ctx.model_name,
+            choices=choices,
+            usage=_usage(len(ids), list(finals.values())),
+        )
 
-    async def stream(self, body: ChatCompletionRequest, ids, params, use_tools,
-                     arrival: float) -> AsyncIterator[str]:
+    async def stream(
+        self, body: ChatCompletionRequest, ids, params, use_tools, arrival: float
+    ) -> AsyncIterator[str]:
         request_id = random_id("chatcmpl-")
         created = int(time.time())
         model = self.ctx.model_name
@@ -121,40 +165,61 @@ class ChatServer:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         def chunk(index, delta, finish=None, logprobs=None, stop_reason=None):
-            return sse(ChatCompletionStreamResponse(
-                id=request_id, created=created, model=model, choices=[StreamChoice(
-                    index=index, delta=delta, logprobs=logprobs, finish_reason=finish,
-                    stop_reason=stop_reason)]))
+            return sse(
+                ChatCompletionStreamResponse(
+                    id=request_id,
+                    created=created,
+                    model=model,
+                    choices=[
+                        StreamChoice(
+                            index=index,
+                            delta=delta,
+                            logprobs=logprobs,
+                            finish_reason=finish,
+                            stop_reason=stop_reason,
+                        )
+                    ],
+                )
+            )
 
         for i in range(params.n):
             yield chunk(i, DeltaMessage(role="assistant", content=""))
         streams = {}
         states: dict[int, RequestState] = {}
-        async for step in self.ctx.engine.generate(ids, params, request_id, body.priority,
-                                                   arrival):
-            state = states[step.index] = step.state
-            if step.index not in streams:
-                streams[step.index] = _ChoiceStream(reasoning_parser, tool_parser)
-            cs = streams[step.index]
-            deltas = cs.feed(step.text)
-            if state.finished:
-                deltas += cs.finish()
-            logprobs = None
-            if state.logprobs is not None:
-                logprobs = _logprobs(state, len(state.token_ids) -
-                                     len(step.output.new_token_ids))
-            for delta in deltas:
-                yield chunk(step.index, delta, logprobs=logprobs)
+        async with contextlib.aclosing(
+            self.ctx.engine.generate(ids, params, request_id, body.priority, arrival)
+        ) as steps:
+            async for step in steps:
+                state = states[step.index] = step.state
+                if step.index not in streams:
+                    streams[step.index] = _ChoiceStream(reasoning_parser, tool_parser)
+                cs = streams[step.index]
+                deltas = cs.feed(step.text)
+                if state.finished:
+                    deltas += cs.finish()
                 logprobs = None
-            if logprobs is not None:
-                yield chunk(step.index, DeltaMessage(), logprobs=logprobs)
-            if state.finished:
-                finish = "tool_calls" if cs.has_tool_calls else state.finish_reason
-                yield chunk(step.index, DeltaMessage(), finish, stop_reason=state.stop_reason)
+                if state.logprobs is not None:
+                    logprobs = _logprobs(
+                        state, len(state.token_ids) - len(step.output.new_token_ids)
+                    )
+                for delta in deltas:
+                    yield chunk(step.index, delta, logprobs=logprobs)
+                    logprobs = None
+                if logprobs is not None:
+                    yield chunk(step.index, DeltaMessage(), logprobs=logprobs)
+                if state.finished:
+                    finish = "tool_calls" if cs.has_tool_calls else state.finish_reason
+                    yield chunk(step.index, DeltaMessage(), finish, stop_reason=state.stop_reason)
         if include_usage:
-            yield sse(ChatCompletionStreamResponse(
-                id=request_id, created=created, model=model, choices=[],
-                usage=_usage(len(ids), list(states.values()))))
+            yield sse(
+                ChatCompletionStreamResponse(
+                    id=request_id,
+                    created=created,
+                    model=model,
+                    choices=[],
+                    usage=_usage(len(ids), list(states.values())),
+                )
+            )
         yield SSE_DONE
 
 
@@ -196,10 +261,20 @@ class _ChoiceStream:
         out = []
         for item in items:
             if isinstance(item, ToolCallDelta):
-                out.append(DeltaMessage(tool_calls=[DeltaToolCall(
-                    index=item.index, id=item.id, type="function" if item.id else None,
-                    function=DeltaFunctionCall(name=item.name,
-                                               arguments=item.arguments_delta))]))
+                out.append(
+                    DeltaMessage(
+                        tool_calls=[
+                            DeltaToolCall(
+                                index=item.index,
+                                id=item.id,
+                                type="function" if item.id else None,
+                                function=DeltaFunctionCall(
+                                    name=item.name, arguments=item.arguments_delta
+                                ),
+                            )
+                        ]
+                    )
+                )
             else:
                 out.append(DeltaMessage(content=item))
         return out
@@ -208,20 +283,32 @@ class _ChoiceStream:
 def _usage(num_prompt: int, states: list[RequestState]) -> UsageInfo:
     num_completion = sum(len(s.token_ids) for s in states)
     cached = max((s.num_cached_tokens for s in states), default=0)
-    return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
-                     total_tokens=num_prompt + num_completion,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+    return UsageInfo(
+        prompt_tokens=num_prompt,
+        completion_tokens=num_completion,
+        total_tokens=num_prompt + num_completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
 
 
 def _logprobs(state: RequestState, start: int) -> ChatLogprobs:
     content = []
     for token_id, entry in zip(state.token_ids[start:], state.logprobs[start:]):
         chosen = entry[token_id]
-        tops = sorted((lp for lp in entry.values() if lp.rank is not None),
-                      key=lambda lp: lp.rank)
-        content.append(ChatTokenLogprob(
-            token=chosen.decoded_token, logprob=chosen.logprob,
-            bytes=token_bytes(chosen.decoded_token),
-            top_logprobs=[ChatTopLogprob(token=lp.decoded_token, logprob=lp.logprob,
-                                         bytes=token_bytes(lp.decoded_token)) for lp in tops]))
+        tops = sorted((lp for lp in entry.values() if lp.rank is not None), key=lambda lp: lp.rank)
+        content.append(
+            ChatTokenLogprob(
+                token=chosen.decoded_token,
+                logprob=chosen.logprob,
+                bytes=token_bytes(chosen.decoded_token),
+                top_logprobs=[
+                    ChatTopLogprob(
+                        token=lp.decoded_token,
+                        logprob=lp.logprob,
+                        bytes=token_bytes(lp.decoded_token),
+                    )
+                    for lp in tops
+                ],
+            )
+        )
     return ChatLogprobs(content=content)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -9,8 +10,15 @@ from collections.abc import AsyncIterator
 from radixserve.engine.async_engine import StepDelta
 from radixserve.engine.output_processor import RequestState
 from radixserve.server.protocol import (
-    CompletionLogprobs, CompletionRequest, CompletionResponse, CompletionResponseChoice,
-    CompletionStreamResponse, PromptTokensDetails, UsageInfo, random_id)
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionStreamResponse,
+    PromptTokensDetails,
+    UsageInfo,
+    random_id,
+)
 from radixserve.server.serving import SSE_DONE, OpenAIError, ServingContext, merge, sse
 
 
@@ -49,70 +57,103 @@ class CompletionServer:
         n = params[0].n
         streams = []
         for i, ((_, ids), p) in enumerate(zip(prompts, params)):
-            streams.append(_offset(self.ctx.engine.generate(
-                ids, p, f"{request_id}-{i}", body.priority, arrival), i * n))
+            streams.append(
+                _offset(
+                    self.ctx.engine.generate(ids, p, f"{request_id}-{i}", body.priority, arrival),
+                    i * n,
+                )
+            )
         return merge(streams)
 
-    async def full(self, body: CompletionRequest, prompts, params,
-                   arrival: float) -> CompletionResponse:
+    async def full(
+        self, body: CompletionRequest, prompts, params, arrival: float
+    ) -> CompletionResponse:
         request_id = random_id("cmpl-")
         finals: dict[int, tuple[RequestState, int]] = {}
-        async for index, step in self._streams(body, prompts, params, request_id, arrival):
-            if step.state.finished:
-                finals[index] = (step.state, index // params[0].n)
+        async with contextlib.aclosing(
+            self._streams(body, prompts, params, request_id, arrival)
+        ) as steps:
+            async for index, step in steps:
+                if step.state.finished:
+                    finals[index] = (step.state, index // params[0].n)
         choices = []
         for index in sorted(finals):
             state, prompt_idx = finals[index]
             text = state.text
             if body.echo:
                 text = _echo_text(self.ctx, prompts[prompt_idx]) + text
-            choices.append(CompletionResponseChoice(
-                index=index, text=text, finish_reason=state.finish_reason,
-                stop_reason=state.stop_reason,
-                logprobs=_logprobs(self.ctx, state, 0, len(state.token_ids))
-                if state.logprobs is not None else None))
+            choices.append(
+                CompletionResponseChoice(
+                    index=index,
+                    text=text,
+                    finish_reason=state.finish_reason,
+                    stop_reason=state.stop_reason,
+                    logprobs=_logprobs(self.ctx, state, 0, len(state.token_ids))
+                    if state.logprobs is not None
+                    else None,
+                )
+            )
         usage = _usage(prompts, params, [s for s, _ in finals.values()])
-        return CompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
-                                  usage=usage)
+        return CompletionResponse(
+            id=request_id, model=self.ctx.model_name, choices=choices, usage=usage
+        )
 
-    async def stream(self, body: CompletionRequest, prompts, params,
-                     arrival: float) -> AsyncIterator[str]:
+    async def stream(
+        self, body: CompletionRequest, prompts, params, arrival: float
+    ) -> AsyncIterator[str]:
         request_id = random_id("cmpl-")
         created = int(time.time())
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         states: dict[int, RequestState] = {}
         sent_echo: set[int] = set()
-        async for index, step in self._streams(body, prompts, params, request_id, arrival):
-            state = step.state
-            states[index] = state
-            text = step.text
-            if body.echo and index not in sent_echo:
-                sent_echo.add(index)
-                text = _echo_text(self.ctx, prompts[index // params[0].n]) + text
-            if not text and not state.finished:
-                continue
-            logprobs = None
-            if state.logprobs is not None:
-                new = len(step.output.new_token_ids)
-                logprobs = _logprobs(self.ctx, state, len(state.token_ids) - new,
-                                     len(state.token_ids))
-            choice = CompletionResponseChoice(
-                index=index, text=text, logprobs=logprobs,
-                finish_reason=state.finish_reason if state.finished else None,
-                stop_reason=state.stop_reason if state.finished else None)
-            yield sse(CompletionStreamResponse(id=request_id, created=created,
-                                               model=self.ctx.model_name, choices=[choice]))
+        async with contextlib.aclosing(
+            self._streams(body, prompts, params, request_id, arrival)
+        ) as steps:
+            async for index, step in steps:
+                state = step.state
+                states[index] = state
+                text = step.text
+                if body.echo and index not in sent_echo:
+                    sent_echo.add(index)
+                    text = _echo_text(self.ctx, prompts[index // params[0].n]) + text
+                if not text and not state.finished:
+                    continue
+                logprobs = None
+                if state.logprobs is not None:
+                    new = len(step.output.new_token_ids)
+                    logprobs = _logprobs(
+                        self.ctx, state, len(state.token_ids) - new, len(state.token_ids)
+                    )
+                choice = CompletionResponseChoice(
+                    index=index,
+                    text=text,
+                    logprobs=logprobs,
+                    finish_reason=state.finish_reason if state.finished else None,
+                    stop_reason=state.stop_reason if state.finished else None,
+                )
+                yield sse(
+                    CompletionStreamResponse(
+                        id=request_id, created=created, model=self.ctx.model_name, choices=[choice]
+                    )
+                )
         if include_usage:
             usage = _usage(prompts, params, list(states.values()))
-            yield sse(CompletionStreamResponse(id=request_id, created=created,
-                                               model=self.ctx.model_name, choices=[],
-                                               usage=usage))
+            yield sse(
+                CompletionStreamResponse(
+                    id=request_id,
+                    created=created,
+                    model=self.ctx.model_name,
+                    choices=[],
+                    usage=usage,
+                )
+            )
         yield SSE_DONE
 
 
 async def _offset(steps: AsyncIterator[StepDelta], base: int):
-    async for step in steps:
-        yield base + step.index, step
+    async with contextlib.aclosing(steps) as steps:
+        async for step in steps:
+            yield base + step.index, step
 
 
 def _echo_text(ctx: ServingContext, prompt: tuple[str | None, list[int]]) -> str:
@@ -124,13 +165,15 @@ def _usage(prompts, params, states: list[RequestState]) -> UsageInfo:
     num_prompt = sum(len(ids) for _, ids in prompts)
     num_completion = sum(len(s.token_ids) for s in states)
     cached = sum(s.num_cached_tokens for s in states if s.index == 0)
-    return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
-                     total_tokens=num_prompt + num_completion,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+    return UsageInfo(
+        prompt_tokens=num_prompt,
+        completion_tokens=num_completion,
+        total_tokens=num_prompt + num_completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
 
 
-def _logprobs(ctx: ServingContext, state: RequestState, start: int,
-              end: int) -> CompletionLogprobs:
+def _logprobs(ctx: ServingContext, state: RequestState, start: int, end: int) -> CompletionLogprobs:
     """OpenAI completions logprobs for tokens ``start:end`` of ``state``."""
     tokens, token_lps, tops, offsets = [], [], [], []
     offset = len(ctx.tokenizer.decode(state.token_ids[:start])) if start else 0
@@ -138,9 +181,9 @@ def _logprobs(ctx: ServingContext, state: RequestState, start: int,
         text = entry[token_id].decoded_token
         tokens.append(text)
         token_lps.append(entry[token_id].logprob)
-        tops.append({lp.decoded_token: lp.logprob for lp in entry.values()
-                     if lp.rank is not None})
+        tops.append({lp.decoded_token: lp.logprob for lp in entry.values() if lp.rank is not None})
         offsets.append(offset)
         offset += len(text)
-    return CompletionLogprobs(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops,
-                              text_offset=offsets)
+    return CompletionLogprobs(
+        tokens=tokens, token_logprobs=token_lps, top_logprobs=tops, text_offset=offsets
+    )

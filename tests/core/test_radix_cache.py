@@ -52,7 +52,7 @@ def shape(node, bs=2):
 
 
 def test_match_on_empty_tree():
-    pool, cache = make_cache()
+    _, cache = make_cache()
     m = cache.match_prefix([1, 2, 3, 4])
     assert (m.block_ids, m.num_tokens, m.handle) == ([], 0, cache.root)
     cache.lock(m.handle)
@@ -122,13 +122,29 @@ def test_lock_prevents_eviction_until_unlocked():
     cache.check_integrity()
 
 
+def test_splitting_a_locked_node_keeps_the_lock_on_both_halves():
+    pool, cache = make_cache()
+    serve(cache, pool, [1, 2, 3, 4, 5, 6])
+    m = cache.match_prefix([1, 2, 3, 4, 5, 6])
+    cache.lock(m.handle)
+    upper = cache.match_prefix([1, 2, 3, 4, 9, 9]).handle  # splits the locked node
+    assert (upper.lock_ref, m.handle.lock_ref, m.handle.parent) == (1, 1, upper)
+    assert (cache.num_protected_blocks, cache.evict(10)) == (3, 0)
+    cache.check_integrity()
+    cache.unlock(m.handle)
+    assert (upper.lock_ref, cache.num_evictable_blocks) == (0, 3)
+    assert cache.evict(10) == 3
+    cache.check_integrity()
+
+
 def test_eviction_is_lru_and_takes_tail_pages_first():
     pool, cache = make_cache()
     serve(cache, pool, [1, 1, 2, 2])  # blocks 0 1
     serve(cache, pool, [3, 3, 4, 4])  # blocks 2 3
     cache.match_prefix([1, 1, 2, 2])  # now [3 3 4 4] is the least recently used
     assert cache.evict(1) == 1 and pool.ref_counts[:4] == [1, 1, 1, 0]  # its tail page
-    assert cache.match_prefix([3, 3, 4, 4]).block_ids == [2]  # and [1 1 2 2] is the older
+    m = cache.match_prefix([3, 3, 4, 4])  # and [1 1 2 2] is the older
+    assert (m.block_ids, m.num_tokens) == ([2], 2)
     assert cache.evict(1) == 1 and pool.ref_counts[:4] == [1, 0, 1, 0]
     assert cache.evict(2) == 2 and pool.ref_counts[:4] == [0, 0, 0, 0]
     assert list(pool.free_queue)[-4:] == [3, 1, 0, 2]  # trimmed leaf kept its old time
@@ -334,7 +350,8 @@ def test_same_long_prompt_hits_page_aligned_prefix():
 
 def test_random_workload_with_aborts_never_leaks():
     rng = random.Random(0)
-    s = make_scheduler(num_blocks=40, block_size=4, budget=16, max_num_seqs=4)
+    # 20 blocks for up to 4 requests of up to 12: the cache evicts and requests get preempted
+    s = make_scheduler(num_blocks=20, block_size=4, budget=16, max_num_seqs=4)
     stems = [[rng.randint(0, 50) for _ in range(rng.randint(4, 24))] for _ in range(4)]
     n = 0
     for _ in range(400):
@@ -350,4 +367,4 @@ def test_random_workload_with_aborts_never_leaks():
     assert cache.num_hit_tokens > 0 and cache.num_protected_blocks == 0
     cache.evict(10**9)
     s.check_integrity()
-    assert s.kv.block_pool.num_free_blocks == 40
+    assert s.kv.block_pool.num_free_blocks == 20
