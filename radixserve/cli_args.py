@@ -14,6 +14,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="memory budget of the paged KV pool, GiB")
     g.add_argument("--num-kv-blocks", type=int, default=None,
                    help="explicit KV pool size in blocks (overrides the memory budget)")
+    g.add_argument("--no-prefix-cache", action="store_true",
+                   help="disable the radix prefix cache")
     g.add_argument("--max-num-seqs", type=int, default=64, help="max running requests per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="token budget per step (decodes + prefill chunks)")
@@ -30,7 +32,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=args.max_model_len, device=args.device, dtype=args.dtype,
-                seed=args.seed)
+                seed=args.seed, enable_prefix_caching=not args.no_prefix_cache)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, temperature: float,

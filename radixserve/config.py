@@ -43,6 +43,7 @@ class CacheConfig:
     block_size: int = 16
     kv_cache_memory_gb: float = 1.0
     num_blocks: int | None = None
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

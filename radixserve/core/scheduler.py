@@ -119,8 +119,12 @@ class Scheduler:
     def update_from_output(self, sched: SchedulerOutput,
                            result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Advance computed tokens, append sampled tokens, finish stopped requests."""
+        block_size = self.kv.block_size
         for seq in sched.seqs:
-            self.requests[seq.request_id].num_computed_tokens += seq.num_tokens
+            request = self.requests[seq.request_id]
+            request.num_computed_tokens += seq.num_tokens
+            if seq.num_tokens > 1 or request.num_computed_tokens % block_size == 0:
+                self.kv.cache_computed(request)  # a prefill chunk done or a block filled
         outputs = []
         for i, rid in enumerate(result.request_ids):
             request = self.requests[rid]

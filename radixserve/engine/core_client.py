@@ -97,3 +97,6 @@ class EngineCoreClient:
                 queue.put_nowait(out)
                 if out.finish_reason is not None:
                     del queues[out.request_id]
+            # recv() hands back an already-done future while messages are queued, so without
+            # this the loop never yields and a fast engine starves every HTTP handler.
+            await asyncio.sleep(0)

@@ -15,6 +15,7 @@ from radixserve.config import EngineConfig, ModelConfig
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.no_cache import NoPrefixCache
+from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
 from radixserve.engine.messages import EngineCoreOutputs, EngineCoreRequest
@@ -46,7 +47,9 @@ class EngineCore:
         block_size = config.cache.block_size
         runner = ModelRunner(model, model_config, num_blocks, block_size, device, dtype)
         pool = BlockPool(num_blocks)
-        kv = KVCacheManager(pool, NoPrefixCache(pool), block_size)
+        cache = (RadixCache(pool, block_size) if config.cache.enable_prefix_caching
+                 else NoPrefixCache(pool))
+        kv = KVCacheManager(pool, cache, block_size)
         max_len = resolve_max_model_len(config, model_config)
         scheduler = Scheduler(config.scheduler, kv, max_len)
         return cls(scheduler, runner, model_config.vocab_size, config.seed)

@@ -32,10 +32,12 @@ class LLM:
                  kv_cache_memory_gb: float = 1.0, num_kv_blocks: int | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, device: str = "cpu",
-                 dtype: str | None = None, seed: int = 0, show_progress: bool = True) -> None:
+                 dtype: str | None = None, seed: int = 0, enable_prefix_caching: bool = True,
+                 show_progress: bool = True) -> None:
         self.config = EngineConfig(
             model=model,
-            cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks),
+            cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks,
+                              enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len),
             device=DeviceConfig(device, dtype), seed=seed)
         self.source = ModelSource.resolve(model)

@@ -37,6 +37,9 @@ class swapped_scheduler:
                              self.old.max_model_len)
 
     def __enter__(self):
+        # NOTE: both schedulers address the same physical KV pool: drop whatever the shared
+        # LLM has cached, or its radix tree would point at blocks the swap-in overwrites.
+        self.old.kv.prefix_cache.evict(self.old.kv.block_pool.num_blocks)
         self.engine.scheduler = self.new
         return self.new
 
@@ -154,3 +157,28 @@ def test_bad_input_raises_and_llm_keeps_working(embedded_llm, alone, prompt, par
         embedded_llm.generate(prompt, params)
     assert not embedded_llm.engine.has_unfinished_requests()
     assert embedded_llm.generate(PROMPTS[0], GREEDY)[0].outputs[0].token_ids == alone[0]
+
+
+def test_prefix_cache_hit_equals_cold_run(embedded_llm):
+    prefix = "You are a helpful assistant who answers briefly and precisely. " * 4
+    prompts = [prefix + p for p in PROMPTS]
+    with swapped_scheduler(embedded_llm):  # NoPrefixCache: a cold reference
+        cold = token_ids(embedded_llm.generate(prompts, GREEDY))
+    first = embedded_llm.generate(prompts, GREEDY)
+    second = embedded_llm.generate(prompts, GREEDY)
+    assert token_ids(first) == token_ids(second) == cold
+    # whole pages of the prompt, less its last token (always recomputed to sample)
+    assert [r.num_cached_tokens for r in second] == [
+        (len(r.prompt_token_ids) - 1) // 16 * 16 for r in second]
+    embedded_llm.engine.scheduler.check_integrity()
+
+
+def test_multi_turn_hits_its_own_answer(embedded_llm):
+    conv = [{"role": "user", "content": "Name three fruits and describe each in a sentence."}]
+    first = embedded_llm.chat(conv, GREEDY.clone(max_tokens=40))[0]
+    conv += [{"role": "assistant", "content": first.outputs[0].text},
+             {"role": "user", "content": "Which one is the sweetest?"}]
+    second = embedded_llm.chat(conv, GREEDY.clone(max_tokens=8))[0]
+    # the first turn's prompt and answer, in whole pages, come from the cache
+    computed = len(first.prompt_token_ids) + len(first.outputs[0].token_ids) - 1
+    assert second.num_cached_tokens == computed // 16 * 16 > len(first.prompt_token_ids)

@@ -19,13 +19,17 @@ def free_port() -> int:
 
 
 class ServerProc:
-    def __init__(self, *args: str, timeout: float = 300.0) -> None:
+    def __init__(self, *args: str, timeout: float = 300.0,
+                 env: dict[str, str] | None = None) -> None:
+        """``env``: extra variables for the server (applied after RADIXSERVE_API_KEY is
+        dropped from the inherited environment, so it may set that one)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "radixserve", "serve", "--port", str(self.port), *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={k: v for k, v in os.environ.items() if k != "RADIXSERVE_API_KEY"})
+            env={**{k: v for k, v in os.environ.items() if k != "RADIXSERVE_API_KEY"},
+                 **(env or {})})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

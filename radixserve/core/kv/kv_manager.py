@@ -67,6 +67,15 @@ class KVCacheManager:
         request.block_ids.extend(self.block_pool.allocate(need))
         return True
 
+    def cache_computed(self, request: Request) -> None:
+        """Make the request's computed full pages findable by other requests now (after a
+        prefill chunk, or when decoding fills a block), not only when it finishes."""
+        computed = request.all_token_ids[: request.num_computed_tokens]
+        handle = self.prefix_cache.cache_blocks(computed, request.block_ids)
+        self.prefix_cache.lock(handle)
+        self.prefix_cache.unlock(self._handles.get(request.request_id))
+        self._handles[request.request_id] = handle
+
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (its computed prefix may stay cached)."""
         handle = self._handles.pop(request.request_id, None)

@@ -24,6 +24,9 @@ class NoPrefixCache:
     def release(self, token_ids: list[int], block_ids: list[int], handle: Any) -> None:
         self.block_pool.free(block_ids)
 
+    def cache_blocks(self, token_ids: list[int], block_ids: list[int]) -> Any:
+        return None
+
     def evict(self, num_blocks: int) -> int:
         return 0
 

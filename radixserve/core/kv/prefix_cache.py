@@ -38,6 +38,11 @@ class PrefixCache(Protocol):
         Unlocks ``handle``; keeps what is worth caching; returns the rest to the block pool.
         """
 
+    def cache_blocks(self, token_ids: list[int], block_ids: list[int]) -> Any:
+        """Index the full pages of a running request's computed ``token_ids`` (held in
+        ``block_ids``) without releasing anything; return the new handle to lock (the caller
+        locks it and unlocks the old one)."""
+
     def evict(self, num_blocks: int) -> int:
         """Free up to ``num_blocks`` unreferenced cached blocks (LRU first); return how many."""
 
