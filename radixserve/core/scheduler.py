@@ -91,10 +91,19 @@ class Scheduler:
             scheduled.add(request.request_id)
             budget -= num_new
 
-        # Waiting requests, in queue order, while blocks, budget and seats last.
-        while (self.waiting and budget > 0 and not preempted
+        # Waiting requests, in queue order, while blocks, budget and seats last. A sample of an
+        # n > 1 request waits while a sibling prefills their shared prompt, then reuses its KV
+        # through the prefix cache instead of computing the prompt again.
+        page = self.kv.block_size
+        prefilling = {r.prefix_group for r in self.running if r.prefix_group is not None
+                      and r.num_prompt_tokens - r.num_computed_tokens >= page}
+        i = 0
+        while (i < len(self.waiting) and budget > 0 and not preempted
                and len(self.running) < self.config.max_num_seqs):
-            request = self.waiting[0]
+            request = self.waiting[i]
+            if request.prefix_group is not None and request.prefix_group in prefilling:
+                i += 1
+                continue
             if not request.block_ids:
                 cached = self.kv.match_and_lock(request)
                 request.num_computed_tokens = cached
@@ -105,7 +114,10 @@ class Scheduler:
                 self.kv.free(request)
                 request.num_computed_tokens = 0
                 break
-            self.waiting.pop(0)
+            self.waiting.pop(i)
+            if (request.prefix_group is not None
+                    and request.num_prompt_tokens - request.num_computed_tokens >= page):
+                prefilling.add(request.prefix_group)  # it computes pages its siblings can reuse
             if request.queue_time is None:
                 request.queue_time = max(0.0, time.time() - request.arrival_time)
             request.status = RequestStatus.RUNNING

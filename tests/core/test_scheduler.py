@@ -143,3 +143,26 @@ def test_random_workload_never_leaks():
         step(s, token=rng.randint(0, 9))
     s.abort_requests(list(s.requests))
     assert s.kv.block_pool.num_free_blocks == 24
+
+
+def test_n_samples_wait_for_the_shared_prefill_then_hit_the_cache():
+    from radixserve.core.kv.radix_cache import RadixCache
+
+    pool = BlockPool(64)
+    kv = KVCacheManager(pool, RadixCache(pool, 4), 4)
+    s = Scheduler(SchedulerConfig(8, 64), kv, 256)
+    for i in range(3):
+        r = make_request(f"p-{i}", 18, max_tokens=3, arrival=0)
+        r.prefix_group = "p"
+        s.add_request(r)
+    out, _ = step(s)
+    assert [(q.request_id, q.num_tokens) for q in out.seqs] == [("p-0", 18)]
+    out, _ = step(s)
+    # the siblings reuse the 16 cached prompt tokens (4 pages) and compute 2 each
+    assert [(q.request_id, q.start_pos, q.num_tokens) for q in out.seqs] == [
+        ("p-0", 18, 1), ("p-1", 16, 2), ("p-2", 16, 2)]
+    assert s.requests["p-1"].num_cached_tokens == 16
+    while s.num_unfinished:
+        step(s)
+    kv.prefix_cache.evict(64)
+    assert pool.num_free_blocks == 64
