@@ -19,6 +19,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=64, help="max running requests per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="token budget per step (decodes + prefill chunks)")
+    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "lpm"],
+                   help="waiting order within a priority: arrival, or longest prefix match")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="context window (default: the model's)")
     g.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -32,7 +34,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=args.max_model_len, device=args.device, dtype=args.dtype,
-                seed=args.seed, enable_prefix_caching=not args.no_prefix_cache)
+                seed=args.seed, enable_prefix_caching=not args.no_prefix_cache,
+                scheduling_policy=args.scheduling_policy)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, temperature: float,

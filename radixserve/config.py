@@ -61,8 +61,11 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
+    policy: str = "fcfs"  # or "lpm": longest prefix match first (cache-aware)
 
     def __post_init__(self) -> None:
+        if self.policy not in ("fcfs", "lpm"):
+            raise ValueError(f"unknown scheduling policy {self.policy!r}; supported: fcfs, lpm")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:

@@ -20,6 +20,9 @@ from radixserve.core.stop import check_stop
 from radixserve.engine.messages import EngineCoreOutput, SchedulerStats
 
 
+_LPM_MAX_WAITING = 256  # beyond this, matching every waiting request costs more than it saves
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> None:
         self.config = config
@@ -67,6 +70,8 @@ class Scheduler:
         return aborted
 
     def schedule(self) -> SchedulerOutput:
+        if self.config.policy == "lpm" and 1 < len(self.waiting) <= _LPM_MAX_WAITING:
+            self._order_by_prefix_match()
         budget = self.config.max_num_batched_tokens
         seqs: list[ScheduledSeq] = []
         scheduled: set[str] = set()
@@ -196,6 +201,15 @@ class Scheduler:
         self.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self._enqueue(request)
+
+    def _order_by_prefix_match(self) -> None:
+        """SGLang's cache-aware order: within a priority, the longest cached prefix first
+        (ties by arrival), so requests that reuse the cache run while it still holds them."""
+        matched = {r.request_id: self.kv.prefix_cache.match_prefix(r.all_token_ids).num_tokens
+                   for r in self.waiting}
+        keys = self._queue_keys
+        self.waiting.sort(key=lambda r: (keys[r.request_id][0], -matched[r.request_id],
+                                         keys[r.request_id][1:]))
 
     def _enqueue(self, request: Request) -> None:
         key = self._queue_keys.__getitem__

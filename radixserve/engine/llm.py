@@ -33,12 +33,13 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, device: str = "cpu",
                  dtype: str | None = None, seed: int = 0, enable_prefix_caching: bool = True,
-                 show_progress: bool = True) -> None:
+                 scheduling_policy: str = "fcfs", show_progress: bool = True) -> None:
         self.config = EngineConfig(
             model=model,
             cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks,
                               enable_prefix_caching),
-            scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len),
+            scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
+                                      scheduling_policy),
             device=DeviceConfig(device, dtype), seed=seed)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None

@@ -57,7 +57,7 @@ def _build_real_engine(kwargs: dict, model: str | None):
         cache=CacheConfig(kwargs["block_size"], kwargs["kv_cache_memory_gb"],
                           kwargs["num_kv_blocks"], kwargs["enable_prefix_caching"]),
         scheduler=SchedulerConfig(kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"],
-                                  kwargs["max_model_len"]),
+                                  kwargs["max_model_len"], kwargs["scheduling_policy"]),
         device=DeviceConfig(kwargs["device"], kwargs["dtype"]), seed=kwargs["seed"])
     return EngineCore.from_config(config, ModelSource.resolve(model), show_progress=False)
 

@@ -166,3 +166,28 @@ def test_n_samples_wait_for_the_shared_prefill_then_hit_the_cache():
         step(s)
     kv.prefix_cache.evict(64)
     assert pool.num_free_blocks == 64
+
+
+def test_lpm_orders_waiting_by_cached_prefix_within_priority():
+    from radixserve.core.kv.radix_cache import RadixCache
+
+    pool = BlockPool(64)
+    kv = KVCacheManager(pool, RadixCache(pool, 4), 4)
+    s = Scheduler(SchedulerConfig(1, 64, policy="lpm"), kv, 256)
+    warm = make_request("warm", 12, max_tokens=1)
+    s.add_request(warm)
+    while s.num_unfinished:
+        step(s)  # tokens 1..12 are now cached (2 pages of 4 + the rest)
+    cold = Request("cold", [50, 51, 52, 53, 54, 55], SamplingParams(), frozenset(), 0, 1.0)
+    hot = Request("hot", list(range(1, 13)) + [99], SamplingParams(), frozenset(), 0, 2.0)
+    urgent = Request("urgent", [60, 61], SamplingParams(), frozenset(), 0, 3.0, priority=-1)
+    for r in (cold, hot, urgent):
+        s.add_request(r)
+    out, _ = step(s)
+    assert [q.request_id for q in out.seqs] == ["urgent"]  # priority beats cache
+    assert [r.request_id for r in s.waiting] == ["hot", "cold"]  # then longest match
+
+
+def test_unknown_policy_is_rejected():
+    with pytest.raises(ValueError, match="lpm"):
+        SchedulerConfig(policy="random")
