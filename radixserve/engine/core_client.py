@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import msgspec
 import zmq
@@ -64,7 +65,7 @@ class EngineCoreClient:
 
     async def abort(self, request_ids: list[str]) -> None:
         ids = [rid for rid in request_ids if self.queues.pop(rid, None) is not None]
-        if ids and not self.dead:
+        if ids and not self.dead and not self.push.closed:  # closed: shut down already
             await self.push.send(self.encoder.encode(AbortRequests(ids)))
 
     def mark_dead(self, reason: str) -> None:
@@ -74,9 +75,19 @@ class EngineCoreClient:
             queue.put_nowait(EngineDeadError(reason))
         self.queues.clear()
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, is_alive: Callable[[], bool] | None = None,
+                       timeout: float = 10.0) -> None:
+        """Tell the engine to stop, then close the sockets. With ``is_alive``, keep reading
+        its outputs until it has exited (at most ``timeout`` s): an engine blocked sending to
+        a full output queue would otherwise never read the Shutdown."""
         if not self.dead:
             await self.push.send(self.encoder.encode(Shutdown()))
+            deadline = time.monotonic() + timeout
+            while is_alive is not None and is_alive() and time.monotonic() < deadline:
+                if self._task is not None and not self._task.done():
+                    await asyncio.sleep(0.02)  # the output loop is reading
+                elif await self.pull.poll(20):
+                    await self.pull.recv()
         if self._task:
             self._task.cancel()
         self.push.close(linger=500)

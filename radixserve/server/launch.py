@@ -128,8 +128,8 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
     finally:
         if watcher:
             watcher.cancel()
-        await client.shutdown()
-        proc.join(timeout=10)
+        await client.shutdown(proc.is_alive, timeout=10)
+        proc.join(timeout=1)
         if proc.is_alive():
             proc.kill()
             proc.join()

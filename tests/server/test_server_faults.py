@@ -275,7 +275,7 @@ def test_api_key_from_environment_then_sigint_exits_zero_within_the_drain_timeou
     s.proc.send_signal(signal.SIGINT)
     signalled = time.monotonic()
     assert s.proc.wait(timeout=20) == 0, s.proc.stdout.read()
-    assert time.monotonic() - signalled < 2 + 8
+    assert time.monotonic() - signalled < 2 + 5
     stream.join(15)
     assert not stream.is_alive()
     assert not stream.done  # cut, not completed
@@ -333,3 +333,17 @@ def test_oversized_body_is_refused_and_the_server_keeps_serving(keyed):
     assert httpx.get(f"{url}/health").status_code == 200
     r = httpx.post(f"{url}/v1/completions", headers=AUTH, json={"prompt": "hi", "max_tokens": 4})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.xfail(strict=True, reason="the 32 MiB limit is only checked against Content-Length: "
+                   "a chunked body of any size gets through (app.py _Guard)")
+def test_oversized_chunked_body_is_refused(keyed):
+    def body():  # no Content-Length: Transfer-Encoding: chunked
+        yield b'{"prompt": "hi", "max_tokens": 1, "user": "'
+        for _ in range(33):
+            yield b"a" * (1024 * 1024)
+        yield b'"}'
+
+    r = httpx.post(f"{keyed.url}/v1/completions", content=body(), timeout=60,
+                   headers={**AUTH, "content-type": "application/json"})
+    _assert_error(r, 413)
