@@ -23,6 +23,22 @@ from radixserve.engine.messages import (
     Shutdown)
 
 _IDLE_POLL_MS = 1000
+_SEND_TIMEOUT_MS = 1000
+
+
+class _Orphaned(Exception):
+    """The API process is gone: nobody will read our output."""
+
+
+def _send(out: zmq.Socket, data: bytes, parent: int) -> None:
+    """Send, retrying while the API process is alive but not reading (its queue is full)."""
+    while True:
+        try:
+            out.send(data)
+            return
+        except zmq.Again:
+            if os.getppid() != parent:
+                raise _Orphaned() from None
 
 
 def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
@@ -35,6 +51,7 @@ def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
     inp = ctx.socket(zmq.PULL)
     inp.connect(input_addr)
     out = ctx.socket(zmq.PUSH)
+    out.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)  # a send blocks at most this long
     out.connect(output_addr)
     encoder = msgspec.msgpack.Encoder()
     try:
@@ -48,6 +65,8 @@ def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
                                         stats.num_kv_blocks, engine.scheduler.kv.block_size)))
     try:
         _loop(engine, inp, out, encoder, parent)
+    except _Orphaned:
+        pass
     finally:
         out.close(linger=1000)
         inp.close(linger=0)
@@ -77,11 +96,11 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
                                                    error=str(exc)))
             if errors or not engine.has_unfinished_requests():
                 # no step follows: report refusals and fresh stats (e.g. after an abort) now
-                out.send(encoder.encode(EngineCoreOutputs(errors, time.time(),
-                                                          engine.scheduler.stats())))
+                _send(out, encoder.encode(EngineCoreOutputs(errors, time.time(),
+                                                            engine.scheduler.stats())), parent)
         elif not busy and os.getppid() != parent:
             return  # orphaned: the API process is gone
         if engine.has_unfinished_requests():
             outputs = engine.step()
             outputs.stats = engine.scheduler.stats()
-            out.send(encoder.encode(outputs))
+            _send(out, encoder.encode(outputs), parent)

@@ -6,7 +6,7 @@ import asyncio
 import hmac
 import time
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -65,6 +65,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     async def create_completion(body: CompletionRequest, request: Request):
         arrival = time.time()
         prompts, params = completions.prepare(body)
+        _check_alive(client)
         if body.stream:
             return _stream(completions.stream(body, prompts, params, arrival), request)
         return await until_disconnect(request, completions.full(body, prompts, params, arrival))
@@ -73,6 +74,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         arrival = time.time()
         ids, params, use_tools = chat.prepare(body)
+        _check_alive(client)
         if body.stream:
             return _stream(chat.stream(body, ids, params, use_tools, arrival), request)
         return await until_disconnect(request, chat.full(body, ids, params, use_tools, arrival))
@@ -131,7 +133,28 @@ class _Guard:
                 response = _error("invalid or missing API key", 401, "authentication_error",
                                   code="invalid_api_key")
                 return await response(scope, receive, send)
-        return await self.app(scope, receive, send)
+        if length.isdigit():
+            return await self.app(scope, receive, send)
+        return await self._counted(scope, receive, send)
+
+    async def _counted(self, scope, receive, send):
+        """A body without Content-Length (chunked): count it as it arrives."""
+        received = 0
+
+        async def counting_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise HTTPException(413, f"request body too large (limit "
+                                             f"{self.max_body_bytes} bytes)")
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+
 
 
 def _stream(chunks, request: Request) -> StreamingResponse:
@@ -165,6 +188,12 @@ def _stream(chunks, request: Request) -> StreamingResponse:
 
     return StreamingResponse(guarded(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
+
+
+def _check_alive(client) -> None:
+    """Answer 503 up front (not a 200 stream carrying an error) when the engine is gone."""
+    if client.dead:
+        raise EngineDeadError(client.dead)
 
 
 async def _close(step: asyncio.Future | None, chunks) -> None:
@@ -210,6 +239,10 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def on_internal(request, exc):
         return _error(f"internal error: {type(exc).__name__}: {exc}", 500, "internal_error")
+
+    @app.exception_handler(413)
+    async def on_413(request, exc):
+        return _error(str(exc.detail), 413)
 
     @app.exception_handler(404)
     async def on_404(request, exc):

@@ -140,9 +140,10 @@ class _Stream(threading.Thread):
 # --- 1. API keys -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
-                                     {"Authorization": KEY}, {"Authorization": f"Bearer {KEY[:-1]}"}],
-                         ids=["missing", "wrong", "no-scheme", "prefix"])
+@pytest.mark.parametrize("headers", [
+    {}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
+    {"Authorization": f"Bearer {KEY[:-1]}"},
+], ids=["missing", "wrong", "no-scheme", "prefix"])
 def test_api_key_rejects_bad_credentials(keyed, headers):
     url = keyed.url
     for r in (httpx.get(f"{url}/v1/models", headers=headers),
@@ -185,6 +186,10 @@ def test_engine_death_ends_streams_and_fails_new_requests(spawn):
         assert r.status_code == 200
         for data in _data(r.iter_lines()):
             payloads.append(data)
+            if len(payloads) == 100:  # the engine outruns the stream: HTTP still answers
+                started = time.monotonic()
+                assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+                assert time.monotonic() - started < 2, "the event loop is starved"
             if len(payloads) == 200:  # a steady stream is flowing: kill the engine mid-way
                 os.kill(engine, signal.SIGKILL)
                 killed_at = time.monotonic()
@@ -205,7 +210,8 @@ def test_engine_death_ends_streams_and_fails_new_requests(spawn):
     _assert_error(httpx.post(f"{url}/v1/chat/completions",
                              json={"messages": [{"role": "user", "content": "hi"}],
                                    "max_tokens": 2}), 503, "service_unavailable")
-    # a streamed request cannot hang either: it ends at once with an error
+    # a streamed request cannot hang either: it ends at once with an error (today: 200 and an
+    # error event, as add_request runs inside the streamed body; 503 would be better)
     with httpx.stream("POST", f"{url}/v1/completions", json=_stream_body(5),
                       timeout=httpx.Timeout(10)) as r:
         if r.status_code == 200:
@@ -259,7 +265,7 @@ def test_sigterm_drains_in_flight_streams(spawn):
 def test_api_key_from_environment_then_sigint_exits_zero_within_the_drain_timeout(spawn):
     # one server for both, to keep the file fast (each start loads the GGUF tokenizer)
     s = spawn(*MOCK, "--drain-timeout", "2", "--max-model-len", "200000",
-                   env={"RADIXSERVE_API_KEY": "from-env"})
+              env={"RADIXSERVE_API_KEY": "from-env"})
     env_auth = {"Authorization": "Bearer from-env"}
     _assert_error(httpx.get(f"{s.url}/v1/models"), 401, "authentication_error")
     _assert_error(httpx.get(f"{s.url}/v1/models", headers=AUTH), 401, "authentication_error")
@@ -289,7 +295,7 @@ def test_many_concurrent_streams(keyed):
     url = keyed.url
     n, max_tokens = 128, 32
 
-    async def one(client: httpx.AsyncClient) -> tuple[list[str], str | None]:
+    async def one(client: httpx.AsyncClient) -> list[str]:
         body = _stream_body(max_tokens, stream_options={"include_usage": True})
         async with client.stream("POST", "/v1/completions", json=body) as r:
             assert r.status_code == 200
@@ -335,8 +341,6 @@ def test_oversized_body_is_refused_and_the_server_keeps_serving(keyed):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 
 
-@pytest.mark.xfail(strict=True, reason="the 32 MiB limit is only checked against Content-Length: "
-                   "a chunked body of any size gets through (app.py _Guard)")
 def test_oversized_chunked_body_is_refused(keyed):
     def body():  # no Content-Length: Transfer-Encoding: chunked
         yield b'{"prompt": "hi", "max_tokens": 1, "user": "'

@@ -24,7 +24,11 @@ class KVCacheManager:
 
     @property
     def usage(self) -> float:
-        return self.block_pool.usage
+        """Fraction of the pool held by requests (cached-but-unreferenced blocks count as free:
+        they are evicted on demand)."""
+        pool = self.block_pool
+        used = pool.num_blocks - pool.num_free_blocks - self.prefix_cache.num_evictable_blocks
+        return used / pool.num_blocks
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
