@@ -77,7 +77,7 @@ class ModelRunner:
         meta = self.backend.build_metadata(
             slot_mapping=slot_mapping, block_table=block_table,
             context_lens=[s.context_len for s in seqs], q_lens=q_lens, start_pos=starts,
-            block_size=bs)
+            block_size=bs, dtype=self.kv_caches[0][0].dtype)
         sample_idx = (cu - 1)[torch.tensor([s.sample for s in seqs], device=dev)]
         return input_ids, positions, meta, sample_idx
 

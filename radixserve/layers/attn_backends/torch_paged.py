@@ -4,8 +4,9 @@ The packed batch holds decode-like sequences (one new token) first, then prefill
 The KV pool per layer is ``[num_blocks, block_size, num_kv_heads, head_dim]``; a token at
 position p of a sequence lives in slot ``block_ids[p // block_size] * block_size + p % block_size``.
 
-- decode rows: one batched matmul over K/V gathered through slot indices, masked by context
-  length, grouped-query without repeating K/V (``q`` viewed as [B, kv_heads, group, d]).
+- decode rows: K/V rows gathered with one ``index_select`` per layer (slot indices and the
+  additive length mask are built once per step), then per KV head two batched matmuls over
+  strided views (no K/V repeat for grouped queries, no transposed copies).
 - prefill chunks, one at a time: a fresh prompt attends causally to its own K/V; a chunk with
   earlier context (chunked prefill, prefix-cache hit) reads the context from the pool.
 """
@@ -31,8 +32,8 @@ class PrefillChunk:
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
     num_decodes: int
-    decode_slots: torch.Tensor | None  # [B, L] pool slots of each decode row's context
-    decode_mask: torch.Tensor | None  # [B, 1, 1, L] True where a key is valid
+    decode_slots: torch.Tensor | None  # [B * L] pool slots of each decode row's context
+    decode_bias: torch.Tensor | None  # [B, 1, L] 0 where a key is valid, -inf past the end
     prefills: list[PrefillChunk]
 
 
@@ -41,19 +42,21 @@ class TorchPagedAttention:
 
     def build_metadata(self, *, slot_mapping: torch.Tensor, block_table: torch.Tensor,
                        context_lens: list[int], q_lens: list[int], start_pos: list[int],
-                       block_size: int) -> TorchAttentionMetadata:
+                       block_size: int, dtype: torch.dtype = torch.float32
+                       ) -> TorchAttentionMetadata:
         """``block_table`` [S, max_blocks] padded; sequences with q_len 1 come first."""
         device = slot_mapping.device
         num_decodes = 0
         while num_decodes < len(q_lens) and q_lens[num_decodes] == 1:
             num_decodes += 1
-        decode_slots = decode_mask = None
+        decode_slots = decode_bias = None
         if num_decodes:
             max_len = max(context_lens[:num_decodes])
-            slots = _slots(block_table[:num_decodes], block_size, max_len)
+            decode_slots = _slots(block_table[:num_decodes], block_size, max_len).reshape(-1)
             lens = torch.tensor(context_lens[:num_decodes], device=device)
-            decode_mask = (torch.arange(max_len, device=device) < lens[:, None])[:, None, None, :]
-            decode_slots = slots
+            past_end = torch.arange(max_len, device=device) >= lens[:, None]
+            decode_bias = torch.zeros(past_end.shape, dtype=dtype, device=device).masked_fill_(
+                past_end, float("-inf")).unsqueeze(1)
         prefills, q_start = [], num_decodes
         for i in range(num_decodes, len(q_lens)):
             ctx_slots = mask = None
@@ -64,7 +67,7 @@ class TorchPagedAttention:
                 mask = torch.arange(ctx_len, device=device)[None, :] <= q_pos[:, None]
             prefills.append(PrefillChunk(q_start, q_lens[i], start_pos[i], ctx_slots, mask))
             q_start += q_lens[i]
-        return TorchAttentionMetadata(slot_mapping, num_decodes, decode_slots, decode_mask,
+        return TorchAttentionMetadata(slot_mapping, num_decodes, decode_slots, decode_bias,
                                       prefills)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -80,8 +83,8 @@ class TorchPagedAttention:
         out = torch.empty_like(q)
         if meta.num_decodes:
             b = meta.num_decodes
-            out[:b] = _decode(q[:b], flat_k[meta.decode_slots], flat_v[meta.decode_slots],
-                              meta.decode_mask, scale)
+            out[:b] = _decode(q[:b], k_cache, v_cache, meta.decode_slots, meta.decode_bias,
+                              scale)
         for p in meta.prefills:
             rows = slice(p.q_start, p.q_start + p.q_len)
             qs = q[rows].transpose(0, 1).unsqueeze(0)
@@ -106,14 +109,17 @@ def _slots(block_table: torch.Tensor, block_size: int, length: int) -> torch.Ten
     return slots[:, :length]
 
 
-def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-            scale: float) -> torch.Tensor:
-    """q [B, H, d]; k/v [B, L, KVH, d]; mask [B, 1, 1, L] → [B, H, d]."""
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            slots: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, H, d]; slots [B * L]; bias [B, 1, L] → [B, H, d]."""
     b, num_heads, d = q.shape
-    num_kv_heads = k.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    rows = k_cache.shape[0] * k_cache.shape[1]
+    k = k_cache.view(rows, -1).index_select(0, slots).view(b, -1, num_kv_heads, d)
+    v = v_cache.view(rows, -1).index_select(0, slots).view(b, -1, num_kv_heads, d)
     qg = q.view(b, num_kv_heads, num_heads // num_kv_heads, d)
-    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale  # [B, KVH, G, L]
-    scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, v.transpose(1, 2))  # [B, KVH, G, d]
-    return out.reshape(b, num_heads, d)
+    out = torch.empty_like(qg)
+    for h in range(num_kv_heads):  # k[:, :, h] is a strided [B, L, d] view: BLAS reads it as is
+        scores = torch.baddbmm(bias, qg[:, h], k[:, :, h].transpose(1, 2), alpha=scale)
+        out[:, h] = torch.bmm(torch.softmax(scores, dim=-1), v[:, :, h])
+    return out.view(b, num_heads, d)
