@@ -5,7 +5,7 @@
 2. multi-turn chat: 8 conversations x 4 turns, each turn resending the whole history:
    prefix-cache hit rate per turn.
 3. long-prompt interference: 4 streams decoding while a 4,000-token prompt arrives: the
-   streams' inter-token latency with chunked prefill (512-token budget) and without (8,192).
+   streams' inter-token latency with chunked prefill (128/512-token budgets) and without.
 
 Usage: .venv/bin/python benchmarks/bench_prefix.py [--only shared,multiturn,interference]
 """
@@ -68,7 +68,7 @@ def multiturn(model: str | None) -> None:
 
 
 def interference(model: str | None) -> None:
-    for budget in (512, 8192):
+    for budget in (128, 512, 8192):
         llm = LLM(model, max_num_batched_tokens=budget, show_progress=False)
         engine, tok, rng = llm.engine, llm.get_tokenizer(), random.Random(2)
         params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
@@ -88,8 +88,9 @@ def interference(model: str | None) -> None:
                 if out.request_id in stamps:
                     stamps[out.request_id].append(time.perf_counter())
             steps += 1
-        gaps = [b - a for ts in stamps.values() for a, b in zip(ts[20:], ts[21:])]
-        label = "chunked prefill (512)" if budget == 512 else "no chunking (8192)  "
+        # stamps[19] is each stream's output of step 20, before the long prompt arrives
+        gaps = [b - a for ts in stamps.values() for a, b in zip(ts[19:], ts[20:])]
+        label = f"token budget {budget:5d}" + (" (no chunking)" if budget > 4096 else "")
         print(f"interference, {label}: ITL of the 4 streams after the long prompt arrives: "
               f"mean {statistics.mean(gaps) * 1000:6.1f} ms, max {max(gaps) * 1000:7.1f} ms")
 

@@ -84,7 +84,9 @@ def serve(args: argparse.Namespace) -> int:
     else:
         build = functools.partial(_build_real_engine, kwargs, args.model)
     name = args.served_model_name or source.name
-    return asyncio.run(_serve(args, build, tokenizer, name, tool_parser, reasoning))
+    import uvloop
+
+    return uvloop.run(_serve(args, build, tokenizer, name, tool_parser, reasoning))
 
 
 async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
