@@ -56,7 +56,7 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Per-step limits: running requests and the token budget shared by decodes and prefill chunks."""
+    """Per-step limits: running requests, and the token budget shared by decodes and chunks."""
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -104,3 +104,18 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     seed: int = 0
+
+
+def engine_config(model: str | None = None, *, block_size: int = 16,
+                  kv_cache_memory_gb: float = 1.0, num_kv_blocks: int | None = None,
+                  enable_prefix_caching: bool = True, max_num_seqs: int = 64,
+                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
+                  scheduling_policy: str = "fcfs", device: str = "cpu", dtype: str | None = None,
+                  seed: int = 0) -> EngineConfig:
+    """The EngineConfig for the flat engine options the CLI and ``LLM(...)`` take."""
+    return EngineConfig(
+        model=model,
+        cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks, enable_prefix_caching),
+        scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
+                                  scheduling_policy),
+        device=DeviceConfig(device, dtype), seed=seed)

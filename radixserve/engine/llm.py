@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
-from radixserve.config import CacheConfig, DeviceConfig, EngineConfig, SchedulerConfig
+from radixserve.config import engine_config
 from radixserve.engine.engine_core import EngineCore
 from radixserve.engine.messages import EngineCoreRequest
 from radixserve.engine.output_processor import RequestState
@@ -34,13 +34,12 @@ class LLM:
                  max_model_len: int | None = None, device: str = "cpu",
                  dtype: str | None = None, seed: int = 0, enable_prefix_caching: bool = True,
                  scheduling_policy: str = "fcfs", show_progress: bool = True) -> None:
-        self.config = EngineConfig(
-            model=model,
-            cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks,
-                              enable_prefix_caching),
-            scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
-                                      scheduling_policy),
-            device=DeviceConfig(device, dtype), seed=seed)
+        self.config = engine_config(
+            model, block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
+            num_kv_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len, scheduling_policy=scheduling_policy, device=device,
+            dtype=dtype, seed=seed)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
         self.engine = EngineCore.from_config(self.config, self.source, show_progress, reader)

@@ -48,17 +48,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _build_real_engine(kwargs: dict, model: str | None):
-    from radixserve.config import CacheConfig, DeviceConfig, EngineConfig, SchedulerConfig
+    from radixserve.config import engine_config
     from radixserve.engine.engine_core import EngineCore
     from radixserve.models.source import ModelSource
 
-    config = EngineConfig(
-        model=model,
-        cache=CacheConfig(kwargs["block_size"], kwargs["kv_cache_memory_gb"],
-                          kwargs["num_kv_blocks"], kwargs["enable_prefix_caching"]),
-        scheduler=SchedulerConfig(kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"],
-                                  kwargs["max_model_len"], kwargs["scheduling_policy"]),
-        device=DeviceConfig(kwargs["device"], kwargs["dtype"]), seed=kwargs["seed"])
+    config = engine_config(model, **kwargs)
     return EngineCore.from_config(config, ModelSource.resolve(model), show_progress=False)
 
 
