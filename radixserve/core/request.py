@@ -42,7 +42,6 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     queue_time: float | None = None
-    prefix_group: str | None = None  # the samples of one n > 1 request share a group
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

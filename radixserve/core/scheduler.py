@@ -20,6 +20,13 @@ from radixserve.core.stop import check_stop
 from radixserve.engine.messages import EngineCoreOutput, SchedulerStats
 
 
+def _first_page(request: Request, page: int) -> tuple[int, ...] | None:
+    """The first full page of the prompt (None if the prompt has none)."""
+    if request.num_prompt_tokens <= page:
+        return None
+    return tuple(request.prompt_token_ids[:page])
+
+
 _LPM_MAX_WAITING = 256  # beyond this, matching every waiting request costs more than it saves
 
 
@@ -96,17 +103,20 @@ class Scheduler:
             scheduled.add(request.request_id)
             budget -= num_new
 
-        # Waiting requests, in queue order, while blocks, budget and seats last. A sample of an
-        # n > 1 request waits while a sibling prefills their shared prompt, then reuses its KV
-        # through the prefix cache instead of computing the prompt again.
+        # Waiting requests, in queue order, while blocks, budget and seats last. A request whose
+        # first page is being prefilled by another one (the n samples of one request, a shared
+        # system prompt) waits, then reuses that KV through the prefix cache instead of
+        # computing the same pages in the same step (in-batch prefix sharing).
         page = self.kv.block_size
-        prefilling = {r.prefix_group for r in self.running if r.prefix_group is not None
-                      and r.num_prompt_tokens - r.num_computed_tokens >= page}
+        share = self.kv.prefix_cache.reuses_prefixes
+        prefilling = {_first_page(r, page) for r in self.running
+                      if share and r.num_prompt_tokens - r.num_computed_tokens >= page}
         i = 0
         while (i < len(self.waiting) and budget > 0 and not preempted
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[i]
-            if request.prefix_group is not None and request.prefix_group in prefilling:
+            key = _first_page(request, page)
+            if key is not None and key in prefilling:
                 i += 1
                 continue
             if not request.block_ids:
@@ -120,9 +130,8 @@ class Scheduler:
                 request.num_computed_tokens = 0
                 break
             self.waiting.pop(i)
-            if (request.prefix_group is not None
-                    and request.num_prompt_tokens - request.num_computed_tokens >= page):
-                prefilling.add(request.prefix_group)  # it computes pages its siblings can reuse
+            if share and request.num_prompt_tokens - request.num_computed_tokens >= page:
+                prefilling.add(key)  # it computes pages that others may reuse
             if request.queue_time is None:
                 request.queue_time = max(0.0, time.time() - request.arrival_time)
             request.status = RequestStatus.RUNNING

@@ -68,8 +68,7 @@ class AsyncLLM:
             states[rid] = RequestState(i, prompt_token_ids, child, self.tokenizer)
             req = EngineCoreRequest(request_id=rid, prompt_token_ids=prompt_token_ids,
                                     sampling_params=child, eos_token_ids=self.eos_token_ids,
-                                    arrival_time=arrival, priority=priority,
-                                    prefix_group=request_id if params.n > 1 else None)
+                                    arrival_time=arrival, priority=priority)
             await self.client.add_request(req, queue)
         unfinished = set(states)
         last_token_time = None

@@ -78,7 +78,7 @@ class EngineCore:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         request = Request(req.request_id, list(req.prompt_token_ids), params,
                           frozenset(stop_ids), seed, req.arrival_time or time.time(),
-                          req.priority, max_tokens, prefix_group=req.prefix_group)
+                          req.priority, max_tokens)
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:

@@ -131,12 +131,12 @@ class LLM:
         params.validate_vocab(self.engine.vocab_size)
 
     def _submit(self, rid: str, token_ids: list[int], params: SamplingParams,
-                priority: int, prefix_group: str | None = None) -> None:
+                priority: int) -> None:
         self._check(token_ids, params)
         req = EngineCoreRequest(request_id=rid, prompt_token_ids=token_ids,
                                 sampling_params=params,
                                 eos_token_ids=sorted(self.tokenizer.eos_token_ids),
-                                priority=priority, prefix_group=prefix_group)
+                                priority=priority)
         self.engine.add_request(req)
 
     def _run(self, items: list[tuple[str | None, list[int]]], params: list[SamplingParams],
@@ -151,7 +151,7 @@ class LLM:
                 for i in range(p.n):
                     child = p.for_sample(i)
                     rid = f"{result.request_id}-{i}"
-                    self._submit(rid, ids, child, prio, result.request_id if p.n > 1 else None)
+                    self._submit(rid, ids, child, prio)
                     states[rid] = (result, RequestState(i, ids, child, self.tokenizer))
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step().outputs:

@@ -18,7 +18,6 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
     eos_token_ids: list[int] = []
     arrival_time: float = 0.0
     priority: int = 0
-    prefix_group: str | None = None  # set on the samples of an n > 1 request
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -152,9 +152,7 @@ def test_n_samples_wait_for_the_shared_prefill_then_hit_the_cache():
     kv = KVCacheManager(pool, RadixCache(pool, 4), 4)
     s = Scheduler(SchedulerConfig(8, 64), kv, 256)
     for i in range(3):
-        r = make_request(f"p-{i}", 18, max_tokens=3, arrival=0)
-        r.prefix_group = "p"
-        s.add_request(r)
+        s.add_request(make_request(f"p-{i}", 18, max_tokens=3, arrival=0))
     out, _ = step(s)
     assert [(q.request_id, q.num_tokens) for q in out.seqs] == [("p-0", 18)]
     out, _ = step(s)
@@ -191,3 +189,28 @@ def test_lpm_orders_waiting_by_cached_prefix_within_priority():
 def test_unknown_policy_is_rejected():
     with pytest.raises(ValueError, match="lpm"):
         SchedulerConfig(policy="random")
+
+
+def test_requests_sharing_a_first_page_wait_for_its_prefill():
+    from radixserve.core.kv.radix_cache import RadixCache
+
+    pool = BlockPool(64)
+    kv = KVCacheManager(pool, RadixCache(pool, 4), 4)
+    s = Scheduler(SchedulerConfig(8, 64), kv, 256)
+    system = list(range(1, 13))  # a 12-token shared "system prompt"
+    s.add_request(Request("a", system + [20, 21], SamplingParams(), frozenset(), 0, 0.0))
+    s.add_request(Request("b", system + [30, 31, 32], SamplingParams(), frozenset(), 0, 1.0))
+    s.add_request(Request("other", [90] * 9, SamplingParams(), frozenset(), 0, 2.0))
+    out, _ = step(s)
+    assert [q.request_id for q in out.seqs] == ["a", "other"]  # b waits for a's pages
+    out, _ = step(s)
+    b = next(q for q in out.seqs if q.request_id == "b")
+    assert (b.start_pos, b.num_tokens) == (12, 3)  # the system prompt came from the cache
+
+
+def test_no_prefix_cache_does_not_defer():
+    s = make_scheduler()
+    s.add_request(make_request("a", 18, arrival=0))
+    s.add_request(make_request("b", 18, arrival=1))
+    out, _ = step(s)
+    assert [q.request_id for q in out.seqs] == ["a", "b"]

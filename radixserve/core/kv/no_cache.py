@@ -9,6 +9,7 @@ from radixserve.core.kv.prefix_cache import PrefixMatch
 
 
 class NoPrefixCache:
+    reuses_prefixes = False
     def __init__(self, block_pool: BlockPool) -> None:
         self.block_pool = block_pool
 

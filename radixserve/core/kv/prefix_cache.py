@@ -20,6 +20,7 @@ class PrefixMatch:
 
 
 class PrefixCache(Protocol):
+    reuses_prefixes: bool  # False for the null cache: nothing is gained by waiting for a prefix
     def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
         """Longest cached page-aligned prefix of ``token_ids``. Touches LRU state only.
 

@@ -57,6 +57,8 @@ class _Node:
 class RadixCache:
     """The radix-tree ``PrefixCache``. Handles are nodes (the root for an empty match)."""
 
+    reuses_prefixes = True
+
     def __init__(self, block_pool: BlockPool, block_size: int) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
