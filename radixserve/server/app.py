@@ -115,7 +115,7 @@ class _Guard:
 
     def __init__(self, app, api_key: str | None, max_body_bytes: int) -> None:
         self.app = app
-        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope, receive, send):
