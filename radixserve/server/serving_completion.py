@@ -88,7 +88,7 @@ class CompletionServer:
                     text=text,
                     finish_reason=state.finish_reason,
                     stop_reason=state.stop_reason,
-                    logprobs=_logprobs(self.ctx, state, 0, len(state.token_ids))
+                    logprobs=_logprobs(state, 0, len(state.token_ids))
                     if state.logprobs is not None
                     else None,
                 )
@@ -106,6 +106,7 @@ class CompletionServer:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         states: dict[int, RequestState] = {}
         sent_echo: set[int] = set()
+        text_offsets: dict[int, int] = {}  # per choice: text offset of its next token
         async with contextlib.aclosing(
             self._streams(body, prompts, params, request_id, arrival)
         ) as steps:
@@ -121,9 +122,11 @@ class CompletionServer:
                 logprobs = None
                 if state.logprobs is not None:
                     new = len(step.output.new_token_ids)
-                    logprobs = _logprobs(
-                        self.ctx, state, len(state.token_ids) - new, len(state.token_ids)
-                    )
+                    start = len(state.token_ids) - new
+                    logprobs = _logprobs(state, start, len(state.token_ids),
+                                         text_offsets.get(index, 0))
+                    text_offsets[index] = text_offsets.get(index, 0) + sum(
+                        len(t) for t in logprobs.tokens)
                 choice = CompletionResponseChoice(
                     index=index,
                     text=text,
@@ -173,17 +176,18 @@ def _usage(prompts, params, states: list[RequestState]) -> UsageInfo:
     )
 
 
-def _logprobs(ctx: ServingContext, state: RequestState, start: int, end: int) -> CompletionLogprobs:
-    """OpenAI completions logprobs for tokens ``start:end`` of ``state``."""
+def _logprobs(state: RequestState, start: int, end: int,
+              offset: int = 0) -> CompletionLogprobs:
+    """OpenAI completions logprobs for tokens ``start:end`` of ``state``; ``offset`` is the
+    text offset of token ``start`` (the caller carries it across stream chunks)."""
     tokens, token_lps, tops, offsets = [], [], [], []
-    offset = len(ctx.tokenizer.decode(state.token_ids[:start])) if start else 0
     for token_id, entry in zip(state.token_ids[start:end], state.logprobs[start:end]):
         text = entry[token_id].decoded_token
         tokens.append(text)
         token_lps.append(entry[token_id].logprob)
-        tops.append({lp.decoded_token: lp.logprob for lp in entry.values() if lp.rank is not None})
+        tops.append({lp.decoded_token: lp.logprob for lp in entry.values()
+                     if lp.rank is not None})
         offsets.append(offset)
         offset += len(text)
-    return CompletionLogprobs(
-        tokens=tokens, token_logprobs=token_lps, top_logprobs=tops, text_offset=offsets
-    )
+    return CompletionLogprobs(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops,
+                              text_offset=offsets)

@@ -234,3 +234,12 @@ def test_tool_calls_parse_from_hermes_text(server):
         "tool_choice": "auto", "max_tokens": 8, "temperature": 0}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+
+
+def test_streamed_logprobs_match_whole(client, model):
+    kwargs = dict(model=model, prompt="Hello there", max_tokens=6, temperature=0, logprobs=2)
+    whole = client.completions.create(**kwargs).choices[0].logprobs
+    chunks = [c.choices[0].logprobs for c in client.completions.create(stream=True, **kwargs)
+              if c.choices and c.choices[0].logprobs]
+    assert [t for c in chunks for t in c.tokens] == whole.tokens
+    assert [o for c in chunks for o in c.text_offset] == whole.text_offset
