@@ -21,6 +21,7 @@ from radixserve.core.scheduler import Scheduler
 from radixserve.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from radixserve.models.loader import load_model, load_model_config, open_gguf
 from radixserve.models.source import ModelSource
+from radixserve.sampling_params import SamplingParams
 from radixserve.runner.kv_cache import num_blocks_for_budget
 from radixserve.runner.model_runner import ModelRunner
 
@@ -58,18 +59,23 @@ class EngineCore:
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
 
-    def add_request(self, req: EngineCoreRequest) -> None:
-        """Queue a request. ValueError (nothing queued) on a prompt the engine cannot take."""
-        params = req.sampling_params
-        num_prompt = len(req.prompt_token_ids)
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """ValueError if the engine cannot take this prompt with these params."""
+        num_prompt = len(prompt_token_ids)
         if num_prompt == 0:
             raise ValueError("the prompt is empty")
         if num_prompt >= self.max_model_len:
             raise ValueError(f"the prompt has {num_prompt} tokens; the context window is "
                              f"{self.max_model_len} (and at least one token must be generated)")
-        if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) >= self.vocab_size:
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         params.validate_vocab(self.vocab_size)
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        """Queue a request. ValueError (nothing queued) on a prompt the engine cannot take."""
+        params = req.sampling_params
+        self.check_request(req.prompt_token_ids, params)
+        num_prompt = len(req.prompt_token_ids)
         room = self.max_model_len - num_prompt
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         stop_ids = set(params.stop_token_ids)

@@ -119,20 +119,8 @@ class LLM:
         raise ValueError(f"a prompt must be a string, a list of token ids or a dict, "
                          f"got {type(prompt).__name__}")
 
-    def _check(self, token_ids: list[int], params: SamplingParams) -> None:
-        limit = self.engine.max_model_len
-        if not token_ids:
-            raise ValueError("the prompt is empty")
-        if len(token_ids) >= limit:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens; the context window is "
-                             f"{limit} (and at least one token must be generated)")
-        if min(token_ids) < 0 or max(token_ids) >= self.engine.vocab_size:
-            raise ValueError(f"prompt token ids must be in [0, {self.engine.vocab_size})")
-        params.validate_vocab(self.engine.vocab_size)
-
     def _submit(self, rid: str, token_ids: list[int], params: SamplingParams,
                 priority: int) -> None:
-        self._check(token_ids, params)
         req = EngineCoreRequest(request_id=rid, prompt_token_ids=token_ids,
                                 sampling_params=params,
                                 eos_token_ids=sorted(self.tokenizer.eos_token_ids),
@@ -142,7 +130,7 @@ class LLM:
     def _run(self, items: list[tuple[str | None, list[int]]], params: list[SamplingParams],
              priority: Sequence[int]) -> list[RequestOutput]:
         for (_, ids), p in zip(items, params):
-            self._check(ids, p)
+            self.engine.check_request(ids, p)  # all prompts, before any is queued
         results, states = [], {}
         try:
             for (text, ids), p, prio in zip(items, params, priority):
