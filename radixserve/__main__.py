@@ -33,6 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     from radixserve.bench.offline import add_args as add_offline_args
     add_offline_args(offline)
     add_engine_args(offline)
+    from radixserve.bench import plots as bench_plots
+    from radixserve.bench import render as bench_render
+    from radixserve.bench import serve as bench_serve
+    bench_serve.add_args(bench_sub.add_parser(
+        "serve", help="load-test an OpenAI-compatible server (TTFT, ITL, throughput)"))
+    bench_render.add_args(bench_sub.add_parser(
+        "render", help="speed of /v1/chat/completions/render (template + tokenizer)"))
+    bench_plots.add_args(bench_sub.add_parser(
+        "plot", help="overlay the latency CDFs of bench serve --result-json files"))
 
     args = parser.parse_args(argv)
     try:
@@ -44,12 +53,25 @@ def main(argv: list[str] | None = None) -> int:
             from radixserve.server.launch import serve
             return serve(args)
         if args.command == "bench":
-            from radixserve.bench.offline import run
-            return run(args, engine_kwargs(args))
+            return _bench(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"radixserve: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _bench(args) -> int:
+    if args.bench_command == "serve":
+        from radixserve.bench.serve import run
+        return run(args)
+    if args.bench_command == "render":
+        from radixserve.bench.render import run
+        return run(args)
+    if args.bench_command == "plot":
+        from radixserve.bench.plots import run
+        return run(args)
+    from radixserve.bench.offline import run
+    return run(args, engine_kwargs(args))
 
 
 def _load(args):
