@@ -96,6 +96,19 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 @dataclass(frozen=True)
+class StructuredConfig:
+    """Structured output: ``fast_forward`` emits the tokens a grammar forces without a forward
+    each; a grammar whose compile takes over ``compile_timeout_s`` fails its request."""
+
+    fast_forward: bool = True
+    compile_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.compile_timeout_s > 0:
+            raise ValueError(f"compile_timeout_s must be > 0, got {self.compile_timeout_s}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine core needs; ``model`` is None for the embedded default model."""
 
@@ -103,6 +116,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    structured: StructuredConfig = field(default_factory=StructuredConfig)
     seed: int = 0
 
 
@@ -111,11 +125,12 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                   enable_prefix_caching: bool = True, max_num_seqs: int = 64,
                   max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                   scheduling_policy: str = "fcfs", device: str = "cpu", dtype: str | None = None,
-                  seed: int = 0) -> EngineConfig:
+                  seed: int = 0, structured_fast_forward: bool = True) -> EngineConfig:
     """The EngineConfig for the flat engine options the CLI and ``LLM(...)`` take."""
     return EngineConfig(
         model=model,
         cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks, enable_prefix_caching),
         scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
                                   scheduling_policy),
-        device=DeviceConfig(device, dtype), seed=seed)
+        device=DeviceConfig(device, dtype),
+        structured=StructuredConfig(fast_forward=structured_fast_forward), seed=seed)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
+from radixserve.structured.params import StructuredOutputsParams
+
 _MAX_LOGPROBS = 20
 
 
@@ -18,6 +20,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     request's samples reproducible whatever else is in the batch. ``logprobs`` asks for the
     sampled token's logprob plus the top-N alternatives (N = ``logprobs``, 0 = only the sampled).
     ``logit_bias`` maps token id → bias added to that token's logit before sampling.
+    ``structured_outputs`` constrains the output to a JSON schema, regex, choice or grammar.
     """
 
     n: int = 1
@@ -38,6 +41,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -73,6 +77,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs
                                          <= _MAX_LOGPROBS),
                "logprobs", f"must be an integer in [0, {_MAX_LOGPROBS}], got {self.logprobs!r}")
+        _check(self.structured_outputs is None
+               or isinstance(self.structured_outputs, StructuredOutputsParams),
+               "structured_outputs", "must be a StructuredOutputsParams")
         if self.logit_bias:
             for token, bias in self.logit_bias.items():
                 _check(_is_int(token) and token >= 0, "logit_bias",

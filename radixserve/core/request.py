@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from radixserve.sampling_params import SamplingParams
+from radixserve.structured.request_grammar import NO_GRAMMAR, NoGrammar, RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -42,6 +43,7 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     queue_time: float | None = None
+    grammar: RequestGrammar | NoGrammar = NO_GRAMMAR
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from radixserve.sampling_params import SamplingParams
@@ -59,3 +60,13 @@ class ModelRunnerOutput:
     token_ids: list[int]
     logprobs: list[float | None]
     top_logprobs: list[list[tuple[int, float]] | None]
+
+
+@dataclass(slots=True)
+class GrammarBitmask:
+    """The allowed-token bitmask of the step's constrained rows: row i of ``bitmask`` (an int32
+    tensor ``[len(request_ids), ceil(vocab / 32)]``, a Future while it is being filled) belongs
+    to ``request_ids[i]``; other sampling rows are unconstrained."""
+
+    request_ids: list[str]
+    bitmask: Future

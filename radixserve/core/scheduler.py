@@ -116,8 +116,8 @@ class Scheduler:
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[i]
             key = _first_page(request, page)
-            if key is not None and key in prefilling:
-                i += 1
+            if (key is not None and key in prefilling) or not request.grammar.is_ready:
+                i += 1  # (a constrained request waits for its grammar's compile)
                 continue
             if not request.block_ids:
                 cached = self.kv.match_and_lock(request)
@@ -154,20 +154,46 @@ class Scheduler:
         outputs = []
         for i, rid in enumerate(result.request_ids):
             request = self.requests[rid]
-            request.append_token(result.token_ids[i])
-            reason = check_stop(request, self.max_model_len)
+            num_before = request.num_output_tokens
+            reason, error = self._append(request, result.token_ids[i])
+            if reason is None and result.logprobs[i] is None:
+                reason, error = self._fast_forward(request)
             logprob = result.logprobs[i]
             out = EngineCoreOutput(
-                rid, [result.token_ids[i]], reason,
+                rid, request.output_token_ids[num_before:], reason,
                 None if logprob is None else [logprob],
                 None if logprob is None else [result.top_logprobs[i] or []],
                 request.num_cached_tokens,
-                request.queue_time if request.num_output_tokens == 1 else None)
+                request.queue_time if num_before == 0 else None, error)
             outputs.append(out)
             if reason is not None:
                 self.running.remove(request)
                 self._finish(request, reason)
         return outputs
+
+    def _append(self, request: Request, token_id: int) -> tuple[str | None, str | None]:
+        """Append one token; (finish reason, error). A grammar that has terminated ends the
+        request ("stop") whether or not an eos token was sampled."""
+        request.append_token(token_id)
+        if not request.grammar.accept(token_id, request.output_token_ids):
+            return "abort", f"token {token_id} broke the request's structured output grammar"
+        if request.grammar.is_terminated:
+            return "stop", None
+        return check_stop(request, self.max_model_len), None
+
+    def _fast_forward(self, request: Request) -> tuple[str | None, str | None]:
+        """Append the tokens the grammar forces next (no forward per token: the next step
+        feeds them as one chunk), within max_tokens and the context window."""
+        forced = request.grammar.forced_tokens()
+        if not forced:
+            return None, None
+        room = min(request.max_tokens - request.num_output_tokens,
+                   self.max_model_len - request.num_tokens)
+        for token_id in forced[:room]:
+            reason, error = self._append(request, token_id)
+            if reason is not None:
+                return reason, error
+        return None, None
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(len(self.running), len(self.waiting), self.kv.usage,

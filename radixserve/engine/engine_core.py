@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -18,25 +19,37 @@ from radixserve.core.kv.no_cache import NoPrefixCache
 from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
-from radixserve.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from radixserve.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from radixserve.engine.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.loader import load_model, load_model_config, open_gguf
 from radixserve.models.source import ModelSource
-from radixserve.sampling_params import SamplingParams
 from radixserve.runner.kv_cache import num_blocks_for_budget
 from radixserve.runner.model_runner import ModelRunner
+from radixserve.sampling_params import SamplingParams
+from radixserve.structured.llguidance_backend import LLGuidanceBackend
+from radixserve.structured.manager import StructuredOutputManager
+
+_COMPILE_WAIT_S = 0.005  # an idle step waits this long for a grammar compile to finish
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner, vocab_size: int, seed: int = 0) -> None:
+    def __init__(self, scheduler: Scheduler, runner, vocab_size: int, seed: int = 0,
+                 structured: StructuredOutputManager | None = None) -> None:
+        """``structured``: None refuses structured-output requests (e.g. a test engine
+        built without a tokenizer)."""
         self.scheduler = scheduler
         self.runner = runner
         self.vocab_size = vocab_size
+        self.structured = structured
         self._rng = random.Random(seed)
 
     @classmethod
     def from_config(cls, config: EngineConfig, source: ModelSource,
-                    show_progress: bool = True, reader=None) -> EngineCore:
-        """Load the model and size the KV pool; ``reader``: an open GGUFReader to reuse."""
+                    show_progress: bool = True, reader=None,
+                    tokenizer: Callable[[], Tokenizer] | None = None) -> EngineCore:
+        """Load the model and size the KV pool; ``reader``: an open GGUFReader to reuse;
+        ``tokenizer`` returns the caller's `Tokenizer` (default: load it from ``source``);
+        it is called on the first structured-output request."""
         if reader is None and source.kind == "gguf":
             reader = open_gguf(source.path)
         model_config = load_model_config(source, reader)
@@ -53,7 +66,11 @@ class EngineCore:
         kv = KVCacheManager(pool, cache, block_size)
         max_len = resolve_max_model_len(config, model_config)
         scheduler = Scheduler(config.scheduler, kv, max_len)
-        return cls(scheduler, runner, model_config.vocab_size, config.seed)
+        backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source)),
+                                    model_config.vocab_size)
+        structured = StructuredOutputManager(backend, config.structured.fast_forward,
+                                             config.structured.compile_timeout_s)
+        return cls(scheduler, runner, model_config.vocab_size, config.seed, structured)
 
     @property
     def max_model_len(self) -> int:
@@ -70,6 +87,10 @@ class EngineCore:
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         params.validate_vocab(self.vocab_size)
+        if params.structured_outputs is not None:
+            if self.structured is None:
+                raise ValueError("this engine does not support structured outputs")
+            self.structured.validate(params.structured_outputs)
 
     def add_request(self, req: EngineCoreRequest) -> None:
         """Queue a request. ValueError (nothing queued) on a prompt the engine cannot take."""
@@ -85,6 +106,8 @@ class EngineCore:
         request = Request(req.request_id, list(req.prompt_token_ids), params,
                           frozenset(stop_ids), seed, req.arrival_time or time.time(),
                           req.priority, max_tokens)
+        if params.structured_outputs is not None:
+            request.grammar = self.structured.grammar_for(params.structured_outputs)
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -94,12 +117,28 @@ class EngineCore:
         return self.scheduler.num_unfinished > 0
 
     def step(self) -> EngineCoreOutputs:
+        failed = self._fail_broken_grammars()
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            return EngineCoreOutputs([], time.time())
-        result = self.runner.execute(sched)
+            if not failed and self.structured is not None:  # maybe all wait for a compile
+                self.structured.wait_for_compiles(
+                    (r.grammar for r in self.scheduler.waiting), _COMPILE_WAIT_S)
+            return EngineCoreOutputs(failed, time.time())
+        requests = self.scheduler.requests
+        bitmask = (None if self.structured is None else
+                   self.structured.bitmask(sched, {s.request_id: requests[s.request_id].grammar
+                                                   for s in sched.seqs if s.sample}))
+        result = self.runner.execute(sched, bitmask)
         outputs = self.scheduler.update_from_output(sched, result)
-        return EngineCoreOutputs(outputs, time.time())
+        return EngineCoreOutputs(failed + outputs, time.time())
+
+    def _fail_broken_grammars(self) -> list[EngineCoreOutput]:
+        """Abort waiting requests whose grammar failed to compile (or overran its time)."""
+        broken = [(r.request_id, error) for r in self.scheduler.waiting
+                  if (error := r.grammar.error) is not None]
+        if broken:
+            self.scheduler.abort_requests([rid for rid, _ in broken])
+        return [EngineCoreOutput(rid, [], "abort", error=error) for rid, error in broken]
 
 
 def resolve_max_model_len(config: EngineConfig, model: ModelConfig) -> int:

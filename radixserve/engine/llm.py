@@ -19,6 +19,7 @@ from radixserve.outputs import RequestOutput
 from radixserve.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict
+REASONING_END_TAG = "</think>"  # where after_reasoning constraints start, offline
 
 
 class LLM:
@@ -42,7 +43,8 @@ class LLM:
             dtype=dtype, seed=seed)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
-        self.engine = EngineCore.from_config(self.config, self.source, show_progress, reader)
+        self.engine = EngineCore.from_config(self.config, self.source, show_progress, reader,
+                                             lambda: self.tokenizer)
         self.tokenizer = load_tokenizer(self.source, reader)
         self._ids = itertools.count()
 
@@ -121,6 +123,11 @@ class LLM:
 
     def _submit(self, rid: str, token_ids: list[int], params: SamplingParams,
                 priority: int) -> None:
+        constraint = params.structured_outputs
+        if constraint is not None and constraint.after_reasoning and not \
+                constraint.reasoning_end_token_ids:
+            constraint.reasoning_end_token_ids = self.tokenizer.encode(
+                REASONING_END_TAG, add_special_tokens=False)
         req = EngineCoreRequest(request_id=rid, prompt_token_ids=token_ids,
                                 sampling_params=params,
                                 eos_token_ids=sorted(self.tokenizer.eos_token_ids),

@@ -10,7 +10,12 @@ from __future__ import annotations
 import torch
 
 from radixserve.config import ModelConfig
-from radixserve.core.sched_output import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from radixserve.core.sched_output import (
+    GrammarBitmask,
+    ModelRunnerOutput,
+    ScheduledSeq,
+    SchedulerOutput,
+)
 from radixserve.layers.attn_backends import get_attn_backend
 from radixserve.runner.forward_context import ForwardContext, forward_context
 from radixserve.runner.kv_cache import allocate_kv_cache
@@ -30,7 +35,10 @@ class ModelRunner:
         self.sampler = Sampler()
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(self, sched: SchedulerOutput,
+                grammar: GrammarBitmask | None = None) -> ModelRunnerOutput:
+        """One forward + sampling; ``grammar`` masks its rows' logits before sampling (its
+        bitmask, computed on another thread, is awaited only after the forward)."""
         seqs = sorted(sched.seqs, key=lambda s: s.num_tokens > 1)  # decodes first, stable
         input_ids, positions, meta, sample_idx = self._prepare(seqs)
         ctx = ForwardContext(meta, self.kv_caches, self.backend)
@@ -40,7 +48,7 @@ class ModelRunner:
         if not sampling:
             return ModelRunnerOutput([], [], [], [])
         logits = self.model.compute_logits(hidden[sample_idx])
-        return self._sample(sampling, logits)
+        return self._sample(sampling, logits, grammar)
 
     @torch.inference_mode()
     def all_logits(self, seqs: list[ScheduledSeq]) -> list[torch.Tensor]:
@@ -81,13 +89,19 @@ class ModelRunner:
         sample_idx = (cu - 1)[torch.tensor([s.sample for s in seqs], device=dev)]
         return input_ids, positions, meta, sample_idx
 
-    def _sample(self, seqs: list[ScheduledSeq], logits: torch.Tensor) -> ModelRunnerOutput:
+    def _sample(self, seqs: list[ScheduledSeq], logits: torch.Tensor,
+                grammar: GrammarBitmask | None) -> ModelRunnerOutput:
+        mask = None
+        if grammar is not None:
+            row_of = {s.request_id: i for i, s in enumerate(seqs)}
+            rows = torch.tensor([row_of[rid] for rid in grammar.request_ids], device=self.device)
+            mask = (rows, grammar.bitmask.result())
         batch = SamplingBatch.build(
             params=[s.sampling_params for s in seqs], seeds=[s.seed for s in seqs],
             output_token_ids=[s.output_token_ids for s in seqs],
             prompt_token_ids=[s.prompt_token_ids for s in seqs],
             stop_token_ids=[s.stop_token_ids for s in seqs],
-            vocab_size=logits.shape[-1], device=self.device)
+            vocab_size=logits.shape[-1], device=self.device, grammar_mask=mask)
         out = self.sampler(logits, batch)
         token_ids = out.token_ids.tolist()
         logprobs: list = [None] * len(seqs)

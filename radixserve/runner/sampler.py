@@ -2,7 +2,8 @@
 
 Runs once per engine step on ``logits`` [B, V] of the requests that sample this step. Order
 (like vLLM): raw logprobs → logit_bias → min_tokens ban → repetition penalty → presence /
-frequency penalties → greedy argmax, or temperature → top-k → top-p → min-p → sample.
+frequency penalties → grammar mask (structured output) → greedy argmax, or temperature →
+top-k → top-p → min-p → sample.
 
 Truncation is one per-row probability threshold (keep ``p >= thr``): top-k, top-p and min-p
 each give one and the tightest wins; ties at the threshold are kept. Thresholds come from the
@@ -29,6 +30,7 @@ import torch
 from torch import Tensor
 
 from radixserve.sampling_params import SamplingParams
+from radixserve.structured.bitmask import apply_bitmask
 
 _GREEDY_EPS = 1e-5  # temperatures below this are greedy (as vLLM): logits / T would overflow
 _TOP_P_CANDIDATES = 512  # top-p looks at this many best tokens; rows needing more are sorted
@@ -56,6 +58,7 @@ class SamplingBatch:
     output_counts: tuple[Tensor, Tensor, Tensor] | None  # (row, token, count float32) of outputs
     seen_tokens: tuple[Tensor, Tensor] | None  # (row, token) in prompt + output, for repetition
     min_tokens_block: tuple[Tensor, Tensor] | None  # (row, token) stop ids banned this step
+    grammar_mask: tuple[Tensor, Tensor] | None  # (rows [R], int32 bitmask [R, ceil(V/32)])
     max_num_logprobs: int | None  # max requested top-N; None if no row wants logprobs
     all_greedy: bool
     topk_width: int  # top candidates truncation needs: max k, or _TOP_P_CANDIDATES; 0 if none
@@ -64,13 +67,16 @@ class SamplingBatch:
     def build(cls, params: list[SamplingParams], seeds: list[int],
               output_token_ids: list[list[int]], prompt_token_ids: list[list[int]],
               stop_token_ids: list[set[int] | list[int]], vocab_size: int,
-              device: torch.device | str = "cpu") -> SamplingBatch:
+              device: torch.device | str = "cpu",
+              grammar_mask: tuple[Tensor, Tensor] | None = None) -> SamplingBatch:
         """Gather the rows' parameters into tensors on ``device``.
 
         ``seeds[i]`` is any Python int (reduced mod 2^64); ``stop_token_ids[i]`` are the ids that
         end request i (eos unless ignore_eos, plus params.stop_token_ids), banned while it has
         generated fewer than ``min_tokens``. Greedy rows (temperature < 1e-5) ignore top-k /
         top-p / min-p. Ids >= ``vocab_size`` in logit_bias and stop ids are dropped.
+        ``grammar_mask``: (rows, bitmask) of the constrained rows; a token whose bit is 0 is
+        banned in that row.
         """
         n, V = len(params), vocab_size
         assert len(seeds) == len(output_token_ids) == len(prompt_token_ids) == n
@@ -111,6 +117,7 @@ class SamplingBatch:
             seen_tokens=_unique_pairs(rep_rows * 2, [prompt_token_ids[i] for i in rep_rows]
                                       + [output_token_ids[i] for i in rep_rows], V, device),
             min_tokens_block=_columns(block, (torch.int64, torch.int64), device),
+            grammar_mask=grammar_mask,
             max_num_logprobs=max(wants) if wants else None,
             all_greedy=all(greedy),
             topk_width=max((k if k < V else _TOP_P_CANDIDATES if p < 1.0 else 0
@@ -148,13 +155,16 @@ class Sampler:
 
 
 def _process_logits(logits: Tensor, batch: SamplingBatch) -> Tensor:
-    """Bias, min_tokens ban and penalties on a float32 copy (the input itself if none apply).
+    """Bias, min_tokens ban, penalties and grammar mask on a float32 copy (the input itself
+    if none apply).
 
-    All edits touch only the listed (row, token) pairs, so they cost O(tokens), not O(B·V).
+    The edits touch only the listed (row, token) pairs, so they cost O(tokens), not O(B·V);
+    the grammar mask costs O(R·V) for its R constrained rows only.
     """
     x = logits.float()
     if (batch.logit_bias is None and batch.min_tokens_block is None
-            and batch.seen_tokens is None and batch.output_counts is None):
+            and batch.seen_tokens is None and batch.output_counts is None
+            and batch.grammar_mask is None):
         return x
     if x is logits:
         x = x.clone()
@@ -178,6 +188,8 @@ def _process_logits(logits: Tensor, batch: SamplingBatch) -> Tensor:
         if batch.frequency_penalty is not None:
             pen += batch.frequency_penalty[rows] * counts
         x.index_put_((rows, toks), -pen, accumulate=True)  # pairs are unique: one add each
+    if batch.grammar_mask is not None:
+        apply_bitmask(x, *batch.grammar_mask)
     return x
 
 

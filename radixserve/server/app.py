@@ -65,6 +65,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     async def create_completion(body: CompletionRequest, request: Request):
         arrival = time.time()
         prompts, params = completions.prepare(body)
+        await ctx.check_structured(_structured_param(body), params)
         _check_alive(client)
         if body.stream:
             return _stream(completions.stream(body, prompts, params, arrival), request)
@@ -73,11 +74,13 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     @app.post("/v1/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         arrival = time.time()
-        ids, params, use_tools = chat.prepare(body)
+        ids, params, tool_parser = chat.prepare(body)
+        await ctx.check_structured(_structured_param(body), [params])
         _check_alive(client)
         if body.stream:
-            return _stream(chat.stream(body, ids, params, use_tools, arrival), request)
-        return await until_disconnect(request, chat.full(body, ids, params, use_tools, arrival))
+            return _stream(chat.stream(body, ids, params, tool_parser, arrival), request)
+        return await until_disconnect(request,
+                                      chat.full(body, ids, params, tool_parser, arrival))
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(body: ChatCompletionRequest):
@@ -188,6 +191,15 @@ def _stream(chunks, request: Request) -> StreamingResponse:
 
     return StreamingResponse(guarded(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
+
+
+def _structured_param(body) -> str:
+    """The request field a structured-output error is about."""
+    if getattr(body, "response_format", None) is not None:
+        return "response_format"
+    if getattr(body, "structured_outputs", None) is not None:
+        return "structured_outputs"
+    return "tool_choice"
 
 
 def _check_alive(client) -> None:

@@ -25,6 +25,11 @@ from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandle
                       ValidationInfo, field_validator, model_serializer)
 
 from radixserve.sampling_params import SamplingParams
+from radixserve.server.protocol_structured import (
+    ResponseFormat,
+    StructuredOutputsRequest,
+    structured_params,
+)
 
 MAX_OPENAI_LOGPROBS = 20  # the API's own cap on logprobs / top_logprobs
 
@@ -140,7 +145,7 @@ class SamplingRequest(OpenAIRequest):
     """Fields shared by completion and chat requests, and their mapping to `SamplingParams`.
 
     OpenAI's optional parameters accept ``null`` (meaning the default); vLLM's extensions follow.
-    ``structured_outputs`` / ``response_format`` are passed through for another module.
+    ``response_format`` / ``structured_outputs`` become ``SamplingParams.structured_outputs``.
     """
 
     model: str | None = None  # None: the served model
@@ -155,8 +160,8 @@ class SamplingRequest(OpenAIRequest):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
     user: str | None = None  # accepted and ignored
-    response_format: dict[str, Any] | None = None
-    structured_outputs: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
     # vLLM extensions
     top_k: int | None = None
     min_p: float | None = None
@@ -206,6 +211,7 @@ class SamplingRequest(OpenAIRequest):
             include_stop_str_in_output=self.include_stop_str_in_output,
             ignore_eos=self.ignore_eos, logprobs=logprobs, logit_bias=self._logit_bias(),
             skip_special_tokens=self.skip_special_tokens,
+            structured_outputs=structured_params(self.response_format, self.structured_outputs),
         )
 
     def _logit_bias(self) -> dict[int, float] | None:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
@@ -14,6 +14,8 @@ from radixserve.engine.async_engine import AsyncLLM
 from radixserve.engine.parsers import ReasoningParser, ToolCallParser
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.protocol import ParamError, SamplingRequest
+from radixserve.structured.backend import GrammarError
+from radixserve.structured.validator import GrammarValidator
 
 
 class OpenAIError(Exception):
@@ -37,6 +39,7 @@ class ServingContext:
     max_n: int = 16
     tool_parser: ToolCallParser | None = None
     reasoning_parser: ReasoningParser | None = None
+    grammar_validator: GrammarValidator = field(default_factory=GrammarValidator)
 
     @property
     def tokenizer(self):
@@ -53,10 +56,6 @@ class ServingContext:
 
     def sampling_params(self, body: SamplingRequest, num_prompt_tokens: int) -> SamplingParams:
         """SamplingParams for one prompt; 400 if it cannot fit the context window."""
-        if body.response_format is not None or body.structured_outputs is not None:
-            field = "response_format" if body.response_format is not None else \
-                "structured_outputs"
-            raise OpenAIError(f"{field} is not supported yet", param=field)
         if num_prompt_tokens == 0:
             raise OpenAIError("the prompt is empty", param="prompt")
         room = self.max_model_len - num_prompt_tokens
@@ -73,6 +72,16 @@ class ServingContext:
             raise ParamError("n", f"n must be <= {self.max_n}, got {params.n}")
         params.validate_vocab(self.tokenizer.vocab_size)
         return params
+
+    async def check_structured(self, param: str, params: list[SamplingParams]) -> None:
+        """400 naming ``param`` if a structured-output spec is invalid (checked off the
+        event loop, under a time limit)."""
+        for p in params:
+            if p.structured_outputs is not None:
+                try:
+                    await self.grammar_validator.check(p.structured_outputs)
+                except GrammarError as exc:
+                    raise OpenAIError(str(exc), param=param) from None
 
 
 def sse(payload) -> str:

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 
 from radixserve.engine.output_processor import RequestState
-from radixserve.engine.parsers import ToolCallDelta
+from radixserve.engine.parsers import ForcedToolParser, ToolCallDelta, required_tools_schema
 from radixserve.server.protocol import (
     ChatCompletionRequest,
     PromptTokensDetails,
@@ -35,6 +35,7 @@ from radixserve.server.protocol_chat import (
 from radixserve.server.protocol_chat import ChatCompletionStreamChoice as StreamChoice
 from radixserve.server.protocol_chat import ChatCompletionResponse
 from radixserve.server.serving import SSE_DONE, OpenAIError, ServingContext, sse, token_bytes
+from radixserve.structured.params import StructuredOutputsParams
 
 
 def render_messages(ctx: ServingContext, body) -> str:
@@ -63,6 +64,19 @@ def render_messages(ctx: ServingContext, body) -> str:
     return text
 
 
+def _forced_tools(body: ChatCompletionRequest):
+    """(ForcedToolParser, constraint) for a forced tool_choice, else None."""
+    choice = body.tool_choice
+    if not body.tools or choice is None or isinstance(choice, str) and choice != "required":
+        return None
+    tools = {t.function.name: t.function.parameters for t in body.tools}
+    if isinstance(choice, str):  # "required"
+        schema = required_tools_schema(list(tools.items()), body.parallel_tool_calls is not False)
+        return ForcedToolParser(None), StructuredOutputsParams(json=schema)
+    name = choice.function.name
+    return ForcedToolParser(name), StructuredOutputsParams(json=tools[name] or {"type": "object"})
+
+
 def _message_dict(m) -> dict:
     d = {"role": m.role, "content": m.text()}
     if m.name is not None:
@@ -79,40 +93,53 @@ class ChatServer:
         self.ctx = ctx
 
     def prepare(self, body: ChatCompletionRequest):
+        """(prompt ids, SamplingParams, tool-call parser or None); errors before queueing.
+
+        A forced ``tool_choice`` (``"required"`` or a named function) becomes a JSON-schema
+        constraint on the output, read back by a `ForcedToolParser`; ``"auto"`` needs the
+        server's tool-call parser. With a reasoning parser, a constraint starts after the
+        reasoning section unless ``structured_outputs.after_reasoning`` is false.
+        """
         ctx = self.ctx
         ctx.check_model(body.model)
-        if (
-            isinstance(body.tool_choice, str)
-            and body.tool_choice == "required"
-            or not isinstance(body.tool_choice, str | None)
-        ):
-            raise OpenAIError(
-                "tool_choice 'required' or a named function needs constrained "
-                "decoding, which is not supported yet",
-                param="tool_choice",
-            )
+        forced = _forced_tools(body)
         use_tools = bool(body.tools) and body.tool_choice != "none"
-        if use_tools and ctx.tool_parser is None:
+        if use_tools and forced is None and ctx.tool_parser is None:
             raise OpenAIError(
                 "tool calling needs a tool-call parser: start the server with "
-                "--tool-call-parser hermes",
+                "--tool-call-parser hermes (or force a call with tool_choice)",
                 param="tools",
             )
         text = render_messages(ctx, body)
         ids = ctx.tokenizer.encode(text, add_special_tokens=False)
         params = ctx.sampling_params(body, len(ids))
-        return ids, params, use_tools
+        tool_parser = ctx.tool_parser if use_tools else None
+        if forced is not None:
+            if params.structured_outputs is not None:
+                raise OpenAIError("a forced tool_choice cannot be combined with response_format "
+                                  "or structured_outputs", param="tool_choice")
+            tool_parser, constraint = forced
+            params.structured_outputs = constraint
+        if params.structured_outputs is not None:
+            self._gate_on_reasoning(params.structured_outputs, text)
+        return ids, params, tool_parser
 
-    def _parsers(self, use_tools: bool):
-        reasoning = self.ctx.reasoning_parser
-        tools = self.ctx.tool_parser if use_tools else None
-        return reasoning, tools
+    def _gate_on_reasoning(self, constraint: StructuredOutputsParams, prompt: str) -> None:
+        """Start the constraint after the reasoning end tag, unless there is no reasoning
+        parser, the request turned it off, or the prompt already closed the block."""
+        parser = self.ctx.reasoning_parser
+        if parser is None or constraint.after_reasoning is False:
+            return
+        if prompt.rfind(parser.end_tag) > prompt.rfind(parser.start_tag):
+            return  # e.g. Qwen3 with thinking off: the template wrote an empty block
+        constraint.reasoning_end_token_ids = self.ctx.tokenizer.encode(
+            parser.end_tag, add_special_tokens=False)
 
     async def full(
-        self, body: ChatCompletionRequest, ids, params, use_tools, arrival: float
+        self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float
     ) -> ChatCompletionResponse:
         request_id = random_id("chatcmpl-")
-        reasoning_parser, tool_parser = self._parsers(use_tools)
+        reasoning_parser = self.ctx.reasoning_parser
         finals: dict[int, RequestState] = {}
         async with contextlib.aclosing(
             self.ctx.engine.generate(ids, params, request_id, body.priority, arrival)
@@ -156,12 +183,12 @@ class ChatServer:
         )
 
     async def stream(
-        self, body: ChatCompletionRequest, ids, params, use_tools, arrival: float
+        self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float
     ) -> AsyncIterator[str]:
         request_id = random_id("chatcmpl-")
         created = int(time.time())
         model = self.ctx.model_name
-        reasoning_parser, tool_parser = self._parsers(use_tools)
+        reasoning_parser = self.ctx.reasoning_parser
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         def chunk(index, delta, finish=None, logprobs=None, stop_reason=None):

@@ -134,7 +134,8 @@ def test_bad_chat_and_transport_errors(server):
     assert r.status_code == 400 and "error" in r.json()
     r = httpx.post(url, json={"messages": [{"role": "user", "content": "x"}],
                               "tools": [{"type": "function", "function": {"name": "f"}}],
-                              "tool_choice": {"type": "function", "function": {"name": "f"}}})
+                              "tool_choice": {"type": "function", "function": {"name": "f"}},
+                              "response_format": {"type": "json_object"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
     r = httpx.post(url, content=b"x" * (33 * 1024 * 1024),
                    headers={"content-type": "application/json"})

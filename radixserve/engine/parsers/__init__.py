@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from radixserve.engine.parsers.forced_tools import ForcedToolParser, required_tools_schema
 from radixserve.engine.parsers.reasoning import ReasoningParser, ReasoningStream
 from radixserve.engine.parsers.tool_calls import (
     StreamDelta,
@@ -24,6 +25,7 @@ from radixserve.engine.parsers.tool_calls import (
 )
 
 __all__ = [
+    "ForcedToolParser",
     "REASONING_PARSERS",
     "TOOL_PARSERS",
     "ReasoningParser",
@@ -36,6 +38,7 @@ __all__ = [
     "get_reasoning_parser",
     "get_tool_parser",
     "make_call_id",
+    "required_tools_schema",
 ]
 
 REASONING_PARSERS: dict[str, dict[str, Any]] = {

@@ -1,0 +1,71 @@
+"""The grammar interface the engine uses, in two levels, whatever library computes the masks.
+
+Engine level (`StructuredBackend`): compile a `GrammarSpec` into a `CompiledGrammar` (slow,
+thread-safe, done off the step loop and cached) and fill the rows of one batch bitmask.
+Request level (`GrammarMatcher`): the state of one output against its grammar: accept tokens,
+roll back N tokens (for speculative decoding), say which tokens are forced next and whether
+the grammar has terminated.
+
+A bitmask is an int32 tensor ``[rows, ceil(vocab / 32)]``: bit ``t % 32`` of word ``t // 32``
+is set when token ``t`` is allowed (llguidance's and xgrammar's layout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from radixserve.structured.params import GrammarSpec
+
+
+class GrammarError(ValueError):
+    """The spec is invalid (bad schema, regex or grammar, unsupported keyword) or too costly."""
+
+
+class GrammarMatcher(Protocol):
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one sampled token; False (and the matcher is then unusable) if the
+        grammar does not allow it."""
+        ...
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens."""
+        ...
+
+    def forced_tokens(self) -> list[int]:
+        """Tokens the grammar forces next, whatever the model would say (may be empty).
+        Does not advance the matcher."""
+        ...
+
+    @property
+    def is_terminated(self) -> bool:
+        """The output is complete: the grammar accepts no more tokens."""
+        ...
+
+
+class CompiledGrammar(Protocol):
+    def new_matcher(self) -> GrammarMatcher:
+        """A fresh matcher at the start of the grammar (cheap; the compiled form is shared)."""
+        ...
+
+
+class StructuredBackend(Protocol):
+    vocab_size: int  # the logits' width; the bitmask covers it
+
+    def validate(self, spec: GrammarSpec) -> None:
+        """Check a spec without the tokenizer (cheap); GrammarError naming the problem."""
+        ...
+
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Compile against the tokenizer; GrammarError if invalid. Thread-safe, may be slow."""
+        ...
+
+    def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
+        """An int32 bitmask ``[num_rows, ceil(vocab_size / 32)]``."""
+        ...
+
+    def fill_bitmask(self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor) -> None:
+        """Write row i of ``bitmask`` from ``matchers[i]`` (tokens allowed next)."""
+        ...

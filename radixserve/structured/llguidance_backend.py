@@ -1,0 +1,121 @@
+"""`StructuredBackend` over llguidance: JSON schema, regex, choice and Lark/GBNF grammars.
+
+llguidance (Rust) builds its lexer lazily against the vocabulary, so a compile is about a
+millisecond, and computes masks with the GIL released. Its tokenizer view is built once from
+our Hugging Face ``tokenizers`` JSON (about 0.5 s), on the first compile.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+
+import llguidance
+import llguidance.torch as llg_torch
+import torch
+
+from radixserve.engine.tokenizer import Tokenizer
+from radixserve.structured.backend import GrammarError
+from radixserve.structured.params import GrammarSpec
+
+_FORMATS = {"regex": "regex", "choice": "choice", "grammar": "grammar"}
+
+
+# JSON whitespace between tokens is bounded: with free whitespace a model can pad forever (a
+# greedy loop of newlines) and never close the object. A schema's own "x-guidance" wins.
+_JSON_DEFAULTS = {"whitespace_pattern": r"[\n\t ]{0,16}"}
+
+
+def grammar_text(spec: GrammarSpec) -> str:
+    """llguidance's grammar for a spec; GrammarError if it cannot even be converted."""
+    try:
+        if spec.kind == "json":
+            return llguidance.LLMatcher.grammar_from_json_schema(spec.text,
+                                                                 defaults=_JSON_DEFAULTS)
+        return llguidance.grammar_from(_FORMATS[spec.kind], spec.text)
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise GrammarError(f"invalid {spec.kind}: {exc}") from None
+
+
+def validate_spec(spec: GrammarSpec) -> None:
+    """GrammarError naming the problem if llguidance cannot take the spec (no tokenizer
+    needed: syntax, schema keywords, regexes, grammar size)."""
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar_text(spec))
+    if is_error:
+        raise GrammarError(f"invalid {spec.kind}: {messages[0].strip()}")
+
+
+class LLGuidanceMatcher:
+    __slots__ = ("_matcher",)
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self._matcher = matcher
+
+    def accept_token(self, token_id: int) -> bool:
+        return self._matcher.consume_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens and not self._matcher.rollback(num_tokens):
+            raise RuntimeError(f"grammar rollback of {num_tokens} tokens failed: "
+                               f"{self._matcher.get_error()}")
+
+    def forced_tokens(self) -> list[int]:
+        return self._matcher.compute_ff_tokens()
+
+    @property
+    def is_terminated(self) -> bool:
+        return self._matcher.is_stopped()
+
+    @property
+    def error(self) -> str:
+        return self._matcher.get_error()
+
+
+class LLGuidanceGrammar:
+    """A compiled grammar: a pristine matcher that each request deep-copies."""
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self._pristine = matcher
+
+    def new_matcher(self) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self._pristine.deep_copy())
+
+
+class LLGuidanceBackend:
+    """``tokenizer``: a callable returning the radixserve `Tokenizer` (called once, on the
+    first compile; its eos ids are allowed exactly where a grammar may end); ``vocab_size``:
+    the logits' width (ids past the tokenizer's vocabulary are never allowed).
+    """
+
+    def __init__(self, tokenizer: Callable[[], Tokenizer], vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._load_tokenizer = tokenizer
+        self._lltok: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+        self._executor = llguidance.LLExecutor()
+
+    def validate(self, spec: GrammarSpec) -> None:
+        validate_spec(spec)
+
+    def compile(self, spec: GrammarSpec) -> LLGuidanceGrammar:
+        matcher = llguidance.LLMatcher(self._tokenizer(), grammar_text(spec), log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"invalid {spec.kind}: {matcher.get_error().strip()}")
+        return LLGuidanceGrammar(matcher)
+
+    def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
+        return torch.full((num_rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+    def fill_bitmask(self, matchers: Sequence[LLGuidanceMatcher], bitmask: torch.Tensor) -> None:
+        pairs = [(m._matcher, i) for i, m in enumerate(matchers)]
+        llg_torch.fill_next_token_bitmask_par(self._executor, pairs, bitmask)
+
+    def _tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._lltok is None:
+                tokenizer = self._load_tokenizer()
+                self._lltok = llguidance.LLTokenizer(
+                    tokenizer.backend.to_str(), n_vocab=self.vocab_size,
+                    eos_token=sorted(tokenizer.eos_token_ids) or None)
+            return self._lltok

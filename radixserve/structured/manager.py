@@ -1,0 +1,81 @@
+"""StructuredOutputManager: the engine core's side of structured output.
+
+Compiles grammars on a background thread (cached by spec, so a repeated schema costs nothing
+and a slow compile never stalls the step loop), gives each constrained request its
+`RequestGrammar`, and computes each step's batch bitmask on another thread while the forward
+runs (the next token's mask depends only on tokens already accepted).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+from radixserve.core.sched_output import GrammarBitmask, SchedulerOutput
+from radixserve.structured.backend import CompiledGrammar, StructuredBackend
+from radixserve.structured.params import GrammarSpec, StructuredOutputsParams
+from radixserve.structured.request_grammar import NO_GRAMMAR, NoGrammar, RequestGrammar
+
+_CACHE_SIZE = 256
+
+
+class StructuredOutputManager:
+    def __init__(self, backend: StructuredBackend, fast_forward: bool = True,
+                 compile_timeout_s: float = 10.0) -> None:
+        self.backend = backend
+        self.fast_forward = fast_forward
+        self.compile_timeout_s = compile_timeout_s
+        self._compiles: OrderedDict[GrammarSpec, Future[CompiledGrammar]] = OrderedDict()
+        self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-grammar")
+        self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-mask")
+
+    def validate(self, params: StructuredOutputsParams | None) -> None:
+        """GrammarError (a ValueError) if the spec is invalid; cheap, no tokenizer needed."""
+        if params is not None:
+            self.backend.validate(params.spec())
+
+    def grammar_for(self, params: StructuredOutputsParams | None) -> RequestGrammar | NoGrammar:
+        """The request's grammar state; its compile starts now unless cached."""
+        if params is None:
+            return NO_GRAMMAR
+        spec = params.spec()
+        future = self._compiles.get(spec)
+        if future is None:
+            future = self._compile_pool.submit(self.backend.compile, spec)
+            self._compiles[spec] = future
+            while len(self._compiles) > _CACHE_SIZE:
+                self._compiles.popitem(last=False)
+        else:
+            self._compiles.move_to_end(spec)
+        return RequestGrammar(future, tuple(params.reasoning_end_token_ids), self.fast_forward,
+                              time.monotonic() + self.compile_timeout_s)
+
+    def wait_for_compiles(self, grammars: Iterable[RequestGrammar | NoGrammar],
+                          timeout: float) -> None:
+        """Block until one of the pending compiles finishes, or ``timeout`` seconds."""
+        pending = {g.pending_compile for g in grammars} - {None}
+        if pending:
+            wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+
+    def bitmask(self, sched: SchedulerOutput,
+                grammars: Mapping[str, RequestGrammar | NoGrammar]) -> GrammarBitmask | None:
+        """Start filling the bitmask of the step's constrained sampling rows (None: no row is
+        constrained). The matchers must not advance until the runner has taken the result."""
+        rows = [(seq.request_id, g) for seq in sched.seqs
+                if seq.sample and (g := grammars[seq.request_id]).is_active]
+        if not rows:
+            return None
+        bitmask = self.backend.allocate_bitmask(len(rows))
+        matchers = [g.matcher for _, g in rows]
+        future = self._mask_pool.submit(self._fill, matchers, bitmask)
+        return GrammarBitmask([rid for rid, _ in rows], future)
+
+    def _fill(self, matchers, bitmask):
+        self.backend.fill_bitmask(matchers, bitmask)
+        return bitmask
+
+    def shutdown(self) -> None:
+        self._compile_pool.shutdown(wait=False, cancel_futures=True)
+        self._mask_pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,107 @@
+"""One request's constraint state inside the engine core (plain Python, no torch).
+
+A constrained request carries a `RequestGrammar`: it waits for its compile (the scheduler does
+not start it before ``is_ready``), then follows the output token by token. With a reasoning end
+marker the constraint starts only after the marker appears in the output. Unconstrained
+requests carry `NO_GRAMMAR`, which accepts everything and never masks.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+
+from radixserve.structured.backend import CompiledGrammar, GrammarMatcher
+
+
+class NoGrammar:
+    """Null object for an unconstrained request."""
+
+    pending_compile = None
+    is_ready = True
+    is_active = False
+    is_terminated = False
+    error: str | None = None
+    matcher = None
+
+    def accept(self, token_id: int, output_token_ids: list[int]) -> bool:
+        return True
+
+    def forced_tokens(self) -> list[int]:
+        return []
+
+
+NO_GRAMMAR = NoGrammar()
+
+
+class RequestGrammar:
+    """``compiled``: the (shared, maybe still running) compile; ``reasoning_end``: token ids
+    after which the constraint starts (empty: from the first output token); ``fast_forward``:
+    hand out the tokens the grammar forces; ``deadline``: wall time by which the compile must
+    have finished."""
+
+    def __init__(self, compiled: Future[CompiledGrammar], reasoning_end: tuple[int, ...] = (),
+                 fast_forward: bool = True, deadline: float = float("inf")) -> None:
+        self._compiled = compiled
+        self._reasoning_end = reasoning_end
+        self._in_reasoning = bool(reasoning_end)
+        self._fast_forward = fast_forward
+        self._deadline = deadline
+        self.matcher: GrammarMatcher | None = None
+
+    @property
+    def pending_compile(self) -> Future[CompiledGrammar] | None:
+        """The compile this request waits for, or None once it is done."""
+        return None if self._compiled.done() else self._compiled
+
+    @property
+    def is_ready(self) -> bool:
+        """Compiled and usable (creates the request's matcher on the first True)."""
+        if self.matcher is None:
+            if not self._compiled.done() or self._compiled.exception() is not None:
+                return False
+            self.matcher = self._compiled.result().new_matcher()
+        return True
+
+    @property
+    def error(self) -> str | None:
+        """Why this request can never start: the compile failed or overran its deadline."""
+        if self._compiled.done():
+            exc = self._compiled.exception()
+            return None if exc is None else str(exc)
+        if time.monotonic() > self._deadline:
+            return "compiling the structured output grammar took too long"
+        return None
+
+    @property
+    def is_active(self) -> bool:
+        """The next sampled token must be masked by this grammar."""
+        return (self.matcher is not None and not self._in_reasoning
+                and not self.matcher.is_terminated)
+
+    @property
+    def is_terminated(self) -> bool:
+        return (self.matcher is not None and not self._in_reasoning
+                and self.matcher.is_terminated)
+
+    def accept(self, token_id: int, output_token_ids: list[int]) -> bool:
+        """Advance by ``token_id``, already appended to ``output_token_ids``; False if the
+        grammar rejects it."""
+        assert self.matcher is not None, "a request starts only once its grammar is ready"
+        if self._in_reasoning:
+            end = self._reasoning_end
+            if len(output_token_ids) >= len(end) and tuple(output_token_ids[-len(end):]) == end:
+                self._in_reasoning = False
+            return True
+        return self.matcher.accept_token(token_id)
+
+    def forced_tokens(self) -> list[int]:
+        """Tokens the grammar forces next (fast-forward), or [] when that is off."""
+        if not self._fast_forward or not self.is_active:
+            return []
+        return self.matcher.forced_tokens()
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo accepted tokens (all within the constrained part of the output)."""
+        assert self.matcher is not None and not self._in_reasoning
+        self.matcher.rollback(num_tokens)

@@ -1,0 +1,56 @@
+"""The API process's check of a structured-output spec, before the request is queued.
+
+An invalid schema, regex or grammar must be a 400 naming the problem, not an error from deep
+in the engine. The check runs on a worker thread (llguidance releases the GIL) under a time
+limit, so a pathological spec neither blocks the event loop nor hangs the request; verdicts
+are remembered per spec, so a repeated schema is checked once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
+
+from radixserve.structured.backend import GrammarError
+from radixserve.structured.params import GrammarSpec, StructuredOutputsParams
+
+_CACHE_SIZE = 1024
+
+
+def _llguidance_validate(spec: GrammarSpec) -> None:
+    from radixserve.structured.llguidance_backend import validate_spec
+
+    validate_spec(spec)
+
+
+class GrammarValidator:
+    def __init__(self, validate: Callable[[GrammarSpec], None] = _llguidance_validate,
+                 timeout_s: float = 10.0) -> None:
+        self._validate = validate
+        self.timeout_s = timeout_s
+        self._verdicts: OrderedDict[GrammarSpec, str] = OrderedDict()  # "" = valid
+
+    async def check(self, params: StructuredOutputsParams) -> None:
+        """GrammarError (a ValueError) if the spec is invalid or its check overruns."""
+        try:
+            spec = params.spec()
+        except ValueError as exc:
+            raise GrammarError(str(exc)) from None
+        verdict = self._verdicts.get(spec)
+        if verdict is None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self._validate, spec), self.timeout_s)
+                verdict = ""
+            except GrammarError as exc:
+                verdict = str(exc)
+            except TimeoutError:
+                raise GrammarError(f"checking the {spec.kind} took over {self.timeout_s:g} s; "
+                                   "simplify it") from None
+            self._verdicts[spec] = verdict
+            if len(self._verdicts) > _CACHE_SIZE:
+                self._verdicts.popitem(last=False)
+        else:
+            self._verdicts.move_to_end(spec)
+        if verdict:
+            raise GrammarError(verdict)
