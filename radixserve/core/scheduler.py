@@ -156,7 +156,7 @@ class Scheduler:
             request = self.requests[rid]
             num_before = request.num_output_tokens
             reason, error = self._append(request, result.token_ids[i])
-            if reason is None and result.logprobs[i] is None:
+            if reason is None and request.sampling_params.logprobs is None:
                 reason, error = self._fast_forward(request)
             logprob = result.logprobs[i]
             out = EngineCoreOutput(

@@ -95,6 +95,11 @@ class LLGuidanceBackend:
         self._lock = threading.Lock()
         self._executor = llguidance.LLExecutor()
 
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Tokenizer, vocab_size: int) -> LLGuidanceBackend:
+        """From a loaded radixserve `Tokenizer`."""
+        return cls(lambda: tokenizer, vocab_size)
+
     def validate(self, spec: GrammarSpec) -> None:
         validate_spec(spec)
 
