@@ -27,6 +27,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="default: float32 on CPU, bfloat16 on CUDA")
     g.add_argument("--seed", type=int, default=0, help="engine seed for unseeded requests")
+    g.add_argument("--no-structured-fast-forward", action="store_true",
+                   help="sample every token of a structured output, even those its grammar "
+                        "forces (default: forced tokens are emitted without a forward each)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -35,7 +38,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=args.max_model_len, device=args.device, dtype=args.dtype,
                 seed=args.seed, enable_prefix_caching=not args.no_prefix_cache,
-                scheduling_policy=args.scheduling_policy)
+                scheduling_policy=args.scheduling_policy,
+                structured_fast_forward=not args.no_structured_fast_forward)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, temperature: float,
