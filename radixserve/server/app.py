@@ -6,6 +6,7 @@ import asyncio
 import hmac
 import time
 
+import msgspec
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -87,7 +88,10 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
         ctx.check_model(body.model)
         text = render_messages(ctx, body)
         ids = ctx.tokenizer.encode(text, add_special_tokens=False)
-        return {"prompt": text, "prompt_token_ids": ids, "count": len(ids)}
+        # msgspec, not FastAPI's encoder, which walks the id list element by element
+        return Response(msgspec.json.encode({"prompt": text, "prompt_token_ids": ids,
+                                             "count": len(ids)}),
+                        media_type="application/json")
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
