@@ -1,7 +1,8 @@
 """ModelRunner: SchedulerOutput (plain data) → one batched forward → sampled tokens.
 
-Input tensors are built once per step; the packed batch puts one-token sequences first
-(decodes), then prefill chunks, with no padding. Logits are computed only at positions that
+Input tensors are built once per step; the packed batch puts decode-like sequences first (one
+new token, or a short chunk the backend runs as decode rows), then prefill chunks, with no
+padding. Logits are computed only at positions that
 sample. The runner reads the scheduled data and never mutates requests.
 """
 
@@ -39,7 +40,7 @@ class ModelRunner:
                 grammar: GrammarBitmask | None = None) -> ModelRunnerOutput:
         """One forward + sampling; ``grammar`` masks its rows' logits before sampling (its
         bitmask, computed on another thread, is awaited only after the forward)."""
-        seqs = sorted(sched.seqs, key=lambda s: s.num_tokens > 1)  # decodes first, stable
+        seqs = sorted(sched.seqs, key=self._prefill_last)  # decode-like first, stable
         input_ids, positions, meta, sample_idx = self._prepare(seqs)
         ctx = ForwardContext(meta, self.kv_caches, self.backend)
         with forward_context(ctx):
@@ -55,7 +56,7 @@ class ModelRunner:
         """Run ``seqs`` (KV written as in ``execute``) and return each one's logits at every
         fed position, ``[num_tokens, vocab]``, in the given order (for tests and prompt
         logprobs)."""
-        order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_tokens > 1)
+        order = sorted(range(len(seqs)), key=lambda i: self._prefill_last(seqs[i]))
         packed = [seqs[i] for i in order]
         input_ids, positions, meta, _ = self._prepare(packed)
         with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
@@ -65,6 +66,9 @@ class ModelRunner:
         for rank, i in enumerate(order):
             result[i] = logits[rank]
         return result
+
+    def _prefill_last(self, seq: ScheduledSeq) -> bool:
+        return not self.backend.is_decode_like(seq.num_tokens, seq.start_pos)
 
     def _prepare(self, seqs: list[ScheduledSeq]):
         dev, bs = self.device, self.block_size

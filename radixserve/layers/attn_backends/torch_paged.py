@@ -6,9 +6,12 @@ position p of a sequence lives in slot ``block_ids[p // block_size] * block_size
 
 - decode rows: K/V rows gathered with one ``index_select`` per layer (slot indices and the
   additive length mask are built once per step), then per KV head two batched matmuls over
-  strided views (no K/V repeat for grouped queries, no transposed copies).
-- prefill chunks, one at a time: a fresh prompt attends causally to its own K/V; a chunk with
-  earlier context (chunked prefill, prefix-cache hit) reads the context from the pool.
+  strided views (no K/V repeat for grouped queries, no transposed copies). A short chunk with
+  earlier context (the tokens a grammar forced, a small tail of a chunked prompt) is
+  "decode-like": each of its tokens becomes a decode row whose context ends at that token, so
+  it is batched with the decodes and computed exactly as if decoded one token at a time.
+- other prefill chunks, one at a time: a fresh prompt attends causally to its own K/V; a chunk
+  with earlier context (chunked prefill, prefix-cache hit) reads the context from the pool.
 """
 
 from __future__ import annotations
@@ -28,10 +31,18 @@ class PrefillChunk:
     mask: torch.Tensor | None  # [q_len, ctx_len] bool; None when start_pos == 0
 
 
+MAX_DECODE_CHUNK = 8  # chunks with context up to this long run as decode rows
+
+
+def is_decode_like(q_len: int, start_pos: int) -> bool:
+    """Whether a sequence's new tokens run as decode rows (the packed batch puts these first)."""
+    return q_len == 1 or (start_pos > 0 and q_len <= MAX_DECODE_CHUNK)
+
+
 @dataclass(slots=True)
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
-    num_decodes: int
+    num_decodes: int  # decode rows (tokens) at the front of the batch
     decode_slots: torch.Tensor | None  # [B * L] pool slots of each decode row's context
     decode_bias: torch.Tensor | None  # [B, 1, L] 0 where a key is valid, -inf past the end
     prefills: list[PrefillChunk]
@@ -39,26 +50,32 @@ class TorchAttentionMetadata:
 
 class TorchPagedAttention:
     name = "torch"
+    is_decode_like = staticmethod(is_decode_like)
 
     def build_metadata(self, *, slot_mapping: torch.Tensor, block_table: torch.Tensor,
                        context_lens: list[int], q_lens: list[int], start_pos: list[int],
                        block_size: int, dtype: torch.dtype = torch.float32
                        ) -> TorchAttentionMetadata:
-        """``block_table`` [S, max_blocks] padded; sequences with q_len 1 come first."""
+        """``block_table`` [S, max_blocks] padded; decode-like sequences come first."""
         device = slot_mapping.device
-        num_decodes = 0
-        while num_decodes < len(q_lens) and q_lens[num_decodes] == 1:
-            num_decodes += 1
+        num_seqs = 0
+        while num_seqs < len(q_lens) and is_decode_like(q_lens[num_seqs], start_pos[num_seqs]):
+            num_seqs += 1
         decode_slots = decode_bias = None
-        if num_decodes:
-            max_len = max(context_lens[:num_decodes])
-            decode_slots = _slots(block_table[:num_decodes], block_size, max_len).reshape(-1)
-            lens = torch.tensor(context_lens[:num_decodes], device=device)
+        row_lens = [start_pos[i] + j + 1 for i in range(num_seqs) for j in range(q_lens[i])]
+        if num_seqs:
+            max_len = max(row_lens)
+            slots = _slots(block_table[:num_seqs], block_size, max_len)
+            if len(row_lens) > num_seqs:  # a chunk: one row per token, same block table
+                slots = slots.repeat_interleave(
+                    torch.tensor(q_lens[:num_seqs], device=device), dim=0)
+            decode_slots = slots.reshape(-1)
+            lens = torch.tensor(row_lens, device=device)
             past_end = torch.arange(max_len, device=device) >= lens[:, None]
             decode_bias = torch.zeros(past_end.shape, dtype=dtype, device=device).masked_fill_(
                 past_end, float("-inf")).unsqueeze(1)
-        prefills, q_start = [], num_decodes
-        for i in range(num_decodes, len(q_lens)):
+        prefills, q_start = [], len(row_lens)
+        for i in range(num_seqs, len(q_lens)):
             ctx_slots = mask = None
             if start_pos[i] > 0:
                 ctx_len = context_lens[i]
@@ -67,7 +84,7 @@ class TorchPagedAttention:
                 mask = torch.arange(ctx_len, device=device)[None, :] <= q_pos[:, None]
             prefills.append(PrefillChunk(q_start, q_lens[i], start_pos[i], ctx_slots, mask))
             q_start += q_lens[i]
-        return TorchAttentionMetadata(slot_mapping, num_decodes, decode_slots, decode_bias,
+        return TorchAttentionMetadata(slot_mapping, len(row_lens), decode_slots, decode_bias,
                                       prefills)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
