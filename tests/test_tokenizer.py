@@ -14,6 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 from gguf import GGUFReader, GGUFWriter
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import pre_tokenizers
 
@@ -367,3 +369,16 @@ def test_tiny_gguf_rejects_unsupported(tmp_path: Path) -> None:
     _write_tiny_gguf(tmp_path / "spm.gguf", model="llama")
     with pytest.raises(ValueError, match="gpt2"):
         Tokenizer.from_gguf(tmp_path / "spm.gguf")
+
+
+_PIECES = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "user\n", "assistant\n", " ", "\n\n",
+           "Hello world", "12345", "  spaced  ", "héllo ünïcode 🙂", "<|im_start", "|>", "\t"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=12)), max_size=20))
+def test_encode_prompt_equals_encode(tok: Tokenizer, hf_dir_tok: Tokenizer, parts) -> None:
+    text = "".join(parts)
+    for t in (tok, hf_dir_tok):
+        assert t.encode_prompt(text) == t.encode(text, add_special_tokens=False)
+        assert t.encode_prompt(text) == t.encode(text, add_special_tokens=False)  # cached now

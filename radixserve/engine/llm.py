@@ -74,7 +74,7 @@ class LLM:
             conv, add_generation_prompt=add_generation_prompt, tools=tools,
             **(chat_template_kwargs or {})) for conv in conversations]
         params = _as_params_list(sampling_params, len(texts))
-        items = [(t, self.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+        items = [(t, self.tokenizer.encode_prompt(t)) for t in texts]
         return self._run(items, params, [0] * len(items))
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None,
@@ -85,7 +85,7 @@ class LLM:
             raise ValueError("stream() supports n=1 only")
         if chat:
             text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
-            item = (text, self.tokenizer.encode(text, add_special_tokens=False))
+            item = (text, self.tokenizer.encode_prompt(text))
         else:
             item = self._tokenize(prompt)
         rid = f"stream-{next(self._ids)}"

@@ -18,6 +18,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as HFTokenizer
 
 from radixserve.engine.chat_template import render_chat_template
+from radixserve.engine.segment_cache import SegmentCachedEncoder
 
 __all__ = ["Tokenizer"]
 
@@ -190,6 +191,7 @@ class Tokenizer:
         special_added = {i for i, token in added.items() if token.special}
         self.all_special_ids: set[int] = special_added | set(present.values())
         self.eos_token_ids: set[int] = set(extra_eos_token_ids) | ({eos_token_id} - {None})
+        self._segments = SegmentCachedEncoder(backend)
 
     @classmethod
     def from_gguf(cls, path_or_reader: str | os.PathLike[str] | GGUFReader) -> Tokenizer:
@@ -268,6 +270,11 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; `add_special_tokens` adds the model's BOS/EOS, if it uses any."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """``encode(text, add_special_tokens=False)`` for rendered chat prompts: the pieces
+        between special tokens are cached, so a resent history is not tokenized again."""
+        return self._segments.encode(text)
 
     def encode_batch(
         self, texts: Sequence[str], add_special_tokens: bool = True

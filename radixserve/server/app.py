@@ -16,12 +16,27 @@ from radixserve.engine.async_engine import EngineRequestError
 from radixserve.engine.core_client import EngineDeadError
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.protocol import (
-    CompletionRequest, ModelCard, ModelList, error_body, validation_error_body, value_error_body)
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    error_body,
+    validation_error_body,
+    value_error_body,
+)
 from radixserve.server.protocol_chat import (
-    ChatCompletionRequest, DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
-    TokenizeResponse)
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from radixserve.server.serving import (
-    ClientDisconnected, OpenAIError, ServingContext, wait_disconnect, until_disconnect)
+    ClientDisconnected,
+    OpenAIError,
+    ServingContext,
+    until_disconnect,
+    wait_disconnect,
+)
 from radixserve.server.serving_chat import ChatServer, render_messages
 from radixserve.server.serving_completion import CompletionServer
 
@@ -87,7 +102,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     async def render_chat(body: ChatCompletionRequest):
         ctx.check_model(body.model)
         text = render_messages(ctx, body)
-        ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+        ids = ctx.tokenizer.encode_prompt(text)
         # msgspec, not FastAPI's encoder, which walks the id list element by element
         return Response(msgspec.json.encode({"prompt": text, "prompt_token_ids": ids,
                                              "count": len(ids)}),

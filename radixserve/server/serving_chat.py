@@ -111,7 +111,7 @@ class ChatServer:
                 param="tools",
             )
         text = render_messages(ctx, body)
-        ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+        ids = ctx.tokenizer.encode_prompt(text)
         params = ctx.sampling_params(body, len(ids))
         tool_parser = ctx.tool_parser if use_tools else None
         if forced is not None:
