@@ -26,7 +26,8 @@ class EngineRequestError(ValueError):
 
 @dataclass(slots=True)
 class StepDelta:
-    """One sample's progress in one engine step."""
+    """One sample's progress since the previous delta (one engine step, or several merged
+    when the consumer fell behind; ``output`` then holds all their tokens)."""
 
     index: int
     text: str
@@ -74,25 +75,51 @@ class AsyncLLM:
         last_token_time = None
         try:
             while unfinished:
-                out = await queue.get()
-                if isinstance(out, EngineDeadError):
-                    raise out
-                if out.error is not None:
-                    raise EngineRequestError(out.error)
-                state = states[out.request_id]
-                delta = state.process(out)
-                now = time.time()
-                if last_token_time is None:
-                    self.metrics.on_first_token(now - arrival, out.queue_time)
-                else:
-                    self.metrics.on_token(now - last_token_time)
-                last_token_time = now
-                if state.finished:
-                    unfinished.discard(out.request_id)
-                    if out.finish_reason is None:  # a stop string ended it here
-                        await self.client.abort([out.request_id])
-                    self.metrics.on_finish(state, len(prompt_token_ids), now - arrival)
-                yield StepDelta(state.index, delta, state, out)
+                # NOTE: a consumer that falls behind gets every output waiting for it at once,
+                # merged into one delta per sample: fewer wake-ups and chunks, the same text.
+                pending = [await queue.get()]
+                while not queue.empty():
+                    pending.append(queue.get_nowait())
+                merged: dict[str, list] = {}  # request id -> [text, outputs]
+                for out in pending:
+                    if isinstance(out, EngineDeadError):
+                        raise out
+                    if out.error is not None:
+                        raise EngineRequestError(out.error)
+                    state = states[out.request_id]
+                    if state.finished:
+                        continue  # sent before our abort of a stop-string finish arrived
+                    delta = state.process(out)
+                    now = time.time()
+                    if last_token_time is None:
+                        self.metrics.on_first_token(now - arrival, out.queue_time)
+                    else:
+                        self.metrics.on_token(now - last_token_time)
+                    last_token_time = now
+                    entry = merged.setdefault(out.request_id, ["", []])
+                    entry[0] += delta
+                    entry[1].append(out)
+                    if state.finished:
+                        unfinished.discard(out.request_id)
+                        if out.finish_reason is None:  # a stop string ended it here
+                            await self.client.abort([out.request_id])
+                        self.metrics.on_finish(state, len(prompt_token_ids), now - arrival)
+                for rid, (text, outs) in merged.items():
+                    state = states[rid]
+                    yield StepDelta(state.index, text, state, _merge(outs))
         finally:
             if unfinished:
                 await self.client.abort(list(unfinished))
+
+
+def _merge(outs: list[EngineCoreOutput]) -> EngineCoreOutput:
+    """Consecutive outputs of one request as one."""
+    if len(outs) == 1:
+        return outs[0]
+    last = outs[-1]
+    with_logprobs = outs[0].logprobs is not None
+    return EngineCoreOutput(
+        last.request_id, [t for o in outs for t in o.new_token_ids], last.finish_reason,
+        [lp for o in outs for lp in o.logprobs or []] if with_logprobs else None,
+        [top for o in outs for top in o.top_logprobs or []] if with_logprobs else None,
+        last.num_cached_tokens, outs[0].queue_time, None)

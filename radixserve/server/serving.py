@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 
+import msgspec
 from fastapi import Request
 
 from radixserve.engine.async_engine import AsyncLLM
@@ -90,6 +91,26 @@ def sse(payload) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+TEXT_MARK = "\ue000radixserve-text\ue000"  # stands for the text in a `ChunkTemplate`
+
+
+class ChunkTemplate:
+    """The SSE event of a stream chunk whose only varying part is one text field.
+
+    Built once per response (and choice) from a response model holding `TEXT_MARK` in that
+    field; each token then splices its JSON-encoded text in, instead of building and
+    serialising a pydantic model per token. Same JSON as ``sse(model)`` with the text set.
+    """
+
+    def __init__(self, model) -> None:
+        mark = msgspec.json.encode(TEXT_MARK).decode()
+        head, found, tail = model.model_dump_json().partition(mark)
+        assert found, "the model does not hold TEXT_MARK"
+        self._head, self._tail = f"data: {head}", f"{tail}\n\n"
+
+    def sse(self, text: str) -> str:
+        return self._head + msgspec.json.encode(text).decode() + self._tail
 
 
 def json_sse(obj: dict) -> str:

@@ -34,7 +34,15 @@ from radixserve.server.protocol_chat import (
 )
 from radixserve.server.protocol_chat import ChatCompletionStreamChoice as StreamChoice
 from radixserve.server.protocol_chat import ChatCompletionResponse
-from radixserve.server.serving import SSE_DONE, OpenAIError, ServingContext, sse, token_bytes
+from radixserve.server.serving import (
+    SSE_DONE,
+    TEXT_MARK,
+    ChunkTemplate,
+    OpenAIError,
+    ServingContext,
+    sse,
+    token_bytes,
+)
 from radixserve.structured.params import StructuredOutputsParams
 
 
@@ -191,7 +199,19 @@ class ChatServer:
         reasoning_parser = self.ctx.reasoning_parser
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
+        templates: dict[int, ChunkTemplate] = {}  # per choice: its plain content chunk
+
         def chunk(index, delta, finish=None, logprobs=None, stop_reason=None):
+            if (finish is None and logprobs is None and delta.content
+                    and delta.role is None and delta.reasoning_content is None
+                    and delta.tool_calls is None):
+                template = templates.get(index)
+                if template is None:
+                    template = templates[index] = ChunkTemplate(ChatCompletionStreamResponse(
+                        id=request_id, created=created, model=model,
+                        choices=[StreamChoice(index=index,
+                                              delta=DeltaMessage(content=TEXT_MARK))]))
+                return template.sse(delta.content)
             return sse(
                 ChatCompletionStreamResponse(
                     id=request_id,

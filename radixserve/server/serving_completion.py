@@ -19,7 +19,15 @@ from radixserve.server.protocol import (
     UsageInfo,
     random_id,
 )
-from radixserve.server.serving import SSE_DONE, OpenAIError, ServingContext, merge, sse
+from radixserve.server.serving import (
+    SSE_DONE,
+    TEXT_MARK,
+    ChunkTemplate,
+    OpenAIError,
+    ServingContext,
+    merge,
+    sse,
+)
 
 
 def _prompts(ctx: ServingContext, body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
@@ -107,6 +115,7 @@ class CompletionServer:
         states: dict[int, RequestState] = {}
         sent_echo: set[int] = set()
         text_offsets: dict[int, int] = {}  # per choice: text offset of its next token
+        templates: dict[int, ChunkTemplate] = {}  # per choice: its plain text chunk
         async with contextlib.aclosing(
             self._streams(body, prompts, params, request_id, arrival)
         ) as steps:
@@ -118,6 +127,14 @@ class CompletionServer:
                     sent_echo.add(index)
                     text = _echo_text(self.ctx, prompts[index // params[0].n]) + text
                 if not text and not state.finished:
+                    continue
+                if state.logprobs is None and not state.finished:
+                    template = templates.get(index)
+                    if template is None:
+                        template = templates[index] = ChunkTemplate(CompletionStreamResponse(
+                            id=request_id, created=created, model=self.ctx.model_name,
+                            choices=[CompletionResponseChoice(index=index, text=TEXT_MARK)]))
+                    yield template.sse(text)
                     continue
                 logprobs = None
                 if state.logprobs is not None:

@@ -341,3 +341,29 @@ def test_fastapi_request_validation_error_body():
     assert error["error"]["param"] is None and "JSON" in error["error"]["message"]
     assert client.post(url).json()["error"]["message"] == "Missing request body"
     assert client.get("/openapi.json").status_code == 200
+
+
+def test_chunk_template_equals_the_model_dump():
+    import json as _json
+
+    from radixserve.server.protocol_chat import (
+        ChatCompletionStreamChoice,
+        ChatCompletionStreamResponse,
+        DeltaMessage,
+    )
+    from radixserve.server.serving import TEXT_MARK, ChunkTemplate, sse
+
+    def completion(text):
+        return CompletionStreamResponse(id="cmpl-1", created=1, model="m",
+                                        choices=[CompletionResponseChoice(index=3, text=text)])
+
+    def chat(text):
+        return ChatCompletionStreamResponse(id="c", created=1, model="m", choices=[
+            ChatCompletionStreamChoice(index=0, delta=DeltaMessage(content=text))])
+
+    for build in (completion, chat):
+        template = ChunkTemplate(build(TEXT_MARK))
+        for text in ["plain", ' quo"te \\ back', "new\nline\t\x00", "héllo 🙂 \u2028"]:
+            ours, reference = template.sse(text), sse(build(text))
+            assert ours.startswith("data: ") and ours.endswith("\n\n")
+            assert _json.loads(ours[6:]) == _json.loads(reference[6:])
