@@ -124,10 +124,8 @@ class EngineCore:
                 self.structured.wait_for_compiles(
                     (r.grammar for r in self.scheduler.waiting), _COMPILE_WAIT_S)
             return EngineCoreOutputs(failed, time.time())
-        requests = self.scheduler.requests
-        bitmask = (None if self.structured is None else
-                   self.structured.bitmask(sched, {s.request_id: requests[s.request_id].grammar
-                                                   for s in sched.seqs if s.sample}))
+        bitmask = (None if self.structured is None
+                   else self.structured.bitmask(sched, self.scheduler.requests))
         result = self.runner.execute(sched, bitmask)
         outputs = self.scheduler.update_from_output(sched, result)
         return EngineCoreOutputs(failed + outputs, time.time())

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
+from radixserve.core.request import Request
 from radixserve.core.sched_output import GrammarBitmask, SchedulerOutput
 from radixserve.structured.backend import CompiledGrammar, StructuredBackend
 from radixserve.structured.params import GrammarSpec, StructuredOutputsParams
@@ -60,11 +61,11 @@ class StructuredOutputManager:
             wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
 
     def bitmask(self, sched: SchedulerOutput,
-                grammars: Mapping[str, RequestGrammar | NoGrammar]) -> GrammarBitmask | None:
+                requests: Mapping[str, Request]) -> GrammarBitmask | None:
         """Start filling the bitmask of the step's constrained sampling rows (None: no row is
         constrained). The matchers must not advance until the runner has taken the result."""
         rows = [(seq.request_id, g) for seq in sched.seqs
-                if seq.sample and (g := grammars[seq.request_id]).is_active]
+                if seq.sample and (g := requests[seq.request_id].grammar).is_active]
         if not rows:
             return None
         bitmask = self.backend.allocate_bitmask(len(rows))
