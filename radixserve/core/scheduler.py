@@ -20,11 +20,13 @@ from radixserve.core.stop import check_stop
 from radixserve.engine.messages import EngineCoreOutput, SchedulerStats
 
 
-def _first_page(request: Request, page: int) -> tuple[int, ...] | None:
-    """The first full page of the prompt (None if the prompt has none)."""
-    if request.num_prompt_tokens <= page:
+def _next_page(request: Request, computed: int, page: int) -> tuple | None:
+    """The prompt page a request computes next, given ``computed`` tokens already in KV:
+    ``(start, its tokens)``, or None when less than a full page of prompt is left."""
+    start = computed - computed % page
+    if request.num_prompt_tokens - start < page:
         return None
-    return tuple(request.prompt_token_ids[:page])
+    return (start, *request.prompt_token_ids[start:start + page])
 
 
 _LPM_MAX_WAITING = 256  # beyond this, matching every waiting request costs more than it saves
@@ -104,18 +106,23 @@ class Scheduler:
             budget -= num_new
 
         # Waiting requests, in queue order, while blocks, budget and seats last. A request whose
-        # first page is being prefilled by another one (the n samples of one request, a shared
-        # system prompt) waits, then reuses that KV through the prefix cache instead of
-        # computing the same pages in the same step (in-batch prefix sharing).
+        # next uncached page is being prefilled by another one right now (the n samples of one
+        # request, the same new system prompt) waits, then reuses that KV through the prefix
+        # cache instead of computing the same pages in the same step (in-batch prefix sharing).
+        # Requests whose shared part is already cached go ahead together.
         page = self.kv.block_size
         share = self.kv.prefix_cache.reuses_prefixes
-        prefilling = {_first_page(r, page) for r in self.running
-                      if share and r.num_prompt_tokens - r.num_computed_tokens >= page}
+        prefilling = ({_next_page(r, r.num_computed_tokens, page) for r in self.running}
+                      if share else set())
+        prefilling.discard(None)
         i = 0
         while (i < len(self.waiting) and budget > 0 and not preempted
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[i]
-            key = _first_page(request, page)
+            key = None
+            if share and not request.block_ids:
+                cached = self.kv.prefix_cache.match_prefix(request.all_token_ids).num_tokens
+                key = _next_page(request, cached, page)
             if (key is not None and key in prefilling) or not request.grammar.is_ready:
                 i += 1  # (a constrained request waits for its grammar's compile)
                 continue
@@ -130,7 +137,7 @@ class Scheduler:
                 request.num_computed_tokens = 0
                 break
             self.waiting.pop(i)
-            if share and request.num_prompt_tokens - request.num_computed_tokens >= page:
+            if key is not None:
                 prefilling.add(key)  # it computes pages that others may reuse
             if request.queue_time is None:
                 request.queue_time = max(0.0, time.time() - request.arrival_time)

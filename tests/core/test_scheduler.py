@@ -208,6 +208,25 @@ def test_requests_sharing_a_first_page_wait_for_its_prefill():
     assert (b.start_pos, b.num_tokens) == (12, 3)  # the system prompt came from the cache
 
 
+def test_requests_sharing_a_cached_prefix_start_together():
+    """Once the shared pages are cached, requests that differ after them are admitted in the
+    same step (each computes only its own pages), not one per step."""
+    from radixserve.core.kv.radix_cache import RadixCache
+
+    pool = BlockPool(64)
+    kv = KVCacheManager(pool, RadixCache(pool, 4), 4)
+    s = Scheduler(SchedulerConfig(8, 64), kv, 256)
+    system = list(range(1, 14))  # 13 tokens: three full pages and one token of a fourth
+    s.add_request(Request("first", system + [20, 21], SamplingParams(), frozenset(), 0, 0.0))
+    step(s)
+    for i in range(3):
+        s.add_request(Request(f"r{i}", system + [30 + i] * 6, SamplingParams(), frozenset(), 0,
+                              1.0 + i))
+    out, _ = step(s)
+    starts = {q.request_id: (q.start_pos, q.num_tokens) for q in out.seqs}
+    assert starts == {"first": (15, 1), "r0": (12, 7), "r1": (12, 7), "r2": (12, 7)}
+
+
 def test_no_prefix_cache_does_not_defer():
     s = make_scheduler()
     s.add_request(make_request("a", 18, arrival=0))
