@@ -10,6 +10,11 @@ position p of a sequence lives in slot ``block_ids[p // block_size] * block_size
   earlier context (the tokens a grammar forced, a small tail of a chunked prompt) is
   "decode-like": each of its tokens becomes a decode row whose context ends at that token, so
   it is batched with the decodes and computed exactly as if decoded one token at a time.
+- shared prefix (cascade): when the decode rows of two or more sequences start with the same
+  KV blocks (a common system prompt, the n samples of one prompt, a shared document), those
+  blocks are gathered once and every row's queries attend to them in one matmul per KV head;
+  each row's own tail is attended as above, and the two partial softmaxes are merged with
+  their log-sum-exp. The result equals the one-pass softmax up to float rounding.
 - other prefill chunks, one at a time: a fresh prompt attends causally to its own K/V; a chunk
   with earlier context (chunked prefill, prefix-cache hit) reads the context from the pool.
 """
@@ -32,6 +37,7 @@ class PrefillChunk:
 
 
 MAX_DECODE_CHUNK = 8  # chunks with context up to this long run as decode rows
+MIN_SHARED_PREFIX = 64  # shared leading tokens below this are attended per row (no gain)
 
 
 def is_decode_like(q_len: int, start_pos: int) -> bool:
@@ -45,6 +51,7 @@ class TorchAttentionMetadata:
     num_decodes: int  # decode rows (tokens) at the front of the batch
     decode_slots: torch.Tensor | None  # [B * L] pool slots of each decode row's context
     decode_bias: torch.Tensor | None  # [B, 1, L] 0 where a key is valid, -inf past the end
+    shared_slots: torch.Tensor | None  # [P] slots of the leading tokens all decode rows share
     prefills: list[PrefillChunk]
 
 
@@ -61,17 +68,20 @@ class TorchPagedAttention:
         num_seqs = 0
         while num_seqs < len(q_lens) and is_decode_like(q_lens[num_seqs], start_pos[num_seqs]):
             num_seqs += 1
-        decode_slots = decode_bias = None
+        decode_slots = decode_bias = shared_slots = None
         row_lens = [start_pos[i] + j + 1 for i in range(num_seqs) for j in range(q_lens[i])]
         if num_seqs:
             max_len = max(row_lens)
             slots = _slots(block_table[:num_seqs], block_size, max_len)
+            shared = _shared_prefix_len(block_table[:num_seqs], block_size, min(row_lens))
+            if shared:
+                shared_slots, slots = slots[0, :shared], slots[:, shared:]
             if len(row_lens) > num_seqs:  # a chunk: one row per token, same block table
                 slots = slots.repeat_interleave(
                     torch.tensor(q_lens[:num_seqs], device=device), dim=0)
             decode_slots = slots.reshape(-1)
             lens = torch.tensor(row_lens, device=device)
-            past_end = torch.arange(max_len, device=device) >= lens[:, None]
+            past_end = torch.arange(shared, max_len, device=device) >= lens[:, None]
             decode_bias = torch.zeros(past_end.shape, dtype=dtype, device=device).masked_fill_(
                 past_end, float("-inf")).unsqueeze(1)
         prefills, q_start = [], len(row_lens)
@@ -85,7 +95,7 @@ class TorchPagedAttention:
             prefills.append(PrefillChunk(q_start, q_lens[i], start_pos[i], ctx_slots, mask))
             q_start += q_lens[i]
         return TorchAttentionMetadata(slot_mapping, len(row_lens), decode_slots, decode_bias,
-                                      prefills)
+                                      shared_slots, prefills)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor],
@@ -100,8 +110,12 @@ class TorchPagedAttention:
         out = torch.empty_like(q)
         if meta.num_decodes:
             b = meta.num_decodes
-            out[:b] = _decode(q[:b], k_cache, v_cache, meta.decode_slots, meta.decode_bias,
-                              scale)
+            if meta.shared_slots is None:
+                out[:b] = _decode(q[:b], k_cache, v_cache, meta.decode_slots,
+                                  meta.decode_bias, scale)
+            else:
+                out[:b] = _decode_cascade(q[:b], k_cache, v_cache, meta.shared_slots,
+                                          meta.decode_slots, meta.decode_bias, scale)
         for p in meta.prefills:
             rows = slice(p.q_start, p.q_start + p.q_len)
             qs = q[rows].transpose(0, 1).unsqueeze(0)
@@ -126,6 +140,18 @@ def _slots(block_table: torch.Tensor, block_size: int, length: int) -> torch.Ten
     return slots[:, :length]
 
 
+def _shared_prefix_len(block_table: torch.Tensor, block_size: int, min_len: int) -> int:
+    """Tokens in the leading blocks that all rows of ``block_table`` [S, max_blocks] have in
+    common, below ``min_len`` (every row keeps a tail of its own); 0 when one sequence or too
+    few to pay for the merge."""
+    if block_table.shape[0] < 2:
+        return 0
+    same = (block_table == block_table[:1]).all(0)
+    common = int(same.int().cumprod(0).sum())
+    shared = min(common * block_size, (min_len - 1) // block_size * block_size)
+    return shared if shared >= MIN_SHARED_PREFIX else 0
+
+
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             slots: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     """q [B, H, d]; slots [B * L]; bias [B, 1, L] → [B, H, d]."""
@@ -139,4 +165,43 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     for h in range(num_kv_heads):  # k[:, :, h] is a strided [B, L, d] view: BLAS reads it as is
         scores = torch.baddbmm(bias, qg[:, h], k[:, :, h].transpose(1, 2), alpha=scale)
         out[:, h] = torch.bmm(torch.softmax(scores, dim=-1), v[:, :, h])
+    return out.view(b, num_heads, d)
+
+
+def _decode_cascade(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    shared_slots: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """Decode attention over a prefix every row shares plus each row's tail.
+
+    q [B, H, d]; shared_slots [P]; slots [B * L] (the tails); bias [B, 1, L] → [B, H, d].
+    The shared K/V is gathered once and met by all B * H / KVH queries of a head in one matmul;
+    the partial softmaxes (max m, sum l, unnormalised output o) are then merged.
+    """
+    b, num_heads, d = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    rows = k_cache.shape[0] * k_cache.shape[1]
+    pk = k_cache.view(rows, -1).index_select(0, shared_slots).view(-1, num_kv_heads, d)
+    pv = v_cache.view(rows, -1).index_select(0, shared_slots).view(-1, num_kv_heads, d)
+    k = k_cache.view(rows, -1).index_select(0, slots).view(b, -1, num_kv_heads, d)
+    v = v_cache.view(rows, -1).index_select(0, slots).view(b, -1, num_kv_heads, d)
+    qg = q.view(b, num_kv_heads, group, d)
+    out = torch.empty_like(qg)
+    for h in range(num_kv_heads):
+        qh = qg[:, h]  # [B, G, d]
+        s1 = torch.matmul(qh.reshape(b * group, d), pk[:, h].t()).mul_(scale)  # [B*G, P]
+        m1 = s1.amax(-1, keepdim=True)
+        e1 = torch.exp_(s1.sub_(m1))
+        l1 = e1.sum(-1, keepdim=True)
+        o1 = torch.matmul(e1, pv[:, h])  # [B*G, d]
+        s2 = torch.baddbmm(bias, qh, k[:, :, h].transpose(1, 2), alpha=scale)  # [B, G, L]
+        m2 = s2.amax(-1, keepdim=True)
+        e2 = torch.exp_(s2.sub_(m2))
+        l2 = e2.sum(-1, keepdim=True)
+        o2 = torch.bmm(e2, v[:, :, h]).view(b * group, d)
+        m2, l2 = m2.view(b * group, 1), l2.view(b * group, 1)
+        m = torch.maximum(m1, m2)
+        a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
+        merged = (o1 * a1 + o2 * a2) / (l1 * a1 + l2 * a2)
+        out[:, h] = merged.view(b, group, d)
     return out.view(b, num_heads, d)
