@@ -80,7 +80,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, request: Request):
         arrival = time.time()
-        prompts, params = completions.prepare(body)
+        prompts, params = await completions.prepare(body)
         await ctx.check_structured(_structured_param(body), params)
         _check_alive(client)
         if body.stream:

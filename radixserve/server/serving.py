@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import msgspec
 from fastapi import Request
 
 from radixserve.engine.async_engine import AsyncLLM
+from radixserve.engine.batch_encoder import BatchEncoder
 from radixserve.engine.parsers import ReasoningParser, ToolCallParser
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.protocol import ParamError, SamplingRequest
@@ -45,6 +47,11 @@ class ServingContext:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    @functools.cached_property
+    def encoder(self) -> BatchEncoder:
+        """Prompt tokenization off the event loop (long texts batched on a worker thread)."""
+        return BatchEncoder(self.engine.tokenizer)
 
     @property
     def max_model_len(self) -> int:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-
 
 from radixserve.engine.async_engine import StepDelta
 from radixserve.engine.output_processor import RequestState
@@ -30,31 +30,29 @@ from radixserve.server.serving import (
 )
 
 
-def _prompts(ctx: ServingContext, body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+async def _prompts(ctx: ServingContext,
+                   body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
     prompt = body.prompt
     if isinstance(prompt, str):
         prompt = [prompt]
     elif prompt and isinstance(prompt[0], int):
         prompt = [prompt]
-    items = []
-    for p in prompt:
-        if isinstance(p, str):
-            items.append((p, ctx.tokenizer.encode(p)))
-        else:
-            items.append((None, list(p)))
-    return items
+    # the texts of one request are encoded together (one batch on the encoder's thread)
+    encoded = await asyncio.gather(*(ctx.encoder.encode(p) for p in prompt if isinstance(p, str)))
+    texts = iter(encoded)
+    return [(p, next(texts)) if isinstance(p, str) else (None, list(p)) for p in prompt]
 
 
 class CompletionServer:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
-    def prepare(self, body: CompletionRequest):
+    async def prepare(self, body: CompletionRequest):
         """Validate and tokenize; OpenAIError / ValueError before anything is queued."""
         self.ctx.check_model(body.model)
         if body.echo and body.logprobs is not None:
             raise OpenAIError("echo together with logprobs is not supported", param="echo")
-        prompts = _prompts(self.ctx, body)
+        prompts = await _prompts(self.ctx, body)
         for _, ids in prompts:
             if ids and (min(ids) < 0 or max(ids) >= self.ctx.tokenizer.vocab_size):
                 raise OpenAIError("prompt token ids are out of the vocabulary", param="prompt")

@@ -233,11 +233,12 @@ def test_engine_death_ends_streams_and_fails_new_requests(spawn):
 
 
 def test_sigterm_drains_in_flight_streams(spawn):
-    s = spawn(*MOCK, "--drain-timeout", "20")
+    s = spawn(*MOCK, "--drain-timeout", "20", "--max-model-len", "200000")
     children = s.engine_pids()
     engine = _engine_pid(s)
-    # long enough (~seconds on the mock) to still be running when SIGTERM arrives
-    max_tokens = 2000
+    # long enough (seconds on the mock, whose steps take microseconds) to still be running
+    # when SIGTERM arrives
+    max_tokens = 10000
     streams = [_Stream(s.url, _stream_body(max_tokens, stream_options={"include_usage": True}))
                for _ in range(4)]
     for t in streams:
