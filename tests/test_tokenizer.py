@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import pre_tokenizers
 
+from radixserve.engine.byte_pieces import ByteLevelDetokenizer
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.tokenizer import Tokenizer
 
@@ -382,3 +383,39 @@ def test_encode_prompt_equals_encode(tok: Tokenizer, hf_dir_tok: Tokenizer, part
     for t in (tok, hf_dir_tok):
         assert t.encode_prompt(text) == t.encode(text, add_special_tokens=False)
         assert t.encode_prompt(text) == t.encode(text, add_special_tokens=False)  # cached now
+
+
+def _byte_stream(tok: Tokenizer, ids: list[int], sizes, skip: bool) -> list[str]:
+    detok = tok.detokenizer([1, 2, 3], skip_special_tokens=skip)
+    deltas, position = [], 0
+    while position < len(ids):
+        size = next(sizes)
+        deltas.append(detok.step(ids[position:position + size]))
+        position += size
+    return deltas + [detok.flush()]
+
+
+def test_byte_level_detokenizer_is_used_and_decodes_every_token(tok: Tokenizer) -> None:
+    assert isinstance(tok.detokenizer([]), ByteLevelDetokenizer)
+    for skip in (False, True):
+        for token_id in range(tok.vocab_size):
+            detok = tok.detokenizer([], skip_special_tokens=skip)
+            text = detok.step([token_id]) + detok.flush()
+            assert text == tok.decode([token_id], skip_special_tokens=skip), token_id
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=st.lists(st.integers(0, 49_160), max_size=40), skip=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_byte_level_detokenizer_equals_decode(tok: Tokenizer, ids: list[int], skip: bool,
+                                              seed: int) -> None:
+    """Random ids (broken UTF-8, special tokens, ids past the vocabulary) streamed in random
+    chunks: the deltas add up to ``decode``, and only the final flush may end a character
+    early."""
+    rng = random.Random(seed)
+    deltas = _byte_stream(tok, ids, iter(lambda: rng.randint(1, 3), None), skip)
+    assert "".join(deltas) == tok.decode(ids, skip_special_tokens=skip)
+    text = "".join(DETOKENIZE_TEXTS)
+    clean = tok.encode(text, add_special_tokens=False)
+    streamed = _byte_stream(tok, clean, iter(lambda: rng.randint(1, 3), None), skip)
+    assert "".join(streamed) == text and not any("\ufffd" in d for d in streamed)

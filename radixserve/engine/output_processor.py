@@ -7,7 +7,6 @@ out to be the start of a stop string is held back until it cannot.
 
 from __future__ import annotations
 
-from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.messages import EngineCoreOutput
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.outputs import CompletionOutput, Logprob
@@ -20,8 +19,7 @@ class RequestState:
         self.index = index
         self.params = params
         self.tokenizer = tokenizer
-        self.detok = IncrementalDetokenizer(tokenizer, prompt_token_ids,
-                                            params.skip_special_tokens)
+        self.detok = tokenizer.detokenizer(prompt_token_ids, params.skip_special_tokens)
         self.token_ids: list[int] = []
         self.text = ""
         self.num_released = 0

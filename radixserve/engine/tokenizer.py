@@ -7,6 +7,7 @@ model's chat template.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -17,7 +18,9 @@ from gguf import GGUFReader
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
+from radixserve.engine.byte_pieces import ByteLevelDetokenizer, byte_level_pieces
 from radixserve.engine.chat_template import render_chat_template
+from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.segment_cache import SegmentCachedEncoder
 
 __all__ = ["Tokenizer"]
@@ -286,6 +289,19 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; bytes that do not form valid UTF-8 become U+FFFD."""
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def detokenizer(self, prompt_token_ids: Sequence[int], skip_special_tokens: bool = True
+                    ) -> IncrementalDetokenizer | ByteLevelDetokenizer:
+        """A streaming detokenizer for one output (``step(new_ids)`` → text, ``flush()``):
+        a byte-table one for byte-level BPE vocabularies, else the decode-window one."""
+        if self._byte_pieces is None:
+            return IncrementalDetokenizer(self, prompt_token_ids, skip_special_tokens)
+        pieces, special = self._byte_pieces
+        return ByteLevelDetokenizer(pieces, special, skip_special_tokens)
+
+    @functools.cached_property
+    def _byte_pieces(self) -> tuple[list[bytes], frozenset[int]] | None:
+        return byte_level_pieces(self.backend)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
         """The vocabulary strings of `ids` (byte-level spelling); `None` for unknown ids."""
