@@ -76,9 +76,9 @@ def test_backend_matches_dense_reference(case):
     else:  # a decode, a fresh prompt, a chunk with cached context
         seqs = [([20, 21], 6, 1), ([30, 31, 32], 0, 10), (SHARED + [62, 63], 70, 10)]
     got, want, meta = run_batch(seqs)
-    assert (meta.shared_slots is not None) == case.startswith("shared")
+    assert (meta.shared_blocks is not None) == case.startswith("shared")
     if case.startswith("shared"):
-        assert meta.shared_slots.numel() == 72
+        assert meta.shared_blocks.numel() * BLOCK == 72
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -88,12 +88,12 @@ def test_cascade_equals_plain_path_up_to_rounding():
 
     seqs = [(SHARED + [60, 61], 79, 1), (SHARED + [62], 74, 1), (SHARED + [63], 75, 1)]
     cascade, _, meta = run_batch(seqs, seed=3)
-    assert meta.shared_slots is not None
+    assert meta.shared_blocks is not None
     old = paged.MIN_SHARED_PREFIX
     paged.MIN_SHARED_PREFIX = 10 ** 9
     try:
         plain, _, meta = run_batch(seqs, seed=3)
     finally:
         paged.MIN_SHARED_PREFIX = old
-    assert meta.shared_slots is None
+    assert meta.shared_blocks is None
     torch.testing.assert_close(cascade, plain, rtol=1e-5, atol=1e-6)

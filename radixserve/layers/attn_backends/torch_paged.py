@@ -4,8 +4,8 @@ The packed batch holds decode-like sequences (one new token) first, then prefill
 The KV pool per layer is ``[num_blocks, block_size, num_kv_heads, head_dim]``; a token at
 position p of a sequence lives in slot ``block_ids[p // block_size] * block_size + p % block_size``.
 
-- decode rows: K/V rows gathered with one ``index_select`` per layer (slot indices and the
-  additive length mask are built once per step), then per KV head two batched matmuls over
+- decode rows: K/V gathered whole blocks at a time with one ``index_select`` per layer (block
+  indices and the additive length mask are built once per step), then per KV head two batched matmuls over
   strided views (no K/V repeat for grouped queries, no transposed copies). A short chunk with
   earlier context (the tokens a grammar forced, a small tail of a chunked prompt) is
   "decode-like": each of its tokens becomes a decode row whose context ends at that token, so
@@ -32,7 +32,7 @@ class PrefillChunk:
     q_start: int
     q_len: int
     start_pos: int
-    ctx_slots: torch.Tensor | None  # [ctx_len] pool slots; None when start_pos == 0
+    ctx_blocks: torch.Tensor | None  # pool blocks of the context; None when start_pos == 0
     mask: torch.Tensor | None  # [q_len, ctx_len] bool; None when start_pos == 0
 
 
@@ -49,9 +49,10 @@ def is_decode_like(q_len: int, start_pos: int) -> bool:
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
     num_decodes: int  # decode rows (tokens) at the front of the batch
-    decode_slots: torch.Tensor | None  # [B * L] pool slots of each decode row's context
-    decode_bias: torch.Tensor | None  # [B, 1, L] 0 where a key is valid, -inf past the end
-    shared_slots: torch.Tensor | None  # [P] slots of the leading tokens all decode rows share
+    decode_blocks: torch.Tensor | None  # [B * nb] pool blocks of each decode row's context
+    decode_bias: torch.Tensor | None  # [B, 1, nb * bs] 0 where a key is valid, else -inf
+    shared_blocks: torch.Tensor | None  # [P / bs] leading blocks all decode rows share
+    block_size: int  # tokens per block as the scheduler addresses the pool
     prefills: list[PrefillChunk]
 
 
@@ -68,34 +69,36 @@ class TorchPagedAttention:
         num_seqs = 0
         while num_seqs < len(q_lens) and is_decode_like(q_lens[num_seqs], start_pos[num_seqs]):
             num_seqs += 1
-        decode_slots = decode_bias = shared_slots = None
+        decode_blocks = decode_bias = shared_blocks = None
         row_lens = [start_pos[i] + j + 1 for i in range(num_seqs) for j in range(q_lens[i])]
         if num_seqs:
-            max_len = max(row_lens)
-            slots = _slots(block_table[:num_seqs], block_size, max_len)
-            shared = _shared_prefix_len(block_table[:num_seqs], block_size, min(row_lens))
+            num_blocks = -(-max(row_lens) // block_size)
+            blocks = block_table[:num_seqs, :num_blocks]
+            shared = _shared_prefix_len(blocks, block_size, min(row_lens))
             if shared:
-                shared_slots, slots = slots[0, :shared], slots[:, shared:]
+                n = shared // block_size
+                shared_blocks, blocks = blocks[0, :n], blocks[:, n:]
             if len(row_lens) > num_seqs:  # a chunk: one row per token, same block table
-                slots = slots.repeat_interleave(
+                blocks = blocks.repeat_interleave(
                     torch.tensor(q_lens[:num_seqs], device=device), dim=0)
-            decode_slots = slots.reshape(-1)
+            decode_blocks = blocks.reshape(-1)
             lens = torch.tensor(row_lens, device=device)
-            past_end = torch.arange(shared, max_len, device=device) >= lens[:, None]
+            past_end = (torch.arange(shared, num_blocks * block_size, device=device)
+                        >= lens[:, None])
             decode_bias = torch.zeros(past_end.shape, dtype=dtype, device=device).masked_fill_(
                 past_end, float("-inf")).unsqueeze(1)
         prefills, q_start = [], len(row_lens)
         for i in range(num_seqs, len(q_lens)):
-            ctx_slots = mask = None
+            ctx_blocks = mask = None
             if start_pos[i] > 0:
                 ctx_len = context_lens[i]
-                ctx_slots = _slots(block_table[i:i + 1], block_size, ctx_len)[0]
+                ctx_blocks = block_table[i, :-(-ctx_len // block_size)]
                 q_pos = torch.arange(start_pos[i], ctx_len, device=device)
                 mask = torch.arange(ctx_len, device=device)[None, :] <= q_pos[:, None]
-            prefills.append(PrefillChunk(q_start, q_lens[i], start_pos[i], ctx_slots, mask))
+            prefills.append(PrefillChunk(q_start, q_lens[i], start_pos[i], ctx_blocks, mask))
             q_start += q_lens[i]
-        return TorchAttentionMetadata(slot_mapping, len(row_lens), decode_slots, decode_bias,
-                                      shared_slots, prefills)
+        return TorchAttentionMetadata(slot_mapping, len(row_lens), decode_blocks, decode_bias,
+                                      shared_blocks, block_size, prefills)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor],
@@ -110,22 +113,26 @@ class TorchPagedAttention:
         out = torch.empty_like(q)
         if meta.num_decodes:
             b = meta.num_decodes
-            if meta.shared_slots is None:
-                out[:b] = _decode(q[:b], k_cache, v_cache, meta.decode_slots,
+            if meta.shared_blocks is None:
+                out[:b] = _decode(q[:b], flat_k, flat_v, meta.block_size, meta.decode_blocks,
                                   meta.decode_bias, scale)
             else:
-                out[:b] = _decode_cascade(q[:b], k_cache, v_cache, meta.shared_slots,
-                                          meta.decode_slots, meta.decode_bias, scale)
+                out[:b] = _decode_cascade(q[:b], flat_k, flat_v, meta.block_size,
+                                          meta.shared_blocks, meta.decode_blocks,
+                                          meta.decode_bias, scale)
         for p in meta.prefills:
             rows = slice(p.q_start, p.q_start + p.q_len)
             qs = q[rows].transpose(0, 1).unsqueeze(0)
-            if p.ctx_slots is None:
+            if p.ctx_blocks is None:
                 ks, vs = k[rows], v[rows]
                 o = F.scaled_dot_product_attention(
                     qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
                     is_causal=True, scale=scale, enable_gqa=True)
             else:
-                ks, vs = flat_k[p.ctx_slots], flat_v[p.ctx_slots]
+                ctx_len = p.mask.shape[1]
+                ks, vs = _gather_blocks(flat_k, flat_v, meta.block_size, p.ctx_blocks)
+                ks = ks.view(-1, num_kv_heads, head_dim)[:ctx_len]
+                vs = vs.view(-1, num_kv_heads, head_dim)[:ctx_len]
                 o = F.scaled_dot_product_attention(
                     qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
                     attn_mask=p.mask, scale=scale, enable_gqa=True)
@@ -133,11 +140,13 @@ class TorchPagedAttention:
         return out
 
 
-def _slots(block_table: torch.Tensor, block_size: int, length: int) -> torch.Tensor:
-    """[S, max_blocks] block ids → [S, length] pool slots of positions 0..length-1."""
-    offsets = torch.arange(block_size, device=block_table.device)
-    slots = (block_table[:, :, None] * block_size + offsets).flatten(1)
-    return slots[:, :length]
+def _gather_blocks(flat_k: torch.Tensor, flat_v: torch.Tensor, block_size: int,
+                   blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V of ``blocks`` (pools viewed as ``[slots, KVH, d]``), one contiguous copy
+    each: whole blocks, fewer and larger copies than token by token."""
+    width = block_size * flat_k.shape[1] * flat_k.shape[2]
+    return (flat_k.view(-1, width).index_select(0, blocks),
+            flat_v.view(-1, width).index_select(0, blocks))
 
 
 def _shared_prefix_len(block_table: torch.Tensor, block_size: int, min_len: int) -> int:
@@ -152,14 +161,14 @@ def _shared_prefix_len(block_table: torch.Tensor, block_size: int, min_len: int)
     return shared if shared >= MIN_SHARED_PREFIX else 0
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            slots: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, H, d]; slots [B * L]; bias [B, 1, L] → [B, H, d]."""
+def _decode(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor, block_size: int,
+            blocks: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, H, d]; pools [slots, KVH, d]; blocks [B * nb]; bias [B, 1, nb * block_size]
+    → [B, H, d]."""
     b, num_heads, d = q.shape
-    num_kv_heads = k_cache.shape[2]
-    rows = k_cache.shape[0] * k_cache.shape[1]
-    k = k_cache.view(rows, -1).index_select(0, slots).view(b, -1, num_kv_heads, d)
-    v = v_cache.view(rows, -1).index_select(0, slots).view(b, -1, num_kv_heads, d)
+    num_kv_heads = flat_k.shape[1]
+    k, v = _gather_blocks(flat_k, flat_v, block_size, blocks)
+    k, v = k.view(b, -1, num_kv_heads, d), v.view(b, -1, num_kv_heads, d)
     qg = q.view(b, num_kv_heads, num_heads // num_kv_heads, d)
     out = torch.empty_like(qg)
     for h in range(num_kv_heads):  # k[:, :, h] is a strided [B, L, d] view: BLAS reads it as is
@@ -168,23 +177,23 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out.view(b, num_heads, d)
 
 
-def _decode_cascade(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    shared_slots: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor,
+def _decode_cascade(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
+                    block_size: int, shared_blocks: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor,
                     scale: float) -> torch.Tensor:
     """Decode attention over a prefix every row shares plus each row's tail.
 
-    q [B, H, d]; shared_slots [P]; slots [B * L] (the tails); bias [B, 1, L] → [B, H, d].
+    q [B, H, d]; shared_blocks [P / bs]; blocks [B * nb] (the tails); bias [B, 1, nb * bs]
+    → [B, H, d].
     The shared K/V is gathered once and met by all B * H / KVH queries of a head in one matmul;
     the partial softmaxes (max m, sum l, unnormalised output o) are then merged.
     """
     b, num_heads, d = q.shape
-    num_kv_heads = k_cache.shape[2]
+    num_kv_heads = flat_k.shape[1]
     group = num_heads // num_kv_heads
-    rows = k_cache.shape[0] * k_cache.shape[1]
-    pk = k_cache.view(rows, -1).index_select(0, shared_slots).view(-1, num_kv_heads, d)
-    pv = v_cache.view(rows, -1).index_select(0, shared_slots).view(-1, num_kv_heads, d)
-    k = k_cache.view(rows, -1).index_select(0, slots).view(b, -1, num_kv_heads, d)
-    v = v_cache.view(rows, -1).index_select(0, slots).view(b, -1, num_kv_heads, d)
+    pk, pv = _gather_blocks(flat_k, flat_v, block_size, shared_blocks)
+    pk, pv = pk.view(-1, num_kv_heads, d), pv.view(-1, num_kv_heads, d)
+    k, v = _gather_blocks(flat_k, flat_v, block_size, blocks)
+    k, v = k.view(b, -1, num_kv_heads, d), v.view(b, -1, num_kv_heads, d)
     qg = q.view(b, num_kv_heads, group, d)
     out = torch.empty_like(qg)
     for h in range(num_kv_heads):
