@@ -8,6 +8,7 @@ queue receives an ``EngineDeadError`` so no request hangs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -18,6 +19,9 @@ import zmq.asyncio
 from radixserve.engine.messages import (
     AbortRequests, AddRequest, EngineCoreOutputs, EngineCoreRequest, EngineReady,
     SchedulerStats, Shutdown)
+
+
+_MAX_DRAIN = 256  # messages read per wake-up of the output loop
 
 
 class EngineDeadError(RuntimeError):
@@ -95,19 +99,31 @@ class EngineCoreClient:
         self.ctx.term()
 
     async def _output_loop(self) -> None:
-        queues = self.queues
+        # After each awaited message, whatever else is already queued is read through a
+        # blocking-API shadow of the same socket without waiting (no future per message: a
+        # fast engine sends thousands of step messages a second).
+        drain = zmq.Socket.shadow(self.pull.underlying)
         while True:
-            outputs = self.decoder.decode(await self.pull.recv())
-            self.last_output_time = time.time()
-            if outputs.stats is not None:
-                self.stats = outputs.stats
-            for out in outputs.outputs:
-                queue = queues.get(out.request_id)
-                if queue is None:
-                    continue  # aborted by the frontend meanwhile
-                queue.put_nowait(out)
-                if out.finish_reason is not None:
-                    del queues[out.request_id]
+            messages = [await self.pull.recv()]
+            with contextlib.suppress(zmq.Again):
+                while len(messages) < _MAX_DRAIN:
+                    messages.append(drain.recv(zmq.NOBLOCK))
+            for raw in messages:
+                self._route(self.decoder.decode(raw))
             # recv() hands back an already-done future while messages are queued, so without
             # this the loop never yields and a fast engine starves every HTTP handler.
             await asyncio.sleep(0)
+
+    def _route(self, outputs: EngineCoreOutputs) -> None:
+        """Hand each request's output to its queue (a request aborted meanwhile has none)."""
+        self.last_output_time = time.time()
+        if outputs.stats is not None:
+            self.stats = outputs.stats
+        queues = self.queues
+        for out in outputs.outputs:
+            queue = queues.get(out.request_id)
+            if queue is None:
+                continue
+            queue.put_nowait(out)
+            if out.finish_reason is not None:
+                del queues[out.request_id]

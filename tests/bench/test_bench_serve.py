@@ -156,9 +156,10 @@ def test_bench_serve_end_to_end(mock_server, tmp_path, capsys):
     assert s["ttft_ms"]["mean"] > 0 and s["e2e_ms"]["p99"] >= s["ttft_ms"]["p99"]
     assert result["config"]["concurrency"] == 4 and result["label"] == "mock"
     assert len(result["records"]) == 20
-    # a chunk may carry several tokens (a character split across tokens): ≤ 7 gaps
-    assert all(r["ttft"] > 0 and r["usage"] and 1 <= len(r["itl"]) <= 7
-               for r in result["records"])
+    # a chunk may carry several tokens (a split character; a client that falls behind the
+    # engine gets the waiting tokens merged): at most 7 gaps, possibly none
+    assert all(r["ttft"] > 0 and r["usage"] and len(r["itl"]) <= 7 for r in result["records"])
+    assert sum(len(r["itl"]) for r in result["records"]) > 0
     assert png.read_bytes()[:8] == PNG_MAGIC
 
     # a second run at another concurrency, then the comparison plot (CDFs + sweep)
