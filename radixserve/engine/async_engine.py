@@ -39,7 +39,9 @@ class MetricsSink:
     """Null metrics: the server passes a Prometheus-backed subclass."""
 
     def on_first_token(self, ttft: float, queue_time: float | None) -> None: ...
-    def on_token(self, itl: float) -> None: ...
+    def on_token(self, itl: float) -> None:
+        """The gap since the previous delivery of this request's tokens (one per engine step,
+        or several when the consumer fell behind and they were merged)."""
     def on_finish(self, state: RequestState, num_prompt: int, e2e: float) -> None: ...
 
 
@@ -81,6 +83,7 @@ class AsyncLLM:
                 while not queue.empty():
                     pending.append(queue.get_nowait())
                 merged: dict[str, list] = {}  # request id -> [text, outputs]
+                now = time.time()
                 for out in pending:
                     if isinstance(out, EngineDeadError):
                         raise out
@@ -90,12 +93,6 @@ class AsyncLLM:
                     if state.finished:
                         continue  # sent before our abort of a stop-string finish arrived
                     delta = state.process(out)
-                    now = time.time()
-                    if last_token_time is None:
-                        self.metrics.on_first_token(now - arrival, out.queue_time)
-                    else:
-                        self.metrics.on_token(now - last_token_time)
-                    last_token_time = now
                     entry = merged.setdefault(out.request_id, ["", []])
                     entry[0] += delta
                     entry[1].append(out)
@@ -104,6 +101,12 @@ class AsyncLLM:
                         if out.finish_reason is None:  # a stop string ended it here
                             await self.client.abort([out.request_id])
                         self.metrics.on_finish(state, len(prompt_token_ids), now - arrival)
+                # one latency observation per wake-up, however many steps it delivers
+                if last_token_time is None:
+                    self.metrics.on_first_token(now - arrival, pending[0].queue_time)
+                else:
+                    self.metrics.on_token(now - last_token_time)
+                last_token_time = now
                 for rid, (text, outs) in merged.items():
                     state = states[rid]
                     yield StepDelta(state.index, text, state, _merge(outs))
