@@ -121,7 +121,7 @@ class Scheduler:
             request = self.waiting[i]
             key = None
             if share and not request.block_ids:
-                cached = self.kv.prefix_cache.match_prefix(request.all_token_ids).num_tokens
+                cached = self.kv.prefix_cache.cached_len(request.all_token_ids)
                 key = _next_page(request, cached, page)
             if (key is not None and key in prefilling) or not request.grammar.is_ready:
                 i += 1  # (a constrained request waits for its grammar's compile)
@@ -247,7 +247,7 @@ class Scheduler:
     def _order_by_prefix_match(self) -> None:
         """SGLang's cache-aware order: within a priority, the longest cached prefix first
         (ties by arrival), so requests that reuse the cache run while it still holds them."""
-        matched = {r.request_id: self.kv.prefix_cache.match_prefix(r.all_token_ids).num_tokens
+        matched = {r.request_id: self.kv.prefix_cache.cached_len(r.all_token_ids)
                    for r in self.waiting}
         keys = self._queue_keys
         self.waiting.sort(key=lambda r: (keys[r.request_id][0], -matched[r.request_id],

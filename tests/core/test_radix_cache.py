@@ -238,7 +238,12 @@ class RadixMachine(RuleBasedStateMachine):
 
     @rule(tokens=tokens_st)
     def start(self, tokens):
+        stats = (self.cache.num_queries_tokens, self.cache.num_hit_tokens)
+        peek = self.cache.cached_len(tokens)  # read only: no stats, no split
+        assert (self.cache.num_queries_tokens, self.cache.num_hit_tokens) == stats
+        self.cache.check_integrity()
         m = self.cache.match_prefix(tokens)
+        assert m.num_tokens == peek
         assert m.num_tokens % BS == 0 and len(m.block_ids) == m.num_tokens // BS
         self.cache.lock(m.handle)
         self.pool.share(m.block_ids)

@@ -16,6 +16,9 @@ class NoPrefixCache:
     def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
         return PrefixMatch([], 0)
 
+    def cached_len(self, token_ids: list[int]) -> int:
+        return 0
+
     def lock(self, handle: Any) -> None:
         pass
 

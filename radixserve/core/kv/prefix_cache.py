@@ -27,6 +27,10 @@ class PrefixCache(Protocol):
         The match must be ``lock``ed before its blocks are used, or they may be evicted.
         """
 
+    def cached_len(self, token_ids: list[int]) -> int:
+        """The ``num_tokens`` a ``match_prefix`` would return now, with no side effect (for
+        scheduling decisions; not counted as a query)."""
+
     def lock(self, handle: Any) -> None:
         """Protect the matched path from eviction (ref count +1)."""
 

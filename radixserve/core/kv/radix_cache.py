@@ -88,6 +88,24 @@ class RadixCache:
         self.num_hit_tokens += num_tokens
         return PrefixMatch(blocks, num_tokens, node)
 
+    def cached_len(self, token_ids: list[int]) -> int:
+        """Tokens of ``token_ids`` that ``match_prefix`` would find now, without its side
+        effects: no split, no LRU touch, not counted in the hit statistics."""
+        bs = self.block_size
+        n = len(token_ids) - len(token_ids) % bs
+        node, pos = self.root, 0
+        while pos < n:
+            child = node.children.get(tuple(token_ids[pos:pos + bs]))
+            if child is None:
+                break
+            key = child.key
+            end = pos + len(key)
+            if end <= n and token_ids[pos:end] == key:
+                node, pos = child, end
+                continue
+            return pos + self._common_pages(key, token_ids, pos, n) * bs
+        return pos
+
     def lock(self, handle: _Node | None) -> None:
         """Ref count +1 on every node from ``handle`` up to (not including) the root."""
         node = handle
