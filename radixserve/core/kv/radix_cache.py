@@ -91,19 +91,14 @@ class RadixCache:
     def cached_len(self, token_ids: list[int]) -> int:
         """Tokens of ``token_ids`` that ``match_prefix`` would find now, without its side
         effects: no split, no LRU touch, not counted in the hit statistics."""
-        bs = self.block_size
-        n = len(token_ids) - len(token_ids) % bs
+        n = len(token_ids) - len(token_ids) % self.block_size
         node, pos = self.root, 0
         while pos < n:
-            child = node.children.get(tuple(token_ids[pos:pos + bs]))
-            if child is None:
+            child, matched = self._match_child(node, token_ids, pos, n)
+            pos += matched
+            if child is None or matched < len(child.key):
                 break
-            key = child.key
-            end = pos + len(key)
-            if end <= n and token_ids[pos:end] == key:
-                node, pos = child, end
-                continue
-            return pos + self._common_pages(key, token_ids, pos, n) * bs
+            node = child
         return pos
 
     def lock(self, handle: _Node | None) -> None:
@@ -228,28 +223,36 @@ class RadixCache:
         Returns ``(node, pos)``: the deepest node, whose path spells ``token_ids[:pos]``
         exactly (the node it stopped inside is split at ``pos``).
         """
-        bs = self.block_size
         self._clock += 1
         now = self._clock
         node, pos = self.root, 0
         while pos < n:
-            child = node.children.get(tuple(token_ids[pos:pos + bs]))
+            child, matched = self._match_child(node, token_ids, pos, n)
             if child is None:
                 break
-            key = child.key
-            end = pos + len(key)
-            if end <= n and token_ids[pos:end] == key:
-                child.last_access = now
-                blocks += child.blocks
-                node, pos = child, end
-                continue
-            pages = self._common_pages(key, token_ids, pos, n)
-            node = self._split(child, pages)
-            node.last_access = now  # the unmatched lower half keeps its time
-            blocks += node.blocks
-            pos += pages * bs
-            break
+            pos += matched
+            inside = matched < len(child.key)
+            if inside:  # the match ends inside this node: split it there
+                child = self._split(child, matched // self.block_size)
+            child.last_access = now  # (after a split: the unmatched lower half keeps its time)
+            blocks += child.blocks
+            node = child
+            if inside:
+                break
         return node, pos
+
+    def _match_child(self, node: _Node, token_ids: list[int], pos: int,
+                     n: int) -> tuple[_Node | None, int]:
+        """The child of ``node`` that continues ``token_ids[pos:n]``, and how many of its
+        tokens match: its whole key, or the whole pages it shares (0 when no child)."""
+        child = node.children.get(tuple(token_ids[pos:pos + self.block_size]))
+        if child is None:
+            return None, 0
+        key = child.key
+        end = pos + len(key)
+        if end <= n and token_ids[pos:end] == key:
+            return child, len(key)
+        return child, self._common_pages(key, token_ids, pos, n) * self.block_size
 
     def _common_pages(self, key: list[int], token_ids: list[int], pos: int, n: int) -> int:
         """Whole pages ``key`` shares with ``token_ids[pos:n]`` (the first page is known equal)."""
