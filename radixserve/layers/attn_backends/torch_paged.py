@@ -4,9 +4,9 @@ The packed batch holds decode-like sequences (one new token) first, then prefill
 The KV pool per layer is ``[num_blocks, block_size, num_kv_heads, head_dim]``; a token at
 position p of a sequence lives in slot ``block_ids[p // block_size] * block_size + p % block_size``.
 
-- decode rows: K/V gathered whole blocks at a time with one ``index_select`` per layer (block
-  indices and the additive length mask are built once per step), then per KV head two batched matmuls over
-  strided views (no K/V repeat for grouped queries, no transposed copies). A short chunk with
+- decode rows: K/V gathered whole blocks at a time with one ``index_select`` per layer
+  (block indices and the additive length mask are built once per step), then per KV head two
+  batched matmuls over strided views (no K/V repeat for grouped queries, no transposed copies). A short chunk with
   earlier context (the tokens a grammar forced, a small tail of a chunked prompt) is
   "decode-like": each of its tokens becomes a decode row whose context ends at that token, so
   it is batched with the decodes and computed exactly as if decoded one token at a time.
@@ -178,8 +178,8 @@ def _decode(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor, block_s
 
 
 def _decode_cascade(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
-                    block_size: int, shared_blocks: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor,
-                    scale: float) -> torch.Tensor:
+                    block_size: int, shared_blocks: torch.Tensor, blocks: torch.Tensor,
+                    bias: torch.Tensor, scale: float) -> torch.Tensor:
     """Decode attention over a prefix every row shares plus each row's tail.
 
     q [B, H, d]; shared_blocks [P / bs]; blocks [B * nb] (the tails); bias [B, 1, nb * bs]
