@@ -28,6 +28,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="default: float32 on CPU, bfloat16 on CUDA. On CPUs with AMX, bfloat16 "
                         "is ~1.7x the batched throughput, but its greedy output may then "
                         "depend on the batch (oneDNN's bf16 GEMM is not batch invariant)")
+    g.add_argument("--quantization", default="auto", choices=["auto", "none", "int8"],
+                   help="linear layers in int8 (CPU): int8 weights per channel, activations "
+                        "as two int8 terms per token, batch invariant. auto: int8 for GGUF "
+                        "files with quantized weights, float otherwise")
     g.add_argument("--seed", type=int, default=0, help="engine seed for unseeded requests")
     g.add_argument("--no-structured-fast-forward", action="store_true",
                    help="sample every token of a structured output, even those its grammar "
@@ -39,6 +43,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=args.max_model_len, device=args.device, dtype=args.dtype,
+                quantization=args.quantization,
                 seed=args.seed, enable_prefix_caching=not args.no_prefix_cache,
                 scheduling_policy=args.scheduling_policy,
                 structured_fast_forward=not args.no_structured_fast_forward)

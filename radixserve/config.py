@@ -75,10 +75,13 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    """Where the model runs. CPU defaults to float32, CUDA to bfloat16."""
+    """Where the model runs and in what number format. CPU defaults to float32, CUDA to
+    bfloat16; ``quantization`` ("auto", "none", "int8") is resolved against the checkpoint at
+    load (models/quantization.py)."""
 
     device: str = "cpu"
     dtype: str | None = None
+    quantization: str = "auto"
 
     @property
     def torch_device(self) -> torch.device:
@@ -125,12 +128,13 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                   enable_prefix_caching: bool = True, max_num_seqs: int = 64,
                   max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                   scheduling_policy: str = "fcfs", device: str = "cpu", dtype: str | None = None,
-                  seed: int = 0, structured_fast_forward: bool = True) -> EngineConfig:
+                  quantization: str = "auto", seed: int = 0,
+                  structured_fast_forward: bool = True) -> EngineConfig:
     """The EngineConfig for the flat engine options the CLI and ``LLM(...)`` take."""
     return EngineConfig(
         model=model,
         cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks, enable_prefix_caching),
         scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
                                   scheduling_policy),
-        device=DeviceConfig(device, dtype),
+        device=DeviceConfig(device, dtype, quantization),
         structured=StructuredConfig(fast_forward=structured_fast_forward), seed=seed)

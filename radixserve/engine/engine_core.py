@@ -22,6 +22,7 @@ from radixserve.core.scheduler import Scheduler
 from radixserve.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from radixserve.engine.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.loader import load_model, load_model_config, open_gguf
+from radixserve.models.quantization import resolve_quantization
 from radixserve.models.source import ModelSource
 from radixserve.runner.kv_cache import num_blocks_for_budget
 from radixserve.runner.model_runner import ModelRunner
@@ -56,7 +57,9 @@ class EngineCore:
         device, dtype = config.device.torch_device, config.device.torch_dtype
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' was asked for but CUDA is not available")
-        model = load_model(source, model_config, device, dtype, reader, show_progress)
+        quantization = resolve_quantization(config.device.quantization, device, reader)
+        model = load_model(source, model_config, device, dtype, reader, show_progress,
+                           quantization)
         num_blocks = num_blocks_for_budget(model_config, config.cache, dtype)
         block_size = config.cache.block_size
         runner = ModelRunner(model, model_config, num_blocks, block_size, device, dtype)

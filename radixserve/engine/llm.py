@@ -33,7 +33,8 @@ class LLM:
                  kv_cache_memory_gb: float = 1.0, num_kv_blocks: int | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, device: str = "cpu",
-                 dtype: str | None = None, seed: int = 0, enable_prefix_caching: bool = True,
+                 dtype: str | None = None, quantization: str = "auto", seed: int = 0,
+                 enable_prefix_caching: bool = True,
                  scheduling_policy: str = "fcfs", structured_fast_forward: bool = True,
                  show_progress: bool = True) -> None:
         self.config = engine_config(
@@ -41,7 +42,7 @@ class LLM:
             num_kv_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, scheduling_policy=scheduling_policy, device=device,
-            dtype=dtype, seed=seed, structured_fast_forward=structured_fast_forward)
+            dtype=dtype, quantization=quantization, seed=seed, structured_fast_forward=structured_fast_forward)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
         self.engine = EngineCore.from_config(self.config, self.source, show_progress, reader,

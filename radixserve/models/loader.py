@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from radixserve.config import ModelConfig
+from radixserve.models.quantization import quantize_linears_
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
 from radixserve.models.source import ModelSource
 
@@ -39,7 +40,10 @@ def load_model_config(source: ModelSource, reader=None) -> ModelConfig:
 
 
 def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
-               dtype: torch.dtype, reader=None, show_progress: bool = True) -> torch.nn.Module:
+               dtype: torch.dtype, reader=None, show_progress: bool = True,
+               quantization: str = "none") -> torch.nn.Module:
+    """The model with its weights loaded; ``quantization``: a resolved name, "none" or "int8"
+    (see models/quantization.py)."""
     cls = get_model_class(config.architecture)
     with torch.device("meta"):
         model = cls(config)
@@ -54,6 +58,8 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
                disable=not show_progress, leave=False)
     with torch.no_grad():
         model.load_weights((name, t.to(device=device, dtype=dtype)) for name, t in bar)
+    if quantization == "int8":
+        quantize_linears_(model)
     return model.eval()
 
 

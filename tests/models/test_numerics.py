@@ -11,18 +11,21 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.sched_output import ScheduledSeq
+from radixserve.layers.int8_linear import Int8Linear, quantize_weight
 from radixserve.models.loader import load_model, load_model_config
 from radixserve.models.source import ModelSource
 from radixserve.runner.model_runner import ModelRunner
 
 ATOL = 1e-4
+INT8_ATOL = 2e-3  # two-term int8 activations: ~15 bits per row
 BLOCK_SIZE = 4
 
 
-def make_runner(path, num_blocks=64) -> ModelRunner:
+def make_runner(path, num_blocks=64, quantization="none") -> ModelRunner:
     source = ModelSource.resolve(str(path))
     config = load_model_config(source)
-    model = load_model(source, config, torch.device("cpu"), torch.float32, show_progress=False)
+    model = load_model(source, config, torch.device("cpu"), torch.float32, show_progress=False,
+                       quantization=quantization)
     return ModelRunner(model, config, num_blocks, BLOCK_SIZE, torch.device("cpu"),
                        torch.float32)
 
@@ -128,3 +131,35 @@ def test_llama_variants(overrides, tmp_path):
     (rest,) = runner.all_logits([paged.chunk(0, 50)])
     torch.testing.assert_close(torch.cat([first, rest]), hf_logits(reference, t),
                                atol=ATOL, rtol=0)
+
+
+def _round_weights_as_int8_(model: torch.nn.Module) -> None:
+    """Float model with the weights `quantize_linears_` would compute with (and a head of its
+    own when tied), so only the int8 path's activation rounding differs."""
+    def rounded(w):
+        q, scale = quantize_weight(w)
+        return q.float() * scale[:, None]
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.weight.data = rounded(module.weight.data)
+    if model.lm_head is None:
+        emb = model.embed_tokens.weight
+        model.lm_head = torch.nn.Linear(emb.shape[1], emb.shape[0], bias=False)
+        model.lm_head.weight.data = rounded(emb.data)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_int8_model_matches_its_dequantized_weights(arch, tiny_gguf_files):
+    """The quantized path's tolerance test: int8 linears (two-term activations) against the
+    float model holding the same rounded weights, chunked prefill and decode steps."""
+    path = tiny_gguf_files(arch, "Q8_0")
+    int8, ref = make_runner(path, quantization="int8"), make_runner(path)
+    assert isinstance(int8.model.layers[0].mlp.down_proj, Int8Linear)
+    _round_weights_as_int8_(ref.model)
+    tokens = prompts(int8.config.vocab_size, lengths=(12, 7), seed=7)
+    paged = {"int8": PagedSeqs(tokens), "ref": PagedSeqs(tokens)}
+    for step in ([(0, 8), (1, 5)], [(0, 3), (1, 1)], [(0, 1), (1, 1)]):
+        ours = int8.all_logits([paged["int8"].chunk(i, n) for i, n in step])
+        theirs = ref.all_logits([paged["ref"].chunk(i, n) for i, n in step])
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, atol=INT8_ATOL, rtol=0)
