@@ -34,14 +34,11 @@ _TINY = 1e-30  # floor of a row's max, so an all-zero row quantizes to zeros
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, K] float → (``[hi; lo]`` [2M, K] int8, row scale ``s`` [M, 1] float32)."""
     x = x.float()
-    num_rows = x.shape[0]
     scale = x.abs().amax(dim=-1, keepdim=True).clamp_(min=_TINY).div_(127.0)
     t = x / scale
-    terms = torch.empty((2 * num_rows, x.shape[1]), dtype=torch.float32, device=x.device)
-    hi, lo = terms[:num_rows], terms[num_rows:]
-    torch.round(t, out=hi)
-    torch.sub(t, hi, out=lo).mul_(_LO).round_()
-    return terms.to(torch.int8), scale
+    hi = t.round()
+    lo = t.sub_(hi).mul_(_LO).round_()
+    return torch.cat((hi, lo)).to(torch.int8), scale
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -71,26 +71,30 @@ def test_other_float_dtypes_come_back_in_their_dtype(gemm):
     assert torch.allclose(y.float(), lin(x), rtol=2e-2, atol=2e-2)
 
 
+def _with_int_mm(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(int8_linear, "onednn_available", lambda: False)
+        return Int8Linear.from_float(weight, bias)
+
+
 @settings(max_examples=25, deadline=None)
 @given(num_rows=st.integers(1, 70), lo=st.integers(0, 69), seed=st.integers(0, 2**16))
 def test_rows_are_bit_identical_alone_or_in_any_batch(num_rows, lo, seed):
     gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(200, 64, generator=gen)
+    w, b = torch.randn(200, 64, generator=gen), torch.randn(200, generator=gen)
     x = torch.randn(num_rows, 64, generator=gen) * 3
-    lin = Int8Linear.from_float(w, torch.randn(200, generator=gen))
-    full = lin(x)
     lo = min(lo, num_rows - 1)
-    assert torch.equal(lin(x[lo:lo + 1]), full[lo:lo + 1])
-    assert torch.equal(lin(x[lo:]), full[lo:])
+    for lin in (Int8Linear.from_float(w, b), _with_int_mm(w, b)):
+        full = lin(x)
+        assert torch.equal(lin(x[lo:lo + 1]), full[lo:lo + 1])
+        assert torch.equal(lin(x[lo:]), full[lo:])
 
 
-def test_both_gemms_agree_bit_for_bit(monkeypatch):
+def test_both_gemms_agree_bit_for_bit():
     if not int8_linear.onednn_available():
         pytest.skip("this torch has no oneDNN")
     w, x = torch.randn(96, 128), torch.randn(33, 128)
-    onednn = Int8Linear.from_float(w)(x)
-    monkeypatch.setattr(int8_linear, "onednn_available", lambda: False)
-    assert torch.equal(Int8Linear.from_float(w)(x), onednn)
+    assert torch.equal(_with_int_mm(w)(x), Int8Linear.from_float(w)(x))
 
 
 def test_quantize_linears_swaps_layers_and_unties_the_head():
