@@ -52,13 +52,14 @@ def main() -> int:
     tokens = 8 if args.quick else 32
     report: dict = {"device": args.device}
 
-    cpu = LLM(args.model, show_progress=False)
+    cpu = LLM(args.model, quantization="none", show_progress=False)  # the float reference
     reference = [greedy(cpu, [p], tokens)[0] for p in PROMPTS]
     vocab = cpu.engine.vocab_size
     del cpu
 
     for dtype in ("float32", "bfloat16"):
-        llm = LLM(args.model, device=args.device, dtype=dtype, show_progress=False)
+        llm = LLM(args.model, device=args.device, dtype=dtype, quantization="none",
+                  show_progress=False)
         alone = [greedy(llm, [p], tokens)[0] for p in PROMPTS]
         together = greedy(llm, PROMPTS, tokens)
         report[dtype] = {
