@@ -42,7 +42,8 @@ class LLM:
             num_kv_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, scheduling_policy=scheduling_policy, device=device,
-            dtype=dtype, quantization=quantization, seed=seed, structured_fast_forward=structured_fast_forward)
+            dtype=dtype, quantization=quantization, seed=seed,
+            structured_fast_forward=structured_fast_forward)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
         self.engine = EngineCore.from_config(self.config, self.source, show_progress, reader,
