@@ -2,7 +2,10 @@
 
 ``auto`` follows the checkpoint: a GGUF file whose layer weights are quantized (Q4_1, Q8_0,
 K-quants...) runs its linears in int8 on CPU (``layers/int8_linear.py``), as llama.cpp runs
-them quantized; float checkpoints, and every model on CUDA, keep float weights.
+them quantized; float checkpoints, and every model on CUDA, keep float weights. ``auto`` also
+needs a CPU with int8 dot-product instructions (VNNI; AMX CPUs have them): without them oneDNN
+falls back to 16-bit pair sums that it guards by halving the weights, so the int8 path is
+neither exact to its weights nor faster there (``int8`` still forces it).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ def resolve_quantization(name: str, device: torch.device, reader=None) -> str:
         raise ValueError(f"unknown quantization {name!r}; supported: {list(QUANTIZATIONS)}")
     if name == "auto":
         quantized = reader is not None and _gguf_layers_quantized(reader)
-        return "int8" if quantized and device.type == "cpu" else "none"
+        fits = device.type == "cpu" and cpu_has_int8_dot()
+        return "int8" if quantized and fits else "none"
     if name == "int8" and device.type != "cpu":
         raise ValueError(f"int8 quantization runs on CPU only, not on {device.type!r}")
     return name
@@ -41,6 +45,12 @@ def quantize_linears_(model: nn.Module) -> nn.Module:
     if getattr(model, "lm_head", False) is None:
         model.lm_head = Int8Linear.from_float(model.embed_tokens.weight)
     return model
+
+
+def cpu_has_int8_dot() -> bool:
+    """True if the CPU has VNNI int8 dot products (torch's own CPU feature probe)."""
+    probe = getattr(torch.cpu, "_is_vnni_supported", None)
+    return bool(probe is not None and probe())
 
 
 def _gguf_layers_quantized(reader) -> bool:

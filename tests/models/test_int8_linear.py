@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from radixserve.layers import int8_linear
 from radixserve.layers.int8_linear import Int8Linear, quantize_rows, quantize_weight
+from radixserve.models import quantization
 from radixserve.models.quantization import quantize_linears_, resolve_quantization
 
 CPU = torch.device("cpu")
@@ -19,8 +20,9 @@ CPU = torch.device("cpu")
 @pytest.fixture(params=["onednn", "int_mm"])
 def gemm(request, monkeypatch):
     """Run the test with each GEMM: oneDNN's prepacked qlinear and the torch._int_mm one."""
-    if request.param == "onednn" and not int8_linear.onednn_available():
-        pytest.skip("this torch has no oneDNN")
+    if request.param == "onednn" and not (int8_linear.onednn_available()
+                                          and quantization.cpu_has_int8_dot()):
+        pytest.skip("no oneDNN, or a CPU without VNNI (oneDNN halves the weights there)")
     if request.param == "int_mm":
         monkeypatch.setattr(int8_linear, "onednn_available", lambda: False)
     return request.param
@@ -91,8 +93,8 @@ def test_rows_are_bit_identical_alone_or_in_any_batch(num_rows, lo, seed):
 
 
 def test_both_gemms_agree_bit_for_bit():
-    if not int8_linear.onednn_available():
-        pytest.skip("this torch has no oneDNN")
+    if not (int8_linear.onednn_available() and quantization.cpu_has_int8_dot()):
+        pytest.skip("no oneDNN, or a CPU without VNNI (oneDNN halves the weights there)")
     w, x = torch.randn(96, 128), torch.randn(33, 128)
     assert torch.equal(_with_int_mm(w)(x), Int8Linear.from_float(w)(x))
 
@@ -126,7 +128,8 @@ class _Reader:
         self.tensors.append(_Tensor("blk.0.ffn_down.weight", qtype))
 
 
-def test_auto_quantizes_quantized_gguf_files_on_cpu_only():
+def test_auto_quantizes_quantized_gguf_files_on_cpu_only(monkeypatch):
+    monkeypatch.setattr(quantization, "cpu_has_int8_dot", lambda: True)
     q = gguf.GGMLQuantizationType
     assert resolve_quantization("auto", CPU, _Reader(q.Q4_1)) == "int8"
     assert resolve_quantization("auto", CPU, _Reader(q.Q4_K)) == "int8"
@@ -135,6 +138,9 @@ def test_auto_quantizes_quantized_gguf_files_on_cpu_only():
     assert resolve_quantization("auto", torch.device("cuda"), _Reader(q.Q4_1)) == "none"
     assert resolve_quantization("int8", CPU, None) == "int8"
     assert resolve_quantization("none", CPU, _Reader(q.Q4_1)) == "none"
+    monkeypatch.setattr(quantization, "cpu_has_int8_dot", lambda: False)  # no VNNI
+    assert resolve_quantization("auto", CPU, _Reader(q.Q4_1)) == "none"
+    assert resolve_quantization("int8", CPU, _Reader(q.Q4_1)) == "int8"
 
 
 def test_bad_quantization_names_and_devices_are_refused():
