@@ -2,10 +2,11 @@
 
 ``auto`` follows the checkpoint: a GGUF file whose layer weights are quantized (Q4_1, Q8_0,
 K-quants...) runs its linears in int8 on CPU (``layers/int8_linear.py``), as llama.cpp runs
-them quantized; float checkpoints, and every model on CUDA, keep float weights. ``auto`` also
-needs a CPU with int8 dot-product instructions (VNNI; AMX CPUs have them): without them oneDNN
-falls back to 16-bit pair sums that it guards by halving the weights, so the int8 path is
-neither exact to its weights nor faster there (``int8`` still forces it).
+them quantized; float checkpoints, and every model on CUDA, keep float weights. Int8 needs a
+CPU with int8 dot-product instructions (VNNI; AMX CPUs have them): without them oneDNN sums
+byte pairs into 16 bits with saturation and leaves s8×s8 overflow to the caller ("Nuances of
+int8 computations" in its guide), so full-range int8 operands could give wrong sums there;
+``auto`` then keeps float weights and ``int8`` is refused.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def resolve_quantization(name: str, device: torch.device, reader=None) -> str:
         return "int8" if quantized and fits else "none"
     if name == "int8" and device.type != "cpu":
         raise ValueError(f"int8 quantization runs on CPU only, not on {device.type!r}")
+    if name == "int8" and not cpu_has_int8_dot():
+        raise ValueError("int8 quantization needs a CPU with VNNI (or AMX) int8 dot products")
     return name
 
 

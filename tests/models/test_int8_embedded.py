@@ -37,7 +37,7 @@ def float_llm():
     return LLM(quantization="none", show_progress=False)
 
 
-@pytest.mark.skipif(not cpu_has_int8_dot(), reason="auto keeps float weights without VNNI")
+@pytest.mark.skipif(not cpu_has_int8_dot(), reason="int8 needs a CPU with VNNI")
 def test_embedded_model_is_int8_and_close_to_float(embedded_llm, float_llm):
     assert isinstance(embedded_llm.engine.runner.model.layers[0].self_attn.qkv_proj, Int8Linear)
     assert isinstance(embedded_llm.engine.runner.model.lm_head, Int8Linear)

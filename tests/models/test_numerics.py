@@ -149,7 +149,7 @@ def _round_weights_as_int8_(model: torch.nn.Module) -> None:
         model.lm_head.weight.data = rounded(emb.data)
 
 
-@pytest.mark.skipif(not cpu_has_int8_dot(), reason="oneDNN halves int8 weights without VNNI")
+@pytest.mark.skipif(not cpu_has_int8_dot(), reason="int8 needs a CPU with VNNI")
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_int8_model_matches_its_dequantized_weights(arch, tiny_gguf_files):
     """The quantized path's tolerance test: int8 linears (two-term activations) against the
