@@ -29,9 +29,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "is ~1.7x the batched throughput, but its greedy output may then "
                         "depend on the batch (oneDNN's bf16 GEMM is not batch invariant)")
     g.add_argument("--quantization", default="auto", choices=["auto", "none", "int8"],
-                   help="linear layers in int8 (CPU): int8 weights per channel, activations "
-                        "as two int8 terms per token, batch invariant. auto: int8 for GGUF "
-                        "files with quantized weights, float otherwise")
+                   help="linear layers in int8 (CPU with VNNI/AMX): int8 weights per channel, "
+                        "activations as two int8 terms per token, batch invariant. auto: int8 "
+                        "for GGUF files with quantized weights on such CPUs, float otherwise")
     g.add_argument("--seed", type=int, default=0, help="engine seed for unseeded requests")
     g.add_argument("--no-structured-fast-forward", action="store_true",
                    help="sample every token of a structured output, even those its grammar "

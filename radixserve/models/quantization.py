@@ -22,8 +22,8 @@ _FLOAT_GGUF_TYPES = ("F32", "F16", "BF16", "F64")
 
 def resolve_quantization(name: str, device: torch.device, reader=None) -> str:
     """``name`` from the config → ``"none"`` or ``"int8"``; ``reader``: the GGUFReader of a GGUF
-    checkpoint (None for a Hugging Face folder). ValueError for an unknown name or int8 on a
-    device other than the CPU."""
+    checkpoint (None for a Hugging Face folder). ValueError for an unknown name, or int8 on a
+    device other than the CPU or on a CPU without VNNI."""
     if name not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {name!r}; supported: {list(QUANTIZATIONS)}")
     if name == "auto":
