@@ -19,7 +19,8 @@ import time
 
 from radixserve import LLM, SamplingParams, StructuredOutputsParams
 from radixserve.structured import bitmask as bitmask_mod
-from radixserve.structured.llguidance_backend import LLGuidanceBackend, validate_spec
+from radixserve.structured.llguidance_backend import LLGuidanceBackend
+from radixserve.structured.llguidance_spec import validate_spec
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 24},

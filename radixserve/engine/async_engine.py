@@ -8,13 +8,13 @@ iterating (client gone) aborts whatever is unfinished.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from radixserve.engine.core_client import EngineCoreClient, EngineDeadError
 from radixserve.engine.messages import EngineCoreOutput, EngineCoreRequest
+from radixserve.engine.output_buffer import OutputBuffer
 from radixserve.engine.output_processor import RequestState
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.sampling_params import SamplingParams
@@ -63,7 +63,7 @@ class AsyncLLM:
         engine died.
         """
         arrival = arrival_time or time.time()
-        queue: asyncio.Queue = asyncio.Queue()
+        buffer = OutputBuffer()
         states: dict[str, RequestState] = {}
         for i in range(params.n):
             child = params.for_sample(i)
@@ -72,47 +72,72 @@ class AsyncLLM:
             req = EngineCoreRequest(request_id=rid, prompt_token_ids=prompt_token_ids,
                                     sampling_params=child, eos_token_ids=self.eos_token_ids,
                                     arrival_time=arrival, priority=priority)
-            await self.client.add_request(req, queue)
+            await self.client.add_request(req, buffer)
         unfinished = set(states)
         last_token_time = None
         try:
             while unfinished:
                 # NOTE: a consumer that falls behind gets every output waiting for it at once,
                 # merged into one delta per sample: fewer wake-ups and chunks, the same text.
-                pending = [await queue.get()]
-                while not queue.empty():
-                    pending.append(queue.get_nowait())
-                merged: dict[str, list] = {}  # request id -> [text, outputs]
+                pending = await buffer.take()
                 now = time.time()
-                for out in pending:
-                    if isinstance(out, EngineDeadError):
-                        raise out
-                    if out.error is not None:
-                        raise EngineRequestError(out.error)
-                    state = states[out.request_id]
+                for rid, outs in _by_request(pending).items():
+                    state = states[rid]
                     if state.finished:
                         continue  # sent before our abort of a stop-string finish arrived
-                    delta = state.process(out)
-                    entry = merged.setdefault(out.request_id, ["", []])
-                    entry[0] += delta
-                    entry[1].append(out)
+                    text, applied = _process(state, outs)
                     if state.finished:
-                        unfinished.discard(out.request_id)
-                        if out.finish_reason is None:  # a stop string ended it here
-                            await self.client.abort([out.request_id])
+                        unfinished.discard(rid)
+                        if applied.finish_reason is None:  # a stop string ended it here
+                            await self.client.abort([rid])
                         self.metrics.on_finish(state, len(prompt_token_ids), now - arrival)
-                # one latency observation per wake-up, however many steps it delivers
+                    yield StepDelta(state.index, text, state, applied)
+                # one latency observation per wake-up, however many steps it delivered
                 if last_token_time is None:
                     self.metrics.on_first_token(now - arrival, pending[0].queue_time)
                 else:
                     self.metrics.on_token(now - last_token_time)
                 last_token_time = now
-                for rid, (text, outs) in merged.items():
-                    state = states[rid]
-                    yield StepDelta(state.index, text, state, _merge(outs))
         finally:
             if unfinished:
                 await self.client.abort(list(unfinished))
+
+
+def _by_request(pending: list) -> dict[str, list[EngineCoreOutput]]:
+    """The outputs taken from the buffer, grouped per request in arrival order; raises what
+    the engine reported instead of an output."""
+    grouped: dict[str, list[EngineCoreOutput]] = {}
+    for out in pending:
+        if isinstance(out, EngineDeadError):
+            raise out
+        if out.error is not None:
+            raise EngineRequestError(out.error)
+        outs = grouped.get(out.request_id)
+        if outs is None:
+            grouped[out.request_id] = [out]
+        else:
+            outs.append(out)
+    return grouped
+
+
+def _process(state: RequestState, outs: list[EngineCoreOutput]) -> tuple[str, EngineCoreOutput]:
+    """Apply consecutive outputs of one request; return the text they release and the
+    outputs applied, merged into one.
+
+    Without stop strings they are applied as one merged output (one detokenizer call per
+    wake-up, not per token). With stop strings each is applied in turn, so that the output's
+    token ids end at the step that completed the stop string, whatever was merged.
+    """
+    if not state.params.stop:
+        merged = _merge(outs)
+        return state.process(merged), merged
+    text, applied = "", 0
+    for out in outs:
+        text += state.process(out)
+        applied += 1
+        if state.finished:
+            break
+    return text, _merge(outs[:applied])
 
 
 def _merge(outs: list[EngineCoreOutput]) -> EngineCoreOutput:

@@ -1,7 +1,7 @@
 """The API process's side of the engine-core connection (asyncio + ZMQ).
 
 One background task reads ``EngineCoreOutputs`` (one message per engine step) and routes each
-request's output to the ``asyncio.Queue`` registered for it. If the engine dies, every pending
+request's output to the ``OutputBuffer`` registered for it. If the engine dies, every pending
 queue receives an ``EngineDeadError`` so no request hangs.
 """
 
@@ -17,9 +17,15 @@ import zmq
 import zmq.asyncio
 
 from radixserve.engine.messages import (
-    AbortRequests, AddRequest, EngineCoreOutputs, EngineCoreRequest, EngineReady,
-    SchedulerStats, Shutdown)
-
+    AbortRequests,
+    AddRequest,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineReady,
+    SchedulerStats,
+    Shutdown,
+)
+from radixserve.engine.output_buffer import OutputBuffer
 
 _MAX_DRAIN = 256  # messages read per wake-up of the output loop
 
@@ -37,7 +43,7 @@ class EngineCoreClient:
         self.pull.bind(output_addr)
         self.encoder = msgspec.msgpack.Encoder()
         self.decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
-        self.queues: dict[str, asyncio.Queue] = {}
+        self.queues: dict[str, OutputBuffer] = {}  # request id -> where its outputs go
         self.stats = SchedulerStats()
         self.ready: EngineReady | None = None
         self.dead: str | None = None
@@ -61,7 +67,7 @@ class EngineCoreClient:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._output_loop())
 
-    async def add_request(self, request: EngineCoreRequest, queue: asyncio.Queue) -> None:
+    async def add_request(self, request: EngineCoreRequest, queue: OutputBuffer) -> None:
         if self.dead:
             raise EngineDeadError(self.dead)
         self.queues[request.request_id] = queue
@@ -76,7 +82,7 @@ class EngineCoreClient:
         """The engine is gone: fail every pending request."""
         self.dead = reason
         for queue in self.queues.values():
-            queue.put_nowait(EngineDeadError(reason))
+            queue.put(EngineDeadError(reason))
         self.queues.clear()
 
     async def shutdown(self, is_alive: Callable[[], bool] | None = None,
@@ -115,7 +121,7 @@ class EngineCoreClient:
             await asyncio.sleep(0)
 
     def _route(self, outputs: EngineCoreOutputs) -> None:
-        """Hand each request's output to its queue (a request aborted meanwhile has none)."""
+        """Hand each request's output to its buffer (a request aborted meanwhile has none)."""
         self.last_output_time = time.time()
         if outputs.stats is not None:
             self.stats = outputs.stats
@@ -124,6 +130,6 @@ class EngineCoreClient:
             queue = queues.get(out.request_id)
             if queue is None:
                 continue
-            queue.put_nowait(out)
+            queue.put(out)
             if out.finish_reason is not None:
                 del queues[out.request_id]

@@ -13,9 +13,10 @@ is set when token ``t`` is allowed (llguidance's and xgrammar's layout).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from radixserve.structured.params import GrammarSpec
 

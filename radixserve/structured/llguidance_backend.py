@@ -7,7 +7,6 @@ our Hugging Face ``tokenizers`` JSON (about 0.5 s), on the first compile.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Sequence
 
@@ -17,33 +16,8 @@ import torch
 
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.structured.backend import GrammarError
+from radixserve.structured.llguidance_spec import grammar_text, validate_spec
 from radixserve.structured.params import GrammarSpec
-
-_FORMATS = {"regex": "regex", "choice": "choice", "grammar": "grammar"}
-
-
-# JSON whitespace between tokens is bounded: with free whitespace a model can pad forever (a
-# greedy loop of newlines) and never close the object. A schema's own "x-guidance" wins.
-_JSON_DEFAULTS = {"whitespace_pattern": r"[\n\t ]{0,16}"}
-
-
-def grammar_text(spec: GrammarSpec) -> str:
-    """llguidance's grammar for a spec; GrammarError if it cannot even be converted."""
-    try:
-        if spec.kind == "json":
-            return llguidance.LLMatcher.grammar_from_json_schema(spec.text,
-                                                                 defaults=_JSON_DEFAULTS)
-        return llguidance.grammar_from(_FORMATS[spec.kind], spec.text)
-    except (ValueError, json.JSONDecodeError) as exc:
-        raise GrammarError(f"invalid {spec.kind}: {exc}") from None
-
-
-def validate_spec(spec: GrammarSpec) -> None:
-    """GrammarError naming the problem if llguidance cannot take the spec (no tokenizer
-    needed: syntax, schema keywords, regexes, grammar size)."""
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar_text(spec))
-    if is_error:
-        raise GrammarError(f"invalid {spec.kind}: {messages[0].strip()}")
 
 
 class LLGuidanceMatcher:

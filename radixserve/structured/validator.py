@@ -19,7 +19,7 @@ _CACHE_SIZE = 1024
 
 
 def _llguidance_validate(spec: GrammarSpec) -> None:
-    from radixserve.structured.llguidance_backend import validate_spec
+    from radixserve.structured.llguidance_spec import validate_spec
 
     validate_spec(spec)
 

@@ -267,7 +267,7 @@ def test_sigterm_drains_in_flight_streams(spawn):
 
 def test_api_key_from_environment_then_sigint_exits_zero_within_the_drain_timeout(spawn):
     # one server for both, to keep the file fast (each start loads the GGUF tokenizer)
-    s = spawn(*MOCK, "--drain-timeout", "2", "--max-model-len", "200000",
+    s = spawn(*MOCK, "--drain-timeout", "2", "--max-model-len", "100000000",
               env={"RADIXSERVE_API_KEY": "from-env"})
     env_auth = {"Authorization": "Bearer from-env"}
     _assert_error(httpx.get(f"{s.url}/v1/models"), 401, "authentication_error")
@@ -278,7 +278,7 @@ def test_api_key_from_environment_then_sigint_exits_zero_within_the_drain_timeou
     children = s.engine_pids()
     engine = _engine_pid(s)
     # an endless stream: the drain timeout (2 s) has to cut it
-    stream = _Stream(s.url, _stream_body(100_000), env_auth)
+    stream = _Stream(s.url, _stream_body(90_000_000), env_auth)
     stream.start()
     assert stream.first.wait(15) and stream.error is None, stream.error
     s.proc.send_signal(signal.SIGINT)
