@@ -1,7 +1,10 @@
 """Typed messages between the frontend (API process or offline LLM) and the engine core.
 
 msgspec Structs, so a schema error surfaces at decode time when they cross a process boundary.
-A request goes in once; outputs come back batched, one ``EngineCoreOutputs`` per step.
+A request goes in once; outputs come back batched, one ``EngineCoreOutputs`` per step. The
+output structs are created by the thousand per second and hold only numbers, strings and
+lists of them (no reference cycles possible), so the garbage collector does not track them
+(``gc=False``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
     priority: int = 0
 
 
-class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """New tokens of one request from one step. ``top_logprobs`` rows are [(id, logprob), ...].
 
     ``queue_time`` (seconds from arrival to first scheduling) rides on the first output only.
@@ -37,7 +40,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     error: str | None = None
 
 
-class SchedulerStats(msgspec.Struct, array_like=True):
+class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
     num_running: int = 0
     num_waiting: int = 0
     kv_usage: float = 0.0
@@ -47,7 +50,7 @@ class SchedulerStats(msgspec.Struct, array_like=True):
     num_preemptions: int = 0
 
 
-class EngineCoreOutputs(msgspec.Struct, array_like=True):
+class EngineCoreOutputs(msgspec.Struct, array_like=True, gc=False):
     outputs: list[EngineCoreOutput]
     timestamp: float = 0.0
     stats: SchedulerStats | None = None

@@ -137,10 +137,15 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
 
 def _settle_gc() -> None:
     """Move everything start-up allocated (modules, the tokenizer tables) out of the garbage
-    collector's sight: a streaming server allocates objects per token, and each collection
-    would otherwise walk the whole start-up heap again."""
+    collector's sight, and let the young generation grow to 10,000 objects (CPython: 700): a
+    streaming server allocates objects per token, most of them freed by reference counting
+    within milliseconds; with the default thresholds a young collection ran every few hundred
+    of them and promoted the rest into full collections that walked the whole heap. Measured
+    with the mock engine at 64 streams: 15 % of the API process in the collector before, 5 %
+    after."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(10_000, 20, 100)
 
 
 def _server_class():
@@ -168,3 +173,4 @@ async def _watch(proc, client) -> None:
     while proc.is_alive():
         await asyncio.sleep(0.25)
     client.mark_dead(f"the engine process exited with code {proc.exitcode}")
+
