@@ -1,28 +1,22 @@
-"""FastAPI routes of the OpenAI-compatible server (handlers live in serving_*.py)."""
+"""The OpenAI-compatible server's ASGI app: the API-key and body-size guard, then the two
+generation endpoints as plain ASGI (`generation_routes`), then FastAPI for every other route
+(models, tokenize, render, health, metrics). Handlers live in serving_*.py."""
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import time
 
 import msgspec
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from radixserve import __version__
-from radixserve.engine.async_engine import EngineRequestError
 from radixserve.engine.core_client import EngineDeadError
+from radixserve.server.errors import error_response
+from radixserve.server.generation_routes import GenerationRoutes
 from radixserve.server.metrics import ServerMetrics
-from radixserve.server.protocol import (
-    CompletionRequest,
-    ModelCard,
-    ModelList,
-    error_body,
-    validation_error_body,
-    value_error_body,
-)
+from radixserve.server.protocol import ModelCard, ModelList, error_body
 from radixserve.server.protocol_chat import (
     ChatCompletionRequest,
     DetokenizeRequest,
@@ -30,27 +24,17 @@ from radixserve.server.protocol_chat import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from radixserve.server.serving import (
-    ClientDisconnected,
-    OpenAIError,
-    ServingContext,
-    until_disconnect,
-    wait_disconnect,
-)
-from radixserve.server.serving_chat import ChatServer, render_messages
-from radixserve.server.serving_completion import CompletionServer
+from radixserve.server.serving import ClientDisconnected, OpenAIError, ServingContext
+from radixserve.server.serving_chat import render_messages
 
 _OPEN_PATHS = {"/health", "/version", "/metrics"}
 
 
 def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None = None,
-              max_body_bytes: int = 32 * 1024 * 1024) -> FastAPI:
+              max_body_bytes: int = 32 * 1024 * 1024):
     app = FastAPI(title="radixserve", version=__version__)
-    completions, chat = CompletionServer(ctx), ChatServer(ctx)
     client = ctx.engine.client
     _install_errors(app)
-
-    app.add_middleware(_Guard, api_key=api_key, max_body_bytes=max_body_bytes)
 
     @app.get("/health")
     async def health():
@@ -76,27 +60,6 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     @app.get("/v1/models")
     async def models():
         return ModelList(data=[ModelCard(id=ctx.model_name, max_model_len=ctx.max_model_len)])
-
-    @app.post("/v1/completions")
-    async def create_completion(body: CompletionRequest, request: Request):
-        arrival = time.time()
-        prompts, params = await completions.prepare(body)
-        await ctx.check_structured(_structured_param(body), params)
-        _check_alive(client)
-        if body.stream:
-            return _stream(completions.stream(body, prompts, params, arrival), request)
-        return await until_disconnect(request, completions.full(body, prompts, params, arrival))
-
-    @app.post("/v1/chat/completions")
-    async def create_chat_completion(body: ChatCompletionRequest, request: Request):
-        arrival = time.time()
-        ids, params, tool_parser = chat.prepare(body)
-        await ctx.check_structured(_structured_param(body), [params])
-        _check_alive(client)
-        if body.stream:
-            return _stream(chat.stream(body, ids, params, tool_parser, arrival), request)
-        return await until_disconnect(request,
-                                      chat.full(body, ids, params, tool_parser, arrival))
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(body: ChatCompletionRequest):
@@ -128,7 +91,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
         return DetokenizeResponse(prompt=ctx.tokenizer.decode(body.tokens,
                                                               skip_special_tokens=False))
 
-    return app
+    return _Guard(GenerationRoutes(app, ctx), api_key, max_body_bytes)
 
 
 class _Guard:
@@ -169,8 +132,8 @@ class _Guard:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
-                    raise HTTPException(413, f"request body too large (limit "
-                                             f"{self.max_body_bytes} bytes)")
+                    raise OpenAIError(f"request body too large (limit {self.max_body_bytes} "
+                                      "bytes)", 413)
             return message
 
         await self.app(scope, counting_receive, send)
@@ -179,101 +142,19 @@ class _Guard:
 
 
 
-def _stream(chunks, request: Request) -> StreamingResponse:
-    """SSE response that stops (aborting the engine requests) as soon as the client leaves,
-    whether or not the ASGI server reports the disconnect on send."""
-
-    async def guarded():
-        watcher = asyncio.ensure_future(wait_disconnect(request))
-        step = None
-        try:
-            while True:
-                step = asyncio.ensure_future(chunks.__anext__())
-                await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                if not step.done():
-                    return  # client gone
-                try:
-                    chunk = step.result()
-                except StopAsyncIteration:
-                    return
-                yield chunk
-        except EngineDeadError as exc:
-            body = error_body(f"engine unavailable: {exc}", "service_unavailable", code=503)
-            yield f"data: {_json(body)}\n\n"
-        except EngineRequestError as exc:
-            yield f"data: {_json(error_body(str(exc)))}\n\n"
-        finally:
-            # NOTE: a separate task: when the server cancels this response (client gone), every
-            # await here would be cancelled again before the engine requests are aborted.
-            watcher.cancel()
-            asyncio.ensure_future(_close(step, chunks))
-
-    return StreamingResponse(guarded(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
-
-
-def _structured_param(body) -> str:
-    """The request field a structured-output error is about."""
-    if getattr(body, "response_format", None) is not None:
-        return "response_format"
-    if getattr(body, "structured_outputs", None) is not None:
-        return "structured_outputs"
-    return "tool_choice"
-
-
-def _check_alive(client) -> None:
-    """Answer 503 up front (not a 200 stream carrying an error) when the engine is gone."""
-    if client.dead:
-        raise EngineDeadError(client.dead)
-
-
-async def _close(step: asyncio.Future | None, chunks) -> None:
-    """Stop a response's generator: cancel its pending step (which aborts its engine
-    requests on the way out), then close it."""
-    if step is not None and not step.done():
-        step.cancel()
-        await asyncio.gather(step, return_exceptions=True)
-    await chunks.aclose()
-
-
-def _json(obj) -> str:
-    import json
-    return json.dumps(obj)
-
-
 def _error(message: str, status: int, type: str = "invalid_request_error",
            param: str | None = None, code=None) -> JSONResponse:
     return JSONResponse(error_body(message, type, param, code), status_code=status)
 
 
 def _install_errors(app: FastAPI) -> None:
-    @app.exception_handler(RequestValidationError)
-    async def on_validation(request, exc):
-        return JSONResponse(validation_error_body(exc), status_code=400)
+    async def answer(request, exc):
+        status, body = error_response(exc)
+        return JSONResponse(body, status_code=status) if body else Response(status_code=status)
 
-    @app.exception_handler(OpenAIError)
-    async def on_openai(request, exc: OpenAIError):
-        return _error(exc.message, exc.status, exc.type, exc.param, exc.code)
-
-    @app.exception_handler(ValueError)
-    async def on_value(request, exc: ValueError):
-        return JSONResponse(value_error_body(exc), status_code=400)
-
-    @app.exception_handler(EngineDeadError)
-    async def on_dead(request, exc):
-        return _error(f"engine unavailable: {exc}", 503, "service_unavailable")
-
-    @app.exception_handler(ClientDisconnected)
-    async def on_disconnect(request, exc):
-        return Response(status_code=499)
-
-    @app.exception_handler(Exception)
-    async def on_internal(request, exc):
-        return _error(f"internal error: {type(exc).__name__}: {exc}", 500, "internal_error")
-
-    @app.exception_handler(413)
-    async def on_413(request, exc):
-        return _error(str(exc.detail), 413)
+    for kind in (RequestValidationError, OpenAIError, ValueError, EngineDeadError,
+                 ClientDisconnected, Exception):
+        app.add_exception_handler(kind, answer)
 
     @app.exception_handler(404)
     async def on_404(request, exc):

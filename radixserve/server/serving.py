@@ -6,14 +6,14 @@ import asyncio
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import msgspec
-from fastapi import Request
 
 from radixserve.engine.async_engine import AsyncLLM
 from radixserve.engine.batch_encoder import BatchEncoder
+from radixserve.engine.core_client import EngineDeadError
 from radixserve.engine.parsers import ReasoningParser, ToolCallParser
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.protocol import ParamError, SamplingRequest
@@ -56,6 +56,11 @@ class ServingContext:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    def check_alive(self) -> None:
+        """503 up front (not a 200 stream carrying an error) when the engine is gone."""
+        if self.engine.client.dead:
+            raise EngineDeadError(self.engine.client.dead)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -122,32 +127,6 @@ class ChunkTemplate:
 
 def json_sse(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
-
-
-async def until_disconnect(request: Request, work: Awaitable):
-    """Await ``work`` unless the client disconnects first, then cancel it (which aborts the
-    engine requests it started) and raise ClientDisconnected."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        try:
-            await task
-        except (asyncio.CancelledError, Exception):
-            pass
-        raise ClientDisconnected()
-    return task.result()
-
-
-async def wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 async def merge(iterators: list[AsyncIterator]) -> AsyncIterator:

@@ -1,0 +1,43 @@
+"""How an exception becomes an HTTP error answer: one mapping for the FastAPI routes and the
+plain-ASGI generation routes, so a request gets the same OpenAI error body either way."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from radixserve.engine.core_client import EngineDeadError
+from radixserve.server.protocol import error_body, validation_error_body, value_error_body
+from radixserve.server.serving import ClientDisconnected, OpenAIError
+
+
+def error_response(exc: Exception) -> tuple[int, dict | None]:
+    """(HTTP status, OpenAI error body) for an exception raised while serving a request;
+    a client that left gets 499 and no body (nobody reads it)."""
+    if isinstance(exc, RequestValidationError | ValidationError):
+        return 400, validation_error_body(exc)
+    if isinstance(exc, OpenAIError):
+        return exc.status, error_body(exc.message, exc.type, exc.param, exc.code)
+    if isinstance(exc, EngineDeadError):
+        return 503, error_body(f"engine unavailable: {exc}", "service_unavailable")
+    if isinstance(exc, ClientDisconnected):
+        return 499, None
+    if isinstance(exc, ValueError):  # SamplingParams checks, grammar errors, engine refusals
+        return 400, value_error_body(exc)
+    return 500, error_body(f"internal error: {type(exc).__name__}: {exc}", "internal_error")
+
+
+async def send_json(send, status: int, body: bytes) -> None:
+    """A whole JSON response through an ASGI ``send``."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send, exc: Exception) -> None:
+    status, body = error_response(exc)
+    await send_json(send, status, json.dumps(body, separators=(",", ":")).encode()
+                    if body is not None else b"")
