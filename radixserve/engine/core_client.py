@@ -39,6 +39,10 @@ class EngineCoreClient:
         self.ctx = zmq.asyncio.Context()
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.bind(input_addr)
+        # the same socket through the blocking API: a send that fits the queue is done at once
+        # (no future per message); only a full queue falls back to awaiting
+        self._push_now = zmq.Socket.shadow(self.push.underlying)
+        self._waiting_sends = 0
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.bind(output_addr)
         self.encoder = msgspec.msgpack.Encoder()
@@ -71,12 +75,26 @@ class EngineCoreClient:
         if self.dead:
             raise EngineDeadError(self.dead)
         self.queues[request.request_id] = queue
-        await self.push.send(self.encoder.encode(AddRequest(request)))
+        await self._send(self.encoder.encode(AddRequest(request)))
 
     async def abort(self, request_ids: list[str]) -> None:
         ids = [rid for rid in request_ids if self.queues.pop(rid, None) is not None]
         if ids and not self.dead and not self.push.closed:  # closed: shut down already
-            await self.push.send(self.encoder.encode(AbortRequests(ids)))
+            await self._send(self.encoder.encode(AbortRequests(ids)))
+
+    async def _send(self, data: bytes) -> None:
+        """Send in order: at once when the queue has room and no earlier send is waiting."""
+        if not self._waiting_sends:
+            try:
+                self._push_now.send(data, zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                pass
+        self._waiting_sends += 1
+        try:
+            await self.push.send(data)
+        finally:
+            self._waiting_sends -= 1
 
     def mark_dead(self, reason: str) -> None:
         """The engine is gone: fail every pending request."""

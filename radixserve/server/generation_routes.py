@@ -25,7 +25,7 @@ from radixserve.engine.core_client import EngineDeadError
 from radixserve.server.errors import send_error, send_json
 from radixserve.server.protocol import CompletionRequest, error_body
 from radixserve.server.protocol_chat import ChatCompletionRequest
-from radixserve.server.serving import ClientDisconnected, OpenAIError, ServingContext
+from radixserve.server.serving import SSE_DONE, ClientDisconnected, OpenAIError, ServingContext
 from radixserve.server.serving_chat import ChatServer
 from radixserve.server.serving_completion import CompletionServer
 
@@ -148,8 +148,12 @@ async def _stream(chunks: AsyncIterator[str], receive, send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         try:
             async for chunk in chunks:
+                # the chunk carrying [DONE] also ends the response: one write, not two
+                last = chunk.endswith(SSE_DONE)
                 await send({"type": "http.response.body", "body": chunk.encode(),
-                            "more_body": True})
+                            "more_body": not last})
+                if last:
+                    return
         except EngineDeadError as exc:
             await _send_event(send, error_body(f"engine unavailable: {exc}",
                                                "service_unavailable", code=503))

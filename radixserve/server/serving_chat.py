@@ -233,6 +233,8 @@ class ChatServer:
             yield chunk(i, DeltaMessage(role="assistant", content=""))
         streams = {}
         states: dict[int, RequestState] = {}
+        unfinished = params.n
+        tail = ""  # the last choice's finish chunk, sent with the end of the stream
         async with contextlib.aclosing(
             self.ctx.engine.generate(ids, params, request_id, body.priority, arrival)
         ) as steps:
@@ -256,18 +258,18 @@ class ChatServer:
                     yield chunk(step.index, DeltaMessage(), logprobs=logprobs)
                 if state.finished:
                     finish = "tool_calls" if cs.has_tool_calls else state.finish_reason
-                    yield chunk(step.index, DeltaMessage(), finish, stop_reason=state.stop_reason)
+                    event = chunk(step.index, DeltaMessage(), finish,
+                                  stop_reason=state.stop_reason)
+                    unfinished -= 1
+                    if unfinished:
+                        yield event
+                    else:
+                        tail = event
         if include_usage:
-            yield sse(
-                ChatCompletionStreamResponse(
-                    id=request_id,
-                    created=created,
-                    model=model,
-                    choices=[],
-                    usage=_usage(len(ids), list(states.values())),
-                )
-            )
-        yield SSE_DONE
+            tail += sse(ChatCompletionStreamResponse(
+                id=request_id, created=created, model=model, choices=[],
+                usage=_usage(len(ids), list(states.values()))))
+        yield tail + SSE_DONE  # one write ends the response
 
 
 class _ChoiceStream:

@@ -60,16 +60,13 @@ class CompletionServer:
         return prompts, params
 
     def _streams(self, body, prompts, params, request_id, arrival):
+        """Every sample's deltas, ``index`` being its choice index (prompt-major)."""
         n = params[0].n
-        streams = []
-        for i, ((_, ids), p) in enumerate(zip(prompts, params)):
-            streams.append(
-                _offset(
-                    self.ctx.engine.generate(ids, p, f"{request_id}-{i}", body.priority, arrival),
-                    i * n,
-                )
-            )
-        return merge(streams)
+        streams = [self.ctx.engine.generate(ids, p, f"{request_id}-{i}", body.priority, arrival)
+                   for i, ((_, ids), p) in enumerate(zip(prompts, params))]
+        if len(streams) == 1:
+            return streams[0]
+        return merge([_offset(stream, i * n) for i, stream in enumerate(streams)])
 
     async def full(
         self, body: CompletionRequest, prompts, params, arrival: float
@@ -79,9 +76,9 @@ class CompletionServer:
         async with contextlib.aclosing(
             self._streams(body, prompts, params, request_id, arrival)
         ) as steps:
-            async for index, step in steps:
+            async for step in steps:
                 if step.state.finished:
-                    finals[index] = (step.state, index // params[0].n)
+                    finals[step.index] = (step.state, step.index // params[0].n)
         choices = []
         for index in sorted(finals):
             state, prompt_idx = finals[index]
@@ -114,11 +111,13 @@ class CompletionServer:
         sent_echo: set[int] = set()
         text_offsets: dict[int, int] = {}  # per choice: text offset of its next token
         templates: dict[int, ChunkTemplate] = {}  # per choice: its plain text chunk
+        unfinished = len(prompts) * params[0].n
+        tail = ""  # the last choice's finish chunk, sent with the end of the stream
         async with contextlib.aclosing(
             self._streams(body, prompts, params, request_id, arrival)
         ) as steps:
-            async for index, step in steps:
-                state = step.state
+            async for step in steps:
+                index, state = step.index, step.state
                 states[index] = state
                 text = step.text
                 if body.echo and index not in sent_echo:
@@ -149,29 +148,27 @@ class CompletionServer:
                     finish_reason=state.finish_reason if state.finished else None,
                     stop_reason=state.stop_reason if state.finished else None,
                 )
-                yield sse(
-                    CompletionStreamResponse(
-                        id=request_id, created=created, model=self.ctx.model_name, choices=[choice]
-                    )
-                )
+                event = sse(CompletionStreamResponse(
+                    id=request_id, created=created, model=self.ctx.model_name, choices=[choice]))
+                unfinished -= state.finished
+                if unfinished:
+                    yield event
+                else:
+                    tail = event
         if include_usage:
             usage = _usage(prompts, params, list(states.values()))
-            yield sse(
-                CompletionStreamResponse(
-                    id=request_id,
-                    created=created,
-                    model=self.ctx.model_name,
-                    choices=[],
-                    usage=usage,
-                )
-            )
-        yield SSE_DONE
+            tail += sse(CompletionStreamResponse(id=request_id, created=created,
+                                                 model=self.ctx.model_name, choices=[],
+                                                 usage=usage))
+        yield tail + SSE_DONE  # one write ends the response
 
 
 async def _offset(steps: AsyncIterator[StepDelta], base: int):
-    async with contextlib.aclosing(steps) as steps:
-        async for step in steps:
-            yield base + step.index, step
+    """``steps`` with their sample index shifted by ``base`` (the prompt's first choice)."""
+    async with contextlib.aclosing(steps) as deltas:
+        async for step in deltas:
+            step.index += base
+            yield step
 
 
 def _echo_text(ctx: ServingContext, prompt: tuple[str | None, list[int]]) -> str:
