@@ -2,6 +2,8 @@
 
 Prefill is instant; each step emits one random token per running request until its
 ``max_tokens`` (EOS is never sampled). It speaks the same ZMQ protocol through core_proc.
+Steps run back to back, or at most one per ``step_time`` seconds to stand in for a model's
+decode step (``radixserve serve --mock-engine --mock-step-ms 20``).
 """
 
 from __future__ import annotations
@@ -27,22 +29,30 @@ class _MockScheduler:
 
 
 class MockEngine:
+    """Per step, per running request: one struct and one random token drawn in a batch —
+    the mock's own cost is kept small, since it shares the CPU with the frontend it
+    measures."""
+
     def __init__(self, vocab_size: int, max_model_len: int, max_num_seqs: int = 1024,
-                 seed: int = 0) -> None:
+                 seed: int = 0, step_time: float = 0.0) -> None:
         self.vocab_size = vocab_size
+        self.step_time = step_time
+        self._next_step = 0.0
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
-        self.running: dict[str, list[int]] = {}  # request id -> [generated, max_tokens]
+        self.running: dict[str, int] = {}  # request id -> the step that gives its last token
         self.scheduler = _MockScheduler(self)
         self._rng = random.Random(seed)
-        self._low = min(1000, vocab_size // 2)
+        self._tokens = range(min(1000, vocab_size // 2), vocab_size)
+        self._steps = 0
 
     def add_request(self, req: EngineCoreRequest) -> None:
         room = self.max_model_len - len(req.prompt_token_ids)
         if room < 1:
             raise ValueError("the prompt is longer than the context window")
         asked = req.sampling_params.max_tokens
-        self.running[req.request_id] = [0, room if asked is None else min(asked, room)]
+        self.running[req.request_id] = self._steps + (room if asked is None
+                                                      else min(asked, room))
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -52,15 +62,16 @@ class MockEngine:
         return bool(self.running)
 
     def step(self) -> EngineCoreOutputs:
-        outputs, finished = [], []
-        rand = self._rng.randrange
-        for rid, state in self.running.items():
-            state[0] += 1
-            done = state[0] >= state[1]
-            outputs.append(EngineCoreOutput(rid, [rand(self._low, self.vocab_size)],
-                                            "length" if done else None))
-            if done:
-                finished.append(rid)
-        for rid in finished:
-            del self.running[rid]
+        if self.step_time:
+            now = time.monotonic()
+            if now < self._next_step:
+                time.sleep(self._next_step - now)
+            self._next_step = max(now, self._next_step) + self.step_time
+        self._steps = step = self._steps + 1
+        tokens = self._rng.choices(self._tokens, k=len(self.running))
+        outputs = [EngineCoreOutput(rid, [token], "length" if last == step else None)
+                   for (rid, last), token in zip(self.running.items(), tokens)]
+        for out in outputs:
+            if out.finish_reason is not None:
+                del self.running[out.request_id]
         return EngineCoreOutputs(outputs, time.time())

