@@ -75,6 +75,7 @@ def serve(args: argparse.Namespace) -> int:
     tool_parser = get_tool_parser(args.tool_call_parser) if args.tool_call_parser else None
     reasoning = get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None
     tokenizer = load_tokenizer(source)
+    tokenizer.detokenizer([])  # builds the token → bytes table now, not on the first request
     kwargs = engine_kwargs(args)
     if args.mock_engine:
         build = functools.partial(_build_mock_engine, tokenizer.vocab_size,
