@@ -12,6 +12,7 @@ from radixserve.runner.sampler import (
     _process_logits,
     _truncation_threshold,
     _uniform,
+    greedy,
 )
 from radixserve.sampling_params import SamplingParams as SP
 
@@ -60,6 +61,20 @@ def freqs(tokens: torch.Tensor, V: int) -> torch.Tensor:
 def test_greedy_equals_argmax():
     logits = torch.randn(6, 100, generator=torch.Generator().manual_seed(0))
     assert torch.equal(sample([SP(temperature=0)] * 6, logits), logits.argmax(-1))
+
+
+@pytest.mark.parametrize("V", [49_152, 151_936, 1000, 50, 1024])
+def test_two_pass_greedy_is_argmax_ties_and_nan_included(V):
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(9, V, generator=g)
+    x[1, [3, V - 1]] = 50.0  # a tie: the first index wins
+    x[2, :] = 1.0  # all equal
+    x[3, [V // 2, V - 2]] = float("nan")  # the first NaN wins, as in argmax
+    x[4, V - 1] = float("inf")
+    x[5, :] = float("-inf")
+    x[6, [0, V // 3]] = float("inf")
+    assert torch.equal(greedy(x), x.argmax(dim=-1))
+    assert torch.equal(greedy(x[:, ::1].t().contiguous().t()), x.argmax(dim=-1))  # strided
 
 
 def test_greedy_rows_in_a_mixed_batch_take_argmax():
