@@ -1,12 +1,11 @@
 """The OpenAI-compatible server's ASGI app: the API-key and body-size guard, then the two
-generation endpoints as plain ASGI (`generation_routes`), then FastAPI for every other route
-(models, tokenize, render, health, metrics). Handlers live in serving_*.py."""
+generation endpoints and the render endpoint as plain ASGI (`generation_routes`), then FastAPI
+for every other route (models, tokenize, health, metrics). Handlers live in serving_*.py."""
 
 from __future__ import annotations
 
 import hmac
 
-import msgspec
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -18,7 +17,6 @@ from radixserve.server.generation_routes import GenerationRoutes
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.protocol import ModelCard, ModelList, error_body
 from radixserve.server.protocol_chat import (
-    ChatCompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
@@ -60,16 +58,6 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     @app.get("/v1/models")
     async def models():
         return ModelList(data=[ModelCard(id=ctx.model_name, max_model_len=ctx.max_model_len)])
-
-    @app.post("/v1/chat/completions/render")
-    async def render_chat(body: ChatCompletionRequest):
-        ctx.check_model(body.model)
-        text = render_messages(ctx, body)
-        ids = ctx.tokenizer.encode_prompt(text)
-        # msgspec, not FastAPI's encoder, which walks the id list element by element
-        return Response(msgspec.json.encode({"prompt": text, "prompt_token_ids": ids,
-                                             "count": len(ids)}),
-                        media_type="application/json")
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):

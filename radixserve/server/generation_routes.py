@@ -1,4 +1,5 @@
-"""POST /v1/completions and /v1/chat/completions as plain ASGI, in front of the FastAPI app.
+"""POST /v1/completions, /v1/chat/completions and /v1/chat/completions/render as plain ASGI,
+in front of the FastAPI app.
 
 These two carry nearly all of a server's traffic, and a streamed response sends a chunk per
 engine step. Through FastAPI a request crossed about ten middleware and routing layers and
@@ -18,6 +19,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable
 
+import msgspec
 from pydantic import BaseModel
 
 from radixserve.engine.async_engine import EngineRequestError
@@ -26,7 +28,7 @@ from radixserve.server.errors import send_error, send_json
 from radixserve.server.protocol import CompletionRequest, error_body
 from radixserve.server.protocol_chat import ChatCompletionRequest
 from radixserve.server.serving import SSE_DONE, ClientDisconnected, OpenAIError, ServingContext
-from radixserve.server.serving_chat import ChatServer
+from radixserve.server.serving_chat import ChatServer, render_messages
 from radixserve.server.serving_completion import CompletionServer
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
@@ -41,7 +43,8 @@ class GenerationRoutes:
         self.ctx = ctx
         self.completions, self.chat = CompletionServer(ctx), ChatServer(ctx)
         self.routes = {"/v1/completions": self._completion,
-                       "/v1/chat/completions": self._chat_completion}
+                       "/v1/chat/completions": self._chat_completion,
+                       "/v1/chat/completions/render": self._render}
 
     async def __call__(self, scope, receive, send) -> None:
         handler = self.routes.get(scope["path"]) if scope["type"] == "http" else None
@@ -51,13 +54,13 @@ class GenerationRoutes:
             return await send_error(send, OpenAIError(
                 f"method {scope['method']} not allowed on {scope['path']}", 405))
         try:
-            # a response: (a whole response model, None) or (None, the SSE chunks)
+            # a response: (the whole JSON body, None) or (None, the SSE chunks)
             whole, chunks = await handler(await _read_body(receive), receive)
         except Exception as exc:  # noqa: BLE001 - every error is answered with a body
             return await send_error(send, exc)
         if chunks is not None:
             return await _stream(chunks, receive, send)
-        return await send_json(send, 200, whole.model_dump_json().encode())
+        return await send_json(send, 200, whole)
 
     async def _completion(self, raw: bytes, receive):
         arrival = time.time()
@@ -68,7 +71,7 @@ class GenerationRoutes:
         if body.stream:
             return None, self.completions.stream(body, prompts, params, arrival)
         work = self.completions.full(body, prompts, params, arrival)
-        return await _until_disconnect(receive, work), None
+        return (await _until_disconnect(receive, work)).model_dump_json().encode(), None
 
     async def _chat_completion(self, raw: bytes, receive):
         arrival = time.time()
@@ -79,7 +82,16 @@ class GenerationRoutes:
         if body.stream:
             return None, self.chat.stream(body, ids, params, tool_parser, arrival)
         work = self.chat.full(body, ids, params, tool_parser, arrival)
-        return await _until_disconnect(receive, work), None
+        return (await _until_disconnect(receive, work)).model_dump_json().encode(), None
+
+    async def _render(self, raw: bytes, receive):
+        """The chat template and tokenization alone (no engine)."""
+        body = _parse(ChatCompletionRequest, raw)
+        self.ctx.check_model(body.model)
+        text = render_messages(self.ctx, body)
+        ids = self.ctx.tokenizer.encode_prompt(text)
+        return msgspec.json.encode({"prompt": text, "prompt_token_ids": ids,
+                                    "count": len(ids)}), None
 
 
 def structured_param(body) -> str:
