@@ -1,8 +1,8 @@
 """POST /v1/completions, /v1/chat/completions and /v1/chat/completions/render as plain ASGI,
 in front of the FastAPI app.
 
-These two carry nearly all of a server's traffic, and a streamed response sends a chunk per
-engine step. Through FastAPI a request crossed about ten middleware and routing layers and
+The generation endpoints carry nearly all of a server's traffic, and a streamed response sends
+a chunk per engine step (render, the chat template alone, is benchmarked on its own). Through FastAPI a request crossed about ten middleware and routing layers and
 each chunk five ``send`` wrappers plus a task and an ``asyncio.wait`` for disconnect
 detection; measured with the mock engine that was a third of the API process. Here a request
 is: read the body, validate it with the same pydantic model, run the same handler, send the
@@ -36,7 +36,7 @@ _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
 
 
 class GenerationRoutes:
-    """ASGI app: the two generation endpoints; any other path goes to ``app``."""
+    """ASGI app: the generation and render endpoints; any other path goes to ``app``."""
 
     def __init__(self, app, ctx: ServingContext) -> None:
         self.app = app
