@@ -283,7 +283,7 @@ class Tokenizer:
         self, texts: Sequence[str], add_special_tokens: bool = True
     ) -> list[list[int]]:
         """`encode` for several texts, in parallel in the Rust backend."""
-        # the _fast variant skips the character offsets we never read (~25 % less time)
+        # the _fast variant skips the character offsets we never read (~12 % less CPU here)
         encodings = self.backend.encode_batch_fast(list(texts),
                                                    add_special_tokens=add_special_tokens)
         return [encoding.ids for encoding in encodings]

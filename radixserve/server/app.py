@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from radixserve import __version__
 from radixserve.engine.core_client import EngineDeadError
-from radixserve.server.errors import error_response
+from radixserve.server.errors import error_response, send_error
 from radixserve.server.generation_routes import GenerationRoutes
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.protocol import ModelCard, ModelList, error_body
@@ -22,7 +22,7 @@ from radixserve.server.protocol_chat import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from radixserve.server.serving import ClientDisconnected, OpenAIError, ServingContext
+from radixserve.server.serving import OpenAIError, ServingContext
 from radixserve.server.serving_chat import render_messages
 
 _OPEN_PATHS = {"/health", "/version", "/metrics"}
@@ -97,15 +97,15 @@ class _Guard:
         headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self.max_body_bytes:
-            response = _error(f"request body too large ({int(length)} bytes; limit "
-                              f"{self.max_body_bytes})", 413)
-            return await response(scope, receive, send)
+            return await send_error(send, OpenAIError(
+                f"request body too large ({int(length)} bytes; limit {self.max_body_bytes})",
+                413))
         if self.expected is not None and scope["path"] not in _OPEN_PATHS:
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
-                response = _error("invalid or missing API key", 401, "authentication_error",
-                                  code="invalid_api_key")
-                return await response(scope, receive, send)
+                return await send_error(send, OpenAIError(
+                    "invalid or missing API key", 401, "authentication_error",
+                    code="invalid_api_key"))
         if length.isdigit():
             return await self.app(scope, receive, send)
         return await self._counted(scope, receive, send)
@@ -127,9 +127,6 @@ class _Guard:
         await self.app(scope, counting_receive, send)
 
 
-
-
-
 def _error(message: str, status: int, type: str = "invalid_request_error",
            param: str | None = None, code=None) -> JSONResponse:
     return JSONResponse(error_body(message, type, param, code), status_code=status)
@@ -140,8 +137,7 @@ def _install_errors(app: FastAPI) -> None:
         status, body = error_response(exc)
         return JSONResponse(body, status_code=status) if body else Response(status_code=status)
 
-    for kind in (RequestValidationError, OpenAIError, ValueError, EngineDeadError,
-                 ClientDisconnected, Exception):
+    for kind in (RequestValidationError, OpenAIError, ValueError, EngineDeadError, Exception):
         app.add_exception_handler(kind, answer)
 
     @app.exception_handler(404)

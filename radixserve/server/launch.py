@@ -35,7 +35,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mock-engine", action="store_true",
                         help="no model: instant prefill, one random token per step "
                              "(frontend benchmarks)")
-    parser.add_argument("--mock-step-ms", type=float, default=0.0,
+    parser.add_argument("--mock-step-ms", type=_non_negative, default=0.0,
                         help="with --mock-engine: at most one step per this many ms, standing "
                              "in for a model's decode step (default: back to back)")
     parser.add_argument("--tool-call-parser", default=None,
@@ -49,6 +49,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.add_argument("--log-level", default="warning")
     add_engine_args(parser)
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
 
 
 def _build_real_engine(kwargs: dict, model: str | None):
