@@ -18,17 +18,30 @@ blocking the GEMM picks for a given number of rows, the row scale depends only o
 everything after is elementwise with one rounding per op. So a row's output is bit-identical
 alone or in any batch, which float GEMMs (oneDNN's bf16 in particular) do not promise.
 
-The GEMM is oneDNN's ``qlinear_pointwise`` on a prepacked weight (AMX or VNNI where the CPU
-has them); without oneDNN, ``torch._int_mm`` on the plain int8 weight.
+Below ``NATIVE_MAX_ROWS`` rows (decode steps) the whole layer is one call into the native
+kernel (``radixserve/kernels/int8_linear.cpp``: quantization, both terms in one pass over the
+weights, epilogue), bit-identical to the torch path, so which path a call takes never changes
+a row's result; at 121 linears per step it takes a batch-1 decode step's linears from ~47 to
+~10 ms. From ``NATIVE_MAX_ROWS`` rows up (prefill), the GEMM is oneDNN's ``qlinear_pointwise``
+on a prepacked weight (AMX or VNNI where the CPU has them), which is faster there; without
+oneDNN, ``torch._int_mm`` on the plain int8 weight.
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 from torch import nn
 
+from radixserve.kernels import native
+
 _LO = 254.0  # the low term's scale relative to the high one
 _TINY = 1e-30  # floor of a row's max, so an all-zero row quantizes to zeros
+# Rows below which the native kernel is used: per step of the embedded model's 121 linears it
+# takes 10 / 30 / 108 / 212 ms at 1 / 16 / 64 / 128 rows, oneDNN plus the eager ops
+# 47 / 65 / 124 / 211 ms (benchmarks/bench_int8_linear.py).
+NATIVE_MAX_ROWS = 128
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +82,7 @@ class Int8Linear(nn.Module):
         else:
             self.register_buffer("qweight", qweight)
             self._gemm = self._int_mm_gemm
+        self._native = _NativeWeight.build(qweight, w_scale, self.bias)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
@@ -79,6 +93,8 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_rows = x.shape[0]
+        if num_rows < NATIVE_MAX_ROWS and x.dtype == torch.float32 and self._native is not None:
+            return self._native(x)
         q, scale = quantize_rows(x)
         out = self._gemm(q)  # [2M, N] = [hi; lo] · wq * w_scale
         y, lo = out[:num_rows], out[num_rows:]
@@ -98,3 +114,38 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, int8")
+
+
+class _NativeWeight:
+    """The weight in the native kernel's layout, and the call: float32 ``x`` [M, K] → [M, N].
+    Pointers are taken once; the tensors are kept alive here."""
+
+    def __init__(self, lib: ctypes.CDLL, qweight: torch.Tensor, w_scale: torch.Tensor,
+                 bias: torch.Tensor | None) -> None:
+        n, k = qweight.shape
+        n16, k4 = -(-n // 16), -(-k // 4)
+        self.packed = torch.empty(n16 * k4 * 64, dtype=torch.int8)
+        self.comp = torch.empty(n16 * 16, dtype=torch.int32)
+        qweight = qweight.contiguous()
+        lib.rs_int8_pack(qweight.data_ptr(), n, k, self.packed.data_ptr(), self.comp.data_ptr())
+        self.w_scale = torch.zeros(n16 * 16, dtype=torch.float32)
+        self.w_scale[:n] = w_scale
+        self.bias = None if bias is None else bias.contiguous()
+        self.n, self.k = n, k
+        self._call = lib.rs_int8_linear
+        self._args = (self.packed.data_ptr(), self.comp.data_ptr(), self.w_scale.data_ptr(),
+                      None if bias is None else self.bias.data_ptr(), n)
+
+    @classmethod
+    def build(cls, qweight: torch.Tensor, w_scale: torch.Tensor,
+              bias: torch.Tensor | None) -> _NativeWeight | None:
+        lib = native.load()
+        return None if lib is None else cls(lib, qweight, w_scale, bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        m = x.shape[0]
+        y = torch.empty(m, self.n, dtype=torch.float32)
+        if m and self._call(x.data_ptr(), m, self.k, *self._args, y.data_ptr(), self.n):
+            raise MemoryError("native int8 linear: scratch allocation failed")
+        return y

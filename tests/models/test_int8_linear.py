@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixserve.kernels import native
 from radixserve.layers import int8_linear
 from radixserve.layers.int8_linear import Int8Linear, quantize_rows, quantize_weight
 from radixserve.models import quantization
@@ -17,9 +18,15 @@ from radixserve.models.quantization import quantize_linears_, resolve_quantizati
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(params=["onednn", "int_mm"])
+@pytest.fixture(params=["native", "onednn", "int_mm"])
 def gemm(request, monkeypatch):
-    """Run the test with each GEMM: oneDNN's prepacked qlinear and the torch._int_mm one."""
+    """Run the test with each GEMM: the native kernel (small row counts), oneDNN's prepacked
+    qlinear and the torch._int_mm one."""
+    if request.param == "native":
+        if native.load() is None:
+            pytest.skip("native kernels unavailable here")
+        return request.param
+    monkeypatch.setattr(int8_linear._NativeWeight, "build", lambda *args: None)
     if request.param == "onednn" and not (int8_linear.onednn_available()
                                           and quantization.cpu_has_int8_dot()):
         pytest.skip("no oneDNN, or a CPU without VNNI (its int8 sums can saturate there)")
@@ -76,6 +83,7 @@ def test_other_float_dtypes_come_back_in_their_dtype(gemm):
 def _with_int_mm(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(int8_linear, "onednn_available", lambda: False)
+        mp.setattr(int8_linear._NativeWeight, "build", lambda *args: None)
         return Int8Linear.from_float(weight, bias)
 
 

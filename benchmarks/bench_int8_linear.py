@@ -1,0 +1,63 @@
+"""Int8 linear layers per decode step: the native kernel against oneDNN plus the eager ops.
+
+One "step" runs the embedded model's 121 linear shapes (30 layers of qkv, o, gate/up, down, and
+the head) once, with distinct random weights so they come from memory as in a real step.
+Prints ms per step for each row count; the model's int8 path picks the native kernel below
+``NATIVE_MAX_ROWS`` rows.
+
+    .venv/bin/python benchmarks/bench_int8_linear.py [--rows 1,16,64,128,512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from radixserve.layers import int8_linear
+from radixserve.layers.int8_linear import Int8Linear
+
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
+
+
+def _layers(use_native: bool) -> list[Int8Linear]:
+    gen = torch.Generator().manual_seed(0)
+    saved = int8_linear._NativeWeight.build
+    if not use_native:
+        int8_linear._NativeWeight.build = classmethod(lambda cls, *args: None)
+    try:
+        return [Int8Linear.from_float(torch.randn(n, k, generator=gen) * 0.05)
+                for n, k in SHAPES]
+    finally:
+        int8_linear._NativeWeight.build = saved
+
+
+def _step_ms(layers: list[Int8Linear], rows: int, reps: int) -> float:
+    inputs = [torch.randn(rows, lin.in_features) for lin in layers]
+    best = float("inf")
+    for _ in range(reps + 1):  # the first pass warms up
+        t0 = time.perf_counter()
+        for lin, x in zip(layers, inputs):
+            lin(x)
+        best = min(best, time.perf_counter() - t0)
+    return best * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", default="1,2,4,8,16,32,64,128,512")
+    args = parser.parse_args()
+    native, torch_path = _layers(True), _layers(False)
+    if native[0]._native is None:
+        raise SystemExit("native kernels unavailable here (see the log of radixserve.kernels)")
+    print("rows  native ms/step  torch ms/step (quantize + oneDNN + epilogue)")
+    for rows in (int(r) for r in args.rows.split(",")):
+        reps = 5 if rows < 128 else 2
+        a, b = _step_ms(native, rows, reps), _step_ms(torch_path, rows, reps)
+        note = "" if rows < int8_linear.NATIVE_MAX_ROWS else "  (model uses torch path here)"
+        print(f"{rows:4d}  {a:14.2f}  {b:13.2f}{note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The native CPU kernels: the build and its cache, the switch that turns them off, and the
+int8 linear kernel bit-identical to the torch path (so a row's result never depends on which
+path its batch size picks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixserve.kernels import native
+from radixserve.layers import int8_linear
+from radixserve.layers.int8_linear import NATIVE_MAX_ROWS, Int8Linear
+
+needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
+
+
+def _torch_path(weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Linear:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(int8_linear._NativeWeight, "build", lambda *args: None)
+        return Int8Linear.from_float(weight, bias)
+
+
+@needs_native
+@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (33, 17), (16, 4), (1, 3), (100, 130)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_int8_linear_native_is_bit_identical_to_the_torch_path(shape, with_bias):
+    gen = torch.Generator().manual_seed(sum(shape))
+    n, k = shape
+    w = torch.randn(n, k, generator=gen) * 0.05
+    b = torch.randn(n, generator=gen) if with_bias else None
+    fast, reference = Int8Linear.from_float(w, b), _torch_path(w, b)
+    assert fast._native is not None and reference._native is None
+    for m in (1, 2, 3, 4, 5, 9, 31):
+        x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen) * 5
+        x[0, 0] = 0.0
+        assert torch.equal(fast(x), reference(x)), (shape, m)
+    zero = torch.zeros(2, k)
+    assert torch.equal(fast(zero), reference(zero))
+
+
+@needs_native
+def test_a_row_is_the_same_below_and_above_the_native_row_limit():
+    gen = torch.Generator().manual_seed(1)
+    lin = Int8Linear.from_float(torch.randn(80, 96, generator=gen), torch.randn(80, generator=gen))
+    x = torch.randn(NATIVE_MAX_ROWS + 5, 96, generator=gen)
+    big = lin(x)  # the torch path (oneDNN or _int_mm)
+    for i in (0, 7, NATIVE_MAX_ROWS + 4):
+        assert torch.equal(lin(x[i:i + 1]), big[i:i + 1])
+    assert torch.equal(lin(x[:NATIVE_MAX_ROWS - 1]), big[:NATIVE_MAX_ROWS - 1])
+
+
+@needs_native
+def test_non_contiguous_input_and_empty_batch():
+    lin = Int8Linear.from_float(torch.randn(24, 40))
+    x = torch.randn(40, 6).t()
+    assert torch.equal(lin(x), lin(x.contiguous()))
+    assert lin(torch.empty(0, 40)).shape == (0, 24)
+
+
+def test_the_switch_turns_the_kernels_off(monkeypatch):
+    monkeypatch.setenv("RADIXSERVE_NATIVE_KERNELS", "0")
+    native.load.cache_clear()
+    try:
+        assert native.load() is None
+        assert Int8Linear.from_float(torch.randn(8, 8))._native is None
+    finally:
+        monkeypatch.undo()
+        native.load.cache_clear()
+
+
+@needs_native
+def test_builds_into_the_cache_dir_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    native.load.cache_clear()
+    try:
+        assert native.load() is not None
+        built = list((tmp_path / "kernels").glob("*.so"))
+        assert len(built) == 1 and not list((tmp_path / "kernels").glob("tmp*"))
+        stamp = built[0].stat().st_mtime_ns
+        native.load.cache_clear()
+        assert native.load() is not None  # found in the cache, not rebuilt
+        assert built[0].stat().st_mtime_ns == stamp
+    finally:
+        monkeypatch.undo()
+        native.load.cache_clear()
+
+
+def test_a_missing_compiler_leaves_the_torch_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    native.load.cache_clear()
+    try:
+        assert native.load() is None
+    finally:
+        monkeypatch.undo()
+        native.load.cache_clear()
