@@ -12,17 +12,25 @@
 // float rounding per operation, in the same order as the eager ops (no FMA contraction:
 // compiled with -ffp-contract=off).
 //
-// Weight layout ("packed"): [N16][K4][16][4] int8, N16 = ceil(N / 16), K4 = ceil(K / 4), zero
-// padded; bytes (lane * 4 + i) of vector (nb, j) hold W[nb * 16 + lane][4 * j + i]. That is the
-// operand order of vpdpbusd: one 64-byte load feeds 16 outputs with 4 k-steps each, and a row's
-// 4 activation bytes are broadcast. vpdpbusd multiplies unsigned by signed bytes, so activations
-// are stored as q + 128 and 128 * sum_k W[n][k] is subtracted from each sum ("comp").
+// Weight layout ("packed"): [N16][K4][16][4] int8, N16 = ceil(N / 16), K4 = Kp / 4 with K
+// padded to Kp = a multiple of 64, zeros in the padding; bytes (lane * 4 + i) of vector (nb, j)
+// hold W[nb * 16 + lane][4 * j + i]. That is the operand order of vpdpbusd (one 64-byte load
+// feeds 16 outputs with 4 k-steps each, a row's 4 activation bytes broadcast) and, 16 vectors
+// at a time, an AMX B tile (16 rows of 4 k-steps x 16 outputs). Both multiply unsigned by
+// signed bytes, so activations are stored as q + 128 and 128 * sum_k W[n][k] is subtracted from
+// each sum ("comp").
+//
+// Two GEMM paths, same exact int32 sums: AVX-512 VNNI for a few rows (memory bound: the weights
+// stream once), AMX tiles (16 rows x 64 k-bytes x 16 outputs per instruction) from AMX_MIN_ROWS
+// rows up, where VNNI would be compute bound.
 
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
 #error "needs AVX-512 F, BW and VNNI"
@@ -33,6 +41,8 @@ namespace {
 constexpr float kLoScale = 254.0f;
 constexpr float kTiny = 1e-30f;
 constexpr int kMaxRows = 4;  // rows per register block: 2 terms x 4 rows x 2 blocks = 16 zmm
+constexpr int64_t kAmxMinRows = 8;  // below this the VNNI path (measured: bench_int8_linear.py)
+bool g_amx = false;  // set by rs_init once the kernel may use AMX tiles
 
 // One row of x [K] -> hi and lo bytes (q + 128) [K4 * 4], zero padded (byte 128); returns s.
 float quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* hi, uint8_t* lo) {
@@ -64,6 +74,29 @@ float quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* hi, uint8_t* 
   return s;
 }
 
+// The epilogue for `rows` rows of one block of 16 outputs from int32 sums (row stride 16).
+void epilogue16(int rows, const int32_t* acc_hi, const int32_t* acc_lo, const int32_t* comp,
+                const float* ws, const float* bias, const float* scales, float* y, int64_t ldy,
+                int64_t n, int64_t N) {
+  if (n >= N) return;
+  int64_t left = N - n;
+  __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+  const __m512 inv_lo = _mm512_set1_ps(1.0f / kLoScale);
+  __m512i c = _mm512_loadu_si512((const void*)(comp + n));
+  __m512 vw = _mm512_loadu_ps(ws + n);
+  __m512 vb = bias ? _mm512_maskz_loadu_ps(m, bias + n) : _mm512_setzero_ps();
+  for (int r = 0; r < rows; ++r) {
+    __m512i h = _mm512_loadu_si512((const void*)(acc_hi + 16 * r));
+    __m512i l = _mm512_loadu_si512((const void*)(acc_lo + 16 * r));
+    __m512 fh = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(h, c)), vw);
+    __m512 fl = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l, c)), vw);
+    __m512 v = _mm512_mul_ps(_mm512_add_ps(fh, _mm512_mul_ps(fl, inv_lo)),
+                             _mm512_set1_ps(scales[r]));
+    if (bias) v = _mm512_add_ps(v, vb);
+    _mm512_mask_storeu_ps(y + r * ldy + n, m, v);
+  }
+}
+
 // R rows x NB blocks of 16 outputs: int32 sums over all of K, then the epilogue into y.
 template <int R, int NB>
 void block(const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, const int8_t* w_blocks,
@@ -86,25 +119,64 @@ void block(const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, const int8_t* w_b
       }
     }
   }
-  const __m512 inv_lo = _mm512_set1_ps(1.0f / kLoScale);
-  for (int b = 0; b < NB; ++b) {
-    int64_t n = n0 + 16 * b;
-    if (n >= N) break;
-    int64_t left = N - n;
-    __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-    __m512i c = _mm512_loadu_si512((const void*)(comp + n));
-    __m512 vw = _mm512_loadu_ps(ws + n);
-    __m512 vb = bias ? _mm512_maskz_loadu_ps(m, bias + n) : _mm512_setzero_ps();
+  alignas(64) int32_t c[2][NB][R][16];
+  for (int b = 0; b < NB; ++b)
     for (int r = 0; r < R; ++r) {
-      __m512 fh = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc_hi[r][b], c)), vw);
-      __m512 fl = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc_lo[r][b], c)), vw);
-      __m512 v = _mm512_mul_ps(_mm512_add_ps(fh, _mm512_mul_ps(fl, inv_lo)),
-                               _mm512_set1_ps(scales[r]));
-      if (bias) v = _mm512_add_ps(v, vb);
-      _mm512_mask_storeu_ps(y + r * ldy + n, m, v);
+      _mm512_store_si512((void*)c[0][b][r], acc_hi[r][b]);
+      _mm512_store_si512((void*)c[1][b][r], acc_lo[r][b]);
+    }
+  for (int b = 0; b < NB; ++b)
+    epilogue16(R, c[0][b][0], c[1][b][0], comp, ws, bias, scales, y, ldy, n0 + 16 * b, N);
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+struct TileConfig {
+  uint8_t palette_id, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+void amx_configure() {
+  TileConfig cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {  // every tile 16 rows x 64 bytes
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// 16 rows (hi and lo) x NB blocks of 16 outputs with AMX: tmm0..3 sums (hi/lo x block),
+// tmm4/5 the hi/lo activations, tmm6/7 the weights. Sums go to c [2][NB][16][16].
+template <int NB>
+void amx_block(const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, const int8_t* w_blocks,
+               int32_t* c) {
+  const int64_t block_stride = Kp / 4 * 64;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < Kp; k += 64) {
+    _tile_loadd(4, qhi + k, Kp);
+    _tile_loadd(5, qlo + k, Kp);
+    _tile_loadd(6, w_blocks + k * 16, 64);
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(2, 5, 6);
+    if (NB == 2) {
+      _tile_loadd(7, w_blocks + block_stride + k * 16, 64);
+      _tile_dpbusd(1, 4, 7);
+      _tile_dpbusd(3, 5, 7);
     }
   }
+  _tile_stored(0, c, 64);
+  _tile_stored(2, c + NB * 256, 64);
+  if (NB == 2) {
+    _tile_stored(1, c + 256, 64);
+    _tile_stored(3, c + 3 * 256, 64);
+  }
 }
+#endif
 
 template <int NB>
 void rows_block(int rows, const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, const int8_t* w,
@@ -123,11 +195,23 @@ void rows_block(int rows, const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, co
 extern "C" {
 
 // Returns the version of this file's interface; the loader checks it.
-int rs_abi_version() { return 1; }
+int rs_abi_version() { return 2; }
+
+// Asks the kernel for AMX tile state (Linux grants it per process); returns 1 if AMX is used.
+int rs_init(int want_amx) {
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+  const long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  g_amx = want_amx && syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  (void)want_amx;
+  g_amx = false;
+#endif
+  return g_amx ? 1 : 0;
+}
 
 // W [N, K] int8 row-major -> packed [N16][K4][16][4] (zeroed padding) and comp[N16 * 16].
 void rs_int8_pack(const int8_t* W, int64_t N, int64_t K, int8_t* packed, int32_t* comp) {
-  const int64_t N16 = (N + 15) / 16, K4 = (K + 3) / 4;
+  const int64_t N16 = (N + 15) / 16, K4 = (K + 63) / 64 * 16;
   memset(packed, 0, (size_t)(N16 * K4 * 64));
   memset(comp, 0, (size_t)(N16 * 16) * sizeof(int32_t));
   for (int64_t n = 0; n < N; ++n) {
@@ -142,12 +226,15 @@ void rs_int8_pack(const int8_t* W, int64_t N, int64_t K, int8_t* packed, int32_t
 }
 
 // x [M, K] float32 row-major -> y [M, N] float32 (row stride ldy). ws [N16 * 16] (padded),
-// bias [N] or NULL. Scratch is allocated here (2 * M * Kp bytes + M floats).
+// bias [N] or NULL. Scratch is allocated here (2 * M16 * Kp bytes + M floats). Returns 0, or 1
+// when the scratch cannot be allocated.
 int rs_int8_linear(const float* x, int64_t M, int64_t K, const int8_t* packed,
                    const int32_t* comp, const float* ws, const float* bias, int64_t N,
                    float* y, int64_t ldy) {
-  const int64_t Kp = (K + 3) / 4 * 4, N16 = (N + 15) / 16, K4 = Kp / 4;
-  uint8_t* q = (uint8_t*)aligned_alloc(64, (size_t)((2 * M * Kp + 63) / 64 * 64));
+  const int64_t Kp = (K + 63) / 64 * 64, N16 = (N + 15) / 16, K4 = Kp / 4;
+  const bool amx = g_amx && M >= kAmxMinRows;
+  const int64_t Mp = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole 16-row tiles
+  uint8_t* q = (uint8_t*)aligned_alloc(64, (size_t)((2 * Mp * Kp + 63) / 64 * 64));
   float* scales = (float*)malloc((size_t)M * sizeof(float));
   if (!q || !scales) {
     free(q);
@@ -155,23 +242,53 @@ int rs_int8_linear(const float* x, int64_t M, int64_t K, const int8_t* packed,
     return 1;
   }
   uint8_t* qhi = q;
-  uint8_t* qlo = q + M * Kp;
-  for (int64_t r = 0; r < M; ++r) scales[r] = quantize_row(x + r * K, K, Kp, qhi + r * Kp, qlo + r * Kp);
+  uint8_t* qlo = q + Mp * Kp;
+  if (Mp > M) memset(qhi + M * Kp, 128, (size_t)((Mp - M) * Kp));
+  if (Mp > M) memset(qlo + M * Kp, 128, (size_t)((Mp - M) * Kp));
+#pragma omp parallel for schedule(static) if (M >= 16)
+  for (int64_t r = 0; r < M; ++r)
+    scales[r] = quantize_row(x + r * K, K, Kp, qhi + r * Kp, qlo + r * Kp);
   const int64_t pairs = (N16 + 1) / 2;
-#pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int64_t nb = 2 * p;
-    const int8_t* w = packed + nb * K4 * 64;
-    for (int64_t r0 = 0; r0 < M; r0 += kMaxRows) {
-      int rows = (int)(M - r0 < kMaxRows ? M - r0 : kMaxRows);
-      const uint8_t* h = qhi + r0 * Kp;
-      const uint8_t* l = qlo + r0 * Kp;
-      float* yr = y + r0 * ldy;
-      if (nb + 1 < N16)
-        rows_block<2>(rows, h, l, Kp, w, comp, ws, bias, scales + r0, yr, ldy, nb * 16, N);
-      else
-        rows_block<1>(rows, h, l, Kp, w, comp, ws, bias, scales + r0, yr, ldy, nb * 16, N);
+#pragma omp parallel
+  {
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+    alignas(64) int32_t c[2 * 2 * 256];
+    if (amx) amx_configure();
+#endif
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t nb = 2 * p;
+      const int nblocks = nb + 1 < N16 ? 2 : 1;
+      const int8_t* w = packed + nb * K4 * 64;
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+      if (amx) {
+        for (int64_t r0 = 0; r0 < M; r0 += 16) {
+          int rows = (int)(M - r0 < 16 ? M - r0 : 16);
+          const uint8_t* h = qhi + r0 * Kp;
+          const uint8_t* l = qlo + r0 * Kp;
+          if (nblocks == 2) amx_block<2>(h, l, Kp, w, c);
+          else amx_block<1>(h, l, Kp, w, c);
+          for (int b = 0; b < nblocks; ++b)
+            epilogue16(rows, c + b * 256, c + (nblocks + b) * 256, comp, ws, bias, scales + r0,
+                       y + r0 * ldy, ldy, (nb + b) * 16, N);
+        }
+        continue;
+      }
+#endif
+      for (int64_t r0 = 0; r0 < M; r0 += kMaxRows) {
+        int rows = (int)(M - r0 < kMaxRows ? M - r0 : kMaxRows);
+        const uint8_t* h = qhi + r0 * Kp;
+        const uint8_t* l = qlo + r0 * Kp;
+        float* yr = y + r0 * ldy;
+        if (nblocks == 2)
+          rows_block<2>(rows, h, l, Kp, w, comp, ws, bias, scales + r0, yr, ldy, nb * 16, N);
+        else
+          rows_block<1>(rows, h, l, Kp, w, comp, ws, bias, scales + r0, yr, ldy, nb * 16, N);
+      }
     }
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+    if (amx) _tile_release();
+#endif
   }
   free(q);
   free(scales);

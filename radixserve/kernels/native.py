@@ -11,6 +11,7 @@ under a name keyed by the source, the compiler and the CPU's flags; it is writte
 file and renamed, so concurrent processes do not see half a library. ``load()`` returns None
 (and says why once, in the log) where the kernels cannot run: no g++, a CPU without AVX-512
 VNNI, a failed build, or ``RADIXSERVE_NATIVE_KERNELS=0``. Callers then keep their torch path.
+``RADIXSERVE_AMX=0`` keeps the kernels off AMX tiles (results are the same bits either way).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 _SOURCES = ("int8_linear.cpp",)
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno",
           "-shared", "-fPIC", "-std=c++17"]
@@ -36,6 +37,7 @@ _NEEDED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
     "rs_abi_version": (ctypes.c_int, []),
+    "rs_init": (ctypes.c_int, [ctypes.c_int]),
     "rs_int8_pack": (None, [_P, _I64, _I64, _P, _P]),
     "rs_int8_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _P, _I64]),
 }
@@ -89,6 +91,8 @@ def _load() -> ctypes.CDLL:
         fn.restype, fn.argtypes = restype, argtypes
     if lib.rs_abi_version() != ABI_VERSION:
         raise _Unavailable(f"{target} has another interface version")
+    want_amx = os.environ.get("RADIXSERVE_AMX", "1") != "0"
+    logger.info("native CPU kernels loaded (AMX %s)", "on" if lib.rs_init(want_amx) else "off")
     return lib
 
 

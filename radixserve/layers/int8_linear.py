@@ -18,13 +18,16 @@ blocking the GEMM picks for a given number of rows, the row scale depends only o
 everything after is elementwise with one rounding per op. So a row's output is bit-identical
 alone or in any batch, which float GEMMs (oneDNN's bf16 in particular) do not promise.
 
-Below ``NATIVE_MAX_ROWS`` rows (decode steps) the whole layer is one call into the native
-kernel (``radixserve/kernels/int8_linear.cpp``: quantization, both terms in one pass over the
-weights, epilogue), bit-identical to the torch path, so which path a call takes never changes
-a row's result; at 121 linears per step it takes a batch-1 decode step's linears from ~47 to
-~10 ms. From ``NATIVE_MAX_ROWS`` rows up (prefill), the GEMM is oneDNN's ``qlinear_pointwise``
-on a prepacked weight (AMX or VNNI where the CPU has them), which is faster there; without
-oneDNN, ``torch._int_mm`` on the plain int8 weight.
+Where the native kernels load (``radixserve/kernels``: x86-64 with AVX-512 VNNI and g++), the
+whole layer is one call into ``int8_linear.cpp`` (row quantization, both terms in one pass
+over the weights, the epilogue; AVX-512 VNNI for a few rows, AMX tiles for more), bit-identical
+to the torch path below. Per step of the embedded model's 121 linears that is ~2-4x faster at
+every batch size (``benchmarks/bench_int8_linear.py``: 9.6 / 14.6 / 35 / 298 ms at 1 / 16 / 64
+/ 512 rows against 36 / 49 / 87 / 573 ms).
+
+Otherwise the GEMM is oneDNN's ``qlinear_pointwise`` on a prepacked weight (AMX or VNNI where
+the CPU has them), with the quantization and epilogue as torch ops; without oneDNN,
+``torch._int_mm`` on the plain int8 weight.
 """
 
 from __future__ import annotations
@@ -38,10 +41,6 @@ from radixserve.kernels import native
 
 _LO = 254.0  # the low term's scale relative to the high one
 _TINY = 1e-30  # floor of a row's max, so an all-zero row quantizes to zeros
-# Rows below which the native kernel is used: per step of the embedded model's 121 linears it
-# takes 10 / 30 / 108 / 212 ms at 1 / 16 / 64 / 128 rows, oneDNN plus the eager ops
-# 47 / 65 / 124 / 211 ms (benchmarks/bench_int8_linear.py).
-NATIVE_MAX_ROWS = 128
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,14 +74,16 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = qweight.shape
         self.register_buffer("w_scale", w_scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
-        if onednn_available():
+        self._native = _NativeWeight.build(qweight, w_scale, self.bias)
+        if self._native is not None:
+            self._gemm = None
+        elif onednn_available():
             self._packed = torch.ops.onednn.qlinear_prepack(qweight, None)
             self._zero_points = torch.zeros(self.out_features, dtype=torch.long)
             self._gemm = self._onednn_gemm
         else:
             self.register_buffer("qweight", qweight)
             self._gemm = self._int_mm_gemm
-        self._native = _NativeWeight.build(qweight, w_scale, self.bias)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
@@ -93,8 +94,9 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_rows = x.shape[0]
-        if num_rows < NATIVE_MAX_ROWS and x.dtype == torch.float32 and self._native is not None:
-            return self._native(x)
+        if self._native is not None:
+            y = self._native(x.float())
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
         q, scale = quantize_rows(x)
         out = self._gemm(q)  # [2M, N] = [hi; lo] · wq * w_scale
         y, lo = out[:num_rows], out[num_rows:]
@@ -123,8 +125,8 @@ class _NativeWeight:
     def __init__(self, lib: ctypes.CDLL, qweight: torch.Tensor, w_scale: torch.Tensor,
                  bias: torch.Tensor | None) -> None:
         n, k = qweight.shape
-        n16, k4 = -(-n // 16), -(-k // 4)
-        self.packed = torch.empty(n16 * k4 * 64, dtype=torch.int8)
+        n16, k64 = -(-n // 16), -(-k // 64)
+        self.packed = torch.empty(n16 * k64 * 64 * 16, dtype=torch.int8)
         self.comp = torch.empty(n16 * 16, dtype=torch.int32)
         qweight = qweight.contiguous()
         lib.rs_int8_pack(qweight.data_ptr(), n, k, self.packed.data_ptr(), self.comp.data_ptr())

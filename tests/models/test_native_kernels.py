@@ -9,7 +9,7 @@ import torch
 
 from radixserve.kernels import native
 from radixserve.layers import int8_linear
-from radixserve.layers.int8_linear import NATIVE_MAX_ROWS, Int8Linear
+from radixserve.layers.int8_linear import Int8Linear
 
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
 
@@ -30,7 +30,7 @@ def test_int8_linear_native_is_bit_identical_to_the_torch_path(shape, with_bias)
     b = torch.randn(n, generator=gen) if with_bias else None
     fast, reference = Int8Linear.from_float(w, b), _torch_path(w, b)
     assert fast._native is not None and reference._native is None
-    for m in (1, 2, 3, 4, 5, 9, 31):
+    for m in (1, 2, 3, 4, 5, 7, 8, 9, 31, 70):
         x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen) * 5
         x[0, 0] = 0.0
         assert torch.equal(fast(x), reference(x)), (shape, m)
@@ -39,14 +39,21 @@ def test_int8_linear_native_is_bit_identical_to_the_torch_path(shape, with_bias)
 
 
 @needs_native
-def test_a_row_is_the_same_below_and_above_the_native_row_limit():
+@pytest.mark.parametrize("amx", [True, False])
+def test_a_row_is_the_same_alone_or_in_any_batch(amx):
+    lib = native.load()
     gen = torch.Generator().manual_seed(1)
     lin = Int8Linear.from_float(torch.randn(80, 96, generator=gen), torch.randn(80, generator=gen))
-    x = torch.randn(NATIVE_MAX_ROWS + 5, 96, generator=gen)
-    big = lin(x)  # the torch path (oneDNN or _int_mm)
-    for i in (0, 7, NATIVE_MAX_ROWS + 4):
-        assert torch.equal(lin(x[i:i + 1]), big[i:i + 1])
-    assert torch.equal(lin(x[:NATIVE_MAX_ROWS - 1]), big[:NATIVE_MAX_ROWS - 1])
+    x = torch.randn(133, 96, generator=gen)
+    big = lin(x)  # AMX tiles where the CPU has them
+    try:
+        lib.rs_init(amx)
+        for i in (0, 7, 132):
+            assert torch.equal(lin(x[i:i + 1]), big[i:i + 1])  # the VNNI path
+        for m in (5, 8, 17, 130):
+            assert torch.equal(lin(x[:m]), big[:m])
+    finally:
+        lib.rs_init(True)
 
 
 @needs_native
