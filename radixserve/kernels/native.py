@@ -29,7 +29,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 ABI_VERSION = 2
-_SOURCES = ("int8_linear.cpp",)
+_SOURCES = ("int8_linear.cpp", "paged_attention.cpp")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno",
           "-shared", "-fPIC", "-std=c++17"]
 _NEEDED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
@@ -40,6 +40,8 @@ _SIGNATURES = {
     "rs_init": (ctypes.c_int, [ctypes.c_int]),
     "rs_int8_pack": (None, [_P, _I64, _I64, _P, _P]),
     "rs_int8_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _P, _I64]),
+    "rs_paged_attention": (ctypes.c_int, [_P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64,
+                                          _I64, ctypes.c_float, _P]),
 }
 
 
@@ -103,7 +105,7 @@ def _build(compiler: str, sources: list[Path], target: Path) -> None:
     cmd = [compiler, *_FLAGS, *map(str, sources), "-o", tmp]
     logger.info("building the native CPU kernels: %s", " ".join(cmd))
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise _Unavailable(f"build failed: {done.stderr.strip()[-2000:]}")
         os.replace(tmp, target)
@@ -116,7 +118,7 @@ def _build(compiler: str, sources: list[Path], target: Path) -> None:
 
 def _compiler_version(compiler: str) -> str:
     try:
-        return subprocess.run([compiler, "--version"], capture_output=True, text=True,
+        return subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True,
                               timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise _Unavailable(f"cannot run {compiler}: {exc}") from exc

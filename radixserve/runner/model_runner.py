@@ -17,7 +17,7 @@ from radixserve.core.sched_output import (
     ScheduledSeq,
     SchedulerOutput,
 )
-from radixserve.layers.attn_backends import get_attn_backend
+from radixserve.layers.attn_backends import get_attn_backend, resolve_attn_backend
 from radixserve.runner.forward_context import ForwardContext, forward_context
 from radixserve.runner.kv_cache import allocate_kv_cache
 from radixserve.runner.sampler import Sampler, SamplingBatch
@@ -26,13 +26,13 @@ from radixserve.runner.sampler import Sampler, SamplingBatch
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, config: ModelConfig, num_blocks: int,
                  block_size: int, device: torch.device, dtype: torch.dtype,
-                 attn_backend: str = "torch") -> None:
+                 attn_backend: str = "auto") -> None:
         self.model = model
         self.config = config
         self.block_size = block_size
         self.device = device
         self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
-        self.backend = get_attn_backend(attn_backend)
+        self.backend = get_attn_backend(resolve_attn_backend(attn_backend, device, dtype))
         self.sampler = Sampler()
 
     @torch.inference_mode()

@@ -1,12 +1,15 @@
-"""The torch paged-attention backend against a dense float64 reference, row by row: plain
-decode rows, rows sharing leading blocks (the cascade path), short chunks run as decode rows,
-and prefill chunks with and without cached context."""
+"""The paged-attention backends (torch, and the native CPU decode kernel) against a dense
+float64 reference, row by row: plain decode rows, rows sharing leading blocks (the torch
+cascade path), short chunks run as decode rows, and prefill chunks with and without cached
+context; the native kernel's rows do not depend on the rest of the batch, bit for bit."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from radixserve.kernels import native
+from radixserve.layers.attn_backends.cpu_native import NativeCpuPagedAttention
 from radixserve.layers.attn_backends.torch_paged import MIN_SHARED_PREFIX, TorchPagedAttention
 
 BLOCK, HEADS, KV_HEADS, DIM, NUM_BLOCKS = 4, 6, 2, 8, 96
@@ -25,7 +28,7 @@ def reference(q, keys, values, lens):
     return torch.stack(out).float()
 
 
-def run_batch(seqs, seed=0):
+def run_batch(seqs, seed=0, backend=None, dims=None):
     """seqs: (block_ids, start_pos, num_new_tokens) packed in this order (decode-like first).
     Returns the backend's output, the reference, and the metadata."""
     gen = torch.Generator().manual_seed(seed)
@@ -51,7 +54,7 @@ def run_batch(seqs, seed=0):
             row_values.append(vs)
             lens.append(start + j + 1)
         t += n
-    backend = TorchPagedAttention()
+    backend = backend or TorchPagedAttention()
     meta = backend.build_metadata(
         slot_mapping=torch.tensor(slots), block_table=table,
         context_lens=[s + n for _, s, n in seqs], q_lens=[n for _, _, n in seqs],
@@ -97,3 +100,80 @@ def test_cascade_equals_plain_path_up_to_rounding():
         paged.MIN_SHARED_PREFIX = old
     assert meta.shared_blocks is None
     torch.testing.assert_close(cascade, plain, rtol=1e-5, atol=1e-6)
+
+
+needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
+
+
+@needs_native
+@pytest.mark.parametrize("case", ["plain", "shared", "chunks", "prefills", "long"])
+def test_native_backend_matches_dense_reference(case):
+    if case == "plain":
+        seqs = [([20, 21, 22], 9, 1), ([30, 31], 5, 1), ([40, 41, 42, 43], 15, 1)]
+    elif case == "shared":
+        seqs = [(SHARED + [60, 61], 79, 1), (SHARED + [62], 74, 1), (SHARED + [63, 64, 65], 83, 1)]
+    elif case == "chunks":  # a short chunk (decode rows) beside a decode
+        seqs = [(SHARED + [60, 61], 74, 5), (SHARED + [62], 73, 1)]
+    elif case == "prefills":
+        seqs = [([20, 21], 6, 1), ([30, 31, 32], 0, 10), (SHARED + [62, 63], 70, 10)]
+    else:  # one row over most of the pool: many 16-token score vectors and a tail
+        seqs = [(list(range(1, 91)), 357, 1)]
+    got, want, meta = run_batch(seqs, backend=NativeCpuPagedAttention())
+    assert meta.row_len.tolist() == [s + j + 1 for _, s, n in seqs for j in range(n)]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@needs_native
+def test_native_decode_rows_do_not_depend_on_the_batch():
+    gen = torch.Generator().manual_seed(5)
+    pool = (torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen),
+            torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen))
+    seqs = [(SHARED + [60, 61], 79), ([30, 31], 5), (SHARED + [62], 74)]  # (blocks, length)
+    q = torch.randn(3, HEADS, DIM, generator=gen)
+    k, v = torch.randn(3, KV_HEADS, DIM, generator=gen), torch.randn(3, KV_HEADS, DIM, generator=gen)
+    backend = NativeCpuPagedAttention()
+
+    def run(rows):
+        width = max(len(seqs[i][0]) for i in rows)
+        table = torch.tensor([seqs[i][0] + [0] * (width - len(seqs[i][0])) for i in rows])
+        last = [seqs[i][1] - 1 for i in rows]
+        slots = torch.tensor([seqs[i][0][p // BLOCK] * BLOCK + p % BLOCK
+                              for i, p in zip(rows, last)])
+        meta = backend.build_metadata(slot_mapping=slots, block_table=table,
+                                      context_lens=[seqs[i][1] for i in rows],
+                                      q_lens=[1] * len(rows), start_pos=last, block_size=BLOCK)
+        return backend.forward(q[rows], k[rows], v[rows], pool, meta, SCALE)
+
+    together = run([0, 1, 2])
+    for i in range(3):
+        assert torch.equal(run([i]), together[i:i + 1])
+    assert torch.equal(run([2, 0]), together[[2, 0]])
+
+
+@needs_native
+def test_native_rows_are_the_same_in_one_chunk_or_several():
+    """A 10-token prompt prefilled at once, in chunks of 6 + 4, or token by token: every
+    row's output is the same bits (the cached context is read back from the pool)."""
+    gen = torch.Generator().manual_seed(7)
+    blocks = [5, 9, 2]
+    q = torch.randn(10, HEADS, DIM, generator=gen)
+    k, v = torch.randn(10, KV_HEADS, DIM, generator=gen), torch.randn(10, KV_HEADS, DIM, generator=gen)
+    backend = NativeCpuPagedAttention()
+
+    def run(pieces):
+        pool = (torch.zeros(NUM_BLOCKS, BLOCK, KV_HEADS, DIM),
+                torch.zeros(NUM_BLOCKS, BLOCK, KV_HEADS, DIM))
+        outs = []
+        for start, n in pieces:
+            rows = slice(start, start + n)
+            slots = torch.tensor([blocks[p // BLOCK] * BLOCK + p % BLOCK
+                                  for p in range(start, start + n)])
+            meta = backend.build_metadata(slot_mapping=slots, block_table=torch.tensor([blocks]),
+                                          context_lens=[start + n], q_lens=[n],
+                                          start_pos=[start], block_size=BLOCK)
+            outs.append(backend.forward(q[rows], k[rows], v[rows], pool, meta, SCALE))
+        return torch.cat(outs)
+
+    whole = run([(0, 10)])
+    assert torch.equal(run([(0, 6), (6, 4)]), whole)
+    assert torch.equal(run([(i, 1) for i in range(10)]), whole)

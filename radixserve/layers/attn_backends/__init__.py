@@ -1,12 +1,28 @@
-"""Attention backends by name, imported lazily."""
+"""Attention backends by name, imported lazily; ``auto`` picks the fastest one that runs here."""
 
 from __future__ import annotations
 
 import importlib
 
+import torch
+
 _BACKENDS = {
     "torch": ("radixserve.layers.attn_backends.torch_paged", "TorchPagedAttention"),
+    "cpu_native": ("radixserve.layers.attn_backends.cpu_native", "NativeCpuPagedAttention"),
 }
+
+
+def resolve_attn_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """``auto`` → ``cpu_native`` for a float32 pool on a CPU where the native kernels load,
+    else ``torch``; other names are returned as given."""
+    if name != "auto":
+        return name
+    if device.type == "cpu" and dtype == torch.float32:
+        from radixserve.kernels import native
+
+        if native.load() is not None:
+            return "cpu_native"
+    return "torch"
 
 
 def get_attn_backend(name: str):

@@ -66,11 +66,9 @@ class TorchPagedAttention:
                        ) -> TorchAttentionMetadata:
         """``block_table`` [S, max_blocks] padded; decode-like sequences come first."""
         device = slot_mapping.device
-        num_seqs = 0
-        while num_seqs < len(q_lens) and is_decode_like(q_lens[num_seqs], start_pos[num_seqs]):
-            num_seqs += 1
+        num_seqs = num_decode_seqs(q_lens, start_pos)
         decode_blocks = decode_bias = shared_blocks = None
-        row_lens = [start_pos[i] + j + 1 for i in range(num_seqs) for j in range(q_lens[i])]
+        row_lens = decode_row_lens(q_lens, start_pos, num_seqs)
         if num_seqs:
             num_blocks = -(-max(row_lens) // block_size)
             blocks = block_table[:num_seqs, :num_blocks]
@@ -87,16 +85,8 @@ class TorchPagedAttention:
                         >= lens[:, None])
             decode_bias = torch.zeros(past_end.shape, dtype=dtype, device=device).masked_fill_(
                 past_end, float("-inf")).unsqueeze(1)
-        prefills, q_start = [], len(row_lens)
-        for i in range(num_seqs, len(q_lens)):
-            ctx_blocks = mask = None
-            if start_pos[i] > 0:
-                ctx_len = context_lens[i]
-                ctx_blocks = block_table[i, :-(-ctx_len // block_size)]
-                q_pos = torch.arange(start_pos[i], ctx_len, device=device)
-                mask = torch.arange(ctx_len, device=device)[None, :] <= q_pos[:, None]
-            prefills.append(PrefillChunk(q_start, q_lens[i], start_pos[i], ctx_blocks, mask))
-            q_start += q_lens[i]
+        prefills = prefill_chunks(block_table, context_lens, q_lens, start_pos, block_size,
+                                  num_seqs)
         return TorchAttentionMetadata(slot_mapping, len(row_lens), decode_blocks, decode_bias,
                                       shared_blocks, block_size, prefills)
 
@@ -104,12 +94,7 @@ class TorchPagedAttention:
                 kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
         """q [T, H, d], k/v [T, KVH, d] → [T, H, d]. Writes k/v into the pool first."""
-        k_cache, v_cache = kv_cache
-        num_kv_heads, head_dim = k_cache.shape[-2:]
-        flat_k = k_cache.view(-1, num_kv_heads, head_dim)
-        flat_v = v_cache.view(-1, num_kv_heads, head_dim)
-        flat_k.index_copy_(0, meta.slot_mapping, k)
-        flat_v.index_copy_(0, meta.slot_mapping, v)
+        flat_k, flat_v = write_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         if meta.num_decodes:
             b = meta.num_decodes
@@ -120,24 +105,75 @@ class TorchPagedAttention:
                 out[:b] = _decode_cascade(q[:b], flat_k, flat_v, meta.block_size,
                                           meta.shared_blocks, meta.decode_blocks,
                                           meta.decode_bias, scale)
-        for p in meta.prefills:
-            rows = slice(p.q_start, p.q_start + p.q_len)
-            qs = q[rows].transpose(0, 1).unsqueeze(0)
-            if p.ctx_blocks is None:
-                ks, vs = k[rows], v[rows]
-                o = F.scaled_dot_product_attention(
-                    qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
-                    is_causal=True, scale=scale, enable_gqa=True)
-            else:
-                ctx_len = p.mask.shape[1]
-                ks, vs = _gather_blocks(flat_k, flat_v, meta.block_size, p.ctx_blocks)
-                ks = ks.view(-1, num_kv_heads, head_dim)[:ctx_len]
-                vs = vs.view(-1, num_kv_heads, head_dim)[:ctx_len]
-                o = F.scaled_dot_product_attention(
-                    qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
-                    attn_mask=p.mask, scale=scale, enable_gqa=True)
-            out[rows] = o.squeeze(0).transpose(0, 1)
+        attend_prefills(q, k, v, flat_k, flat_v, meta.prefills, meta.block_size, scale, out)
         return out
+
+
+def num_decode_seqs(q_lens: list[int], start_pos: list[int]) -> int:
+    """How many leading sequences run as decode rows."""
+    num_seqs = 0
+    while num_seqs < len(q_lens) and is_decode_like(q_lens[num_seqs], start_pos[num_seqs]):
+        num_seqs += 1
+    return num_seqs
+
+
+def decode_row_lens(q_lens: list[int], start_pos: list[int], num_seqs: int) -> list[int]:
+    """Each decode row's context length (a chunk gives one row per token)."""
+    return [start_pos[i] + j + 1 for i in range(num_seqs) for j in range(q_lens[i])]
+
+
+def prefill_chunks(block_table: torch.Tensor, context_lens: list[int], q_lens: list[int],
+                   start_pos: list[int], block_size: int, num_seqs: int) -> list[PrefillChunk]:
+    """The sequences after the first ``num_seqs`` (decode-like) ones, as prefill chunks."""
+    device = block_table.device
+    prefills = []
+    q_start = sum(q_lens[:num_seqs])
+    for i in range(num_seqs, len(q_lens)):
+        ctx_blocks = mask = None
+        if start_pos[i] > 0:
+            ctx_len = context_lens[i]
+            ctx_blocks = block_table[i, :-(-ctx_len // block_size)]
+            q_pos = torch.arange(start_pos[i], ctx_len, device=device)
+            mask = torch.arange(ctx_len, device=device)[None, :] <= q_pos[:, None]
+        prefills.append(PrefillChunk(q_start, q_lens[i], start_pos[i], ctx_blocks, mask))
+        q_start += q_lens[i]
+    return prefills
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+             slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Store the new tokens' K/V at their slots; returns the pools viewed as [slots, KVH, d]."""
+    k_cache, v_cache = kv_cache
+    num_kv_heads, head_dim = k_cache.shape[-2:]
+    flat_k = k_cache.view(-1, num_kv_heads, head_dim)
+    flat_v = v_cache.view(-1, num_kv_heads, head_dim)
+    flat_k.index_copy_(0, slot_mapping, k)
+    flat_v.index_copy_(0, slot_mapping, v)
+    return flat_k, flat_v
+
+
+def attend_prefills(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flat_k: torch.Tensor,
+                    flat_v: torch.Tensor, prefills: list[PrefillChunk], block_size: int,
+                    scale: float, out: torch.Tensor) -> None:
+    """Prefill chunks, one at a time, into their rows of ``out``."""
+    num_kv_heads, head_dim = flat_k.shape[1:]
+    for p in prefills:
+        rows = slice(p.q_start, p.q_start + p.q_len)
+        qs = q[rows].transpose(0, 1).unsqueeze(0)
+        if p.ctx_blocks is None:
+            ks, vs = k[rows], v[rows]
+            o = F.scaled_dot_product_attention(
+                qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
+                is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            ctx_len = p.mask.shape[1]
+            ks, vs = _gather_blocks(flat_k, flat_v, block_size, p.ctx_blocks)
+            ks = ks.view(-1, num_kv_heads, head_dim)[:ctx_len]
+            vs = vs.view(-1, num_kv_heads, head_dim)[:ctx_len]
+            o = F.scaled_dot_product_attention(
+                qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
+                attn_mask=p.mask, scale=scale, enable_gqa=True)
+        out[rows] = o.squeeze(0).transpose(0, 1)
 
 
 def _gather_blocks(flat_k: torch.Tensor, flat_v: torch.Tensor, block_size: int,

@@ -1,0 +1,69 @@
+"""Paged attention on CPU with the native kernel (``radixserve/kernels/paged_attention.cpp``).
+
+Every query row of the step — decode tokens, short chunks, whole prompts — reads its context
+from the pool in place (no gathered copy per layer, no mask tensors), in one call per layer.
+Each (row, KV head) is computed on its own with a fixed order of operations, so a row's result
+is bit-identical whether it was decoded alone or in any batch, prefilled in one chunk or
+several, or found most of its context in the prefix cache. Needs a float32 pool on the CPU;
+``resolve_attn_backend("auto")`` picks this backend only then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.kernels import native
+from radixserve.layers.attn_backends.torch_paged import is_decode_like, write_kv
+
+
+@dataclass(slots=True)
+class NativeAttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
+    block_table: torch.Tensor  # [S, max_blocks] int64 pool blocks of each sequence
+    row_seq: torch.Tensor  # [T] int64 the sequence of each query row
+    row_len: torch.Tensor  # [T] int64 tokens each row attends to (its position + 1)
+    block_size: int
+
+
+class NativeCpuPagedAttention:
+    name = "cpu_native"
+    is_decode_like = staticmethod(is_decode_like)
+
+    def __init__(self) -> None:
+        lib = native.load()
+        if lib is None:
+            raise ValueError("the cpu_native attention backend needs the native CPU kernels, "
+                             "which are unavailable here (see radixserve.kernels' log)")
+        self._kernel = lib.rs_paged_attention
+
+    def build_metadata(self, *, slot_mapping: torch.Tensor, block_table: torch.Tensor,
+                       context_lens: list[int], q_lens: list[int], start_pos: list[int],
+                       block_size: int, dtype: torch.dtype = torch.float32
+                       ) -> NativeAttentionMetadata:
+        """``block_table`` [S, max_blocks] padded; sequence i's ``q_lens[i]`` new tokens sit
+        at positions ``start_pos[i]`` onwards."""
+        lens = torch.tensor(q_lens, dtype=torch.int64)
+        row_seq = torch.repeat_interleave(torch.arange(len(q_lens)), lens)
+        first_row = torch.cumsum(lens, 0) - lens
+        offset = torch.arange(row_seq.numel()) - first_row[row_seq]
+        row_len = torch.tensor(start_pos, dtype=torch.int64)[row_seq] + offset + 1
+        return NativeAttentionMetadata(slot_mapping, block_table.to(torch.int64).contiguous(),
+                                       row_seq, row_len, block_size)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor],
+                meta: NativeAttentionMetadata, scale: float) -> torch.Tensor:
+        """q [T, H, d], k/v [T, KVH, d] → [T, H, d]. Writes k/v into the pool first."""
+        flat_k, flat_v = write_kv(k, v, kv_cache, meta.slot_mapping)
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        num_rows, num_heads, head_dim = q.shape
+        if num_rows and self._kernel(
+                q.data_ptr(), flat_k.data_ptr(), flat_v.data_ptr(), meta.block_table.data_ptr(),
+                meta.block_table.shape[1], meta.row_seq.data_ptr(), meta.row_len.data_ptr(),
+                num_rows, num_heads, flat_k.shape[1], head_dim, meta.block_size, scale,
+                out.data_ptr()):
+            raise RuntimeError("native paged attention failed (shape or memory)")
+        return out
