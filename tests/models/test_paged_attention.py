@@ -177,3 +177,35 @@ def test_native_rows_are_the_same_in_one_chunk_or_several():
     whole = run([(0, 10)])
     assert torch.equal(run([(0, 6), (6, 4)]), whole)
     assert torch.equal(run([(i, 1) for i in range(10)]), whole)
+
+
+@needs_native
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "block"), [(9, 3, 64, 16), (8, 4, 128, 16),
+                                                                  (4, 1, 64, 5), (6, 6, 48, 16)])
+def test_native_kernel_specialised_shapes_match_dense(heads, kv_heads, dim, block):
+    """The compiled-in (group, head_dim) variants and the generic one, odd block sizes and
+    rows that end inside a 16-token vector."""
+    gen = torch.Generator().manual_seed(heads * dim)
+    num_blocks = 40
+    pool = (torch.randn(num_blocks, block, kv_heads, dim, generator=gen),
+            torch.randn(num_blocks, block, kv_heads, dim, generator=gen))
+    blocks = torch.randperm(num_blocks, generator=gen)[:30].tolist()
+    lens = [1, 15, 16, 17, 33, 100, 30 * block]
+    q = torch.randn(len(lens), heads, dim, generator=gen)
+    backend = NativeCpuPagedAttention()
+    meta = backend.build_metadata(slot_mapping=torch.tensor([], dtype=torch.long),
+                                  block_table=torch.tensor([blocks] * len(lens)),
+                                  context_lens=lens, q_lens=[1] * len(lens),
+                                  start_pos=[n - 1 for n in lens], block_size=block)
+    empty = torch.empty(0, kv_heads, dim)
+    got = backend.forward(q, empty, empty, pool, meta, dim ** -0.5)
+    slots = [blocks[p // block] * block + p % block for p in range(30 * block)]
+    keys = pool[0].view(-1, kv_heads, dim)[slots]
+    values = pool[1].view(-1, kv_heads, dim)[slots]
+    group = heads // kv_heads
+    for i, n in enumerate(lens):
+        k = keys[:n].double().repeat_interleave(group, dim=1)
+        v = values[:n].double().repeat_interleave(group, dim=1)
+        p = (torch.einsum("hd,lhd->hl", q[i].double(), k) * dim ** -0.5).softmax(-1)
+        want = torch.einsum("hl,lhd->hd", p, v).float()
+        torch.testing.assert_close(got[i], want, rtol=1e-4, atol=1e-5)
