@@ -1,4 +1,8 @@
-"""Rotary position embedding (HF "rotate half" layout) with default, linear and llama3 scaling."""
+"""Rotary position embedding (HF "rotate half" layout) with default, linear and llama3 scaling.
+
+On CPU with float32 q/k and the native kernels loaded, q and k are rotated in place in one call
+(``kernels/layer_ops.cpp``), bit-identical to the torch ops.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import math
 
 import torch
 from torch import nn
+
+from radixserve.kernels import native
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
 
@@ -47,6 +53,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
         self.reset_tables()
+        self._native = native.load()
 
     def reset_tables(self, device: torch.device | None = None) -> None:
         """(Re)compute the tables, e.g. after the model was built on the meta device."""
@@ -59,6 +66,15 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, H, d], k [T, KVH, d] → rotated (q, k); the native path rotates them in place
+        and returns the same tensors."""
+        if (self._native is not None and _native_ok(q) and _native_ok(k) and self.cos.is_cpu
+                and positions.dtype == torch.int64 and positions.is_contiguous()):
+            num_rows, num_heads, head_dim = q.shape
+            self._native.rs_rotary(q.data_ptr(), q.stride(0), num_heads, k.data_ptr(),
+                                   k.stride(0), k.shape[1], num_rows, head_dim,
+                                   positions.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr())
+            return q, k
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return _apply(q, cos, sin), _apply(k, cos, sin)
@@ -68,3 +84,9 @@ def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def _native_ok(x: torch.Tensor) -> bool:
+    """float32 on CPU, heads of a row contiguous (a row stride of its own is fine)."""
+    return (x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(2) == 1
+            and x.stride(1) == x.shape[2])

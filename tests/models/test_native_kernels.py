@@ -101,3 +101,56 @@ def test_a_missing_compiler_leaves_the_torch_path(tmp_path, monkeypatch):
     finally:
         monkeypatch.undo()
         native.load.cache_clear()
+
+
+def _without_native(module):
+    module._native = None
+    return module
+
+
+@needs_native
+@pytest.mark.parametrize("dim", [576, 64, 40, 3])
+def test_rms_norm_native_matches_torch(dim):
+    from radixserve.layers.norm import RMSNorm
+
+    gen = torch.Generator().manual_seed(dim)
+    norm, reference = RMSNorm(dim, 1e-5), _without_native(RMSNorm(dim, 1e-5))
+    weight = torch.randn(dim, generator=gen)
+    norm.weight.data.copy_(weight)
+    reference.weight.data.copy_(weight)
+    x = torch.randn(37, dim, generator=gen) * 3
+    torch.testing.assert_close(norm(x), reference(x), rtol=2e-6, atol=1e-6)
+    residual = torch.randn(37, dim, generator=gen)
+    want, want_sum = reference(x, residual.clone())
+    got, got_sum = norm(x, residual.clone())
+    assert torch.equal(got_sum, want_sum)  # the add is one rounding either way
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
+    assert torch.equal(norm(x[5:6]), norm(x)[5:6])  # a row alone or in a batch
+
+
+@needs_native
+def test_rotary_native_is_bit_identical_to_torch():
+    from radixserve.layers.rotary import RotaryEmbedding
+
+    rope = RotaryEmbedding(64, 4096, 10000.0, None)
+    reference = _without_native(RotaryEmbedding(64, 4096, 10000.0, None))
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(19, (9 + 3 + 3) * 64, generator=gen)
+    q, k, _ = qkv.split([9 * 64, 3 * 64, 3 * 64], dim=-1)
+    q, k = q.view(19, 9, 64), k.view(19, 3, 64)  # row-strided views, as the model has them
+    positions = torch.randint(0, 4096, (19,), generator=gen)
+    want_q, want_k = reference(positions, q.clone(), k.clone())
+    got_q, got_k = rope(positions, q, k)
+    assert got_q.data_ptr() == q.data_ptr()  # rotated in place
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+
+
+@needs_native
+def test_silu_and_mul_native_matches_torch():
+    from torch.nn import functional as F
+
+    from radixserve.layers.activation import silu_and_mul
+
+    x = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(3999) * 4]).view(4, 2000)
+    gate, up = x.chunk(2, dim=-1)
+    torch.testing.assert_close(silu_and_mul(x), F.silu(gate) * up, rtol=1e-6, atol=1e-6)
