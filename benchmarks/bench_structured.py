@@ -9,6 +9,7 @@
    fill time per token per request and the apply time per step, measured in the run.
 
 Usage: .venv/bin/python benchmarks/bench_structured.py [--concurrency 32] [--output-len 128]
+       [--reps 2] [--only compile,ttft,throughput]
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import statistics
 import time
 
 from radixserve import LLM, SamplingParams, StructuredOutputsParams
-from radixserve.structured import bitmask as bitmask_mod
+from radixserve.runner import sampler as sampler_mod
 from radixserve.structured.llguidance_backend import LLGuidanceBackend
 from radixserve.structured.llguidance_spec import validate_spec
 
@@ -100,55 +101,59 @@ class _Timer:
         self.backend = llm.engine.structured.backend
         self.fill_s = self.apply_s = 0.0
         self.rows = self.steps = 0
-        fill, apply = self.backend.fill_bitmask, bitmask_mod.banned_tokens
+        self._fill, self._apply = self.backend.fill_bitmask, sampler_mod.apply_bitmask
 
         def timed_fill(matchers, bitmask):
             t0 = time.perf_counter()
-            fill(matchers, bitmask)
+            self._fill(matchers, bitmask)
             self.fill_s += time.perf_counter() - t0
             self.rows += len(matchers)
 
-        def timed_banned(bitmask, vocab_size):
+        def timed_apply(logits, rows, bitmask):
             t0 = time.perf_counter()
-            out = apply(bitmask, vocab_size)
+            self._apply(logits, rows, bitmask)
             self.apply_s += time.perf_counter() - t0
             self.steps += 1
-            return out
 
         self.backend.fill_bitmask = timed_fill
-        bitmask_mod.banned_tokens = timed_banned
+        sampler_mod.apply_bitmask = timed_apply
+
+    def close(self) -> None:
+        self.backend.fill_bitmask = self._fill
+        sampler_mod.apply_bitmask = self._apply
 
 
-def bench_throughput(model, concurrency: int, output_len: int) -> None:
+def bench_throughput(model, concurrency: int, output_len: int, reps: int) -> None:
+    """Unconstrained and constrained runs alternate in one process (this machine's speed
+    drifts between sittings); each line is one run."""
     messages = [[{"role": "user", "content": f"List {100 + i} people as JSON."}]
                 for i in range(concurrency)]
     so = StructuredOutputsParams(json=LONG)
     runs = [("unconstrained", None, True), ("JSON schema, fast-forward off", so, False),
             ("JSON schema, fast-forward on", so, True)]
-    base = None
-    for label, constraint, ff in runs:
-        llm = LLM(model, max_num_seqs=concurrency, structured_fast_forward=ff,
-                  show_progress=False)
+    llms = {ff: LLM(model, max_num_seqs=concurrency, structured_fast_forward=ff,
+                    show_progress=False) for ff in (False, True)}
+    for llm in llms.values():
         llm.chat(messages[:2], SamplingParams(temperature=0, max_tokens=4, structured_outputs=so))
-        timer = _Timer(llm)
-        params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True,
-                                structured_outputs=constraint)
-        t0 = time.perf_counter()
-        outs = llm.chat(messages, params)
-        dt = time.perf_counter() - t0
-        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        rate = tokens / dt
-        base = base or rate
-        line = (f"{label:32} {tokens:6d} tokens {dt:6.1f} s {rate:7.1f} tok/s "
-                f"({(rate / base - 1) * 100:+.1f}% vs unconstrained)")
-        if timer.rows:
-            line += (f"; mask fill {timer.fill_s / timer.rows * 1e6:.0f} us/token/request, "
-                     f"apply {timer.apply_s / timer.steps * 1e3:.2f} ms/step")
-        print(line, flush=True)
-        bitmask_mod.banned_tokens = timer_banned_original
-
-
-timer_banned_original = bitmask_mod.banned_tokens
+    for _ in range(reps):
+        base = None
+        for label, constraint, ff in runs:
+            timer = _Timer(llms[ff])
+            params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True,
+                                    structured_outputs=constraint)
+            t0 = time.perf_counter()
+            outs = llms[ff].chat(messages, params)
+            dt = time.perf_counter() - t0
+            timer.close()
+            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+            rate = tokens / dt
+            base = base or rate
+            line = (f"{label:32} {tokens:6d} tokens {dt:6.1f} s {rate:7.1f} tok/s "
+                    f"({(rate / base - 1) * 100:+.1f}% vs unconstrained)")
+            if timer.rows:
+                line += (f"; mask fill {timer.fill_s / timer.rows * 1e6:.0f} us/token/request, "
+                         f"apply {timer.apply_s / timer.steps * 1e3:.2f} ms/step")
+            print(line, flush=True)
 
 
 def main() -> None:
@@ -157,6 +162,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--only", default="compile,ttft,throughput")
+    parser.add_argument("--reps", type=int, default=2, help="alternating throughput rounds")
     args = parser.parse_args()
     only = set(args.only.split(","))
     if only & {"compile", "ttft"}:
@@ -167,7 +173,7 @@ def main() -> None:
             bench_ttft(llm)
         del llm
     if "throughput" in only:
-        bench_throughput(args.model, args.concurrency, args.output_len)
+        bench_throughput(args.model, args.concurrency, args.output_len, args.reps)
 
 
 if __name__ == "__main__":

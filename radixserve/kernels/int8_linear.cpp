@@ -249,13 +249,17 @@ int rs_int8_linear(const float* x, int64_t M, int64_t K, const int8_t* packed,
   for (int64_t r = 0; r < M; ++r)
     scales[r] = quantize_row(x + r * K, K, Kp, qhi + r * Kp, qlo + r * Kp);
   const int64_t pairs = (N16 + 1) / 2;
+  // Dynamic chunks: a thread that loses its core for a while (the grammar-mask thread, the API
+  // process) does not hold the others up at the end of the loop. Which thread computes an
+  // output never changes its value.
+  const int chunk = (int)(pairs / 16 > 1 ? pairs / 16 : 1);
 #pragma omp parallel
   {
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
     alignas(64) int32_t c[2 * 2 * 256];
     if (amx) amx_configure();
 #endif
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t p = 0; p < pairs; ++p) {
       const int64_t nb = 2 * p;
       const int nblocks = nb + 1 < N16 ? 2 : 1;

@@ -29,7 +29,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 ABI_VERSION = 2
-_SOURCES = ("int8_linear.cpp", "paged_attention.cpp", "layer_ops.cpp")
+_SOURCES = ("int8_linear.cpp", "paged_attention.cpp", "layer_ops.cpp", "bitmask.cpp")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno",
           "-shared", "-fPIC", "-std=c++17"]
 _NEEDED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
@@ -46,6 +46,7 @@ _SIGNATURES = {
     "rs_add_rms_norm": (None, [_P, _P, _P, _I64, _I64, ctypes.c_float, _P]),
     "rs_rotary": (None, [_P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _P, _P, _P]),
     "rs_silu_mul": (None, [_P, _I64, _I64, _P]),
+    "rs_apply_bitmask": (None, [_P, _I64, _P, _I64, _P, _I64, _I64]),
 }
 
 

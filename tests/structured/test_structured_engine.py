@@ -246,3 +246,23 @@ def test_invalid_specs_are_value_errors(backend):
         SO(regex="a", choice=["a"])
     with pytest.raises(ValueError, match="exactly one"):
         SO()
+
+
+def test_apply_bitmask_native_and_torch_paths_agree(monkeypatch):
+    from radixserve.kernels import native
+    from radixserve.structured import bitmask as bitmask_mod
+
+    gen = torch.Generator().manual_seed(1)
+    for vocab in (32, 100, 49152):
+        words = torch.randint(-2**31, 2**31 - 1, (3, (vocab + 31) // 32), generator=gen,
+                              dtype=torch.int64).to(torch.int32)
+        words[1] = -1  # a row with every token allowed
+        logits = torch.randn(5, vocab, generator=gen)
+        rows = torch.tensor([4, 0, 2])
+        fast, slow = logits.clone(), logits.clone()
+        bitmask_mod.apply_bitmask(fast, rows, words)
+        with monkeypatch.context() as mp:
+            mp.setattr(native, "load", lambda: None)
+            bitmask_mod.apply_bitmask(slow, rows, words)
+        assert torch.equal(fast, slow)
+        assert torch.equal(fast[[1, 3]], logits[[1, 3]])  # rows without a mask untouched
