@@ -62,7 +62,7 @@ def load() -> ctypes.CDLL | None:
         return None
     try:
         return _load()
-    except _Unavailable as exc:
+    except (_Unavailable, OSError, AttributeError) as exc:  # OSError: unwritable cache, bad .so
         logger.info("native CPU kernels unavailable (%s); using the torch path", exc)
         return None
 
@@ -123,8 +123,8 @@ def _build(compiler: str, sources: list[Path], target: Path) -> None:
 
 def _compiler_version(compiler: str) -> str:
     try:
-        return subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True,
-                              timeout=30).stdout
+        return subprocess.run([compiler, "--version"], check=False, capture_output=True,
+                              text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise _Unavailable(f"cannot run {compiler}: {exc}") from exc
 

@@ -154,3 +154,15 @@ def test_silu_and_mul_native_matches_torch():
     x = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(3999) * 4]).view(4, 2000)
     gate, up = x.chunk(2, dim=-1)
     torch.testing.assert_close(silu_and_mul(x), F.silu(gate) * up, rtol=1e-6, atol=1e-6)
+
+
+def test_an_unwritable_cache_leaves_the_torch_path(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(blocker))
+    native.load.cache_clear()
+    try:
+        assert native.load() is None
+    finally:
+        monkeypatch.undo()
+        native.load.cache_clear()
