@@ -16,6 +16,7 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 namespace {
 
@@ -172,18 +173,29 @@ AttendFn pick_attend(int64_t G, int64_t d) {
 
 extern "C" {
 
-// q, out [T, H, d]; pools [num_blocks, bs, KVH, d]; table [S, table_stride] int64 block ids;
-// row_seq [T] int64 (< S), row_len [T] int64 (>= 1). H / KVH <= 16, d <= 256.
-// Returns 0, or 1 on bad shapes or no memory.
-int rs_paged_attention(const float* q, const float* k_pool, const float* v_pool,
-                       const int64_t* table, int64_t table_stride, const int64_t* row_seq,
-                       const int64_t* row_len, int64_t T, int64_t H, int64_t KVH, int64_t d,
-                       int64_t bs, float scale, float* out) {
+// First stores the step's new K/V rows (k_new/v_new [T, KVH * d], row strides ldk/ldv) at their
+// pool slots [T], then attends. q [T, H * d] (row stride ldq), out [T, H, d] contiguous; pools
+// [num_blocks, bs, KVH, d]; table [S, table_stride] int64 block ids; row_seq [T] int64 (< S),
+// row_len [T] int64 (>= 1). H / KVH <= 16, d <= 256. Returns 0, or 1 on bad shapes or no memory.
+int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk,
+                       const float* v_new, int64_t ldv, const int64_t* slots, float* k_pool,
+                       float* v_pool, const int64_t* table, int64_t table_stride,
+                       const int64_t* row_seq, const int64_t* row_len, int64_t T, int64_t H,
+                       int64_t KVH, int64_t d, int64_t bs, float scale, float* out) {
   const int64_t G = H / KVH;
   if (G * KVH != H || G > kMaxGroup || d > 16 * kMaxDimVecs || d < 1) return 1;
+  const int64_t width = KVH * d;
+  for (int64_t t = 0; t < T; ++t) {
+    memcpy(k_pool + slots[t] * width, k_new + t * ldk, (size_t)width * sizeof(float));
+    memcpy(v_pool + slots[t] * width, v_new + t * ldv, (size_t)width * sizeof(float));
+  }
   int64_t max_len = 0;
   for (int64_t t = 0; t < T; ++t) max_len = row_len[t] > max_len ? row_len[t] : max_len;
-  const AttendFn attend_fn = pick_attend(G, d);
+  // Few rows (a batch-1 decode: 3 KV heads for 2 threads): one item per query head instead,
+  // for balance. Each query head's operations are the same either way, so are its bits.
+  const bool per_head = G > 1 && T * KVH < 4 * omp_get_max_threads();
+  const AttendFn attend_fn = pick_attend(per_head ? 1 : G, d);
+  const int64_t group = per_head ? 1 : G, items = T * (H / group);
   int failed = 0;
 #pragma omp parallel
   {
@@ -193,12 +205,13 @@ int rs_paged_attention(const float* q, const float* k_pool, const float* v_pool,
       failed = 1;
     }
 #pragma omp for schedule(dynamic, 4)
-    for (int64_t item = 0; item < T * KVH; ++item) {
+    for (int64_t item = 0; item < items; ++item) {
       if (!scores) continue;
-      const int64_t t = item / KVH, h = item % KVH;
-      attend_fn(q + (t * H + h * G) * d, k_pool + h * d, v_pool + h * d,
-             table + row_seq[t] * table_stride, row_len[t], (int)G, d, bs, KVH * d, scale,
-             scores, out + (t * H + h * G) * d);
+      const int64_t t = item / (H / group), first = item % (H / group) * group;
+      const int64_t h = first / G;  // the KV head
+      attend_fn(q + t * ldq + first * d, k_pool + h * d, v_pool + h * d,
+                table + row_seq[t] * table_stride, row_len[t], (int)group, d, bs, KVH * d,
+                scale, scores, out + (t * H + first) * d);
     }
     free(scores);
   }

@@ -42,7 +42,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
         ctx = get_forward_context()
-        out = ctx.backend.forward(q, k, v.contiguous(), ctx.kv_caches[self.layer_idx],
+        out = ctx.backend.forward(q, k, v, ctx.kv_caches[self.layer_idx],
                                   ctx.attn_metadata, self.scale)
         return self.o_proj(out.view(num_tokens, -1))
 

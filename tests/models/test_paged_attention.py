@@ -148,6 +148,9 @@ def test_native_decode_rows_do_not_depend_on_the_batch():
     for i in range(3):
         assert torch.equal(run([i]), together[i:i + 1])
     assert torch.equal(run([2, 0]), together[[2, 0]])
+    # enough rows that the kernel works per KV head (few rows: per query head)
+    many = run([0, 1, 2, 0, 1, 2, 0, 1])
+    assert torch.equal(many[:3], together) and torch.equal(many[3:6], together)
 
 
 @needs_native
@@ -192,16 +195,17 @@ def test_native_kernel_specialised_shapes_match_dense(heads, kv_heads, dim, bloc
     blocks = torch.randperm(num_blocks, generator=gen)[:30].tolist()
     lens = [1, 15, 16, 17, 33, 100, 30 * block]
     q = torch.randn(len(lens), heads, dim, generator=gen)
+    slots = [blocks[p // block] * block + p % block for p in range(30 * block)]
+    keys = pool[0].view(-1, kv_heads, dim)[slots].clone()
+    values = pool[1].view(-1, kv_heads, dim)[slots].clone()
+    # each row's own (last) token is "new": it rewrites its slot with the value already there
+    last = torch.tensor([n - 1 for n in lens])
     backend = NativeCpuPagedAttention()
-    meta = backend.build_metadata(slot_mapping=torch.tensor([], dtype=torch.long),
+    meta = backend.build_metadata(slot_mapping=torch.tensor(slots)[last],
                                   block_table=torch.tensor([blocks] * len(lens)),
                                   context_lens=lens, q_lens=[1] * len(lens),
                                   start_pos=[n - 1 for n in lens], block_size=block)
-    empty = torch.empty(0, kv_heads, dim)
-    got = backend.forward(q, empty, empty, pool, meta, dim ** -0.5)
-    slots = [blocks[p // block] * block + p % block for p in range(30 * block)]
-    keys = pool[0].view(-1, kv_heads, dim)[slots]
-    values = pool[1].view(-1, kv_heads, dim)[slots]
+    got = backend.forward(q, keys[last], values[last], pool, meta, dim ** -0.5)
     group = heads // kv_heads
     for i, n in enumerate(lens):
         k = keys[:n].double().repeat_interleave(group, dim=1)

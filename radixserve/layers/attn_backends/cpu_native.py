@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.kernels import native
-from radixserve.layers.attn_backends.torch_paged import is_decode_like, write_kv
+from radixserve.layers.attn_backends.torch_paged import is_decode_like
 
 
 @dataclass(slots=True)
@@ -49,21 +49,32 @@ class NativeCpuPagedAttention:
         first_row = torch.cumsum(lens, 0) - lens
         offset = torch.arange(row_seq.numel()) - first_row[row_seq]
         row_len = torch.tensor(start_pos, dtype=torch.int64)[row_seq] + offset + 1
-        return NativeAttentionMetadata(slot_mapping, block_table.to(torch.int64).contiguous(),
+        return NativeAttentionMetadata(slot_mapping.to(torch.int64).contiguous(),
+                                       block_table.to(torch.int64).contiguous(),
                                        row_seq, row_len, block_size)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: NativeAttentionMetadata, scale: float) -> torch.Tensor:
-        """q [T, H, d], k/v [T, KVH, d] → [T, H, d]. Writes k/v into the pool first."""
-        flat_k, flat_v = write_kv(k, v, kv_cache, meta.slot_mapping)
-        q = q.contiguous()
-        out = torch.empty_like(q)
+        """q [T, H, d], k/v [T, KVH, d] (rows may be strided, heads contiguous) → [T, H, d].
+        The kernel writes k/v into the pool first."""
+        q, k, v = _rows(q), _rows(k), _rows(v)
+        k_cache, v_cache = kv_cache
         num_rows, num_heads, head_dim = q.shape
+        assert k.shape[0] == v.shape[0] == meta.slot_mapping.shape[0] == num_rows
+        out = torch.empty(num_rows, num_heads, head_dim)
         if num_rows and self._kernel(
-                q.data_ptr(), flat_k.data_ptr(), flat_v.data_ptr(), meta.block_table.data_ptr(),
-                meta.block_table.shape[1], meta.row_seq.data_ptr(), meta.row_len.data_ptr(),
-                num_rows, num_heads, flat_k.shape[1], head_dim, meta.block_size, scale,
-                out.data_ptr()):
+                q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                meta.slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                meta.block_table.data_ptr(), meta.block_table.shape[1], meta.row_seq.data_ptr(),
+                meta.row_len.data_ptr(), num_rows, num_heads, k_cache.shape[2], head_dim,
+                meta.block_size, scale, out.data_ptr()):
             raise RuntimeError("native paged attention failed (shape or memory)")
         return out
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [T, heads, d] with each row's heads contiguous (a row stride of its own is fine)."""
+    if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
+        return x
+    return x.contiguous()
