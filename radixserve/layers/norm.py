@@ -39,7 +39,9 @@ class RMSNorm(nn.Module):
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
-    def _native_forward(self, x, residual):
+    def _native_forward(self, x: torch.Tensor, residual: torch.Tensor | None
+                        ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """One kernel call; with ``residual`` the sum is written into it in place."""
         rows, dim = x.shape
         out = torch.empty_like(x)
         w = self.weight.data_ptr()
