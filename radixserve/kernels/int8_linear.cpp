@@ -32,6 +32,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "simd.h"
+
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
 #error "needs AVX-512 F, BW and VNNI"
 #endif
@@ -49,25 +51,20 @@ float quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* hi, uint8_t* 
   __m512 vmax = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
-  if (k < K) {
-    __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
-    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, x + k)));
-  }
+  if (k < K)
+    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(K - k), x + k)));
   float amax = _mm512_reduce_max_ps(vmax);
   float s = (amax > kTiny ? amax : kTiny) / 127.0f;
   const __m512 vs = _mm512_set1_ps(s), vlo = _mm512_set1_ps(kLoScale);
   const __m512i shift = _mm512_set1_epi32(128);
   for (k = 0; k < Kp; k += 16) {
-    int64_t left = K - k;
-    __mmask16 m = left >= 16 ? (__mmask16)0xFFFF
-                             : (left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1));
-    __m512 t = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + k), vs);
+    __m512 t = _mm512_div_ps(_mm512_maskz_loadu_ps(tail_mask(K - k), x + k), vs);
     __m512 h = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(t, h), vlo),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512i hq = _mm512_add_epi32(_mm512_cvtps_epi32(h), shift);
     __m512i lq = _mm512_add_epi32(_mm512_cvtps_epi32(l), shift);
-    __mmask16 store = Kp - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (Kp - k)) - 1);
+    const __mmask16 store = tail_mask(Kp - k);
     _mm_mask_storeu_epi8(hi + k, store, _mm512_cvtepi32_epi8(hq));
     _mm_mask_storeu_epi8(lo + k, store, _mm512_cvtepi32_epi8(lq));
   }
@@ -79,8 +76,7 @@ void epilogue16(int rows, const int32_t* acc_hi, const int32_t* acc_lo, const in
                 const float* ws, const float* bias, const float* scales, float* y, int64_t ldy,
                 int64_t n, int64_t N) {
   if (n >= N) return;
-  int64_t left = N - n;
-  __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+  const __mmask16 m = tail_mask(N - n);
   const __m512 inv_lo = _mm512_set1_ps(1.0f / kLoScale);
   __m512i c = _mm512_loadu_si512((const void*)(comp + n));
   __m512 vw = _mm512_loadu_ps(ws + n);

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 ABI_VERSION = 3
 _SOURCES = ("int8_linear.cpp", "paged_attention.cpp", "layer_ops.cpp", "bitmask.cpp")
+_HEADERS = ("simd.h",)
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno",
           "-shared", "-fPIC", "-std=c++17"]
 _NEEDED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
@@ -84,7 +85,7 @@ def _load() -> ctypes.CDLL:
     here = Path(__file__).parent
     sources = [here / name for name in _SOURCES]
     key = hashlib.sha256()
-    for path in sources:
+    for path in [*sources, *(here / name for name in _HEADERS)]:
         key.update(path.read_bytes())
     key.update(" ".join(_FLAGS).encode())
     key.update(_compiler_version(compiler).encode())

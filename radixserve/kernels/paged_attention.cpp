@@ -18,28 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd.h"
+
 namespace {
-
-// exp(x) for x <= 0 (Cephes' polynomial, ~1 ulp); exp(-inf) and anything below -103 give 0.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(y, n);
-}
-
-inline __mmask16 tail_mask(int64_t left) {
-  return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-}
 
 // Lane i of the result = the sum of the 16 lanes of a[i] (a 16 x 16 transpose-and-add).
 inline __m512 hsum16(const __m512 a[16]) {
@@ -116,7 +97,7 @@ void attend(const float* q, const float* k_pool, const float* v_pool, const int6
     __m512 sum = _mm512_setzero_ps();
     for (int64_t t = 0; t < len; t += 16) {
       __mmask16 tm = tail_mask(len - t);
-      __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, sg + t), m));
+      __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, sg + t), m));
       e = _mm512_maskz_mov_ps(tm, e);
       _mm512_mask_storeu_ps(sg + t, tm, e);
       sum = _mm512_add_ps(sum, e);

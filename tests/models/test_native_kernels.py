@@ -14,6 +14,16 @@ from radixserve.layers.int8_linear import Int8Linear
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
 
 
+@pytest.fixture
+def fresh_load(monkeypatch):
+    """``native.load`` as on a new process (its cache cleared), the environment restored and
+    the cache cleared again afterwards."""
+    native.load.cache_clear()
+    yield native.load
+    monkeypatch.undo()
+    native.load.cache_clear()
+
+
 def _torch_path(weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Linear:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(int8_linear._NativeWeight, "build", lambda *args: None)
@@ -64,43 +74,28 @@ def test_non_contiguous_input_and_empty_batch():
     assert lin(torch.empty(0, 40)).shape == (0, 24)
 
 
-def test_the_switch_turns_the_kernels_off(monkeypatch):
+def test_the_switch_turns_the_kernels_off(fresh_load, monkeypatch):
     monkeypatch.setenv("RADIXSERVE_NATIVE_KERNELS", "0")
-    native.load.cache_clear()
-    try:
-        assert native.load() is None
-        assert Int8Linear.from_float(torch.randn(8, 8))._native is None
-    finally:
-        monkeypatch.undo()
-        native.load.cache_clear()
+    assert fresh_load() is None
+    assert Int8Linear.from_float(torch.randn(8, 8))._native is None
 
 
 @needs_native
-def test_builds_into_the_cache_dir_once(tmp_path, monkeypatch):
+def test_builds_into_the_cache_dir_once(fresh_load, tmp_path, monkeypatch):
     monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
-    native.load.cache_clear()
-    try:
-        assert native.load() is not None
-        built = list((tmp_path / "kernels").glob("*.so"))
-        assert len(built) == 1 and not list((tmp_path / "kernels").glob("tmp*"))
-        stamp = built[0].stat().st_mtime_ns
-        native.load.cache_clear()
-        assert native.load() is not None  # found in the cache, not rebuilt
-        assert built[0].stat().st_mtime_ns == stamp
-    finally:
-        monkeypatch.undo()
-        native.load.cache_clear()
+    assert fresh_load() is not None
+    built = list((tmp_path / "kernels").glob("*.so"))
+    assert len(built) == 1 and not list((tmp_path / "kernels").glob("tmp*"))
+    stamp = built[0].stat().st_mtime_ns
+    fresh_load.cache_clear()
+    assert fresh_load() is not None  # found in the cache, not rebuilt
+    assert built[0].stat().st_mtime_ns == stamp
 
 
-def test_a_missing_compiler_leaves_the_torch_path(tmp_path, monkeypatch):
+def test_a_missing_compiler_leaves_the_torch_path(fresh_load, tmp_path, monkeypatch):
     monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "no-such-compiler-here")
-    native.load.cache_clear()
-    try:
-        assert native.load() is None
-    finally:
-        monkeypatch.undo()
-        native.load.cache_clear()
+    assert fresh_load() is None
 
 
 def _without_native(module):
@@ -156,13 +151,8 @@ def test_silu_and_mul_native_matches_torch():
     torch.testing.assert_close(silu_and_mul(x), F.silu(gate) * up, rtol=1e-6, atol=1e-6)
 
 
-def test_an_unwritable_cache_leaves_the_torch_path(tmp_path, monkeypatch):
+def test_an_unwritable_cache_leaves_the_torch_path(fresh_load, tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(blocker))
-    native.load.cache_clear()
-    try:
-        assert native.load() is None
-    finally:
-        monkeypatch.undo()
-        native.load.cache_clear()
+    assert fresh_load() is None
