@@ -28,9 +28,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="default: float32 on CPU, bfloat16 on CUDA. On CPUs with AMX, bfloat16 "
                         "is ~1.7x the batched throughput, but its greedy output may then "
                         "depend on the batch (oneDNN's bf16 GEMM is not batch invariant)")
-    g.add_argument("--quantization", default="auto", choices=["auto", "none", "int8"],
+    g.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "q4"],
                    help="linear layers in int8 (CPU with VNNI/AMX): int8 weights per channel, "
-                        "activations as two int8 terms per token, batch invariant. auto: int8 "
+                        "activations as two int8 terms per token, batch invariant. q4: a GGUF "
+                        "file's Q4_0/Q4_1 matrices kept in 4 bits as stored (native kernels): "
+                        "faster single-stream decode, slower batches and prefill. auto: int8 "
                         "for GGUF files with quantized weights on such CPUs, float otherwise")
     g.add_argument("--seed", type=int, default=0, help="engine seed for unseeded requests")
     g.add_argument("--no-structured-fast-forward", action="store_true",

@@ -76,7 +76,7 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class DeviceConfig:
     """Where the model runs and in what number format. CPU defaults to float32, CUDA to
-    bfloat16; ``quantization`` ("auto", "none", "int8") is resolved against the checkpoint at
+    bfloat16; ``quantization`` ("auto", "none", "int8", "q4") is resolved against the checkpoint at
     load (models/quantization.py)."""
 
     device: str = "cpu"

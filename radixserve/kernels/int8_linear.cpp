@@ -188,10 +188,12 @@ void rows_block(int rows, const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, co
 
 }  // namespace
 
+bool rs_amx_enabled() { return g_amx; }
+
 extern "C" {
 
 // Returns the version of this file's interface; the loader checks it.
-int rs_abi_version() { return 3; }
+int rs_abi_version() { return 4; }
 
 // Asks the kernel for AMX tile state (Linux grants it per process); returns 1 if AMX is used.
 int rs_init(int want_amx) {

@@ -28,8 +28,9 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 3
-_SOURCES = ("int8_linear.cpp", "paged_attention.cpp", "layer_ops.cpp", "bitmask.cpp")
+ABI_VERSION = 4
+_SOURCES = ("int8_linear.cpp", "q4_linear.cpp", "paged_attention.cpp", "layer_ops.cpp",
+            "bitmask.cpp")
 _HEADERS = ("simd.h",)
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno",
           "-shared", "-fPIC", "-std=c++17"]
@@ -41,6 +42,8 @@ _SIGNATURES = {
     "rs_init": (ctypes.c_int, [ctypes.c_int]),
     "rs_int8_pack": (None, [_P, _I64, _I64, _P, _P]),
     "rs_int8_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _P, _I64]),
+    "rs_q4_pack": (None, [_P, _P, _P, _I64, _I64, _P]),
+    "rs_q4_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _I64, _P, _I64]),
     "rs_paged_attention": (ctypes.c_int, [_P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _P, _I64, _P,
                                           _P, _I64, _I64, _I64, _I64, _I64, ctypes.c_float, _P]),
     "rs_rms_norm": (None, [_P, _I64, _P, _I64, _I64, ctypes.c_float, _P, _I64]),

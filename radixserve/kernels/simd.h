@@ -4,6 +4,9 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+// Whether the kernels may use AMX tiles (int8_linear.cpp; set once by rs_init).
+bool rs_amx_enabled();
+
 // The first `left` lanes of 16 (none when left <= 0, all when left >= 16).
 inline __mmask16 tail_mask(int64_t left) {
   if (left <= 0) return (__mmask16)0;

@@ -194,3 +194,31 @@ def dequantize(
     else:
         out = _BLOCK_DEQUANT[qtype](raw.reshape(-1, type_size))
     return out.reshape(shape)
+
+
+# -- 4-bit blocks kept as they are (for the native 4-bit linear) --------------------------
+
+Q4_TYPES = (_T.Q4_0, _T.Q4_1)
+
+
+def q4_blocks(data: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType,
+              shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_0 or Q4_1 matrix of ``shape`` [N, K] → (codes ``q`` [N, K] uint8 in 0..15, ``d`` and
+    ``m`` [N, K / 32] float16) with ``weight = d * q + m`` per 32-column block, exactly the
+    values ``dequantize`` gives (Q4_0 stores ``d * (q - 8)``, so ``m = -8 d``, exact in f16)."""
+    qtype = GGMLQuantizationType(qtype)
+    if qtype not in Q4_TYPES or len(shape) != 2:
+        raise ValueError(f"not a Q4_0/Q4_1 matrix: {qtype.name} {tuple(shape)}")
+    n, k = (int(s) for s in shape)
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    raw = _to_torch(data).reshape(-1).view(torch.uint8)
+    if k % block_size or raw.numel() != n * k // block_size * type_size:
+        raise ValueError(f"{qtype.name}: {raw.numel()} bytes do not hold a {n}x{k} matrix")
+    b = raw.reshape(-1, type_size)
+    d = b[:, 0:2].contiguous().view(torch.float16)
+    if qtype == _T.Q4_1:
+        m, codes = b[:, 2:4].contiguous().view(torch.float16), b[:, 4:]
+    else:
+        m, codes = d * -8.0, b[:, 2:]
+    blocks = k // block_size
+    return _nibbles(codes).reshape(n, k), d.reshape(n, blocks), m.reshape(n, blocks)

@@ -79,6 +79,11 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    # fused linear → the checkpoint's matrices stacked in it, in order (vLLM's
+    # packed_modules_mapping): load_weights and the 4-bit layers (models/quantization.py) use it
+    packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
+                      "gate_up_proj": ("gate_proj", "up_proj")}
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
@@ -107,8 +112,8 @@ class LlamaForCausalLM(nn.Module):
         """Load HF-named tensors, fusing q/k/v and gate/up. Raises ValueError on a missing or
         unexpected tensor."""
         params = dict(self.named_parameters())
-        fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-                 "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+        fused = {shard: (target, i) for target, shards in self.packed_modules.items()
+                 for i, shard in enumerate(shards)}
         loaded: set[str] = set()
         for name, tensor in weights:
             name = name.removeprefix("model.")

@@ -42,24 +42,26 @@ def load_model_config(source: ModelSource, reader=None) -> ModelConfig:
 def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
                dtype: torch.dtype, reader=None, show_progress: bool = True,
                quantization: str = "none") -> torch.nn.Module:
-    """The model with its weights loaded; ``quantization``: a resolved name, "none" or "int8"
-    (see models/quantization.py)."""
+    """The model with its weights loaded; ``quantization``: a resolved name, "none", "int8" or
+    "q4" (see models/quantization.py)."""
     cls = get_model_class(config.architecture)
+    # q4: the file's 4-bit matrices as blocks, for the 4-bit layers
+    q4: dict[str, tuple[torch.Tensor, ...]] | None = {} if quantization == "q4" else None
     with torch.device("meta"):
         model = cls(config)
     model = model.to_empty(device=device).to(dtype)
     model.rotary.reset_tables(device)
     if source.kind == "gguf":
         reader = reader or open_gguf(source.path)
-        weights, total = _gguf_weights(reader, config), len(reader.tensors)
+        weights, total = _gguf_weights(reader, config, q4), len(reader.tensors)
     else:
         weights, total = _safetensors_weights(source.path), None
     bar = tqdm(weights, total=total, desc=f"loading {source.name}", unit="tensor",
                disable=not show_progress, leave=False)
     with torch.no_grad():
         model.load_weights((name, t.to(device=device, dtype=dtype)) for name, t in bar)
-    if quantization == "int8":
-        quantize_linears_(model)
+    if quantization in ("int8", "q4"):
+        quantize_linears_(model, q4)
     return model.eval()
 
 
@@ -168,8 +170,11 @@ def hf_name(gguf_name: str) -> str | None:
     return f"{_GGUF_TOP[parts[0]]}.{parts[1]}"
 
 
-def _gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    from radixserve.models.gguf_quant import dequantize
+def _gguf_weights(reader, config: ModelConfig,
+                  q4: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named float tensors; with ``q4``, each Q4_0/Q4_1 matrix's blocks also land there
+    (``gguf_quant.q4_blocks``: codes, d, m, rows unpermuted like the weight)."""
+    from radixserve.models.gguf_quant import Q4_TYPES, dequantize, q4_blocks
 
     unpermute = config.architecture in ("LlamaForCausalLM", "MistralForCausalLM")
     for tensor in reader.tensors:
@@ -178,10 +183,16 @@ def _gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tens
             continue
         shape = tuple(int(d) for d in reversed(tensor.shape))
         weight = dequantize(tensor.data, tensor.tensor_type, shape)
-        if unpermute and name.endswith("q_proj.weight"):
-            weight = _unpermute(weight, config.num_heads)
-        elif unpermute and name.endswith("k_proj.weight"):
-            weight = _unpermute(weight, config.num_kv_heads)
+        blocks = None
+        if q4 is not None and tensor.tensor_type in Q4_TYPES and len(shape) == 2:
+            blocks = q4_blocks(tensor.data, tensor.tensor_type, shape)
+        heads = (config.num_heads if name.endswith("q_proj.weight") else
+                 config.num_kv_heads if name.endswith("k_proj.weight") else None)
+        if unpermute and heads is not None:
+            weight = _unpermute(weight, heads)
+            blocks = blocks and tuple(_unpermute(t, heads) for t in blocks)
+        if blocks is not None:
+            q4[name] = blocks
         yield name, weight
 
 

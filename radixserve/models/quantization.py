@@ -1,8 +1,14 @@
-"""Which number format the linear layers compute in, and the swap of float layers for int8.
+"""Which number format the linear layers compute in, and the swap of float layers for quantized.
 
 ``auto`` follows the checkpoint: a GGUF file whose layer weights are quantized (Q4_1, Q8_0,
 K-quants...) runs its linears in int8 on CPU (``layers/int8_linear.py``), as llama.cpp runs
-them quantized; float checkpoints, and every model on CUDA, keep float weights. Int8 needs a
+them quantized; float checkpoints, and every model on CUDA, keep float weights.
+
+``q4`` (CPU, native kernels) keeps a GGUF file's Q4_0 / Q4_1 matrices as the file stores them,
+4-bit blocks (``layers/q4_linear.py``), and runs every other linear in int8: batch-1 decode
+reads ~30 % fewer bytes per token and the weights are exactly the file's, but batched steps and
+prefill run slower than int8 (the per-block float epilogue; see docs/benchmarks.md). So it is
+the choice for single-stream latency, and ``auto`` keeps int8 for throughput. Int8 needs a
 CPU with int8 dot-product instructions (VNNI; AMX CPUs have them): without them oneDNN sums
 byte pairs into 16 bits with saturation and leaves s8×s8 overflow to the caller ("Nuances of
 int8 computations" in its guide), so full-range int8 operands could give wrong sums there;
@@ -14,37 +20,58 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from radixserve.kernels import native
 from radixserve.layers.int8_linear import Int8Linear
+from radixserve.layers.q4_linear import Q4Linear
 
-QUANTIZATIONS = ("auto", "none", "int8")
+QUANTIZATIONS = ("auto", "none", "int8", "q4")
 _FLOAT_GGUF_TYPES = ("F32", "F16", "BF16", "F64")
 
 
 def resolve_quantization(name: str, device: torch.device, reader=None) -> str:
-    """``name`` from the config → ``"none"`` or ``"int8"``; ``reader``: the GGUFReader of a GGUF
-    checkpoint (None for a Hugging Face folder). ValueError for an unknown name, or int8 on a
-    device other than the CPU or on a CPU without VNNI."""
+    """``name`` from the config → ``"none"``, ``"int8"`` or ``"q4"``; ``reader``: the GGUFReader
+    of a GGUF checkpoint (None for a Hugging Face folder). ValueError for an unknown name, int8
+    or q4 on a device other than the CPU or on a CPU without VNNI, q4 without the native kernels
+    or without a GGUF file holding Q4_0 / Q4_1 matrices."""
     if name not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {name!r}; supported: {list(QUANTIZATIONS)}")
     if name == "auto":
         quantized = reader is not None and _gguf_layers_quantized(reader)
         fits = device.type == "cpu" and cpu_has_int8_dot()
         return "int8" if quantized and fits else "none"
-    if name == "int8" and device.type != "cpu":
-        raise ValueError(f"int8 quantization runs on CPU only, not on {device.type!r}")
-    if name == "int8" and not cpu_has_int8_dot():
-        raise ValueError("int8 quantization needs a CPU with VNNI (or AMX) int8 dot products")
+    if name in ("int8", "q4") and device.type != "cpu":
+        raise ValueError(f"{name} quantization runs on CPU only, not on {device.type!r}")
+    if name in ("int8", "q4") and not cpu_has_int8_dot():
+        raise ValueError(f"{name} quantization needs a CPU with VNNI (or AMX) int8 dot products")
+    if name == "q4" and native.load() is None:
+        raise ValueError("q4 quantization needs the native CPU kernels (g++ and AVX-512 VNNI; "
+                         "see the log for why they did not load)")
+    if name == "q4" and not (reader is not None and _gguf_has_q4(reader)):
+        raise ValueError("q4 quantization needs a GGUF file with Q4_0 or Q4_1 matrices")
     return name
 
 
-def quantize_linears_(model: nn.Module) -> nn.Module:
-    """Replace every ``nn.Linear`` of ``model`` with an `Int8Linear`, in place. A head tied to
-    the embedding (``model.lm_head is None``) gets its own int8 copy of the embedding matrix;
-    the lookup table stays float."""
-    for parent in list(model.modules()):
+def quantize_linears_(model: nn.Module,
+                      q4: dict[str, tuple[torch.Tensor, ...]] | None = None) -> nn.Module:
+    """Replace every ``nn.Linear`` of ``model`` with a quantized one, in place: a `Q4Linear`
+    on the checkpoint's own 4-bit blocks where ``q4`` (HF weight name → ``(codes, d, m)``,
+    from the GGUF loader) holds every matrix stacked in it and the native kernels load, else an
+    `Int8Linear`. A head tied to the embedding (``model.lm_head is None``) gets its own int8
+    copy of the embedding matrix; the lookup table stays float."""
+    q4 = q4 or {}
+    packed = getattr(model, "packed_modules", {})
+    for prefix, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear.from_float(child.weight, child.bias))
+            if not isinstance(child, nn.Linear):
+                continue
+            base = f"{prefix}.{name}" if prefix else name
+            shards = [base.rsplit(name, 1)[0] + shard for shard in packed.get(name, (name,))]
+            blocks = [q4.get(f"{shard}.weight") for shard in shards]
+            layer = None
+            if all(b is not None for b in blocks):
+                q, d, m = (torch.cat(parts) for parts in zip(*blocks))
+                layer = Q4Linear.from_blocks(q, d, m, child.bias)
+            setattr(parent, name, layer or Int8Linear.from_float(child.weight, child.bias))
     if getattr(model, "lm_head", False) is None:
         model.lm_head = Int8Linear.from_float(model.embed_tokens.weight)
     return model
@@ -54,6 +81,11 @@ def cpu_has_int8_dot() -> bool:
     """True if the CPU has VNNI int8 dot products (torch's own CPU feature probe)."""
     probe = getattr(torch.cpu, "_is_vnni_supported", None)
     return bool(probe is not None and probe())
+
+
+def _gguf_has_q4(reader) -> bool:
+    return any(t.tensor_type.name in ("Q4_0", "Q4_1") and len(t.shape) == 2
+               for t in reader.tensors)
 
 
 def _gguf_layers_quantized(reader) -> bool:
