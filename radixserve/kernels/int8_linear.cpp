@@ -193,7 +193,7 @@ bool rs_amx_enabled() { return g_amx; }
 extern "C" {
 
 // Returns the version of this file's interface; the loader checks it.
-int rs_abi_version() { return 4; }
+int rs_abi_version() { return 5; }
 
 // Asks the kernel for AMX tile state (Linux grants it per process); returns 1 if AMX is used.
 int rs_init(int want_amx) {

@@ -28,9 +28,9 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 _SOURCES = ("int8_linear.cpp", "q4_linear.cpp", "paged_attention.cpp", "layer_ops.cpp",
-            "bitmask.cpp")
+            "bitmask.cpp", "decoder_layer.cpp")
 _HEADERS = ("simd.h",)
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno",
           "-shared", "-fPIC", "-std=c++17"]
@@ -50,6 +50,7 @@ _SIGNATURES = {
     "rs_add_rms_norm": (None, [_P, _P, _P, _I64, _I64, ctypes.c_float, _P]),
     "rs_rotary": (None, [_P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _P, _P, _P]),
     "rs_silu_mul": (None, [_P, _I64, _I64, _P]),
+    "rs_decoder_layer": (ctypes.c_int, [_P, _P, ctypes.c_int]),
     "rs_apply_bitmask": (None, [_P, _I64, _P, _I64, _P, _I64, _I64]),
 }
 

@@ -14,6 +14,7 @@ from radixserve.config import ModelConfig
 from radixserve.layers.activation import silu_and_mul
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
+from radixserve.models.native_stack import NativeLayerStack, PythonLayerStack
 from radixserve.runner.forward_context import get_forward_context
 
 
@@ -95,12 +96,15 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+        self._stack: NativeLayerStack | PythonLayerStack | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Packed batch [T] → final hidden states [T, hidden]."""
-        x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
+        """Packed batch [T] → final hidden states [T, hidden]. The layer stack is chosen at the
+        first call (one native call per layer where they all run native kernels, see
+        models/native_stack.py), so the modules must be final by then (quantized, loaded)."""
+        if self._stack is None:
+            self._stack = NativeLayerStack.build(self)
+        x, residual = self._stack(positions, self.embed_tokens(input_ids))
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
