@@ -32,7 +32,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="linear layers in int8 (CPU with VNNI/AMX): int8 weights per channel, "
                         "activations as two int8 terms per token, batch invariant. q4: a GGUF "
                         "file's Q4_0/Q4_1 matrices kept in 4 bits as stored (native kernels): "
-                        "faster single-stream decode, slower batches and prefill. auto: int8 "
+                        "exactly the file's weights, 40%% less weight memory, slower batches "
+                        "and prefill. auto: int8 "
                         "for GGUF files with quantized weights on such CPUs, float otherwise")
     g.add_argument("--seed", type=int, default=0, help="engine seed for unseeded requests")
     g.add_argument("--no-structured-fast-forward", action="store_true",

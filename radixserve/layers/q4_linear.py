@@ -3,13 +3,13 @@
 ``y = x @ W.T + bias`` with ``W = d * q + m`` per 32 weights (4-bit codes ``q``, f16 ``d`` and
 ``m``), so a decode step reads 5 bits per weight instead of the 8 of ``Int8Linear`` (and the
 weights are exactly the file's, where ``Int8Linear`` rounds them again per channel). The
-activations are quantized per row in two int8 terms as in ``int8_linear.py``; the integer sums
-are exact per block and the float accumulation runs block by block in one fixed order, so a
+activations are quantized per row and block of 32 in two terms (~11 bits); the integer sum of
+each block is exact and the float accumulation runs block by block in one fixed order, so a
 row's output is bit-identical alone or in any batch, on the VNNI path (a few rows) and on the
 AMX path (more rows) alike. The numerics are stated in ``kernels/q4_linear.cpp``.
 
-It exists only where the native kernels load; elsewhere the same checkpoint runs through
-``Int8Linear`` (see ``models/quantization.py``).
+It exists only where the native kernels load (``--quantization q4`` is refused elsewhere, see
+``models/quantization.py``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ Weights use Hugging Face names; q/k/v and gate/up are fused into one matmul each
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -82,8 +83,8 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     # fused linear → the checkpoint's matrices stacked in it, in order (vLLM's
     # packed_modules_mapping): load_weights and the 4-bit layers (models/quantization.py) use it
-    packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
-                      "gate_up_proj": ("gate_proj", "up_proj")}
+    packed_modules: ClassVar[dict[str, tuple[str, ...]]] = {
+        "qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

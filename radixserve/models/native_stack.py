@@ -90,7 +90,7 @@ class NativeLayerStack:
             return self._fallback(positions, x)
         layers = self._layer_structs(ctx.kv_caches, meta.block_size)
         rows = x.shape[0]
-        hidden, qkv_width, q_width, inter = self._dims
+        _, qkv_width, q_width, inter = self._dims
         buffers = {"x": x, "residual": torch.empty_like(x), "h": torch.empty_like(x),
                    "qkv": torch.empty(rows, qkv_width), "att": torch.empty(rows, q_width),
                    "gate_up": torch.empty(rows, 2 * inter), "act": torch.empty(rows, inter)}

@@ -5,10 +5,11 @@ K-quants...) runs its linears in int8 on CPU (``layers/int8_linear.py``), as lla
 them quantized; float checkpoints, and every model on CUDA, keep float weights.
 
 ``q4`` (CPU, native kernels) keeps a GGUF file's Q4_0 / Q4_1 matrices as the file stores them,
-4-bit blocks (``layers/q4_linear.py``), and runs every other linear in int8: batch-1 decode
-reads ~30 % fewer bytes per token and the weights are exactly the file's, but batched steps and
-prefill run slower than int8 (the per-block float epilogue; see docs/benchmarks.md). So it is
-the choice for single-stream latency, and ``auto`` keeps int8 for throughput. Int8 needs a
+4-bit blocks (``layers/q4_linear.py``), and runs every other linear in int8: the weights are
+exactly the file's (logits closer to the float model) in 5 bits instead of 8, and a batch-1
+step reads fewer bytes, but batched steps and prefill run slower than int8 (the per-block float
+epilogue) and single-stream decode measured the same as int8 (docs/benchmarks.md). So ``auto``
+keeps int8, and ``q4`` is the opt-in for fidelity to the file and weight memory. Int8 needs a
 CPU with int8 dot-product instructions (VNNI; AMX CPUs have them): without them oneDNN sums
 byte pairs into 16 bits with saturation and leaves s8×s8 overflow to the caller ("Nuances of
 int8 computations" in its guide), so full-range int8 operands could give wrong sums there;

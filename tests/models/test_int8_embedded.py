@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from radixserve import SamplingParams
-
 from radixserve.core.sched_output import ScheduledSeq
 from radixserve.kernels import native
 from radixserve.layers.int8_linear import Int8Linear
@@ -64,8 +63,8 @@ def test_embedded_model_is_int8_and_close_to_float(embedded_llm, float_llm):
 
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:",
-           "Once upon a time, in a faraway land beyond the mountains and the sea, there lived "
-           "an old king who"]
+           ("Once upon a time, in a faraway land beyond the mountains and the sea, there lived "
+            "an old king who")]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 
