@@ -42,13 +42,16 @@ inline __m512 hsum16(const __m512 a[16]) {
 constexpr int kMaxGroup = 16;  // query heads per KV head
 constexpr int kMaxDimVecs = 16;  // head_dim up to 256
 
-// One (row, KV head): q [G, d] (row's heads of this group), out [G, d]; scores scratch [G, len].
-// kG / kDV > 0 fix the group size and the 16-float vectors per head at compile time (so the
-// queries and sums stay in registers); 0 takes them from G and d at run time.
+// One (row, KV head) over `len` context tokens starting at blocks[0]: q [G, d] (the row's heads
+// of this group), out [G, d]; scores scratch [G, len]. With `ml` null, out is the attention
+// output; otherwise this is one chunk of a longer context: out gets the unnormalised sum of
+// exp(score - max) * v and ml[2g], ml[2g + 1] head g's max score and sum of exp (merged by
+// merge_chunks). kG / kDV > 0 fix the group size and the 16-float vectors per head at compile
+// time (so the queries and sums stay in registers); 0 takes them from G and d at run time.
 template <int kG, int kDV>
 void attend(const float* q, const float* k_pool, const float* v_pool, const int64_t* blocks,
             int64_t len, int G_, int64_t d, int64_t bs, int64_t token_stride, float scale,
-            float* scores, float* out) {
+            float* scores, float* out, float* ml) {
   const int G = kG ? kG : G_;
   const int dv = kDV ? kDV : (int)((d + 15) / 16);
   const __mmask16 dmask = tail_mask(d - 16 * (dv - 1));
@@ -102,7 +105,9 @@ void attend(const float* q, const float* k_pool, const float* v_pool, const int6
       _mm512_mask_storeu_ps(sg + t, tm, e);
       sum = _mm512_add_ps(sum, e);
     }
-    inv_sum[g] = 1.0f / _mm512_reduce_add_ps(sum);
+    const float total = _mm512_reduce_add_ps(sum);
+    inv_sum[g] = ml ? 1.0f : 1.0f / total;
+    if (ml) ml[2 * g] = row_max[g], ml[2 * g + 1] = total;
   }
   __m512 acc[kG ? kG : kMaxGroup][kDV ? kDV : kMaxDimVecs];
   for (int g = 0; g < G; ++g)
@@ -124,12 +129,35 @@ void attend(const float* q, const float* k_pool, const float* v_pool, const int6
     __m512 is = _mm512_set1_ps(inv_sum[g]);
     for (int c = 0; c < dv; ++c)
       _mm512_mask_storeu_ps(out + g * d + 16 * c, c == dv - 1 ? dmask : (__mmask16)0xFFFF,
-                            _mm512_mul_ps(acc[g][c], is));
+                            ml ? acc[g][c] : _mm512_mul_ps(acc[g][c], is));
   }
 }
 
+// One query head's output from its chunks' partials (acc [n][d], ml [n][2]), chunk by chunk in
+// order: M = max m_c, w_c = exp(m_c - M), out = (sum w_c * acc_c) * (1 / sum w_c * l_c).
+void merge_chunks(const float* acc, const float* ml, int64_t n, int64_t stride, int64_t d,
+                  float* out) {
+  float M = -INFINITY;
+  for (int64_t c = 0; c < n; ++c) M = ml[c * 2] > M ? ml[c * 2] : M;
+  float total = 0.0f;
+  for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
+  for (int64_t c = 0; c < n; ++c) {
+    const float w = expf(ml[c * 2] - M);
+    total += w * ml[c * 2 + 1];
+    for (int64_t i = 0; i < d; ++i) out[i] += w * acc[c * stride + i];
+  }
+  const float inv = 1.0f / total;
+  for (int64_t i = 0; i < d; ++i) out[i] *= inv;
+}
+
 using AttendFn = void (*)(const float*, const float*, const float*, const int64_t*, int64_t,
-                         int, int64_t, int64_t, int64_t, float, float*, float*);
+                         int, int64_t, int64_t, int64_t, float, float*, float*, float*);
+
+// Context chunk of a row, in tokens: contexts longer than this are split into chunks attended
+// as separate work items (balance across threads at batch 1, each chunk's K/V read once per KV
+// head) and merged in order. A row's chunks depend only on its own length, so its bits do not
+// depend on the batch; a context of at most one chunk is computed exactly as without chunks.
+constexpr int64_t kChunkTokens = 512;
 
 // Specialised for head_dim 64 and 128 with up to 8 query heads per KV head; else generic.
 AttendFn pick_attend(int64_t G, int64_t d) {
@@ -170,17 +198,52 @@ int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t 
     memcpy(k_pool + slots[t] * width, k_new + t * ldk, (size_t)width * sizeof(float));
     memcpy(v_pool + slots[t] * width, v_new + t * ldv, (size_t)width * sizeof(float));
   }
-  int64_t max_len = 0;
-  for (int64_t t = 0; t < T; ++t) max_len = row_len[t] > max_len ? row_len[t] : max_len;
-  // Few rows (a batch-1 decode: 3 KV heads for 2 threads): one item per query head instead,
+  const int64_t chunk = (kChunkTokens / bs > 0 ? kChunkTokens / bs : 1) * bs;
+  // Work items (row, first query head, chunk), ordered row, KV head, chunk, query heads: the
+  // heads of one KV head follow each other on a chunk, which they then read from cache.
+  // Partials of a chunked row: [row's offset + head * n + chunk].
+  int64_t grouped_items = 0, partial_rows = 0;
+  int64_t* part_off = (int64_t*)malloc((size_t)(T > 0 ? T : 1) * sizeof(int64_t));
+  if (!part_off) return 1;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = (row_len[t] + chunk - 1) / chunk;
+    grouped_items += KVH * n;
+    part_off[t] = partial_rows;
+    if (n > 1) partial_rows += H * n;
+  }
+  // Few items (a batch-1 decode: 3 KV heads for 2 threads): one item per query head instead,
   // for balance. Each query head's operations are the same either way, so are its bits.
-  const bool per_head = G > 1 && T * KVH < 4 * omp_get_max_threads();
+  const bool per_head = G > 1 && grouped_items < 4 * omp_get_max_threads();
   const AttendFn attend_fn = pick_attend(per_head ? 1 : G, d);
-  const int64_t group = per_head ? 1 : G, items = T * (H / group);
+  const int64_t group = per_head ? 1 : G;
+  const int64_t items = grouped_items * G / group;
+  int64_t* item_row = (int64_t*)malloc((size_t)(items > 0 ? items : 1) * 3 * sizeof(int64_t));
+  float* partials = (float*)malloc((size_t)(partial_rows * (d + 2) + 1) * sizeof(float));
+  if (!item_row || !partials) {
+    free(part_off);
+    free(item_row);
+    free(partials);
+    return 1;
+  }
+  int64_t max_span = 0;
+  for (int64_t t = 0, i = 0; t < T; ++t) {
+    const int64_t n = (row_len[t] + chunk - 1) / chunk;
+    const int64_t span = n > 1 ? chunk : row_len[t];
+    max_span = span > max_span ? span : max_span;
+    for (int64_t kvh = 0; kvh < KVH; ++kvh)
+      for (int64_t c = 0; c < n; ++c)
+        for (int64_t j = 0; j < G / group; ++j, ++i) {
+          item_row[3 * i] = t;
+          item_row[3 * i + 1] = kvh * G + j * group;
+          item_row[3 * i + 2] = c;
+        }
+  }
+  float* acc_part = partials;  // [partial_rows][d]
+  float* ml_part = partials + partial_rows * d;  // [partial_rows][2]
   int failed = 0;
 #pragma omp parallel
   {
-    float* scores = (float*)malloc((size_t)(G * max_len + 16) * sizeof(float));
+    float* scores = (float*)malloc((size_t)(G * max_span + 16) * sizeof(float));
     if (!scores) {
 #pragma omp atomic write
       failed = 1;
@@ -188,14 +251,43 @@ int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t 
 #pragma omp for schedule(dynamic, 4)
     for (int64_t item = 0; item < items; ++item) {
       if (!scores) continue;
-      const int64_t t = item / (H / group), first = item % (H / group) * group;
+      const int64_t t = item_row[3 * item], first = item_row[3 * item + 1];
+      const int64_t c = item_row[3 * item + 2];
       const int64_t h = first / G;  // the KV head
-      attend_fn(q + t * ldq + first * d, k_pool + h * d, v_pool + h * d,
-                table + row_seq[t] * table_stride, row_len[t], (int)group, d, bs, KVH * d,
-                scale, scores, out + (t * H + first) * d);
+      const int64_t n = (row_len[t] + chunk - 1) / chunk;
+      const int64_t* blocks = table + row_seq[t] * table_stride;
+      if (n == 1) {
+        attend_fn(q + t * ldq + first * d, k_pool + h * d, v_pool + h * d, blocks, row_len[t],
+                  (int)group, d, bs, KVH * d, scale, scores, out + (t * H + first) * d, nullptr);
+        continue;
+      }
+      const int64_t begin = c * chunk;
+      const int64_t len = row_len[t] - begin < chunk ? row_len[t] - begin : chunk;
+      const int64_t p = part_off[t] + first * n + c;  // head `first`, chunk c; next head +n
+      float ml[2 * kMaxGroup];
+      float* acc = acc_part + p * d;
+      alignas(64) float tmp[kMaxGroup * 16 * kMaxDimVecs];
+      attend_fn(q + t * ldq + first * d, k_pool + h * d, v_pool + h * d, blocks + begin / bs,
+                len, (int)group, d, bs, KVH * d, scale, scores, tmp, ml);
+      for (int64_t g = 0; g < group; ++g) {
+        memcpy(acc + g * n * d, tmp + g * d, (size_t)d * sizeof(float));
+        ml_part[2 * (p + g * n)] = ml[2 * g];
+        ml_part[2 * (p + g * n) + 1] = ml[2 * g + 1];
+      }
     }
     free(scores);
+#pragma omp for schedule(static)
+    for (int64_t th = 0; th < T * H; ++th) {
+      const int64_t t = th / H, head = th % H;
+      const int64_t n = (row_len[t] + chunk - 1) / chunk;
+      if (n == 1) continue;
+      const int64_t p = part_off[t] + head * n;
+      merge_chunks(acc_part + p * d, ml_part + 2 * p, n, d, d, out + (t * H + head) * d);
+    }
   }
+  free(part_off);
+  free(item_row);
+  free(partials);
   return failed;
 }
 

@@ -213,3 +213,41 @@ def test_native_kernel_specialised_shapes_match_dense(heads, kv_heads, dim, bloc
         p = (torch.einsum("hd,lhd->hl", q[i].double(), k) * dim ** -0.5).softmax(-1)
         want = torch.einsum("hl,lhd->hd", p, v).float()
         torch.testing.assert_close(got[i], want, rtol=1e-4, atol=1e-5)
+
+
+@needs_native
+def test_native_long_contexts_in_chunks_match_dense_and_do_not_depend_on_the_batch():
+    """Contexts over 512 tokens are attended in 512-token chunks merged in order (balance at
+    batch 1): still the dense result, and still a row's own bits alone or in any batch (the
+    chunks depend only on the row's length; one chunk or less is computed as before)."""
+    heads, kv_heads, dim, block, num_blocks = 9, 3, 64, 16, 100
+    gen = torch.Generator().manual_seed(11)
+    pool = (torch.randn(num_blocks, block, kv_heads, dim, generator=gen),
+            torch.randn(num_blocks, block, kv_heads, dim, generator=gen))
+    blocks = torch.randperm(num_blocks, generator=gen)[:80].tolist()
+    lens = [1100, 513, 512, 1024, 40]
+    q = torch.randn(len(lens), heads, dim, generator=gen)
+    slots = [blocks[p // block] * block + p % block for p in range(80 * block)]
+    keys = pool[0].view(-1, kv_heads, dim)[slots].clone()
+    values = pool[1].view(-1, kv_heads, dim)[slots].clone()
+    backend = NativeCpuPagedAttention()
+
+    def run(rows):
+        last = torch.tensor([lens[i] - 1 for i in rows])
+        meta = backend.build_metadata(slot_mapping=torch.tensor(slots)[last],
+                                      block_table=torch.tensor([blocks] * len(rows)),
+                                      context_lens=[lens[i] for i in rows],
+                                      q_lens=[1] * len(rows), start_pos=last.tolist(),
+                                      block_size=block)
+        return backend.forward(q[rows], keys[last], values[last], pool, meta, dim ** -0.5)
+
+    together = run(list(range(len(lens))))
+    group = heads // kv_heads
+    for i, n in enumerate(lens):
+        k = keys[:n].double().repeat_interleave(group, dim=1)
+        v = values[:n].double().repeat_interleave(group, dim=1)
+        p = (torch.einsum("hd,lhd->hl", q[i].double(), k) * dim ** -0.5).softmax(-1)
+        want = torch.einsum("hl,lhd->hd", p, v).float()
+        torch.testing.assert_close(together[i], want, rtol=1e-4, atol=1e-5)
+        assert torch.equal(run([i]), together[i:i + 1])  # alone: per query head or grouped
+    assert torch.equal(run([3, 0]), together[[3, 0]])
