@@ -8,6 +8,9 @@ sample. The runner reads the scheduled data and never mutates requests.
 
 from __future__ import annotations
 
+from itertools import chain
+
+import numpy as np
 import torch
 
 from radixserve.config import ModelConfig
@@ -71,26 +74,29 @@ class ModelRunner:
         return not self.backend.is_decode_like(seq.num_tokens, seq.start_pos)
 
     def _prepare(self, seqs: list[ScheduledSeq]):
-        dev, bs = self.device, self.block_size
-        q_lens = [s.num_tokens for s in seqs]
-        starts = [s.start_pos for s in seqs]
-        flat_ids = [t for s in seqs for t in s.token_ids]
-        max_blocks = max(len(s.block_ids) for s in seqs)
-        table = [s.block_ids + [0] * (max_blocks - len(s.block_ids)) for s in seqs]
-
-        input_ids = torch.tensor(flat_ids, dtype=torch.long, device=dev)
-        q_lens_t = torch.tensor(q_lens, dtype=torch.long, device=dev)
-        block_table = torch.tensor(table, dtype=torch.long, device=dev)
-        seq_idx = torch.repeat_interleave(torch.arange(len(seqs), device=dev), q_lens_t)
-        cu = torch.cumsum(q_lens_t, 0)
-        offset_in_seq = torch.arange(len(flat_ids), device=dev) - (cu - q_lens_t)[seq_idx]
-        positions = torch.tensor(starts, dtype=torch.long, device=dev)[seq_idx] + offset_in_seq
-        slot_mapping = block_table[seq_idx, positions // bs] * bs + positions % bs
+        """The packed step's tensors. Index arithmetic in numpy (~1 us per op at these sizes,
+        where each torch op costs ~5 us; ~0.2 ms of a ~8 ms batch-1 step), then one tensor
+        each."""
+        dev, bs, n = self.device, self.block_size, len(seqs)
+        q_lens = np.fromiter((s.num_tokens for s in seqs), np.int64, n)
+        starts = np.fromiter((s.start_pos for s in seqs), np.int64, n)
+        table = np.zeros((n, max(len(s.block_ids) for s in seqs)), np.int64)
+        for i, s in enumerate(seqs):
+            table[i, :len(s.block_ids)] = s.block_ids
+        seq_idx = np.repeat(np.arange(n), q_lens)
+        cu = np.cumsum(q_lens)
+        positions = starts[seq_idx] + np.arange(int(cu[-1])) - (cu - q_lens)[seq_idx]
+        slot_mapping = table[seq_idx, positions // bs] * bs + positions % bs
+        input_ids = np.fromiter(chain.from_iterable(s.token_ids for s in seqs), np.int64,
+                                int(cu[-1]))
+        sample_idx = (cu - 1)[np.fromiter((s.sample for s in seqs), bool, n)]
+        input_ids, positions, slot_mapping, block_table, sample_idx = (
+            torch.from_numpy(a).to(dev)
+            for a in (input_ids, positions, slot_mapping, table, sample_idx))
         meta = self.backend.build_metadata(
             slot_mapping=slot_mapping, block_table=block_table,
-            context_lens=[s.context_len for s in seqs], q_lens=q_lens, start_pos=starts,
-            block_size=bs, dtype=self.kv_caches[0][0].dtype)
-        sample_idx = (cu - 1)[torch.tensor([s.sample for s in seqs], device=dev)]
+            context_lens=[s.context_len for s in seqs], q_lens=q_lens.tolist(),
+            start_pos=starts.tolist(), block_size=bs, dtype=self.kv_caches[0][0].dtype)
         return input_ids, positions, meta, sample_idx
 
     def _sample(self, seqs: list[ScheduledSeq], logits: torch.Tensor,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from radixserve.kernels import native
@@ -44,14 +45,15 @@ class NativeCpuPagedAttention:
                        ) -> NativeAttentionMetadata:
         """``block_table`` [S, max_blocks] padded; sequence i's ``q_lens[i]`` new tokens sit
         at positions ``start_pos[i]`` onwards."""
-        lens = torch.tensor(q_lens, dtype=torch.int64)
-        row_seq = torch.repeat_interleave(torch.arange(len(q_lens)), lens)
-        first_row = torch.cumsum(lens, 0) - lens
-        offset = torch.arange(row_seq.numel()) - first_row[row_seq]
-        row_len = torch.tensor(start_pos, dtype=torch.int64)[row_seq] + offset + 1
+        lens = np.asarray(q_lens, dtype=np.int64)
+        row_seq = np.repeat(np.arange(len(q_lens)), lens)
+        first_row = np.cumsum(lens) - lens
+        offset = np.arange(row_seq.size) - first_row[row_seq]
+        row_len = np.asarray(start_pos, dtype=np.int64)[row_seq] + offset + 1
         return NativeAttentionMetadata(slot_mapping.to(torch.int64).contiguous(),
                                        block_table.to(torch.int64).contiguous(),
-                                       row_seq, row_len, block_size)
+                                       torch.from_numpy(row_seq), torch.from_numpy(row_len),
+                                       block_size)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor],
