@@ -70,7 +70,8 @@ class NativeLayerStack:
         self._dims = (cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, cfg.q_size,
                       cfg.intermediate_size)
         self._layers: list[_Layer] = []
-        self._pools: tuple[int, ...] = ()
+        self._kv_caches: list | None = None
+        self._block_size = 0
 
     @classmethod
     def build(cls, model: nn.Module) -> NativeLayerStack | PythonLayerStack:
@@ -107,12 +108,13 @@ class NativeLayerStack:
                     raise RuntimeError(f"native decoder layer {i} failed (memory or shapes)")
         return x, buffers["residual"]
 
-    def _layer_structs(self, kv_caches, block_size: int) -> list[_Layer]:
-        pools = tuple(t.data_ptr() for pair in kv_caches for t in pair) + (block_size,)
-        if pools != self._pools:
+    def _layer_structs(self, kv_caches: list, block_size: int) -> list[_Layer]:
+        """The layers' structs for this KV pool (a runner allocates its pool list once; the
+        list is held here, so a new one is never mistaken for it)."""
+        if kv_caches is not self._kv_caches or block_size != self._block_size:
             self._layers = [_layer_struct(layer, kv, block_size)
                             for layer, kv in zip(self._model.layers, kv_caches)]
-            self._pools = pools
+            self._kv_caches, self._block_size = kv_caches, block_size
         return self._layers
 
 
