@@ -126,23 +126,6 @@ void block(const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, const int8_t* w_b
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-struct TileConfig {
-  uint8_t palette_id, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-void amx_configure() {
-  TileConfig cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {  // every tile 16 rows x 64 bytes
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
-
 // 16 rows (hi and lo) x NB blocks of 16 outputs with AMX: tmm0..3 sums (hi/lo x block),
 // tmm4/5 the hi/lo activations, tmm6/7 the weights. Sums go to c [2][NB][16][16].
 template <int NB>

@@ -146,20 +146,8 @@ void vnni_rows(int rows, const int8_t* a, const float* sc, int64_t K, const uint
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-struct TileConfig {
-  uint8_t palette_id, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// Every tile 16 x 64 bytes: tmm0/1 sums, tmm4/5 activations, tmm6/7 weights (even/odd blocks).
-void amx_configure() {
-  TileConfig cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  _tile_loadconfig(&cfg);
-}
+// Tiles (amx_configure, simd.h: all 16 rows x 64 bytes): tmm0/1 sums, tmm4/5 activations,
+// tmm6/7 weights, for even/odd blocks.
 
 // One group's packed blocks -> B tiles [B][16 rows][64]: 16q for k-steps 0..7, then q.
 void unpack_group(const uint8_t* w, int64_t B, uint8_t* out) {

@@ -30,3 +30,21 @@ inline __m512 exp_ps(__m512 x) {
   __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(y, n);
 }
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#include <string.h>
+
+// Configures every AMX tile as 16 rows x 64 bytes (the layout both linear kernels use), for
+// the calling thread.
+inline void amx_configure() {
+  struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  } cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+#endif

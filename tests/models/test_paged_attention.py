@@ -206,13 +206,18 @@ def test_native_kernel_specialised_shapes_match_dense(heads, kv_heads, dim, bloc
                                   context_lens=lens, q_lens=[1] * len(lens),
                                   start_pos=[n - 1 for n in lens], block_size=block)
     got = backend.forward(q, keys[last], values[last], pool, meta, dim ** -0.5)
-    group = heads // kv_heads
     for i, n in enumerate(lens):
-        k = keys[:n].double().repeat_interleave(group, dim=1)
-        v = values[:n].double().repeat_interleave(group, dim=1)
-        p = (torch.einsum("hd,lhd->hl", q[i].double(), k) * dim ** -0.5).softmax(-1)
-        want = torch.einsum("hl,lhd->hd", p, v).float()
-        torch.testing.assert_close(got[i], want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got[i], dense_row(q[i], keys[:n], values[:n]),
+                                   rtol=1e-4, atol=1e-5)
+
+
+def dense_row(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One row's attention in float64: q [H, d] over keys/values [L, KVH, d] (grouped heads)."""
+    group = q.shape[0] // keys.shape[1]
+    k = keys.double().repeat_interleave(group, dim=1)
+    v = values.double().repeat_interleave(group, dim=1)
+    p = (torch.einsum("hd,lhd->hl", q.double(), k) * q.shape[-1] ** -0.5).softmax(-1)
+    return torch.einsum("hl,lhd->hd", p, v).float()
 
 
 @needs_native
@@ -242,12 +247,8 @@ def test_native_long_contexts_in_chunks_match_dense_and_do_not_depend_on_the_bat
         return backend.forward(q[rows], keys[last], values[last], pool, meta, dim ** -0.5)
 
     together = run(list(range(len(lens))))
-    group = heads // kv_heads
     for i, n in enumerate(lens):
-        k = keys[:n].double().repeat_interleave(group, dim=1)
-        v = values[:n].double().repeat_interleave(group, dim=1)
-        p = (torch.einsum("hd,lhd->hl", q[i].double(), k) * dim ** -0.5).softmax(-1)
-        want = torch.einsum("hl,lhd->hd", p, v).float()
-        torch.testing.assert_close(together[i], want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(together[i], dense_row(q[i], keys[:n], values[:n]),
+                                   rtol=1e-4, atol=1e-5)
         assert torch.equal(run([i]), together[i:i + 1])  # alone: per query head or grouped
     assert torch.equal(run([3, 0]), together[[3, 0]])
