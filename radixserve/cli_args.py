@@ -24,6 +24,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None,
                    help="context window (default: the model's)")
     g.add_argument("--device", default="cpu", help="cpu or cuda")
+    g.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                   help="CPU threads of the engine (torch and the native kernels; default: the "
+                        "CPUs this process may use, i.e. its affinity mask and cgroup quota)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="default: float32 on CPU, bfloat16 on CUDA. On CPUs with AMX, bfloat16 "
                         "is ~1.7x the batched throughput, but its greedy output may then "
@@ -46,10 +49,20 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=args.max_model_len, device=args.device, dtype=args.dtype,
-                quantization=args.quantization,
+                quantization=args.quantization, threads=args.threads,
                 seed=args.seed, enable_prefix_caching=not args.no_prefix_cache,
                 scheduling_policy=args.scheduling_policy,
                 structured_fast_forward=not args.no_structured_fast_forward)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, temperature: float,

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixserve.cpu_threads import check_threads
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -77,11 +79,17 @@ class SchedulerConfig:
 class DeviceConfig:
     """Where the model runs and in what number format. CPU defaults to float32, CUDA to
     bfloat16; ``quantization`` ("auto", "none", "int8", "q4") is resolved against the checkpoint at
-    load (models/quantization.py)."""
+    load (models/quantization.py). ``threads``: the engine's CPU threads (torch's pool, which the
+    native kernels share); None: the CPUs the process may use (affinity mask and cgroup quota,
+    see cpu_threads.py)."""
 
     device: str = "cpu"
     dtype: str | None = None
     quantization: str = "auto"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        check_threads(self.threads)
 
     @property
     def torch_device(self) -> torch.device:
@@ -128,7 +136,7 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                   enable_prefix_caching: bool = True, max_num_seqs: int = 64,
                   max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                   scheduling_policy: str = "fcfs", device: str = "cpu", dtype: str | None = None,
-                  quantization: str = "auto", seed: int = 0,
+                  quantization: str = "auto", threads: int | None = None, seed: int = 0,
                   structured_fast_forward: bool = True) -> EngineConfig:
     """The EngineConfig for the flat engine options the CLI and ``LLM(...)`` take."""
     return EngineConfig(
@@ -136,5 +144,5 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
         cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks, enable_prefix_caching),
         scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
                                   scheduling_policy),
-        device=DeviceConfig(device, dtype, quantization),
+        device=DeviceConfig(device, dtype, quantization, threads),
         structured=StructuredConfig(fast_forward=structured_fast_forward), seed=seed)

@@ -19,6 +19,7 @@ from radixserve.core.kv.no_cache import NoPrefixCache
 from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
+from radixserve.cpu_threads import apply_engine_threads
 from radixserve.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from radixserve.engine.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.loader import load_model, load_model_config, open_gguf
@@ -51,6 +52,7 @@ class EngineCore:
         """Load the model and size the KV pool; ``reader``: an open GGUFReader to reuse;
         ``tokenizer`` returns the caller's `Tokenizer` (default: load it from ``source``);
         it is called on the first structured-output request."""
+        apply_engine_threads(config.device.threads)  # before the model (and its packing) is built
         if reader is None and source.kind == "gguf":
             reader = open_gguf(source.path)
         model_config = load_model_config(source, reader)

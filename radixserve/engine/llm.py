@@ -25,6 +25,9 @@ REASONING_END_TAG = "</think>"  # where after_reasoning constraints start, offli
 class LLM:
     """Load a model (None → the embedded SmolLM2-135M-Instruct) and generate offline.
 
+    ``threads``: torch's CPU threads in this process, which the native kernels share (default:
+    the CPUs the process may use, from its affinity mask and cgroup quota).
+
     Errors in the arguments raise ValueError / FileNotFoundError before anything is queued,
     so the object keeps working after a bad call.
     """
@@ -33,7 +36,8 @@ class LLM:
                  kv_cache_memory_gb: float = 1.0, num_kv_blocks: int | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, device: str = "cpu",
-                 dtype: str | None = None, quantization: str = "auto", seed: int = 0,
+                 dtype: str | None = None, quantization: str = "auto",
+                 threads: int | None = None, seed: int = 0,
                  enable_prefix_caching: bool = True,
                  scheduling_policy: str = "fcfs", structured_fast_forward: bool = True,
                  show_progress: bool = True) -> None:
@@ -42,7 +46,7 @@ class LLM:
             num_kv_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, scheduling_policy=scheduling_policy, device=device,
-            dtype=dtype, quantization=quantization, seed=seed,
+            dtype=dtype, quantization=quantization, threads=threads, seed=seed,
             structured_fast_forward=structured_fast_forward)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None

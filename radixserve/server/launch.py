@@ -59,6 +59,10 @@ def _non_negative(text: str) -> float:
 
 
 def _build_real_engine(kwargs: dict, model: str | None):
+    # Runs in the engine process: size the thread pools before torch (and its libgomp) loads.
+    from radixserve.cpu_threads import apply_engine_threads
+
+    apply_engine_threads(kwargs.get("threads"))
     from radixserve.config import engine_config
     from radixserve.engine.engine_core import EngineCore
     from radixserve.models.source import ModelSource
@@ -74,6 +78,9 @@ def _build_mock_engine(vocab_size: int, max_model_len: int, step_time: float):
 
 
 def serve(args: argparse.Namespace) -> int:
+    from radixserve.cpu_threads import limit_api_threads
+
+    limit_api_threads()  # before the tokenizer's imports load numpy (and OpenBLAS)
     from radixserve.engine.parsers import get_reasoning_parser, get_tool_parser
     from radixserve.engine.tokenizer import load_tokenizer
     from radixserve.models.source import ModelSource
