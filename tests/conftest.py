@@ -1,4 +1,6 @@
-"""Shared fixtures: tiny random models as Hugging Face folders and GGUF files (see tiny_models)."""
+"""Shared fixtures: tiny random models as Hugging Face folders and GGUF files (see tiny_models),
+and ``kernel_level``: a kernel test once per CPU level this machine runs and has built
+(kernels/levels.py), each forced through RADIXSERVE_CPU_ISA as a new process would."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 from tiny_models import ARCHS, FTYPES, hf_to_gguf, make_hf_model  # noqa: E402
+
+from radixserve.kernels import native  # noqa: E402
 
 
 class GGUFFiles(dict):
@@ -58,3 +62,27 @@ def embedded_llm():
     from radixserve import LLM
 
     return LLM(show_progress=False)
+
+
+def _levels() -> list[str]:
+    info = native.describe()
+    levels = [level for level in info.runnable if level in info.built]
+    return levels or ["none"]
+
+
+@pytest.fixture(params=_levels())
+def kernel_level(request):
+    """The level under test (its library is what ``native.load()`` returns meanwhile); "none"
+    where no kernel library is installed."""
+    saved = os.environ.get(native.ISA_ENV)
+    if request.param != "none":
+        os.environ[native.ISA_ENV] = request.param
+    native.reset()
+    try:
+        yield request.param
+    finally:
+        if saved is None:
+            os.environ.pop(native.ISA_ENV, None)
+        else:
+            os.environ[native.ISA_ENV] = saved
+        native.reset()

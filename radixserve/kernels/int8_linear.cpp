@@ -1,4 +1,4 @@
-// Int8 linear layer for CPUs with AVX-512 VNNI: y = x @ W.T (+ bias), the numerics of
+// Int8 linear layer: y = x @ W.T (+ bias), the numerics of
 // radixserve/layers/int8_linear.py in one call (row quantization, both int8 terms through the
 // weights in one pass, the epilogue), bit for bit.
 //
@@ -18,13 +18,15 @@
 // feeds 16 outputs with 4 k-steps each, a row's 4 activation bytes broadcast) and, 16 vectors
 // at a time, an AMX B tile (16 rows of 4 k-steps x 16 outputs). Both multiply unsigned by
 // signed bytes, so activations are stored as q + 128 and 128 * sum_k W[n][k] is subtracted from
-// each sum ("comp").
+// each sum ("comp"). The generic level keeps the same bytes row-major instead, [N16 * 16][Kp]
+// (see row_major_block).
 //
-// Two GEMM paths, same exact int32 sums: AVX-512 VNNI for a few rows (memory bound: the weights
-// stream once), AMX tiles (16 rows x 64 k-bytes x 16 outputs per instruction) from AMX_MIN_ROWS
-// rows up, where VNNI would be compute bound.
+// The same exact int32 sums on every path, so the same bits at every level: the level's int8
+// dot products (simd.h: VNNI, AVX2's maddubs, or plain vector code; a 16-output block is
+// 16 / kW vectors) for a few rows (memory bound: the weights stream once), and at the amx level
+// AMX tiles (16 rows x 64 k-bytes x 16 outputs per instruction) from kAmxMinRows rows up, where
+// VNNI would be compute bound.
 
-#include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,39 +36,33 @@
 
 #include "simd.h"
 
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
-#error "needs AVX-512 F, BW and VNNI"
-#endif
-
 namespace {
+
+using namespace simd;
 
 constexpr float kLoScale = 254.0f;
 constexpr float kTiny = 1e-30f;
-constexpr int kMaxRows = 4;  // rows per register block: 2 terms x 4 rows x 2 blocks = 16 zmm
+constexpr int kSub = 16 / kW;  // vectors per block of 16 outputs
+constexpr int kMaxRows = 4;  // rows per register block (AVX-512: 2 terms x 4 rows x 2 blocks)
+constexpr int kBlocks = kW == 16 ? 2 : 1;  // blocks of 16 outputs per register block
 constexpr int64_t kAmxMinRows = 8;  // below this the VNNI path (measured: bench_int8_linear.py)
 bool g_amx = false;  // set by rs_init once the kernel may use AMX tiles
 
-// One row of x [K] -> hi and lo bytes (q + 128) [K4 * 4], zero padded (byte 128); returns s.
+// One row of x [K] -> hi and lo bytes (q + 128) [Kp], zero padded (byte 128); returns s.
 float quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* hi, uint8_t* lo) {
-  __m512 vmax = _mm512_setzero_ps();
+  vf vmax = zero();
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
-  if (k < K)
-    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(K - k), x + k)));
-  float amax = _mm512_reduce_max_ps(vmax);
+  for (; k + kW <= K; k += kW) vmax = max(vmax, abs(load(x + k)));
+  if (k < K) vmax = max(vmax, abs(load_n(x + k, K - k)));
+  float amax = reduce_max(vmax);
   float s = (amax > kTiny ? amax : kTiny) / 127.0f;
-  const __m512 vs = _mm512_set1_ps(s), vlo = _mm512_set1_ps(kLoScale);
-  const __m512i shift = _mm512_set1_epi32(128);
-  for (k = 0; k < Kp; k += 16) {
-    __m512 t = _mm512_div_ps(_mm512_maskz_loadu_ps(tail_mask(K - k), x + k), vs);
-    __m512 h = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(t, h), vlo),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512i hq = _mm512_add_epi32(_mm512_cvtps_epi32(h), shift);
-    __m512i lq = _mm512_add_epi32(_mm512_cvtps_epi32(l), shift);
-    const __mmask16 store = tail_mask(Kp - k);
-    _mm_mask_storeu_epi8(hi + k, store, _mm512_cvtepi32_epi8(hq));
-    _mm_mask_storeu_epi8(lo + k, store, _mm512_cvtepi32_epi8(lq));
+  const vf vs = set1(s), vlo = set1(kLoScale);
+  for (k = 0; k < Kp; k += kW) {
+    vf t = div(load_n(x + k, K - k), vs);
+    vf h = round(t);
+    vf l = round(mul(sub(t, h), vlo));
+    store_bytes_n(hi + k, to_int(h), 128, Kp - k);
+    store_bytes_n(lo + k, to_int(l), 128, Kp - k);
   }
   return s;
 }
@@ -76,20 +72,20 @@ void epilogue16(int rows, const int32_t* acc_hi, const int32_t* acc_lo, const in
                 const float* ws, const float* bias, const float* scales, float* y, int64_t ldy,
                 int64_t n, int64_t N) {
   if (n >= N) return;
-  const __mmask16 m = tail_mask(N - n);
-  const __m512 inv_lo = _mm512_set1_ps(1.0f / kLoScale);
-  __m512i c = _mm512_loadu_si512((const void*)(comp + n));
-  __m512 vw = _mm512_loadu_ps(ws + n);
-  __m512 vb = bias ? _mm512_maskz_loadu_ps(m, bias + n) : _mm512_setzero_ps();
-  for (int r = 0; r < rows; ++r) {
-    __m512i h = _mm512_loadu_si512((const void*)(acc_hi + 16 * r));
-    __m512i l = _mm512_loadu_si512((const void*)(acc_lo + 16 * r));
-    __m512 fh = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(h, c)), vw);
-    __m512 fl = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(l, c)), vw);
-    __m512 v = _mm512_mul_ps(_mm512_add_ps(fh, _mm512_mul_ps(fl, inv_lo)),
-                             _mm512_set1_ps(scales[r]));
-    if (bias) v = _mm512_add_ps(v, vb);
-    _mm512_mask_storeu_ps(y + r * ldy + n, m, v);
+  const vf inv_lo = set1(1.0f / kLoScale);
+  for (int s = 0; s < kSub; ++s) {
+    const int64_t ns = n + s * kW;
+    if (ns >= N) return;
+    vi c = iload(comp + ns);
+    vf vw = load(ws + ns);
+    vf vb = bias ? load_n(bias + ns, N - ns) : zero();
+    for (int r = 0; r < rows; ++r) {
+      vf fh = mul(to_float(isub(iload(acc_hi + 16 * r + s * kW), c)), vw);
+      vf fl = mul(to_float(isub(iload(acc_lo + 16 * r + s * kW), c)), vw);
+      vf v = mul(add(fh, mul(fl, inv_lo)), set1(scales[r]));
+      if (bias) v = add(v, vb);
+      store_n(y + r * ldy + ns, v, N - ns);
+    }
   }
 }
 
@@ -98,28 +94,31 @@ template <int R, int NB>
 void block(const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, const int8_t* w_blocks,
            const int32_t* comp, const float* ws, const float* bias, const float* scales,
            float* y, int64_t ldy, int64_t n0, int64_t N) {
-  __m512i acc_hi[R][NB], acc_lo[R][NB];
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < NB; ++b) acc_hi[r][b] = acc_lo[r][b] = _mm512_setzero_si512();
+  constexpr int V = NB * kSub;  // weight vectors per k-step
+  vi acc_hi[R][V], acc_lo[R][V];
+  for (int v = 0; v < V; ++v) {
+    const vi start = kDotNeedsComp ? iload(comp + n0 + v * kW) : izero();
+    for (int r = 0; r < R; ++r) acc_hi[r][v] = acc_lo[r][v] = start;
+  }
   const int64_t K4 = Kp / 4, block_stride = K4 * 64;
   for (int64_t j = 0; j < K4; ++j) {
-    __m512i w[NB];
-    for (int b = 0; b < NB; ++b)
-      w[b] = _mm512_loadu_si512((const void*)(w_blocks + b * block_stride + j * 64));
+    vi w[V];
+    for (int v = 0; v < V; ++v)
+      w[v] = iload(w_blocks + (v / kSub) * block_stride + j * 64 + (v % kSub) * 4 * kW);
     for (int r = 0; r < R; ++r) {
-      __m512i xh = _mm512_set1_epi32(*(const int32_t*)(qhi + r * Kp + 4 * j));
-      __m512i xl = _mm512_set1_epi32(*(const int32_t*)(qlo + r * Kp + 4 * j));
-      for (int b = 0; b < NB; ++b) {
-        acc_hi[r][b] = _mm512_dpbusd_epi32(acc_hi[r][b], xh, w[b]);
-        acc_lo[r][b] = _mm512_dpbusd_epi32(acc_lo[r][b], xl, w[b]);
+      vi xh = bcast_u8(qhi + r * Kp + 4 * j);
+      vi xl = bcast_u8(qlo + r * Kp + 4 * j);
+      for (int v = 0; v < V; ++v) {
+        acc_hi[r][v] = dot_u8s8(acc_hi[r][v], xh, w[v]);
+        acc_lo[r][v] = dot_u8s8(acc_lo[r][v], xl, w[v]);
       }
     }
   }
   alignas(64) int32_t c[2][NB][R][16];
-  for (int b = 0; b < NB; ++b)
+  for (int v = 0; v < V; ++v)
     for (int r = 0; r < R; ++r) {
-      _mm512_store_si512((void*)c[0][b][r], acc_hi[r][b]);
-      _mm512_store_si512((void*)c[1][b][r], acc_lo[r][b]);
+      istore(&c[0][v / kSub][r][(v % kSub) * kW], acc_hi[r][v]);
+      istore(&c[1][v / kSub][r][(v % kSub) * kW], acc_lo[r][v]);
     }
   for (int b = 0; b < NB; ++b)
     epilogue16(R, c[0][b][0], c[1][b][0], comp, ws, bias, scales, y, ldy, n0 + 16 * b, N);
@@ -158,7 +157,7 @@ void amx_block(const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, const int8_t*
 #endif
 
 template <int NB>
-void rows_block(int rows, const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, const int8_t* w,
+void rows_block_nb(int rows, const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, const int8_t* w,
                 const int32_t* comp, const float* ws, const float* bias, const float* scales,
                 float* y, int64_t ldy, int64_t n0, int64_t N) {
   switch (rows) {
@@ -169,6 +168,57 @@ void rows_block(int rows, const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, co
   }
 }
 
+#if defined(RS_ROW_MAJOR_INT8)
+// R rows x one block of 16 outputs from row-major weights w [16][Kp]: each weight row read once
+// for all R rows, the same exact sums as vpdpbusd's, then the epilogue.
+template <int R>
+void row_major_block(const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, const int8_t* w,
+                     const int32_t* comp, const float* ws, const float* bias,
+                     const float* scales, float* y, int64_t ldy, int64_t n0, int64_t N) {
+  alignas(64) int32_t c[2][R][16];
+  for (int o = 0; o < 16; ++o) {
+    const int8_t* wr = w + o * Kp;
+    int32_t sh[R] = {}, sl[R] = {};
+    for (int64_t k = 0; k < Kp; ++k) {
+      const int16_t wk = wr[k];
+      for (int r = 0; r < R; ++r) {
+        sh[r] += (int16_t)qhi[r * Kp + k] * wk;
+        sl[r] += (int16_t)qlo[r * Kp + k] * wk;
+      }
+    }
+    for (int r = 0; r < R; ++r) c[0][r][o] = sh[r], c[1][r][o] = sl[r];
+  }
+  epilogue16(R, c[0][0], c[1][0], comp, ws, bias, scales, y, ldy, n0, N);
+}
+#endif
+
+// `nblocks` (1 or 2) blocks of 16 outputs, kBlocks at a time.
+void rows_block(int nblocks, int rows, const uint8_t* qhi, const uint8_t* qlo, int64_t Kp,
+                const int8_t* w, const int32_t* comp, const float* ws, const float* bias,
+                const float* scales, float* y, int64_t ldy, int64_t n0, int64_t N) {
+#if defined(RS_ROW_MAJOR_INT8)
+  for (int b = 0; b < nblocks; ++b) {
+    const int8_t* wb = w + b * 16 * Kp;
+    float* yb = y;
+    const int64_t nb = n0 + 16 * b;
+    switch (rows) {
+      case 1: row_major_block<1>(qhi, qlo, Kp, wb, comp, ws, bias, scales, yb, ldy, nb, N); break;
+      case 2: row_major_block<2>(qhi, qlo, Kp, wb, comp, ws, bias, scales, yb, ldy, nb, N); break;
+      case 3: row_major_block<3>(qhi, qlo, Kp, wb, comp, ws, bias, scales, yb, ldy, nb, N); break;
+      default: row_major_block<4>(qhi, qlo, Kp, wb, comp, ws, bias, scales, yb, ldy, nb, N);
+    }
+  }
+  return;
+#endif
+  if (kBlocks == 2 && nblocks == 2) {
+    rows_block_nb<2>(rows, qhi, qlo, Kp, w, comp, ws, bias, scales, y, ldy, n0, N);
+    return;
+  }
+  for (int b = 0; b < nblocks; ++b)
+    rows_block_nb<1>(rows, qhi, qlo, Kp, w + b * (Kp / 4) * 64, comp, ws, bias, scales, y, ldy,
+                     n0 + 16 * b, N);
+}
+
 }  // namespace
 
 bool rs_amx_enabled() { return g_amx; }
@@ -176,7 +226,16 @@ bool rs_amx_enabled() { return g_amx; }
 extern "C" {
 
 // Returns the version of this file's interface; the loader checks it.
-int rs_abi_version() { return 5; }
+int rs_abi_version() { return 6; }
+
+// The instruction-set level this library was built for (simd.h).
+const char* rs_level() { return simd::kLevel; }
+
+#ifndef RS_SOURCE_HASH
+#define RS_SOURCE_HASH "unknown"
+#endif
+// The hash of the sources it was built from (levels.source_hash), so a stale build is noticed.
+const char* rs_source_hash() { return RS_SOURCE_HASH; }
 
 // Asks the kernel for AMX tile state (Linux grants it per process); returns 1 if AMX is used.
 int rs_init(int want_amx) {
@@ -200,7 +259,11 @@ void rs_int8_pack(const int8_t* W, int64_t N, int64_t K, int8_t* packed, int32_t
     for (int64_t k = 0; k < K; ++k) {
       int8_t v = W[n * K + k];
       sum += v;
+#if defined(RS_ROW_MAJOR_INT8)
+      packed[n * K4 * 4 + k] = v;  // [N16 * 16][Kp]: the same size
+#else
       packed[((n / 16) * K4 + k / 4) * 64 + (n % 16) * 4 + k % 4] = v;
+#endif
     }
     comp[n] = 128 * sum;
   }
@@ -265,10 +328,7 @@ int rs_int8_linear(const float* x, int64_t M, int64_t K, const int8_t* packed,
         const uint8_t* h = qhi + r0 * Kp;
         const uint8_t* l = qlo + r0 * Kp;
         float* yr = y + r0 * ldy;
-        if (nblocks == 2)
-          rows_block<2>(rows, h, l, Kp, w, comp, ws, bias, scales + r0, yr, ldy, nb * 16, N);
-        else
-          rows_block<1>(rows, h, l, Kp, w, comp, ws, bias, scales + r0, yr, ldy, nb * 16, N);
+        rows_block(nblocks, rows, h, l, Kp, w, comp, ws, bias, scales + r0, yr, ldy, nb * 16, N);
       }
     }
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)

@@ -7,7 +7,6 @@
 // the sum rounded once). RMSNorm and SiLU sum and exponentiate in their own order, so they match
 // the torch versions to float rounding only; a process uses one or the other throughout.
 
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -16,35 +15,32 @@
 
 namespace {
 
+using namespace simd;
+
 void norm_row(const float* x, const float* w, int64_t K, float eps, float* out) {
-  __m512 ss = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    __m512 v = _mm512_maskz_loadu_ps(tail_mask(K - k), x + k);
-    ss = _mm512_fmadd_ps(v, v, ss);
+  vf ss = zero();
+  for (int64_t k = 0; k < K; k += kW) {
+    vf v = load_n(x + k, K - k);
+    ss = fmadd(v, v, ss);
   }
-  const float r = 1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)K + eps);
-  const __m512 vr = _mm512_set1_ps(r);
-  for (int64_t k = 0; k < K; k += 16) {
-    __mmask16 m = tail_mask(K - k);
-    __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + k), vr);
-    _mm512_mask_storeu_ps(out + k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + k), v));
-  }
+  const float r = 1.0f / sqrtf(reduce_add(ss) / (float)K + eps);
+  const vf vr = set1(r);
+  for (int64_t k = 0; k < K; k += kW)
+    store_n(out + k, mul(load_n(w + k, K - k), mul(load_n(x + k, K - k), vr)), K - k);
 }
 
 // Heads of one row in place: x [heads, d], cos/sin rows [d] (the two halves repeat).
 void rotate_row(float* x, int64_t heads, int64_t d, const float* cos, const float* sin) {
   const int64_t half = d / 2;
   for (int64_t h = 0; h < heads; ++h, x += d) {
-    for (int64_t j = 0; j < half; j += 16) {
-      __mmask16 m = tail_mask(half - j);
-      __m512 a = _mm512_maskz_loadu_ps(m, x + j), b = _mm512_maskz_loadu_ps(m, x + half + j);
-      __m512 c1 = _mm512_maskz_loadu_ps(m, cos + j), s1 = _mm512_maskz_loadu_ps(m, sin + j);
-      __m512 c2 = _mm512_maskz_loadu_ps(m, cos + half + j);
-      __m512 s2 = _mm512_maskz_loadu_ps(m, sin + half + j);
-      __m512 nb = _mm512_sub_ps(_mm512_setzero_ps(), b);  // -b exactly
-      _mm512_mask_storeu_ps(x + j, m, _mm512_add_ps(_mm512_mul_ps(a, c1), _mm512_mul_ps(nb, s1)));
-      _mm512_mask_storeu_ps(x + half + j, m,
-                            _mm512_add_ps(_mm512_mul_ps(b, c2), _mm512_mul_ps(a, s2)));
+    for (int64_t j = 0; j < half; j += kW) {
+      const int64_t n = half - j;
+      vf a = load_n(x + j, n), b = load_n(x + half + j, n);
+      vf c1 = load_n(cos + j, n), s1 = load_n(sin + j, n);
+      vf c2 = load_n(cos + half + j, n), s2 = load_n(sin + half + j, n);
+      vf nb = sub(zero(), b);  // -b exactly
+      store_n(x + j, add(mul(a, c1), mul(nb, s1)), n);
+      store_n(x + half + j, add(mul(b, c2), mul(a, s2)), n);
     }
   }
 }
@@ -67,11 +63,8 @@ void rs_add_rms_norm(const float* x, float* residual, const float* w, int64_t M,
   for (int64_t r = 0; r < M; ++r) {
     float* res = residual + r * K;
     const float* xr = x + r * K;
-    for (int64_t k = 0; k < K; k += 16) {
-      __mmask16 m = tail_mask(K - k);
-      _mm512_mask_storeu_ps(res + k, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, res + k),
-                                                      _mm512_maskz_loadu_ps(m, xr + k)));
-    }
+    for (int64_t k = 0; k < K; k += kW)
+      store_n(res + k, add(load_n(res + k, K - k), load_n(xr + k, K - k)), K - k);
     norm_row(res, w, K, eps, out + r * K);
   }
 }
@@ -97,12 +90,11 @@ void rs_silu_mul(const float* gu, int64_t M, int64_t I, float* out) {
     const float* g = gu + r * 2 * I;
     const float* u = g + I;
     float* o = out + r * I;
-    const __m512 one = _mm512_set1_ps(1.0f);
-    for (int64_t i = 0; i < I; i += 16) {
-      __mmask16 m = tail_mask(I - i);
-      __m512 x = _mm512_maskz_loadu_ps(m, g + i);
-      __m512 sig = _mm512_div_ps(one, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x))));
-      _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(_mm512_mul_ps(x, sig), _mm512_maskz_loadu_ps(m, u + i)));
+    const vf one = set1(1.0f);
+    for (int64_t i = 0; i < I; i += kW) {
+      vf x = load_n(g + i, I - i);
+      vf sig = div(one, add(one, exp_ps(sub(zero(), x))));
+      store_n(o + i, mul(mul(x, sig), load_n(u + i, I - i)), I - i);
     }
   }
 }

@@ -1,44 +1,42 @@
-"""Build and load the CPU kernels in this folder: compiled once per machine, then cached.
+"""Load the CPU kernel library for the best instruction-set level this CPU runs.
 
-The kernels are plain C++ with an ``extern "C"`` interface, compiled by the system's g++ into a
-shared library and called through ``ctypes`` (which releases the GIL for the call). No torch
-headers: the build takes ~2 s, not the ~50 s of a torch C++ extension. OpenMP inside the
-kernels links by soname to the ``libgomp`` torch has already loaded, so they share torch's
-thread pool and ``torch.set_num_threads``.
+The kernels are plain C++ with an ``extern "C"`` interface, compiled at install time by the
+package build (``setup.py``) into one shared library per level (``levels.py``: amx, avx512,
+avx2, generic) and called through ``ctypes`` (which releases the GIL for the call). Nothing is
+compiled at run time. OpenMP inside the kernels links by soname to the ``libgomp`` torch has
+already loaded, so they share torch's thread pool and ``torch.set_num_threads``.
 
-The library lands in ``$RADIXSERVE_CACHE_DIR/kernels`` (default ``~/.cache/radixserve/kernels``)
-under a name keyed by the source, the compiler and the CPU's flags; it is written to a temporary
-file and renamed, so concurrent processes do not see half a library. ``load()`` returns None
-(and says why once, in the log) where the kernels cannot run: no g++, a CPU without AVX-512
-VNNI, a failed build, or ``RADIXSERVE_NATIVE_KERNELS=0``. Callers then keep their torch path.
-``RADIXSERVE_AMX=0`` keeps the kernels off AMX tiles (results are the same bits either way).
+``load()`` picks the best level whose CPU features ``/proc/cpuinfo`` lists (or the level that
+``RADIXSERVE_CPU_ISA`` names: ``UnsupportedLevel`` if this CPU cannot run it or it was not
+built), checks that the library was built from these sources, logs the choice once, and returns
+the library. Where no library can be used (not built, stale, failed to load) it logs a WARNING
+naming what runs instead (the torch paths) and returns None; ``RADIXSERVE_NATIVE_KERNELS=0``
+turns the kernels off on purpose. ``describe()`` reports all of it for ``radixserve env``.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
+import importlib.machinery
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
+import platform
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from radixserve.kernels import levels as _levels
+
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 5
-_SOURCES = ("int8_linear.cpp", "q4_linear.cpp", "paged_attention.cpp", "layer_ops.cpp",
-            "bitmask.cpp", "decoder_layer.cpp")
-_HEADERS = ("simd.h",)
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno",
-          "-shared", "-fPIC", "-std=c++17"]
-_NEEDED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
+ABI_VERSION = 6
+ISA_ENV = "RADIXSERVE_CPU_ISA"
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
     "rs_abi_version": (ctypes.c_int, []),
+    "rs_level": (ctypes.c_char_p, []),
+    "rs_source_hash": (ctypes.c_char_p, []),
     "rs_init": (ctypes.c_int, [ctypes.c_int]),
     "rs_int8_pack": (None, [_P, _I64, _I64, _P, _P]),
     "rs_int8_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _P, _I64]),
@@ -55,90 +53,131 @@ _SIGNATURES = {
 }
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("RADIXSERVE_CACHE_DIR") or Path.home() / ".cache" / "radixserve"
-    return Path(root) / "kernels"
+class UnsupportedLevel(ValueError):
+    """``RADIXSERVE_CPU_ISA`` names a level this CPU cannot run, or one not built here."""
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """What ``load()`` chose and why: plain data for ``radixserve env`` and the start-up line."""
+
+    level: str | None  # the loaded level, None where the torch paths run
+    path: str | None
+    amx_tiles: bool
+    runnable: tuple[str, ...]  # levels this CPU runs, best first
+    built: tuple[str, ...]  # levels whose library is installed
+    reason: str  # one line: why this level, or why none
+    cpu_flags: tuple[str, ...] = field(default=())  # the CPU features the levels ask about
+
+
+def load() -> ctypes.CDLL | None:
+    """The kernel library of the chosen level; None where none can be used (logged once, a
+    WARNING unless turned off on purpose). Raises ``UnsupportedLevel`` for a forced level this
+    CPU cannot run or that is not installed."""
+    return _load_and_describe()[0]
+
+
+def describe() -> KernelInfo:
+    """What ``load()`` chose (loading it if not yet)."""
+    return _load_and_describe()[1]
+
+
+def reset() -> None:
+    """Forget the choice, so the next ``load()`` chooses again as a new process would (tests)."""
+    _load_and_describe.cache_clear()
 
 
 @cache
-def load() -> ctypes.CDLL | None:
-    """The kernel library, built on first use; None where it cannot run here (logged once)."""
+def _load_and_describe() -> tuple[ctypes.CDLL | None, KernelInfo]:
+    flags = cpu_flags()
+    table = _levels.levels_for(platform.machine())
+    runnable = tuple(name for name, (_, needs) in table.items() if all(f in flags for f in needs))
+    built = tuple(name for name in table if library_path(name) is not None)
+    asked = {f for _, needs in table.values() for f in needs}
+    info = dict(runnable=runnable, built=built, cpu_flags=tuple(sorted(asked & flags)))
     if os.environ.get("RADIXSERVE_NATIVE_KERNELS", "1") == "0":
-        return None
-    try:
-        return _load()
-    except (_Unavailable, OSError, AttributeError) as exc:  # OSError: unwritable cache, bad .so
-        logger.info("native CPU kernels unavailable (%s); using the torch path", exc)
-        return None
+        reason = "RADIXSERVE_NATIVE_KERNELS=0: the torch paths run"
+        logger.info("native CPU kernels off (%s)", reason)
+        return None, KernelInfo(None, None, False, reason=reason, **info)
+    forced = os.environ.get(ISA_ENV, "").strip().lower()
+    if forced:
+        if forced not in table:
+            raise UnsupportedLevel(f"{ISA_ENV}={forced!r} is not a level of this machine; "
+                                   f"levels: {', '.join(table)}")
+        if forced not in runnable:
+            missing = [f for f in table[forced][1] if f not in flags]
+            raise UnsupportedLevel(f"{ISA_ENV}={forced}: this CPU lacks {', '.join(missing)}; "
+                                   f"it runs {', '.join(runnable)}")
+        if forced not in built:
+            raise UnsupportedLevel(f"{ISA_ENV}={forced}: that level's kernel library is not "
+                                   f"installed (built: {', '.join(built) or 'none'})")
+        candidates, why = [forced], f"forced by {ISA_ENV}"
+    else:
+        candidates = [name for name in runnable if name in built]
+        why = "the best level this CPU runs"
+        if runnable and candidates and candidates[0] != runnable[0]:
+            why = f"the best level installed ({runnable[0]} is not built)"
+    errors = []
+    for level in candidates:
+        try:
+            lib = _open(level)
+        except (OSError, AttributeError, _Stale) as exc:
+            errors.append(f"{level}: {exc}")
+            continue
+        amx = bool(lib.rs_init(1)) if level == "amx" else False
+        path = str(library_path(level))
+        logger.info("native CPU kernels: %s (%s%s), %s", level, why,
+                    ", AMX tiles" if amx else "", path)
+        if errors:
+            logger.warning("native CPU kernels: better levels failed to load: %s",
+                           "; ".join(errors))
+        return lib, KernelInfo(level, path, amx, reason=why, **info)
+    reason = ("; ".join(errors) if errors else
+              "no kernel library is installed (build the package: pip install .)")
+    logger.warning("native CPU kernels unavailable (%s); the torch paths run instead (float "
+                   "weights, torch attention)", reason)
+    return None, KernelInfo(None, None, False, reason=reason, **info)
 
 
-class _Unavailable(Exception):
+class _Stale(Exception):
     pass
 
 
-def _load() -> ctypes.CDLL:
+def library_path(level: str) -> Path | None:
+    """The installed library of ``level`` (an extension module file next to this one)."""
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"{_levels.library_stem(level)}{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def _open(level: str) -> ctypes.CDLL:
     import torch  # noqa: F401  (its libgomp must be loaded before ours resolves it)
 
-    flags = _cpu_flags()
-    missing = [f for f in _NEEDED_CPU_FLAGS if f not in flags]
-    if missing:
-        raise _Unavailable(f"CPU lacks {', '.join(missing)}")
-    compiler = shutil.which(os.environ.get("CXX", "g++"))
-    if compiler is None:
-        raise _Unavailable("no C++ compiler (g++) on PATH")
-    here = Path(__file__).parent
-    sources = [here / name for name in _SOURCES]
-    key = hashlib.sha256()
-    for path in [*sources, *(here / name for name in _HEADERS)]:
-        key.update(path.read_bytes())
-    key.update(" ".join(_FLAGS).encode())
-    key.update(_compiler_version(compiler).encode())
-    key.update(" ".join(sorted(flags)).encode())
-    target = cache_dir() / f"radixserve_cpu_{key.hexdigest()[:16]}.so"
-    if not target.exists():
-        _build(compiler, sources, target)
-    lib = ctypes.CDLL(str(target))
+    path = library_path(level)
+    lib = ctypes.CDLL(str(path))
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
     if lib.rs_abi_version() != ABI_VERSION:
-        raise _Unavailable(f"{target} has another interface version")
-    want_amx = os.environ.get("RADIXSERVE_AMX", "1") != "0"
-    logger.info("native CPU kernels loaded (AMX %s)", "on" if lib.rs_init(want_amx) else "off")
+        raise _Stale(f"{path.name} has interface {lib.rs_abi_version()}, not {ABI_VERSION}: "
+                     "rebuild (pip install .)")
+    built_from = lib.rs_source_hash().decode()
+    if built_from != _levels.source_hash(Path(__file__).parent):
+        raise _Stale(f"{path.name} was built from other sources: rebuild (pip install .)")
+    if lib.rs_level().decode() != level:
+        raise _Stale(f"{path.name} is a {lib.rs_level().decode()} build")
     return lib
 
 
-def _build(compiler: str, sources: list[Path], target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    cmd = [compiler, *_FLAGS, *map(str, sources), "-o", tmp]
-    logger.info("building the native CPU kernels: %s", " ".join(cmd))
-    try:
-        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise _Unavailable(f"build failed: {done.stderr.strip()[-2000:]}")
-        os.replace(tmp, target)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise _Unavailable(f"build failed: {exc}") from exc
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _compiler_version(compiler: str) -> str:
-    try:
-        return subprocess.run([compiler, "--version"], check=False, capture_output=True,
-                              text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise _Unavailable(f"cannot run {compiler}: {exc}") from exc
-
-
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
+                if line.startswith(("flags", "Features")):
                     return set(line.split(":", 1)[1].split())
     except OSError:
         pass

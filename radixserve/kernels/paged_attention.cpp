@@ -11,7 +11,6 @@
 //
 // Pool layout, as radixserve/runner/kv_cache.py allocates it: [num_blocks, block_size, KVH, d].
 
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -22,114 +21,93 @@
 
 namespace {
 
-// Lane i of the result = the sum of the 16 lanes of a[i] (a 16 x 16 transpose-and-add).
-inline __m512 hsum16(const __m512 a[16]) {
-  __m512 s1[8], s2[4];
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
-    s1[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                          _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  for (int i = 0; i < 4; ++i)  // per 128-bit lane: the lane's sums of a[4i .. 4i+3]
-    s2[i] = _mm512_add_ps(_mm512_shuffle_ps(s1[2 * i], s1[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                          _mm512_shuffle_ps(s1[2 * i], s1[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  __m512 t01 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  __m512 t23 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(t01, t23, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(t01, t23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
+using namespace simd;
 
 constexpr int kMaxGroup = 16;  // query heads per KV head
-constexpr int kMaxDimVecs = 16;  // head_dim up to 256
+constexpr int kMaxDim = 256;  // head_dim
+constexpr int kMaxDimVecs = kMaxDim / kW;
 
 // One (row, KV head) over `len` context tokens starting at blocks[0]: q [G, d] (the row's heads
 // of this group), out [G, d]; scores scratch [G, len]. With `ml` null, out is the attention
 // output; otherwise this is one chunk of a longer context: out gets the unnormalised sum of
 // exp(score - max) * v and ml[2g], ml[2g + 1] head g's max score and sum of exp (merged by
-// merge_chunks). kG / kDV > 0 fix the group size and the 16-float vectors per head at compile
+// merge_chunks). kG / kDV > 0 fix the group size and the kW-float vectors per head at compile
 // time (so the queries and sums stay in registers); 0 takes them from G and d at run time.
 template <int kG, int kDV>
 void attend(const float* q, const float* k_pool, const float* v_pool, const int64_t* blocks,
             int64_t len, int G_, int64_t d, int64_t bs, int64_t token_stride, float scale,
             float* scores, float* out, float* ml) {
   const int G = kG ? kG : G_;
-  const int dv = kDV ? kDV : (int)((d + 15) / 16);
-  const __mmask16 dmask = tail_mask(d - 16 * (dv - 1));
-  __m512 qv[kG ? kG : kMaxGroup][kDV ? kDV : kMaxDimVecs];
+  const int dv = kDV ? kDV : (int)((d + kW - 1) / kW);
+  const int64_t dlast = d - kW * (dv - 1);  // floats in a head's last vector
+  vf qv[kG ? kG : kMaxGroup][kDV ? kDV : kMaxDimVecs];
   for (int g = 0; g < G; ++g)
-    for (int c = 0; c < dv; ++c)
-      qv[g][c] = _mm512_maskz_loadu_ps(c == dv - 1 ? dmask : (__mmask16)0xFFFF, q + g * d + 16 * c);
-  // Scores, 16 tokens at a time per query head: 16 partial-sum vectors folded into one vector
-  // of 16 dot products (hsum16), block by block (no division per token).
-  __m512 vmax[kG ? kG : kMaxGroup];
-  for (int g = 0; g < G; ++g) vmax[g] = _mm512_set1_ps(-INFINITY);
+    for (int c = 0; c < dv; ++c) qv[g][c] = load_n(q + g * d + kW * c, c == dv - 1 ? dlast : kW);
+  // Scores, kW tokens at a time per query head: kW partial-sum vectors folded into one vector
+  // of kW dot products (hsum_lanes), block by block (no division per token).
+  const vf ninf = set1(-INFINITY);
+  vf vmax[kG ? kG : kMaxGroup];
+  for (int g = 0; g < G; ++g) vmax[g] = ninf;
   for (int64_t t0 = 0; t0 < len; t0 += bs) {
     const float* kb = k_pool + blocks[t0 / bs] * bs * token_stride;
     const int64_t n_block = len - t0 < bs ? len - t0 : bs;
-    for (int64_t i0 = 0; i0 < n_block; i0 += 16) {
-      const int n = (int)(n_block - i0 < 16 ? n_block - i0 : 16);
-      const __mmask16 tm = tail_mask(n);
+    for (int64_t i0 = 0; i0 < n_block; i0 += kW) {
+      const int n = (int)(n_block - i0 < kW ? n_block - i0 : kW);
       for (int g = 0; g < G; ++g) {
-        __m512 part[16];
-        for (int i = 0; i < 16; ++i) {
+        vf part[kW];
+        for (int i = 0; i < kW; ++i) {
           if (i >= n) {
-            part[i] = _mm512_setzero_ps();
+            part[i] = zero();
             continue;
           }
           const float* k = kb + (i0 + i) * token_stride;
-          __m512 acc = _mm512_mul_ps(
-              qv[g][0], _mm512_maskz_loadu_ps(dv == 1 ? dmask : (__mmask16)0xFFFF, k));
+          vf acc = mul(qv[g][0], load_n(k, dv == 1 ? dlast : kW));
           for (int c = 1; c < dv; ++c)
-            acc = _mm512_fmadd_ps(
-                qv[g][c], _mm512_maskz_loadu_ps(c == dv - 1 ? dmask : (__mmask16)0xFFFF, k + 16 * c),
-                acc);
+            acc = fmadd(qv[g][c], load_n(k + kW * c, c == dv - 1 ? dlast : kW), acc);
           part[i] = acc;
         }
-        __m512 sc = _mm512_mul_ps(hsum16(part), _mm512_set1_ps(scale));
-        _mm512_mask_storeu_ps(scores + g * len + t0 + i0, tm, sc);
-        vmax[g] = _mm512_mask_max_ps(vmax[g], tm, vmax[g], sc);
+        vf sc = mul(hsum_lanes(part), set1(scale));
+        store_n(scores + g * len + t0 + i0, sc, n);
+        vmax[g] = max(vmax[g], keep_n(sc, n, ninf));
       }
     }
   }
   float row_max[kMaxGroup];
-  for (int g = 0; g < G; ++g) row_max[g] = _mm512_reduce_max_ps(vmax[g]);
+  for (int g = 0; g < G; ++g) row_max[g] = reduce_max(vmax[g]);
   float inv_sum[kMaxGroup];
   for (int g = 0; g < G; ++g) {
     float* sg = scores + g * len;
-    const __m512 m = _mm512_set1_ps(row_max[g]);
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t t = 0; t < len; t += 16) {
-      __mmask16 tm = tail_mask(len - t);
-      __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, sg + t), m));
-      e = _mm512_maskz_mov_ps(tm, e);
-      _mm512_mask_storeu_ps(sg + t, tm, e);
-      sum = _mm512_add_ps(sum, e);
+    const vf m = set1(row_max[g]);
+    vf sum = zero();
+    for (int64_t t = 0; t < len; t += kW) {
+      vf e = keep_n(exp_ps(sub(load_n(sg + t, len - t), m)), len - t, zero());
+      store_n(sg + t, e, len - t);
+      sum = add(sum, e);
     }
-    const float total = _mm512_reduce_add_ps(sum);
+    const float total = reduce_add(sum);
     inv_sum[g] = ml ? 1.0f : 1.0f / total;
     if (ml) ml[2 * g] = row_max[g], ml[2 * g + 1] = total;
   }
-  __m512 acc[kG ? kG : kMaxGroup][kDV ? kDV : kMaxDimVecs];
+  vf acc[kG ? kG : kMaxGroup][kDV ? kDV : kMaxDimVecs];
   for (int g = 0; g < G; ++g)
-    for (int c = 0; c < dv; ++c) acc[g][c] = _mm512_setzero_ps();
+    for (int c = 0; c < dv; ++c) acc[g][c] = zero();
   for (int64_t t0 = 0; t0 < len; t0 += bs) {
     const float* v = v_pool + blocks[t0 / bs] * bs * token_stride;
     const int64_t n = len - t0 < bs ? len - t0 : bs;
     for (int64_t i = 0; i < n; ++i, v += token_stride) {
-      __m512 vv[kDV ? kDV : kMaxDimVecs];
-      for (int c = 0; c < dv; ++c)
-        vv[c] = _mm512_maskz_loadu_ps(c == dv - 1 ? dmask : (__mmask16)0xFFFF, v + 16 * c);
+      vf vv[kDV ? kDV : kMaxDimVecs];
+      for (int c = 0; c < dv; ++c) vv[c] = load_n(v + kW * c, c == dv - 1 ? dlast : kW);
       for (int g = 0; g < G; ++g) {
-        __m512 p = _mm512_set1_ps(scores[g * len + t0 + i]);
-        for (int c = 0; c < dv; ++c) acc[g][c] = _mm512_fmadd_ps(p, vv[c], acc[g][c]);
+        vf p = set1(scores[g * len + t0 + i]);
+        for (int c = 0; c < dv; ++c) acc[g][c] = fmadd(p, vv[c], acc[g][c]);
       }
     }
   }
   for (int g = 0; g < G; ++g) {
-    __m512 is = _mm512_set1_ps(inv_sum[g]);
+    vf is = set1(inv_sum[g]);
     for (int c = 0; c < dv; ++c)
-      _mm512_mask_storeu_ps(out + g * d + 16 * c, c == dv - 1 ? dmask : (__mmask16)0xFFFF,
-                            ml ? acc[g][c] : _mm512_mul_ps(acc[g][c], is));
+      store_n(out + g * d + kW * c, ml ? acc[g][c] : mul(acc[g][c], is),
+              c == dv - 1 ? dlast : kW);
   }
 }
 
@@ -164,14 +142,14 @@ AttendFn pick_attend(int64_t G, int64_t d) {
   if (d == 64 || d == 128) {
     const bool wide = d == 128;
     switch (G) {
-      case 1: return wide ? attend<1, 8> : attend<1, 4>;
-      case 2: return wide ? attend<2, 8> : attend<2, 4>;
-      case 3: return wide ? attend<3, 8> : attend<3, 4>;
-      case 4: return wide ? attend<4, 8> : attend<4, 4>;
-      case 5: return wide ? attend<5, 8> : attend<5, 4>;
-      case 6: return wide ? attend<6, 8> : attend<6, 4>;
-      case 7: return wide ? attend<7, 8> : attend<7, 4>;
-      case 8: return wide ? attend<8, 8> : attend<8, 4>;
+      case 1: return wide ? attend<1, 128 / kW> : attend<1, 64 / kW>;
+      case 2: return wide ? attend<2, 128 / kW> : attend<2, 64 / kW>;
+      case 3: return wide ? attend<3, 128 / kW> : attend<3, 64 / kW>;
+      case 4: return wide ? attend<4, 128 / kW> : attend<4, 64 / kW>;
+      case 5: return wide ? attend<5, 128 / kW> : attend<5, 64 / kW>;
+      case 6: return wide ? attend<6, 128 / kW> : attend<6, 64 / kW>;
+      case 7: return wide ? attend<7, 128 / kW> : attend<7, 64 / kW>;
+      case 8: return wide ? attend<8, 128 / kW> : attend<8, 64 / kW>;
       default: break;
     }
   }
@@ -192,7 +170,7 @@ int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t 
                        const int64_t* row_seq, const int64_t* row_len, int64_t T, int64_t H,
                        int64_t KVH, int64_t d, int64_t bs, float scale, float* out) {
   const int64_t G = H / KVH;
-  if (G * KVH != H || G > kMaxGroup || d > 16 * kMaxDimVecs || d < 1) return 1;
+  if (G * KVH != H || G > kMaxGroup || d > kMaxDim || d < 1) return 1;
   const int64_t width = KVH * d;
   for (int64_t t = 0; t < T; ++t) {
     memcpy(k_pool + slots[t] * width, k_new + t * ldk, (size_t)width * sizeof(float));
@@ -243,7 +221,7 @@ int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t 
   int failed = 0;
 #pragma omp parallel
   {
-    float* scores = (float*)malloc((size_t)(G * max_span + 16) * sizeof(float));
+    float* scores = (float*)malloc((size_t)(G * max_span + kW) * sizeof(float));
     if (!scores) {
 #pragma omp atomic write
       failed = 1;
@@ -266,7 +244,7 @@ int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t 
       const int64_t p = part_off[t] + first * n + c;  // head `first`, chunk c; next head +n
       float ml[2 * kMaxGroup];
       float* acc = acc_part + p * d;
-      alignas(64) float tmp[kMaxGroup * 16 * kMaxDimVecs];
+      alignas(64) float tmp[kMaxGroup * kMaxDim];
       attend_fn(q + t * ldq + first * d, k_pool + h * d, v_pool + h * d, blocks + begin / bs,
                 len, (int)group, d, bs, KVH * d, scale, scores, tmp, ml);
       for (int64_t g = 0; g < group; ++g) {

@@ -1,4 +1,4 @@
-// 4-bit linear layer for CPUs with AVX-512 VNNI: y = x @ W.T (+ bias) straight from GGUF's
+// 4-bit linear layer: y = x @ W.T (+ bias) straight from GGUF's
 // Q4_0 / Q4_1 blocks, so a decode step reads 5 bits per weight instead of int8's 8.
 //
 // Why by hand: batch-1 decode is memory bound, and no library multiplies GGUF's 32-weight
@@ -14,9 +14,10 @@
 //     v = float(C) * (s / 16)
 //     acc = d * v + acc                           (FMA)
 //     acc = m * S + acc                           (FMA), S = s * (sum hi + sum lo / 16)
-// and y = acc (+ bias). Every path (VNNI for a few rows, AMX tiles for more) computes the same
-// exact C and then these operations in this order, so a row's output is bit-identical alone,
-// in any batch, on either path.
+// and y = acc (+ bias). Every path (the level's dot products for a few rows, simd.h, as
+// C = 16 * sum q*hi + sum q*lo; AMX tiles for more rows at the amx level) computes the same exact
+// C and then these operations in this order, so a row's output is bit-identical alone, in any
+// batch, on either path. (Without FMA, on the generic level, each FMA is two roundings.)
 //
 // Weight layout ("packed"): [N16][B][320 bytes], N16 = ceil(N / 16), B = K / 32. Of the 320
 // bytes of output group g and block b: four 64-byte vectors v = 0..3 whose byte (lane * 4 + i)
@@ -28,7 +29,6 @@
 // Activations ("a"): [M][B][64] signed bytes, a block's 32 hi then its 32 lo (one AMX A-tile
 // row); per row and block the floats (s / 16, S).
 
-#include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,111 +38,120 @@
 
 namespace {
 
+using namespace simd;
+
 constexpr float kTiny = 1e-30f;
 constexpr int64_t kGroupBytes = 320;  // one block of 16 outputs: 256 nibble bytes, 16 d, 16 m
 constexpr int64_t kAmxMinRows = 32;  // below this VNNI is as fast (bench_int8_linear.py)
 constexpr int kMaxRows = 4;
+constexpr int kSub = 16 / kW;  // vectors per group of 16 outputs
+constexpr int kGroups = kW == 16 ? 2 : 1;  // groups per register block
 
 // One row of x [K] (K a multiple of 32) -> its activation bytes a [B][64] and floats sc [B][2].
 void quantize_row(const float* x, int64_t K, int8_t* a, float* sc) {
-  const __m512 v16 = _mm512_set1_ps(16.0f);
+  const vf v16 = set1(16.0f);
   for (int64_t b = 0; b < K / 32; ++b) {
-    const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
-    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    vf vmax = zero();
+    for (int i = 0; i < 32; i += kW) vmax = max(vmax, abs(load(x + 32 * b + i)));
+    float amax = reduce_max(vmax);
     float s = (amax > kTiny ? amax : kTiny) / 127.0f;
-    const __m512 vs = _mm512_set1_ps(s);
-    __m512 hsum = _mm512_setzero_ps(), lsum = _mm512_setzero_ps();
-    for (int half = 0; half < 2; ++half) {
-      __m512 t = _mm512_div_ps(half ? x1 : x0, vs);
-      __m512 h = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(t, h), v16),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      hsum = _mm512_add_ps(hsum, h);  // small integers: exact in any order
-      lsum = _mm512_add_ps(lsum, l);
-      int8_t* dst = a + 64 * b + 16 * half;
-      _mm_storeu_si128((__m128i*)dst, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(h)));
-      _mm_storeu_si128((__m128i*)(dst + 32), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(l)));
+    const vf vs = set1(s);
+    vf hsum = zero(), lsum = zero();
+    for (int i = 0; i < 32; i += kW) {
+      vf t = div(load(x + 32 * b + i), vs);
+      vf h = round(t);
+      vf l = round(mul(sub(t, h), v16));
+      hsum = add(hsum, h);  // small integers: exact in any order
+      lsum = add(lsum, l);
+      store_bytes(a + 64 * b + i, to_int(h), 0);
+      store_bytes(a + 64 * b + 32 + i, to_int(l), 0);
     }
     sc[2 * b] = s * (1.0f / 16.0f);
-    sc[2 * b + 1] = s * (_mm512_reduce_add_ps(hsum) + _mm512_reduce_add_ps(lsum) * (1.0f / 16.0f));
+    sc[2 * b + 1] = s * (reduce_add(hsum) + reduce_add(lsum) * (1.0f / 16.0f));
   }
 }
 
 // acc += the block's contribution, from its exact integer sum (the order the header states).
-inline __m512 block_epilogue(__m512 acc, __m512i C, __m512 d, __m512 m, const float* sc) {
-  __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(C), _mm512_set1_ps(sc[0]));
-  acc = _mm512_fmadd_ps(d, v, acc);
-  return _mm512_fmadd_ps(m, _mm512_set1_ps(sc[1]), acc);
+inline vf block_epilogue(vf acc, vi C, vf d, vf m, const float* sc) {
+  vf v = mul(to_float(C), set1(sc[0]));
+  acc = fmadd(d, v, acc);
+  return fmadd(m, set1(sc[1]), acc);
 }
 
-inline void store_out(__m512 acc, const float* bias, float* y, int64_t n, int64_t N) {
+inline void store_out(vf acc, const float* bias, float* y, int64_t n, int64_t N) {
   if (n >= N) return;
-  const __mmask16 mask = tail_mask(N - n);
-  if (bias) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(mask, bias + n));
-  _mm512_mask_storeu_ps(y + n, mask, acc);
+  if (bias) acc = add(acc, load_n(bias + n, N - n));
+  store_n(y + n, acc, N - n);
 }
 
-inline __m512 load_f16(const uint8_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
-}
+inline vf load_half(const uint8_t* p) { return load_f16((const uint16_t*)p); }
 
-// R rows x NB groups of 16 outputs with AVX-512 VNNI (weights unsigned, activations signed).
-template <int R, int NB>
-void vnni_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
-                const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
+// R rows x NG groups of 16 outputs: per block, H = sum q*hi and L = sum q*lo (exact), then
+// C = 16 H + L and the epilogue.
+template <int R, int NG>
+void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
+               const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
+  constexpr int V = NG * kSub;
   const int64_t B = K / 32, group_stride = B * kGroupBytes;
-  const __m512i low4 = _mm512_set1_epi8(0x0F), high4 = _mm512_set1_epi8((char)0xF0);
-  __m512 acc[R][NB];
+  vf acc[R][V];
   for (int r = 0; r < R; ++r)
-    for (int g = 0; g < NB; ++g) acc[r][g] = _mm512_setzero_ps();
+    for (int v = 0; v < V; ++v) acc[r][v] = zero();
   for (int64_t b = 0; b < B; ++b) {
-    __m512i C[R][NB];
+    vi H[R][V], L[R][V];
     for (int r = 0; r < R; ++r)
-      for (int g = 0; g < NB; ++g) C[r][g] = _mm512_setzero_si512();
-    for (int v = 0; v < 4; ++v) {
-      __m512i q0[NB], q1[NB], q0x16[NB], q1x16[NB];  // k-steps v and v + 4 (x16: against hi)
-      for (int g = 0; g < NB; ++g) {
-        __m512i raw = _mm512_loadu_si512((const void*)(w + g * group_stride + b * kGroupBytes
-                                                       + v * 64));
-        q0[g] = _mm512_and_si512(raw, low4);
-        q1[g] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-        q0x16[g] = _mm512_and_si512(_mm512_slli_epi16(raw, 4), high4);
-        q1x16[g] = _mm512_and_si512(raw, high4);
+      for (int v = 0; v < V; ++v) H[r][v] = L[r][v] = izero();
+    for (int k = 0; k < 4; ++k) {
+      vi q0[V], q1[V];  // k-steps k and k + 4 of the block
+      for (int v = 0; v < V; ++v) {
+        vi raw = iload(w + (v / kSub) * group_stride + b * kGroupBytes + k * 64
+                       + (v % kSub) * 4 * kW);
+        q0[v] = low_nibbles(raw);
+        q1[v] = high_nibbles(raw);
       }
       for (int r = 0; r < R; ++r) {
-        const int8_t* ab = a + (r * B + b) * 64 + 4 * v;
-        __m512i h0 = _mm512_set1_epi32(*(const int32_t*)ab);
-        __m512i h1 = _mm512_set1_epi32(*(const int32_t*)(ab + 16));
-        __m512i l0 = _mm512_set1_epi32(*(const int32_t*)(ab + 32));
-        __m512i l1 = _mm512_set1_epi32(*(const int32_t*)(ab + 48));
-        for (int g = 0; g < NB; ++g) {
-          __m512i c = _mm512_dpbusd_epi32(C[r][g], q0x16[g], h0);
-          c = _mm512_dpbusd_epi32(c, q1x16[g], h1);
-          c = _mm512_dpbusd_epi32(c, q0[g], l0);
-          C[r][g] = _mm512_dpbusd_epi32(c, q1[g], l1);
+        const int8_t* ab = a + (r * B + b) * 64 + 4 * k;
+        vi h0 = bcast4(ab), h1 = bcast4(ab + 16), l0 = bcast4(ab + 32), l1 = bcast4(ab + 48);
+        for (int v = 0; v < V; ++v) {
+          H[r][v] = dot_q4x2(H[r][v], q0[v], h0, q1[v], h1);
+          L[r][v] = dot_q4x2(L[r][v], q0[v], l0, q1[v], l1);
         }
       }
     }
-    for (int g = 0; g < NB; ++g) {
-      const uint8_t* dm = w + g * group_stride + b * kGroupBytes + 256;
-      __m512 d = load_f16(dm), m = load_f16(dm + 32);
+    for (int v = 0; v < V; ++v) {
+      const uint8_t* dm = w + (v / kSub) * group_stride + b * kGroupBytes + 256
+                          + (v % kSub) * 2 * kW;
+      vf d = load_half(dm), m = load_half(dm + 32);
       for (int r = 0; r < R; ++r)
-        acc[r][g] = block_epilogue(acc[r][g], C[r][g], d, m, sc + 2 * (r * B + b));
+        acc[r][v] = block_epilogue(acc[r][v], iadd(ishl4(H[r][v]), L[r][v]), d, m,
+                                   sc + 2 * (r * B + b));
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int g = 0; g < NB; ++g) store_out(acc[r][g], bias, y + r * ldy, n0 + 16 * g, N);
+    for (int v = 0; v < V; ++v)
+      store_out(acc[r][v], bias, y + r * ldy, n0 + 16 * (v / kSub) + (v % kSub) * kW, N);
 }
 
-template <int NB>
-void vnni_rows(int rows, const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
-               const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
+template <int NG>
+void dot_rows_ng(int rows, const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
+                 const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
   switch (rows) {
-    case 1: vnni_block<1, NB>(a, sc, K, w, bias, y, ldy, n0, N); break;
-    case 2: vnni_block<2, NB>(a, sc, K, w, bias, y, ldy, n0, N); break;
-    case 3: vnni_block<3, NB>(a, sc, K, w, bias, y, ldy, n0, N); break;
-    default: vnni_block<4, NB>(a, sc, K, w, bias, y, ldy, n0, N); break;
+    case 1: dot_block<1, NG>(a, sc, K, w, bias, y, ldy, n0, N); break;
+    case 2: dot_block<2, NG>(a, sc, K, w, bias, y, ldy, n0, N); break;
+    case 3: dot_block<3, NG>(a, sc, K, w, bias, y, ldy, n0, N); break;
+    default: dot_block<4, NG>(a, sc, K, w, bias, y, ldy, n0, N); break;
   }
+}
+
+// `groups` (1 or 2) groups of 16 outputs, kGroups at a time.
+void dot_rows(int groups, int rows, const int8_t* a, const float* sc, int64_t K,
+              const uint8_t* w, const float* bias, float* y, int64_t ldy, int64_t n0,
+              int64_t N) {
+  if (kGroups == 2 && groups == 2) {
+    dot_rows_ng<2>(rows, a, sc, K, w, bias, y, ldy, n0, N);
+    return;
+  }
+  for (int g = 0; g < groups; ++g)
+    dot_rows_ng<1>(rows, a, sc, K, w + g * (K / 32) * kGroupBytes, bias, y, ldy, n0 + 16 * g, N);
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
@@ -192,10 +201,9 @@ void amx_group(int rows, const int8_t* a, const float* sc, int64_t K, const uint
       _tile_stored(0, c[0], 64);
     }
     const uint8_t* dm = w + b * kGroupBytes + 256;
-    const __m512 d = load_f16(dm), m = load_f16(dm + 32);
+    const vf d = load_half(dm), m = load_half(dm + 32);
     for (int r = 0; r < 16; ++r)
-      acc[r] = block_epilogue(acc[r], _mm512_load_si512((const void*)c[b & 1][r]), d, m,
-                              sc + 2 * (r * B + b));
+      acc[r] = block_epilogue(acc[r], iload(c[b & 1][r]), d, m, sc + 2 * (r * B + b));
   }
   for (int r = 0; r < rows; ++r) store_out(acc[r], bias, y + r * ldy, n0, N);
 }
@@ -266,10 +274,8 @@ int rs_q4_linear(const float* x, int64_t M, int64_t K, const uint8_t* packed, co
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
       if (amx) {
         if (!tiles) continue;
-#ifndef NO_UNPACK
         for (int g = 0; g < groups; ++g) unpack_group(w + g * B * kGroupBytes, B,
                                                       tiles + g * B * 1024);
-#endif
         for (int64_t r0 = 0; r0 < M; r0 += 16)
           for (int g = 0; g < groups; ++g)
             amx_group((int)(M - r0 < 16 ? M - r0 : 16), a + r0 * 2 * K, sc + r0 * B * 2, K,
@@ -283,8 +289,7 @@ int rs_q4_linear(const float* x, int64_t M, int64_t K, const uint8_t* packed, co
         const int8_t* ar = a + r0 * 2 * K;
         const float* sr = sc + r0 * B * 2;
         float* yr = y + r0 * ldy;
-        if (groups == 2) vnni_rows<2>(rows, ar, sr, K, w, bias, yr, ldy, g0 * 16, N);
-        else vnni_rows<1>(rows, ar, sr, K, w, bias, yr, ldy, g0 * 16, N);
+        dot_rows(groups, rows, ar, sr, K, w, bias, yr, ldy, g0 * 16, N);
       }
     }
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)

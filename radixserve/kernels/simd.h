@@ -1,38 +1,419 @@
-// Small AVX-512 helpers shared by the kernels in this folder.
+// The vector vocabulary every kernel in this folder is written in, for each instruction-set
+// level the package builds (native.py: one library per level, picked at run time):
+//
+//   level    kW  floats                int8 dot products (u8 x s8 -> i32, 4 bytes a lane)
+//   amx      16  AVX-512               AVX-512 VNNI (the linear kernels add AMX tiles)
+//   avx512   16  AVX-512               AVX-512 VNNI
+//   avx2      8  AVX2 + FMA + F16C     maddubs on |w| and sign(x, w), then madd: exact, since
+//                                      no operand is -128 (llama.cpp's way without VNNI)
+//   generic   8  GCC vector extensions plain integer loops the compiler vectorizes
+//                (SSE2 on x86-64, NEON on aarch64)
+//
+// Within a level every operation is the same for every row, so a row's result never depends
+// on its batch. Across levels the elementwise float operations agree bit for bit; reductions
+// (sums over a vector's lanes, dot products) run in another order, and exp_ps differs by ~1
+// ulp on the generic level (no fused multiply-add there), so results agree to rounding.
 #pragma once
 
-#include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
-// Whether the kernels may use AMX tiles (int8_linear.cpp; set once by rs_init).
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__) && !(defined(__AVX512BW__) && defined(__AVX512VNNI__))
+#error "the AVX-512 level needs AVX-512 BW and VNNI"
+#endif
+#if defined(__AVX2__) && !(defined(__FMA__) && defined(__F16C__))
+#error "the AVX2 level needs FMA and F16C"
+#endif
+
+// Whether the linear kernels may use AMX tiles (set once by rs_init; false below the amx level).
 bool rs_amx_enabled();
 
-// The first `left` lanes of 16 (none when left <= 0, all when left >= 16).
-inline __mmask16 tail_mask(int64_t left) {
-  if (left <= 0) return (__mmask16)0;
-  return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+namespace simd {
+
+// ---------------------------------------------------------------------------------------------
+#if defined(__AVX512F__)
+constexpr int kW = 16;
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+constexpr const char* kLevel = "amx";
+#else
+constexpr const char* kLevel = "avx512";
+#endif
+using vf = __m512;
+using vi = __m512i;  // kW int32 lanes
+
+inline __mmask16 lanes(int64_t n) {  // the first n lanes (none when n <= 0, all when >= 16)
+  if (n <= 0) return (__mmask16)0;
+  return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+}
+inline vf zero() { return _mm512_setzero_ps(); }
+inline vf set1(float x) { return _mm512_set1_ps(x); }
+inline vf load(const float* p) { return _mm512_loadu_ps(p); }
+inline vf load_n(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(lanes(n), p); }
+inline void store(float* p, vf v) { _mm512_storeu_ps(p, v); }
+inline void store_n(float* p, vf v, int64_t n) { _mm512_mask_storeu_ps(p, lanes(n), v); }
+inline vf add(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf div(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, fused
+inline vf fnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b, fused
+inline vf max(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline vf min(vf a, vf b) { return _mm512_min_ps(a, b); }
+inline vf abs(vf a) { return _mm512_abs_ps(a); }
+inline vf round(vf a) {  // to nearest, ties to even
+  return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline vf keep_n(vf v, int64_t n, vf fill) { return _mm512_mask_mov_ps(fill, lanes(n), v); }
+inline float reduce_add(vf a) { return _mm512_reduce_add_ps(a); }
+inline float reduce_max(vf a) { return _mm512_reduce_max_ps(a); }
+inline vf scale2(vf y, vf n) { return _mm512_scalef_ps(y, n); }  // y * 2^n, n integral
+
+inline vi izero() { return _mm512_setzero_si512(); }
+inline vi iload(const void* p) { return _mm512_loadu_si512(p); }
+inline void istore(void* p, vi v) { _mm512_storeu_si512(p, v); }
+inline vi iadd(vi a, vi b) { return _mm512_add_epi32(a, b); }
+inline vi isub(vi a, vi b) { return _mm512_sub_epi32(a, b); }
+inline vi ishl4(vi a) { return _mm512_slli_epi32(a, 4); }
+inline vf to_float(vi a) { return _mm512_cvtepi32_ps(a); }
+inline vi to_int(vf a) { return _mm512_cvtps_epi32(a); }  // a integral: exact
+// kW int32 lanes (each -128..127 after `offset` is added) -> kW bytes at p.
+inline void store_bytes(void* p, vi v, int offset) {
+  _mm_storeu_si128((__m128i*)p, _mm512_cvtepi32_epi8(_mm512_add_epi32(v, _mm512_set1_epi32(offset))));
+}
+inline void store_bytes_n(void* p, vi v, int offset, int64_t n) {
+  _mm_mask_storeu_epi8(p, lanes(n), _mm512_cvtepi32_epi8(_mm512_add_epi32(v, _mm512_set1_epi32(offset))));
+}
+inline vf load_f16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
 }
 
-// exp(x) on all floats (Cephes' polynomial, ~1 ulp); overflows to inf, underflows to 0
-// (exp(-inf) = 0).
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.0f)), _mm512_set1_ps(89.0f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(y, n);
+// Lane l of acc += sum_i u[4l + i] * w[4l + i], u unsigned and w signed bytes (vpdpbusd);
+// u4 is four bytes broadcast to every lane by bcast_u8 (bcast4: as they are).
+constexpr bool kDotNeedsComp = false;  // sums are of u itself
+inline vi bcast4(const void* p) { return _mm512_set1_epi32(*(const int32_t*)p); }
+inline vi bcast_u8(const void* p) { return bcast4(p); }  // dot_u8s8's u operand
+inline vi dot_u8s8(vi acc, vi u4, vi w) { return _mm512_dpbusd_epi32(acc, u4, w); }
+// Codes 0..15 (q0, q1) against signed bytes (a0, a1): acc += sum q0 * a0 + sum q1 * a1.
+inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, q0, a0), q1, a1);
 }
+inline vi low_nibbles(vi raw) { return _mm512_and_si512(raw, _mm512_set1_epi8(0x0F)); }
+inline vi high_nibbles(vi raw) {
+  return _mm512_and_si512(_mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
+}
+
+// Lane i of the result = the sum of the lanes of a[i] (a 16 x 16 transpose-and-add).
+inline vf hsum_lanes(const vf a[16]) {
+  __m512 s1[8], s2[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
+    s1[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                          _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per 128-bit lane: the lane's sums of a[4i .. 4i+3]
+    s2[i] = _mm512_add_ps(_mm512_shuffle_ps(s1[2 * i], s1[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(s1[2 * i], s1[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 t01 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 t23 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(t01, t23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(t01, t23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// ---------------------------------------------------------------------------------------------
+#elif defined(__AVX2__)
+constexpr int kW = 8;
+constexpr const char* kLevel = "avx2";
+using vf = __m256;
+using vi = __m256i;
+
+inline __m256i lanes(int64_t n) {  // all-ones in the first n lanes
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const int c = n <= 0 ? 0 : (n >= 8 ? 8 : (int)n);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), idx);
+}
+inline vf zero() { return _mm256_setzero_ps(); }
+inline vf set1(float x) { return _mm256_set1_ps(x); }
+inline vf load(const float* p) { return _mm256_loadu_ps(p); }
+inline vf load_n(const float* p, int64_t n) {
+  return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes(n));
+}
+inline void store(float* p, vf v) { _mm256_storeu_ps(p, v); }
+inline void store_n(float* p, vf v, int64_t n) {
+  if (n >= 8) _mm256_storeu_ps(p, v);
+  else if (n > 0) _mm256_maskstore_ps(p, lanes(n), v);
+}
+inline vf add(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+inline vf mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf div(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf fmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf fnmadd(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+inline vf max(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline vf min(vf a, vf b) { return _mm256_min_ps(a, b); }
+inline vf abs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+inline vf round(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vf keep_n(vf v, int64_t n, vf fill) {
+  return _mm256_blendv_ps(fill, v, _mm256_castsi256_ps(lanes(n)));
+}
+inline float reduce_add(vf a) {  // the same pairing as AVX-512's reduce: halves, then pairs
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float reduce_max(vf a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+inline vf pow2i(__m256i n) {  // 2^n for -126 <= n <= 127
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+}
+inline vf scale2(vf y, vf n) {  // y * 2^n in two exact steps (each factor a normal float)
+  __m256i ni = _mm256_cvtps_epi32(n);
+  __m256i n1 = _mm256_srai_epi32(ni, 1);
+  return _mm256_mul_ps(_mm256_mul_ps(y, pow2i(n1)), pow2i(_mm256_sub_epi32(ni, n1)));
+}
+
+inline vi izero() { return _mm256_setzero_si256(); }
+inline vi iload(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
+inline void istore(void* p, vi v) { _mm256_storeu_si256((__m256i*)p, v); }
+inline vi iadd(vi a, vi b) { return _mm256_add_epi32(a, b); }
+inline vi isub(vi a, vi b) { return _mm256_sub_epi32(a, b); }
+inline vi ishl4(vi a) { return _mm256_slli_epi32(a, 4); }
+inline vf to_float(vi a) { return _mm256_cvtepi32_ps(a); }
+inline vi to_int(vf a) { return _mm256_cvtps_epi32(a); }
+inline uint64_t pack_bytes(vi v, int offset) {  // 8 int32 in -128..127 (+offset) -> 8 bytes
+  v = _mm256_add_epi32(v, _mm256_set1_epi32(offset));
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        -1, -1);
+  __m256i b = _mm256_shuffle_epi8(v, pick);
+  return (uint64_t)(uint32_t)_mm256_extract_epi32(b, 0)
+         | (uint64_t)(uint32_t)_mm256_extract_epi32(b, 4) << 32;
+}
+inline void store_bytes(void* p, vi v, int offset) {
+  uint64_t b = pack_bytes(v, offset);
+  memcpy(p, &b, 8);
+}
+inline void store_bytes_n(void* p, vi v, int offset, int64_t n) {
+  uint64_t b = pack_bytes(v, offset);
+  memcpy(p, &b, (size_t)(n <= 0 ? 0 : (n >= 8 ? 8 : n)));
+}
+inline vf load_f16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+}
+
+// No VNNI: the sums are of u - 128 (signed, never -128) times w, through maddubs(|w|,
+// sign(x, w)) whose byte-pair sums stay within int16 (2 * 128 * 127 < 2^15). Callers start
+// the accumulators at 128 * sum(w) ("comp") so that they hold the same sums as vpdpbusd.
+constexpr bool kDotNeedsComp = true;
+inline vi bcast4(const void* p) { return _mm256_set1_epi32(*(const int32_t*)p); }
+inline vi bcast_u8(const void* p) {  // u - 128 as signed bytes
+  return _mm256_xor_si256(bcast4(p), _mm256_set1_epi8((char)0x80));
+}
+inline vi dot_u8s8(vi acc, vi x4, vi w) {
+  __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x4, w));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+// Codes 0..15 against signed bytes: each maddubs pair sum is at most 2 * 15 * 128, so two of
+// them add in int16 before one madd.
+inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
+  __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(q0, a0), _mm256_maddubs_epi16(q1, a1));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+inline vi low_nibbles(vi raw) { return _mm256_and_si256(raw, _mm256_set1_epi8(0x0F)); }
+inline vi high_nibbles(vi raw) {
+  return _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+}
+
+inline vf hsum_lanes(const vf a[8]) {  // an 8 x 8 transpose-and-add
+  __m256 s1[4], s2[2];
+  for (int i = 0; i < 4; ++i)
+    s1[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                          _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 2; ++i)
+    s2[i] = _mm256_add_ps(_mm256_shuffle_ps(s1[2 * i], s1[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm256_shuffle_ps(s1[2 * i], s1[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s2[0], s2[1], 0x20),
+                       _mm256_permute2f128_ps(s2[0], s2[1], 0x31));
+}
+
+// ---------------------------------------------------------------------------------------------
+#else
+constexpr int kW = 8;
+constexpr const char* kLevel = "generic";
+// The int8 linear keeps its weights row-major here: a plain loop over one weight row is what
+// compilers turn into widening multiply-adds (pmaddwd on SSE2, smlal or sdot on aarch64).
+#define RS_ROW_MAJOR_INT8 1
+typedef float vf __attribute__((vector_size(32), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(32), aligned(4)));
+
+inline vf zero() { return vf{}; }
+inline vf set1(float x) { return vf{} + x; }
+inline vf load(const float* p) {
+  vf v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+inline vf load_n(const float* p, int64_t n) {
+  if (n >= kW) return load(p);
+  vf v = {};
+  for (int64_t i = 0; i < n; ++i) v[i] = p[i];
+  return v;
+}
+inline void store(float* p, vf v) { memcpy(p, &v, sizeof v); }
+inline void store_n(float* p, vf v, int64_t n) {
+  if (n >= kW) return store(p, v);
+  for (int64_t i = 0; i < n; ++i) p[i] = v[i];
+}
+inline vf add(vf a, vf b) { return a + b; }
+inline vf sub(vf a, vf b) { return a - b; }
+inline vf mul(vf a, vf b) { return a * b; }
+inline vf div(vf a, vf b) { return a / b; }
+inline vf fmadd(vf a, vf b, vf c) { return a * b + c; }  // two roundings (no FMA assumed)
+inline vf fnmadd(vf a, vf b, vf c) { return c - a * b; }
+inline vf max(vf a, vf b) { return a > b ? a : b; }
+inline vf min(vf a, vf b) { return a < b ? a : b; }
+inline vf abs(vf a) { return a < zero() ? -a : a; }
+inline vf round(vf a) {  // 2^23 forces the rounding; larger floats are integers already
+  const vf big = set1(8388608.0f);
+  vf m = abs(a);
+  vf r = (m + big) - big;
+  r = m >= big ? m : r;
+  return a < zero() ? -r : r;
+}
+inline vf keep_n(vf v, int64_t n, vf fill) {
+  for (int64_t i = n < 0 ? 0 : n; i < kW; ++i) v[i] = fill[i];
+  return v;
+}
+inline float reduce_add(vf a) {  // halves, then pairs (as the other levels)
+  float s[4];
+  for (int i = 0; i < 4; ++i) s[i] = a[i] + a[i + 4];
+  return (s[0] + s[2]) + (s[1] + s[3]);
+}
+inline float reduce_max(vf a) {
+  float m = a[0];
+  for (int i = 1; i < kW; ++i) m = a[i] > m ? a[i] : m;
+  return m;
+}
+inline vf pow2i(vi n) {
+  vi bits = (n + 127) << 23;
+  vf f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline vi to_int(vf a) { return __builtin_convertvector(a, vi); }  // a integral: exact
+inline vf scale2(vf y, vf n) {
+  vi ni = to_int(n), n1 = ni >> 1;
+  return (y * pow2i(n1)) * pow2i(ni - n1);
+}
+
+inline vi izero() { return vi{}; }
+inline vi iload(const void* p) {
+  vi v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void istore(void* p, vi v) { memcpy(p, &v, sizeof v); }
+inline vi iadd(vi a, vi b) { return a + b; }
+inline vi isub(vi a, vi b) { return a - b; }
+inline vi ishl4(vi a) { return a << 4; }
+inline vf to_float(vi a) { return __builtin_convertvector(a, vf); }
+inline void store_bytes_n(void* p, vi v, int offset, int64_t n) {
+  uint8_t* b = (uint8_t*)p;
+  for (int64_t i = 0; i < n && i < kW; ++i) b[i] = (uint8_t)(v[i] + offset);
+}
+inline void store_bytes(void* p, vi v, int offset) { store_bytes_n(p, v, offset, kW); }
+inline float half_to_float(uint16_t h) {  // IEEE binary16 -> binary32, exact
+  const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | man << 13;
+  } else if (exp != 0) {
+    bits = sign | (exp + 112) << 23 | man << 13;
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: value man * 2^-24, exact in float
+    float f = (float)man * 5.9604644775390625e-8f;
+    memcpy(&bits, &f, 4);
+    bits |= sign;
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+inline vf load_f16(const uint16_t* p) {
+  vf v;
+  for (int i = 0; i < kW; ++i) v[i] = half_to_float(p[i]);
+  return v;
+}
+
+// Signed bytes times signed bytes, 4 a lane, in vector arithmetic (pmaddwd-like on SSE2, NEON
+// on aarch64): products in int16, byte pairs summed in int16 (|sum| <= 2 * 127 * 127), then
+// pairs of pairs in int32. Activations are stored as q + 128, so as with AVX2 the callers start
+// the accumulators at 128 * sum(w).
+typedef int8_t v32i8 __attribute__((vector_size(32)));
+typedef uint8_t v32u8 __attribute__((vector_size(32)));
+typedef int16_t v32i16 __attribute__((vector_size(64)));
+typedef int16_t v16i16 __attribute__((vector_size(32)));
+typedef int32_t v16i32 __attribute__((vector_size(64)));
+constexpr bool kDotNeedsComp = true;
+inline vi bcast4(const void* p) {
+  int32_t x;
+  memcpy(&x, p, 4);
+  return vi{} + x;
+}
+inline vi bcast_u8(const void* p) { return bcast4(p) ^ (int32_t)0x80808080u; }
+inline v16i16 pair_products(vi a, vi b) {
+  v32i16 p = __builtin_convertvector((v32i8)a, v32i16) * __builtin_convertvector((v32i8)b, v32i16);
+  return __builtin_shufflevector(p, p, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + __builtin_shufflevector(p, p, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+inline vi pairs_to_lanes(v16i16 pairs) {
+  v16i32 w = __builtin_convertvector(pairs, v16i32);
+  return __builtin_shufflevector(w, w, 0, 2, 4, 6, 8, 10, 12, 14)
+         + __builtin_shufflevector(w, w, 1, 3, 5, 7, 9, 11, 13, 15);
+}
+inline vi dot_u8s8(vi acc, vi x4, vi w) { return acc + pairs_to_lanes(pair_products(x4, w)); }
+inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
+  return acc + pairs_to_lanes(pair_products(q0, a0) + pair_products(q1, a1));
+}
+inline vi low_nibbles(vi raw) { return (vi)((v32u8)raw & (uint8_t)0x0F); }
+inline vi high_nibbles(vi raw) { return (vi)((v32u8)raw >> 4); }
+
+inline vf hsum_lanes(const vf a[8]) {
+  vf out;
+  for (int i = 0; i < kW; ++i) out[i] = reduce_add(a[i]);
+  return out;
+}
+#endif
+
+// exp(x) on all lanes (Cephes' polynomial, ~1 ulp); overflows to inf, underflows to 0
+// (exp(-inf) = 0).
+inline vf exp_ps(vf x) {
+  x = min(max(x, set1(-103.0f)), set1(89.0f));
+  vf n = round(mul(x, set1(1.44269504088896341f)));
+  vf r = fnmadd(n, set1(0.693359375f), x);
+  r = fnmadd(n, set1(-2.12194440e-4f), r);
+  vf p = set1(1.9875691500e-4f);
+  p = fmadd(p, r, set1(1.3981999507e-3f));
+  p = fmadd(p, r, set1(8.3334519073e-3f));
+  p = fmadd(p, r, set1(4.1665795894e-2f));
+  p = fmadd(p, r, set1(1.6666665459e-1f));
+  p = fmadd(p, r, set1(5.0000001201e-1f));
+  vf y = fmadd(mul(p, r), r, add(r, set1(1.0f)));
+  return scale2(y, n);
+}
+
+}  // namespace simd
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-#include <string.h>
+#include <immintrin.h>
 
 // Configures every AMX tile as 16 rows x 64 bytes (the layout both linear kernels use), for
 // the calling thread.

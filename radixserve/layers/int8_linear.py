@@ -18,16 +18,13 @@ blocking the GEMM picks for a given number of rows, the row scale depends only o
 everything after is elementwise with one rounding per op. So a row's output is bit-identical
 alone or in any batch, which float GEMMs (oneDNN's bf16 in particular) do not promise.
 
-Where the native kernels load (``radixserve/kernels``: x86-64 with AVX-512 VNNI and g++), the
-whole layer is one call into ``int8_linear.cpp`` (row quantization, both terms in one pass
-over the weights, the epilogue; AVX-512 VNNI for a few rows, AMX tiles for more), bit-identical
-to the torch path below. Per step of the embedded model's 121 linears that is ~2-4x faster at
-every batch size (``benchmarks/bench_int8_linear.py``: 9.6 / 14.6 / 35 / 298 ms at 1 / 16 / 64
-/ 512 rows against 36 / 49 / 87 / 573 ms).
+The engine runs the layer as one call into the native kernel ``int8_linear.cpp`` (row
+quantization, both terms in one pass over the weights, the epilogue), at every CPU level
+(``kernels/levels.py``) with the same bits, and bit-identical to the torch ops below.
 
-Otherwise the GEMM is oneDNN's ``qlinear_pointwise`` on a prepacked weight (AMX or VNNI where
-the CPU has them), with the quantization and epilogue as torch ops; without oneDNN,
-``torch._int_mm`` on the plain int8 weight.
+Where the kernels are missing the layer computes with torch ops and ``torch._int_mm``: the
+tests' reference, not a serving path (``models/quantization.py`` refuses int8 there; oneDNN's
+int8 GEMM, once the fallback, was measured far slower than fp32 on CPUs without AMX).
 """
 
 from __future__ import annotations
@@ -60,10 +57,6 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
 
 
-def onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_prepack")
-
-
 class Int8Linear(nn.Module):
     """``y = x @ weight.T + bias`` from int8 weights; ``x`` is [M, in_features], any float dtype
     (the output has the same dtype). Build it with ``from_float``."""
@@ -75,15 +68,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("w_scale", w_scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
         self._native = _NativeWeight.build(qweight, w_scale, self.bias)
-        if self._native is not None:
-            self._gemm = None
-        elif onednn_available():
-            self._packed = torch.ops.onednn.qlinear_prepack(qweight, None)
-            self._zero_points = torch.zeros(self.out_features, dtype=torch.long)
-            self._gemm = self._onednn_gemm
-        else:
+        if self._native is None:
             self.register_buffer("qweight", qweight)
-            self._gemm = self._int_mm_gemm
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
@@ -98,20 +84,12 @@ class Int8Linear(nn.Module):
             y = self._native(x.float())
             return y if x.dtype == torch.float32 else y.to(x.dtype)
         q, scale = quantize_rows(x)
-        out = self._gemm(q)  # [2M, N] = [hi; lo] · wq * w_scale
+        out = torch._int_mm(q, self.qweight.t()).float().mul_(self.w_scale)  # [hi; lo]·wq·ws
         y, lo = out[:num_rows], out[num_rows:]
         y.add_(lo.mul_(1.0 / _LO)).mul_(scale)
         if self.bias is not None:
             y += self.bias
         return y if x.dtype == torch.float32 else y.to(x.dtype)
-
-    def _onednn_gemm(self, q: torch.Tensor) -> torch.Tensor:
-        return torch.ops.onednn.qlinear_pointwise(
-            q, 1.0, 0, self._packed, self.w_scale, self._zero_points, None, 1.0, 0,
-            torch.float32, "none", [], "")
-
-    def _int_mm_gemm(self, q: torch.Tensor) -> torch.Tensor:
-        return torch._int_mm(q, self.qweight.t()).float().mul_(self.w_scale)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

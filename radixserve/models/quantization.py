@@ -2,18 +2,20 @@
 
 ``auto`` follows the checkpoint: a GGUF file whose layer weights are quantized (Q4_1, Q8_0,
 K-quants...) runs its linears in int8 on CPU (``layers/int8_linear.py``), as llama.cpp runs
-them quantized; float checkpoints, and every model on CUDA, keep float weights.
+them quantized; float checkpoints, and every model on CUDA, keep float weights. Int8 and q4
+run only in the native kernels, which every CPU level has (``kernels/levels.py``: exact int8
+dot products with VNNI, with AVX2's maddubs, or in portable vector code): where the kernels
+are not installed ``auto`` keeps float weights (native.py says so in a WARNING) and ``int8``
+or ``q4`` is refused. No torch int8 GEMM serves the engine: oneDNN's was measured pathological
+on CPUs with VNNI but no AMX (0.95 s for the 1-row lm_head, fp32 takes 4 ms), and torch's
+``_int_mm`` is only the tests' reference.
 
 ``q4`` (CPU, native kernels) keeps a GGUF file's Q4_0 / Q4_1 matrices as the file stores them,
 4-bit blocks (``layers/q4_linear.py``), and runs every other linear in int8: the weights are
 exactly the file's (logits closer to the float model) in 5 bits instead of 8, and a batch-1
 step reads fewer bytes, but batched steps and prefill run slower than int8 (the per-block float
 epilogue) and single-stream decode measured the same as int8 (docs/benchmarks.md). So ``auto``
-keeps int8, and ``q4`` is the opt-in for fidelity to the file and weight memory. Int8 needs a
-CPU with int8 dot-product instructions (VNNI; AMX CPUs have them): without them oneDNN sums
-byte pairs into 16 bits with saturation and leaves s8×s8 overflow to the caller ("Nuances of
-int8 computations" in its guide), so full-range int8 operands could give wrong sums there;
-``auto`` then keeps float weights and ``int8`` is refused.
+keeps int8, and ``q4`` is the opt-in for fidelity to the file and weight memory.
 """
 
 from __future__ import annotations
@@ -32,21 +34,19 @@ _FLOAT_GGUF_TYPES = ("F32", "F16", "BF16", "F64")
 def resolve_quantization(name: str, device: torch.device, reader=None) -> str:
     """``name`` from the config → ``"none"``, ``"int8"`` or ``"q4"``; ``reader``: the GGUFReader
     of a GGUF checkpoint (None for a Hugging Face folder). ValueError for an unknown name, int8
-    or q4 on a device other than the CPU or on a CPU without VNNI, q4 without the native kernels
-    or without a GGUF file holding Q4_0 / Q4_1 matrices."""
+    or q4 on a device other than the CPU or without the native kernels, q4 without a GGUF file
+    holding Q4_0 / Q4_1 matrices."""
     if name not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {name!r}; supported: {list(QUANTIZATIONS)}")
     if name == "auto":
         quantized = reader is not None and _gguf_layers_quantized(reader)
-        fits = device.type == "cpu" and cpu_has_int8_dot()
+        fits = device.type == "cpu" and int8_kernels_available()
         return "int8" if quantized and fits else "none"
     if name in ("int8", "q4") and device.type != "cpu":
         raise ValueError(f"{name} quantization runs on CPU only, not on {device.type!r}")
-    if name in ("int8", "q4") and not cpu_has_int8_dot():
-        raise ValueError(f"{name} quantization needs a CPU with VNNI (or AMX) int8 dot products")
-    if name == "q4" and native.load() is None:
-        raise ValueError("q4 quantization needs the native CPU kernels (g++ and AVX-512 VNNI; "
-                         "see the log for why they did not load)")
+    if name in ("int8", "q4") and not int8_kernels_available():
+        raise ValueError(f"{name} quantization needs the native CPU kernels (radixserve env "
+                         "says why they did not load)")
     if name == "q4" and not (reader is not None and _gguf_has_q4(reader)):
         raise ValueError("q4 quantization needs a GGUF file with Q4_0 or Q4_1 matrices")
     return name
@@ -78,10 +78,9 @@ def quantize_linears_(model: nn.Module,
     return model
 
 
-def cpu_has_int8_dot() -> bool:
-    """True if the CPU has VNNI int8 dot products (torch's own CPU feature probe)."""
-    probe = getattr(torch.cpu, "_is_vnni_supported", None)
-    return bool(probe is not None and probe())
+def int8_kernels_available() -> bool:
+    """True where the native kernels load: their int8 and 4-bit linears run on every level."""
+    return native.load() is not None
 
 
 def _gguf_has_q4(reader) -> bool:

@@ -13,7 +13,7 @@ from radixserve.core.sched_output import ScheduledSeq
 from radixserve.kernels import native
 from radixserve.layers.int8_linear import Int8Linear
 from radixserve.layers.q4_linear import Q4Linear
-from radixserve.models.quantization import cpu_has_int8_dot
+from radixserve.models.quantization import int8_kernels_available
 
 TEXT = (
     "The paged KV cache splits every sequence's keys and values into fixed-size blocks, so "
@@ -49,7 +49,7 @@ def float_llm():
     return LLM(quantization="none", show_progress=False)
 
 
-@pytest.mark.skipif(not cpu_has_int8_dot(), reason="int8 needs a CPU with VNNI")
+@pytest.mark.skipif(not int8_kernels_available(), reason="int8 needs the native kernels")
 def test_embedded_model_is_int8_and_close_to_float(embedded_llm, float_llm):
     assert isinstance(embedded_llm.engine.runner.model.layers[0].self_attn.qkv_proj, Int8Linear)
     assert isinstance(embedded_llm.engine.runner.model.lm_head, Int8Linear)

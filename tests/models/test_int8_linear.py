@@ -18,20 +18,14 @@ from radixserve.models.quantization import quantize_linears_, resolve_quantizati
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(params=["native", "onednn", "int_mm"])
+@pytest.fixture(params=["native", "int_mm"])
 def gemm(request, monkeypatch):
-    """Run the test with each GEMM: the native kernel (small row counts), oneDNN's prepacked
-    qlinear and the torch._int_mm one."""
+    """Run the test with each GEMM: the native kernel and the torch reference (torch._int_mm)."""
     if request.param == "native":
         if native.load() is None:
             pytest.skip("native kernels unavailable here")
         return request.param
     monkeypatch.setattr(int8_linear._NativeWeight, "build", lambda *args: None)
-    if request.param == "onednn" and not (int8_linear.onednn_available()
-                                          and quantization.cpu_has_int8_dot()):
-        pytest.skip("no oneDNN, or a CPU without VNNI (its int8 sums can saturate there)")
-    if request.param == "int_mm":
-        monkeypatch.setattr(int8_linear, "onednn_available", lambda: False)
     return request.param
 
 
@@ -82,7 +76,7 @@ def test_other_float_dtypes_come_back_in_their_dtype(gemm):
 
 def _with_int_mm(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(int8_linear, "onednn_available", lambda: False)
+        mp.setattr(int8_linear._NativeWeight, "build", lambda *args: None)
         mp.setattr(int8_linear._NativeWeight, "build", lambda *args: None)
         return Int8Linear.from_float(weight, bias)
 
@@ -100,9 +94,10 @@ def test_rows_are_bit_identical_alone_or_in_any_batch(num_rows, lo, seed):
         assert torch.equal(lin(x[lo:]), full[lo:])
 
 
+@pytest.mark.usefixtures("kernel_level")
 def test_both_gemms_agree_bit_for_bit():
-    if not (int8_linear.onednn_available() and quantization.cpu_has_int8_dot()):
-        pytest.skip("no oneDNN, or a CPU without VNNI (its int8 sums can saturate there)")
+    if not quantization.int8_kernels_available():
+        pytest.skip("no native kernels here")
     w, x = torch.randn(96, 128), torch.randn(33, 128)
     assert torch.equal(_with_int_mm(w)(x), Int8Linear.from_float(w)(x))
 
@@ -137,7 +132,7 @@ class _Reader:
 
 
 def test_auto_quantizes_quantized_gguf_files_on_cpu_only(monkeypatch):
-    monkeypatch.setattr(quantization, "cpu_has_int8_dot", lambda: True)
+    monkeypatch.setattr(quantization, "int8_kernels_available", lambda: True)
     q = gguf.GGMLQuantizationType
     assert resolve_quantization("auto", CPU, _Reader(q.Q4_1)) == "int8"
     assert resolve_quantization("auto", CPU, _Reader(q.Q4_K)) == "int8"
@@ -146,14 +141,14 @@ def test_auto_quantizes_quantized_gguf_files_on_cpu_only(monkeypatch):
     assert resolve_quantization("auto", torch.device("cuda"), _Reader(q.Q4_1)) == "none"
     assert resolve_quantization("int8", CPU, None) == "int8"
     assert resolve_quantization("none", CPU, _Reader(q.Q4_1)) == "none"
-    monkeypatch.setattr(quantization, "cpu_has_int8_dot", lambda: False)  # no VNNI
+    monkeypatch.setattr(quantization, "int8_kernels_available", lambda: False)  # no kernels
     assert resolve_quantization("auto", CPU, _Reader(q.Q4_1)) == "none"
-    with pytest.raises(ValueError, match="needs a CPU with VNNI"):
+    with pytest.raises(ValueError, match="needs the native CPU kernels"):
         resolve_quantization("int8", CPU, _Reader(q.Q4_1))
 
 
 def test_bad_quantization_names_and_devices_are_refused(monkeypatch):
-    monkeypatch.setattr(quantization, "cpu_has_int8_dot", lambda: True)
+    monkeypatch.setattr(quantization, "int8_kernels_available", lambda: True)
     with pytest.raises(ValueError, match="unknown quantization 'int4'"):
         resolve_quantization("int4", CPU, None)
     with pytest.raises(ValueError, match="CPU only"):

@@ -1,6 +1,7 @@
-"""The native CPU kernels: the build and its cache, the switch that turns them off, and the
-int8 linear kernel bit-identical to the torch path (so a row's result never depends on which
-path its batch size picks)."""
+"""The native CPU kernels: which level loads (the best one, a forced one, none with a warning),
+the switch that turns them off, and at every level this machine runs the int8 linear kernel
+bit-identical to the torch path (so a row's result never depends on which path its batch size
+picks, nor on the CPU level), RMSNorm, rotary and SiLU against torch."""
 
 from __future__ import annotations
 
@@ -12,16 +13,18 @@ from radixserve.layers import int8_linear
 from radixserve.layers.int8_linear import Int8Linear
 
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
+pytestmark = pytest.mark.usefixtures("kernel_level")
 
 
 @pytest.fixture
 def fresh_load(monkeypatch):
-    """``native.load`` as on a new process (its cache cleared), the environment restored and
-    the cache cleared again afterwards."""
-    native.load.cache_clear()
+    """``native.load`` as on a new process (its choice forgotten), the environment restored and
+    the choice forgotten again afterwards."""
+    monkeypatch.delenv(native.ISA_ENV, raising=False)
+    native.reset()
     yield native.load
     monkeypatch.undo()
-    native.load.cache_clear()
+    native.reset()
 
 
 def _torch_path(weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Linear:
@@ -80,22 +83,66 @@ def test_the_switch_turns_the_kernels_off(fresh_load, monkeypatch):
     assert Int8Linear.from_float(torch.randn(8, 8))._native is None
 
 
+def test_the_best_level_this_cpu_runs_is_loaded(fresh_load):
+    lib, info = fresh_load(), native.describe()
+    if lib is None:
+        pytest.skip(f"no kernel library here: {info.reason}")
+    assert info.level == [lv for lv in info.runnable if lv in info.built][0]
+    assert lib.rs_level().decode() == info.level and info.path.endswith(".so")
+
+
+@pytest.mark.parametrize("level", ["avx2", "generic"])
+def test_a_forced_level_loads_that_library(fresh_load, monkeypatch, level):
+    info = native.describe()
+    if level not in info.runnable or level not in info.built:
+        pytest.skip(f"{level} is not runnable and built here")
+    monkeypatch.setenv(native.ISA_ENV, level)
+    native.reset()
+    assert fresh_load().rs_level().decode() == level
+    assert native.describe().level == level and "forced" in native.describe().reason
+
+
+def test_a_level_the_cpu_cannot_run_is_refused(fresh_load, monkeypatch):
+    monkeypatch.setattr(native, "cpu_flags", lambda: {"sse2"})  # an old x86-64 CPU
+    monkeypatch.setenv(native.ISA_ENV, "avx2")
+    if "avx2" not in native._levels.levels_for(native.platform.machine()):
+        pytest.skip("not an x86-64 machine")
+    with pytest.raises(native.UnsupportedLevel, match="this CPU lacks avx"):
+        fresh_load()
+    monkeypatch.setenv(native.ISA_ENV, "avx9000")
+    native.reset()
+    with pytest.raises(native.UnsupportedLevel, match="not a level of this machine"):
+        fresh_load()
+
+
+def test_a_missing_library_warns_and_leaves_the_torch_path(fresh_load, monkeypatch, caplog):
+    monkeypatch.setattr(native, "library_path", lambda level: None)
+    with caplog.at_level("WARNING", logger=native.__name__):
+        assert fresh_load() is None
+    assert "torch paths run instead" in caplog.text and "pip install" in caplog.text
+    assert native.describe().level is None and native.describe().built == ()
+
+
 @needs_native
-def test_builds_into_the_cache_dir_once(fresh_load, tmp_path, monkeypatch):
-    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
-    assert fresh_load() is not None
-    built = list((tmp_path / "kernels").glob("*.so"))
-    assert len(built) == 1 and not list((tmp_path / "kernels").glob("tmp*"))
-    stamp = built[0].stat().st_mtime_ns
-    fresh_load.cache_clear()
-    assert fresh_load() is not None  # found in the cache, not rebuilt
-    assert built[0].stat().st_mtime_ns == stamp
+def test_a_stale_library_is_not_used(fresh_load, monkeypatch, caplog):
+    monkeypatch.setattr(native._levels, "source_hash", lambda folder: "0123456789abcdef")
+    with caplog.at_level("WARNING", logger=native.__name__):
+        assert fresh_load() is None
+    assert "built from other sources" in caplog.text
 
 
-def test_a_missing_compiler_leaves_the_torch_path(fresh_load, tmp_path, monkeypatch):
-    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("CXX", "no-such-compiler-here")
-    assert fresh_load() is None
+@needs_native
+def test_the_best_level_not_built_falls_to_the_next(fresh_load, monkeypatch):
+    best = native.describe().level
+    real = native.library_path
+    monkeypatch.setattr(native, "library_path", lambda level: None if level == best else real(level))
+    native.reset()
+    lib = fresh_load()
+    if len(native.describe().runnable) < 2:
+        assert lib is None
+        return
+    assert native.describe().level == native.describe().runnable[1]
+    assert "is not built" in native.describe().reason
 
 
 def _without_native(module):
@@ -149,10 +196,3 @@ def test_silu_and_mul_native_matches_torch():
     x = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(3999) * 4]).view(4, 2000)
     gate, up = x.chunk(2, dim=-1)
     torch.testing.assert_close(silu_and_mul(x), F.silu(gate) * up, rtol=1e-6, atol=1e-6)
-
-
-def test_an_unwritable_cache_leaves_the_torch_path(fresh_load, tmp_path, monkeypatch):
-    blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
-    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(blocker))
-    assert fresh_load() is None

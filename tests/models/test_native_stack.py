@@ -12,6 +12,7 @@ from radixserve.kernels import native
 from radixserve.models.native_stack import NativeLayerStack, PythonLayerStack
 
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
+pytestmark = pytest.mark.usefixtures("kernel_level")  # every CPU level built here
 
 
 def _steps(runner, tokens):

@@ -13,7 +13,7 @@ from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.sched_output import ScheduledSeq
 from radixserve.layers.int8_linear import Int8Linear, quantize_weight
 from radixserve.models.loader import load_model, load_model_config
-from radixserve.models.quantization import cpu_has_int8_dot
+from radixserve.models.quantization import int8_kernels_available
 from radixserve.models.source import ModelSource
 from radixserve.runner.model_runner import ModelRunner
 
@@ -149,7 +149,7 @@ def _round_weights_as_int8_(model: torch.nn.Module) -> None:
         model.lm_head.weight.data = rounded(emb.data)
 
 
-@pytest.mark.skipif(not cpu_has_int8_dot(), reason="int8 needs a CPU with VNNI")
+@pytest.mark.skipif(not int8_kernels_available(), reason="int8 needs the native kernels")
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_int8_model_matches_its_dequantized_weights(arch, tiny_gguf_files):
     """The quantized path's tolerance test: int8 linears (two-term activations) against the

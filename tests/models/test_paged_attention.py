@@ -103,6 +103,7 @@ def test_cascade_equals_plain_path_up_to_rounding():
 
 
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
+pytestmark = pytest.mark.usefixtures("kernel_level")  # every CPU level built here
 
 
 @needs_native

@@ -19,6 +19,7 @@ from radixserve.models.quantization import resolve_quantization
 T = gguf.GGMLQuantizationType
 CPU = torch.device("cpu")
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
+pytestmark = pytest.mark.usefixtures("kernel_level")  # every CPU level built here
 # per-block activations in two terms (~11 bits): measured ~3.5e-4 of the output's range
 REL_TOL = 2e-3
 Q4_ATOL = 1e-2  # tiny models' logits (|logit| ~ 3); measured max error ~4e-3

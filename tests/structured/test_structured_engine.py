@@ -248,6 +248,7 @@ def test_invalid_specs_are_value_errors(backend):
         SO()
 
 
+@pytest.mark.usefixtures("kernel_level")
 def test_apply_bitmask_native_and_torch_paths_agree(monkeypatch):
     from radixserve.kernels import native
     from radixserve.structured import bitmask as bitmask_mod

@@ -1,0 +1,55 @@
+"""The instruction-set levels the CPU kernels are built for: compiler flags and the CPU
+features each needs. Read by ``setup.py`` (which compiles one library per level) and by
+``native.py`` (which loads the best one this CPU runs), so the two never disagree.
+
+Plain data, no imports beyond the standard library: ``setup.py`` loads this file by path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+SOURCES = ("int8_linear.cpp", "q4_linear.cpp", "paged_attention.cpp", "layer_ops.cpp",
+           "bitmask.cpp", "decoder_layer.cpp")
+HEADERS = ("simd.h",)
+
+# Every level: optimised, no FMA contraction the source did not write (the kernels state their
+# rounding), OpenMP (bound at run time to the libgomp torch loaded).
+COMMON_FLAGS = ("-O3", "-g0", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-std=c++17",
+                "-Wno-psabi")
+
+_V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm")  # x86-64-v3 in /proc/cpuinfo
+_V4_VNNI = (*_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni")
+
+# name -> (compiler flags, CPU flags needed), best level first. x86-64 only except "generic".
+X86_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "amx": (("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-int8",
+             "-mamx-bf16"), (*_V4_VNNI, "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")),
+    "avx512": (("-march=x86-64-v4", "-mavx512vnni"), _V4_VNNI),
+    "avx2": (("-march=x86-64-v3",), _V3),
+    "generic": (("-march=x86-64",), ()),
+}
+# Other architectures get the portable level only, with the compiler's baseline for the target
+# (NEON on aarch64).
+OTHER_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {"generic": ((), ())}
+
+
+def levels_for(machine: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """The levels built and loadable on ``platform.machine()`` == ``machine``."""
+    return X86_LEVELS if machine.lower() in ("x86_64", "amd64") else OTHER_LEVELS
+
+
+def library_stem(level: str) -> str:
+    """The extension module name of a level's library (``radixserve.kernels.<stem>``)."""
+    return f"_cpu_{level}"
+
+
+def source_hash(folder: Path) -> str:
+    """A short hash of the kernel sources and flags: compiled into each library, compared at
+    load, so a library older than its sources (an edited checkout not rebuilt) is not used."""
+    key = hashlib.sha256()
+    for name in (*SOURCES, *HEADERS):
+        key.update((folder / name).read_bytes())
+    key.update(" ".join(COMMON_FLAGS).encode())
+    return key.hexdigest()[:16]
