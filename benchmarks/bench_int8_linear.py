@@ -1,25 +1,26 @@
-"""Quantized linear layers per decode step: the native int8 kernel against oneDNN plus the eager
-ops, and the native 4-bit kernel (``--quantization q4``) on the same shapes.
+"""Quantized linear layers per decode step at every CPU level this machine runs (the int8 and
+4-bit native kernels, ``--quantization int8`` / ``q4``), beside the plain float path (torch's
+fp32 ``nn.Linear``, what runs without the kernels) on the same shapes.
 
 One "step" runs the embedded model's 121 linear shapes (30 layers of qkv, o, gate/up, down, and
 the head) once, with distinct random weights so they come from memory as in a real step; in the
 q4 column the 120 layer matrices are Q4_1 blocks and the head stays int8, as on the embedded
-model. Prints ms per step for each row count (the int8 kernel uses AVX-512 VNNI below 8 rows,
-AMX tiles from 8 up; the 4-bit one VNNI below 32, AMX from 32; ``RADIXSERVE_AMX=0`` keeps both
-on VNNI).
+model. Prints ms per step for each level and row count (at the amx level the int8 kernel uses
+AMX tiles from 8 rows, the 4-bit one from 32).
 
-    .venv/bin/python benchmarks/bench_int8_linear.py [--rows 1,16,64,128,512]
+    .venv/bin/python benchmarks/bench_int8_linear.py [--rows 1,16,64,512] [--levels avx2,generic]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import gguf
 import torch
 
-from radixserve.layers import int8_linear
+from radixserve.kernels import native
 from radixserve.layers.int8_linear import Int8Linear
 from radixserve.layers.q4_linear import Q4Linear
 from radixserve.models.gguf_quant import q4_blocks
@@ -27,16 +28,19 @@ from radixserve.models.gguf_quant import q4_blocks
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 
 
-def _layers(use_native: bool) -> list[Int8Linear]:
+def _layers() -> list[Int8Linear]:
     gen = torch.Generator().manual_seed(0)
-    saved = int8_linear._NativeWeight.build
-    if not use_native:
-        int8_linear._NativeWeight.build = classmethod(lambda cls, *args: None)
-    try:
-        return [Int8Linear.from_float(torch.randn(n, k, generator=gen) * 0.05)
-                for n, k in SHAPES]
-    finally:
-        int8_linear._NativeWeight.build = saved
+    return [Int8Linear.from_float(torch.randn(n, k, generator=gen) * 0.05) for n, k in SHAPES]
+
+
+def _float_layers() -> list[torch.nn.Linear]:
+    gen = torch.Generator().manual_seed(0)
+    layers = []
+    for n, k in SHAPES:
+        lin = torch.nn.Linear(k, n, bias=False)
+        lin.weight.data = torch.randn(n, k, generator=gen) * 0.05
+        layers.append(lin)
+    return layers
 
 
 def _q4_layers() -> list[torch.nn.Module]:
@@ -63,17 +67,33 @@ def _step_ms(layers: list[torch.nn.Module], rows: int, reps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", default="1,2,4,8,16,32,64,128,512")
+    parser.add_argument("--rows", default="1,4,16,64,512")
+    parser.add_argument("--levels", default=None, help="default: every level this CPU runs")
     args = parser.parse_args()
-    native, torch_path = _layers(True), _layers(False)
-    if native[0]._native is None:
-        raise SystemExit("native kernels unavailable here (see the log of radixserve.kernels)")
-    q4 = _q4_layers()
-    print("rows  int8 native  int8 torch (quantize + oneDNN + epilogue)  q4 native   (ms/step)")
-    for rows in (int(r) for r in args.rows.split(",")):
-        reps = 5 if rows < 128 else 2
-        a, b, c = (_step_ms(layers, rows, reps) for layers in (native, torch_path, q4))
-        print(f"{rows:4d}  {a:11.2f}  {b:40.2f}  {c:9.2f}")
+    info = native.describe()
+    levels = args.levels.split(",") if args.levels else [
+        lv for lv in info.runnable if lv in info.built]
+    rows_list = [int(r) for r in args.rows.split(",")]
+    print(f"CPU: {_cpu_model()}; threads {torch.get_num_threads()}")
+    with torch.inference_mode():
+        fp32 = _float_layers()
+        float_ms = {rows: _step_ms(fp32, rows, 5 if rows < 128 else 2) for rows in rows_list}
+        del fp32
+        print("level    rows  int8 native  q4 native  fp32 torch   (ms per step of 121 linears)")
+        for level in levels:
+            os.environ[native.ISA_ENV] = level
+            native.reset()
+            int8, q4 = _layers(), _q4_layers()
+            for rows in rows_list:
+                reps = 5 if rows < 128 else 2
+                a, c = _step_ms(int8, rows, reps), _step_ms(q4, rows, reps)
+                print(f"{level:8s} {rows:4d}  {a:11.2f}  {c:9.2f}  {float_ms[rows]:10.2f}")
+
+
+def _cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f
+                     if line.startswith("model name")), "unknown CPU")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Command line: ``radixserve serve | generate | chat | bench``."""
+"""Command line: ``radixserve serve | generate | chat | bench | env``."""
 
 from __future__ import annotations
 
@@ -27,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     from radixserve.server.launch import add_serve_args
     add_serve_args(serve)
 
+    env = sub.add_parser("env", help="versions, CPU features, the kernel level and what each "
+                                     "layer type of a model computes with")
+    env.add_argument("--model", default=None, help="a .gguf file or a Hugging Face folder "
+                                                   "(default: the embedded model)")
+    env.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "q4"])
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     offline = bench_sub.add_parser("offline", help="in-process load, prefill and decode speed")
@@ -54,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             return serve(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "env":
+            from radixserve.env_report import report
+            print(report(args.model, args.quantization))
+            return 0
     except (ValueError, FileNotFoundError) as exc:
         print(f"radixserve: error: {exc}", file=sys.stderr)
         return 2

@@ -6,6 +6,8 @@ It works on token ids only: text (detokenization, stop strings) lives in the fro
 
 from __future__ import annotations
 
+import logging
+
 import random
 import time
 from collections.abc import Callable
@@ -20,6 +22,7 @@ from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
 from radixserve.cpu_threads import apply_engine_threads
+from radixserve.env_report import startup_line
 from radixserve.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from radixserve.engine.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.loader import load_model, load_model_config, open_gguf
@@ -33,6 +36,8 @@ from radixserve.structured.manager import StructuredOutputManager
 
 _COMPILE_WAIT_S = 0.005  # an idle step waits this long for a grammar compile to finish
 
+
+logger = logging.getLogger(__name__)
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner, vocab_size: int, seed: int = 0,
@@ -52,7 +57,7 @@ class EngineCore:
         """Load the model and size the KV pool; ``reader``: an open GGUFReader to reuse;
         ``tokenizer`` returns the caller's `Tokenizer` (default: load it from ``source``);
         it is called on the first structured-output request."""
-        apply_engine_threads(config.device.threads)  # before the model (and its packing) is built
+        threads = apply_engine_threads(config.device.threads)  # before the model is built
         if reader is None and source.kind == "gguf":
             reader = open_gguf(source.path)
         model_config = load_model_config(source, reader)
@@ -65,6 +70,9 @@ class EngineCore:
         num_blocks = num_blocks_for_budget(model_config, config.cache, dtype)
         block_size = config.cache.block_size
         runner = ModelRunner(model, model_config, num_blocks, block_size, device, dtype)
+        if device.type == "cpu":
+            logger.info("engine: %s", startup_line(quantization, runner.backend_name,
+                                                   model_config.qk_norm, threads))
         pool = BlockPool(num_blocks)
         cache = (RadixCache(pool, block_size) if config.cache.enable_prefix_caching
                  else NoPrefixCache(pool))

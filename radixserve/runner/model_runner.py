@@ -35,7 +35,8 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
-        self.backend = get_attn_backend(resolve_attn_backend(attn_backend, device, dtype))
+        self.backend_name = resolve_attn_backend(attn_backend, device, dtype)
+        self.backend = get_attn_backend(self.backend_name)
         self.sampler = Sampler()
 
     @torch.inference_mode()

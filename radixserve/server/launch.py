@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import gc
+import logging
 import multiprocessing
 import os
 import shutil
@@ -59,7 +60,9 @@ def _non_negative(text: str) -> float:
 
 
 def _build_real_engine(kwargs: dict, model: str | None):
-    # Runs in the engine process: size the thread pools before torch (and its libgomp) loads.
+    # Runs in the engine process: say what runs (the kernel level, threads, the layers' paths)
+    # on stderr, and size the thread pools before torch (and its libgomp) loads.
+    _log_engine_choices()
     from radixserve.cpu_threads import apply_engine_threads
 
     apply_engine_threads(kwargs.get("threads"))
@@ -69,6 +72,14 @@ def _build_real_engine(kwargs: dict, model: str | None):
 
     config = engine_config(model, **kwargs)
     return EngineCore.from_config(config, ModelSource.resolve(model), show_progress=False)
+
+
+def _log_engine_choices() -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("radixserve engine %(levelname)s: %(message)s"))
+    root = logging.getLogger("radixserve")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
 
 
 def _build_mock_engine(vocab_size: int, max_model_len: int, step_time: float):

@@ -12,7 +12,9 @@ from radixserve.kernels import native
 from radixserve.models.native_stack import NativeLayerStack, PythonLayerStack
 
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
-pytestmark = pytest.mark.usefixtures("kernel_level")  # every CPU level built here
+# Tiny models are built per CPU level (kernel_level); the embedded one is the session's, built
+# at the best level (a model's weights are packed for the level that loaded them).
+each_level = pytest.mark.usefixtures("kernel_level")
 
 
 def _steps(runner, tokens):
@@ -24,6 +26,7 @@ def _steps(runner, tokens):
 
 
 @needs_native
+@each_level
 @pytest.mark.parametrize("arch,quantization", [("llama", "q4"), ("llama", "int8"),
                                                ("qwen2", "q4"), ("qwen2", "int8")])
 def test_native_stack_is_bit_identical_to_the_python_layers(arch, quantization,
@@ -41,6 +44,7 @@ def test_native_stack_is_bit_identical_to_the_python_layers(arch, quantization,
 
 
 @needs_native
+@each_level
 def test_python_layers_where_a_piece_is_not_native(tiny_gguf_files):
     for arch, quantization in (("qwen3", "int8"), ("llama", "none")):  # q/k norms; float
         runner = make_runner(tiny_gguf_files(arch, "Q4_0"), quantization=quantization)

@@ -1,0 +1,103 @@
+"""What runs here: ``radixserve env`` and the engine's one start-up line.
+
+Both say which CPU kernel level was chosen (and why), what the linear layers, the attention and
+the decoder layers compute with, and how many threads the engine uses, so a slow path is
+never a silent one. ``env`` works from the model's metadata alone (no weights are loaded).
+"""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+
+from radixserve import cpu_threads
+from radixserve.kernels import native
+
+_PACKAGES = ("radixserve", "torch", "numpy", "gguf", "tokenizers", "safetensors", "llguidance",
+             "fastapi", "uvicorn", "msgspec", "pyzmq")
+
+
+def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: bool) -> dict:
+    """Per layer type, what computes it: ``quantization`` and ``attention`` are resolved names
+    ("none" / "int8" / "q4"; "cpu_native" / "torch"), ``kernels`` the loaded level or None."""
+    native_kernel = f"native ({kernels})" if kernels else "torch"
+    linears = {"none": "float (torch)", "int8": f"int8, native ({kernels})",
+               "q4": f"Q4_0/Q4_1 as stored, others int8; native ({kernels})"}[quantization]
+    stack = ("one native call per layer" if kernels and attention == "cpu_native"
+             and quantization != "none" and not qk_norm else "Python layers")
+    return {
+        "linear layers (qkv, o, gate_up, down)": linears,
+        "lm_head": "float (torch)" if quantization == "none" else f"int8, native ({kernels})",
+        "embedding": "float lookup (torch)",
+        "attention": (f"cpu_native: paged, native ({kernels})" if attention == "cpu_native"
+                      else "torch: paged, SDPA"),
+        "RMSNorm, rotary, SiLU": native_kernel,
+        "decoder layers": stack,
+    }
+
+
+def startup_line(quantization: str, attention: str, qk_norm: bool, threads: int) -> str:
+    """The engine's one line at start (logged by EngineCore.from_config)."""
+    info = native.describe()
+    plan = layer_plan(quantization, attention, info.level, qk_norm)
+    kernels = (f"{info.level} ({info.reason}{', AMX tiles' if info.amx_tiles else ''})"
+               if info.level else f"none ({info.reason})")
+    return (f"kernels {kernels}; linears {plan['linear layers (qkv, o, gate_up, down)']}; "
+            f"attention {attention}; decoder layers: {plan['decoder layers']}; "
+            f"threads {threads}")
+
+
+def report(model: str | None, quantization: str = "auto") -> str:
+    """The text ``radixserve env`` prints. Reads the model's metadata, never its weights."""
+    import torch
+
+    from radixserve.layers.attn_backends import resolve_attn_backend
+    from radixserve.models.loader import load_model_config, open_gguf
+    from radixserve.models.quantization import resolve_quantization
+    from radixserve.models.source import ModelSource
+
+    lines = ["versions:"]
+    for name in _PACKAGES:
+        try:
+            lines.append(f"  {name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            lines.append(f"  {name} (not installed)")
+    lines.append(f"  python {platform.python_version()} on {platform.machine()} "
+                 f"{platform.system()}")
+    lines += ["cpu:", f"  {_cpu_model()}"]
+    info = native.describe()
+    lines.append(f"  features the kernel levels use: {' '.join(info.cpu_flags) or 'none found'}")
+    lines += ["kernels:",
+              f"  levels this CPU runs: {', '.join(info.runnable) or 'none'}",
+              f"  levels installed: {', '.join(info.built) or 'none'}",
+              f"  selected: {info.level or 'none (the torch paths)'}: {info.reason}"
+              + (" (AMX tiles on)" if info.amx_tiles else "")]
+    if info.path:
+        lines.append(f"  library: {info.path}")
+    affinity, quota = cpu_threads.affinity_cpus(), cpu_threads.cgroup_cpu_limit()
+    lines += ["threads:", f"  engine: {cpu_threads.engine_threads(None)} (affinity {affinity}, "
+                          f"cgroup quota {quota if quota is not None else 'none'}; "
+                          "--threads overrides)",
+              f"  torch in this process: {torch.get_num_threads()}"]
+    source = ModelSource.resolve(model)
+    reader = open_gguf(source.path) if source.kind == "gguf" else None
+    config = load_model_config(source, reader)
+    cpu = torch.device("cpu")
+    resolved = resolve_quantization(quantization, cpu, reader)
+    attention = resolve_attn_backend("auto", cpu, torch.float32)
+    lines += [f"model: {source.path} ({config.architecture}, {config.num_layers} layers, "
+              f"quantization {quantization} -> {resolved}, on cpu float32)"]
+    for layer, how in layer_plan(resolved, attention, info.level, config.qk_norm).items():
+        lines.append(f"  {layer}: {how}")
+    return "\n".join(lines)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -1,0 +1,59 @@
+"""The package build compiles the CPU kernels: a wheel built from this tree, installed in a
+fresh venv, loads the best level of this CPU with no compiler on PATH (nothing is compiled at
+run time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from radixserve.kernels import native
+
+REPO = Path(__file__).resolve().parents[1]
+
+_PROBE = """
+import json, shutil
+from radixserve.kernels import native
+info = native.describe()
+print(json.dumps({"file": native.__file__, "level": info.level, "built": info.built,
+                  "gxx": shutil.which("g++") or shutil.which("c++") or shutil.which("cc")}))
+"""
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_loads_its_kernels_without_a_compiler(tmp_path):
+    if shutil.which("g++") is None:
+        pytest.skip("no compiler here to build the wheel with")
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(wheels), str(REPO)], check=True,
+                   capture_output=True, timeout=900)
+    (wheel,) = wheels.glob("radixserve-*.whl")
+    venv = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], check=True, capture_output=True,
+                               text=True).stdout.strip())
+    # The wheel's own files in the fresh venv; its dependencies (torch...) from this one's
+    # site-packages, added after it (a .pth there does not run this venv's editable finder).
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+                    "--target", str(site), str(wheel)], check=True, capture_output=True,
+                   timeout=300)
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    env = {"PATH": str(tmp_path / "no-compilers-here"), "HOME": str(tmp_path)}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("OPENBLAS")})
+    done = subprocess.run([str(python), "-c", _PROBE], cwd=tmp_path, env=env, check=True,
+                          capture_output=True, text=True, timeout=300)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["file"].startswith(str(site)) and found["gxx"] is None
+    here = native.describe()
+    assert found["level"] == here.runnable[0]  # the best level this CPU runs
+    assert set(found["built"]) >= set(here.runnable)
