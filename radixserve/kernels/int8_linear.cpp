@@ -96,6 +96,7 @@ void epilogue16(int rows, const int32_t* acc_hi, const int32_t* acc_lo, const in
   }
 }
 
+#if !defined(RS_ROW_MAJOR_INT8)
 // R rows x NB blocks of 16 outputs: int32 sums over all of K, then the epilogue into y.
 template <int R, int NB>
 void block(const uint8_t* qhi, const uint8_t* qlo, int64_t Kp, const int8_t* w_blocks,
@@ -174,6 +175,7 @@ void rows_block_nb(int rows, const uint8_t* qhi, const uint8_t* qlo, int64_t Kp,
     default: block<4, NB>(qhi, qlo, Kp, w, comp, ws, bias, scales, y, ldy, n0, N); break;
   }
 }
+#endif
 
 #if defined(RS_ROW_MAJOR_INT8)
 // R rows x one block of 16 outputs from row-major weights w [16][Kp]: each weight row read once
@@ -206,17 +208,15 @@ void rows_block(int nblocks, int rows, const uint8_t* qhi, const uint8_t* qlo, i
 #if defined(RS_ROW_MAJOR_INT8)
   for (int b = 0; b < nblocks; ++b) {
     const int8_t* wb = w + b * 16 * Kp;
-    float* yb = y;
     const int64_t nb = n0 + 16 * b;
     switch (rows) {
-      case 1: row_major_block<1>(qhi, qlo, Kp, wb, comp, ws, bias, scales, yb, ldy, nb, N); break;
-      case 2: row_major_block<2>(qhi, qlo, Kp, wb, comp, ws, bias, scales, yb, ldy, nb, N); break;
-      case 3: row_major_block<3>(qhi, qlo, Kp, wb, comp, ws, bias, scales, yb, ldy, nb, N); break;
-      default: row_major_block<4>(qhi, qlo, Kp, wb, comp, ws, bias, scales, yb, ldy, nb, N);
+      case 1: row_major_block<1>(qhi, qlo, Kp, wb, comp, ws, bias, scales, y, ldy, nb, N); break;
+      case 2: row_major_block<2>(qhi, qlo, Kp, wb, comp, ws, bias, scales, y, ldy, nb, N); break;
+      case 3: row_major_block<3>(qhi, qlo, Kp, wb, comp, ws, bias, scales, y, ldy, nb, N); break;
+      default: row_major_block<4>(qhi, qlo, Kp, wb, comp, ws, bias, scales, y, ldy, nb, N);
     }
   }
-  return;
-#endif
+#else
   if (kBlocks == 2 && nblocks == 2) {
     rows_block_nb<2>(rows, qhi, qlo, Kp, w, comp, ws, bias, scales, y, ldy, n0, N);
     return;
@@ -224,6 +224,7 @@ void rows_block(int nblocks, int rows, const uint8_t* qhi, const uint8_t* qlo, i
   for (int b = 0; b < nblocks; ++b)
     rows_block_nb<1>(rows, qhi, qlo, Kp, w + b * (Kp / 4) * 64, comp, ws, bias, scales, y, ldy,
                      n0 + 16 * b, N);
+#endif
 }
 
 }  // namespace

@@ -353,22 +353,19 @@ inline vf load_f16(const uint16_t* p) {
   return v;
 }
 
-// Signed bytes times signed bytes, 4 a lane, in vector arithmetic (pmaddwd-like on SSE2, NEON
-// on aarch64): products in int16, byte pairs summed in int16 (|sum| <= 2 * 127 * 127), then
-// pairs of pairs in int32. Activations are stored as q + 128, so as with AVX2 the callers start
-// the accumulators at 128 * sum(w).
+// Codes 0..15 times signed bytes, 4 a lane, in vector arithmetic (the 4-bit linear's dot
+// products; the int8 linear uses its own row-major loops, RS_ROW_MAJOR_INT8): products in int16,
+// byte pairs summed in int16 (|sum| <= 2 * 15 * 128), then pairs of pairs in int32.
 typedef int8_t v32i8 __attribute__((vector_size(32)));
 typedef uint8_t v32u8 __attribute__((vector_size(32)));
 typedef int16_t v32i16 __attribute__((vector_size(64)));
 typedef int16_t v16i16 __attribute__((vector_size(32)));
 typedef int32_t v16i32 __attribute__((vector_size(64)));
-constexpr bool kDotNeedsComp = true;
 inline vi bcast4(const void* p) {
   int32_t x;
   memcpy(&x, p, 4);
   return vi{} + x;
 }
-inline vi bcast_u8(const void* p) { return bcast4(p) ^ (int32_t)0x80808080u; }
 inline v16i16 pair_products(vi a, vi b) {
   v32i16 p = __builtin_convertvector((v32i8)a, v32i16) * __builtin_convertvector((v32i8)b, v32i16);
   return __builtin_shufflevector(p, p, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
@@ -379,7 +376,6 @@ inline vi pairs_to_lanes(v16i16 pairs) {
   return __builtin_shufflevector(w, w, 0, 2, 4, 6, 8, 10, 12, 14)
          + __builtin_shufflevector(w, w, 1, 3, 5, 7, 9, 11, 13, 15);
 }
-inline vi dot_u8s8(vi acc, vi x4, vi w) { return acc + pairs_to_lanes(pair_products(x4, w)); }
 inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return acc + pairs_to_lanes(pair_products(q0, a0) + pair_products(q1, a1));
 }
