@@ -46,8 +46,12 @@ class CacheConfig:
     kv_cache_memory_gb: float = 1.0
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"  # or "float32", "float16", "bfloat16" (runner/kv_cache.py)
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in _DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; supported: "
+                             f"{['auto', *sorted(_DTYPES)]}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.kv_cache_memory_gb <= 0:
@@ -136,12 +140,14 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                   enable_prefix_caching: bool = True, max_num_seqs: int = 64,
                   max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                   scheduling_policy: str = "fcfs", device: str = "cpu", dtype: str | None = None,
-                  quantization: str = "auto", threads: int | None = None, seed: int = 0,
+                  quantization: str = "auto", threads: int | None = None,
+                  kv_cache_dtype: str = "auto", seed: int = 0,
                   structured_fast_forward: bool = True) -> EngineConfig:
     """The EngineConfig for the flat engine options the CLI and ``LLM(...)`` take."""
     return EngineConfig(
         model=model,
-        cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks, enable_prefix_caching),
+        cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks, enable_prefix_caching,
+                          kv_cache_dtype),
         scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
                                   scheduling_policy),
         device=DeviceConfig(device, dtype, quantization, threads),

@@ -36,15 +36,16 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: 
     }
 
 
-def startup_line(quantization: str, attention: str, qk_norm: bool, threads: int) -> str:
+def startup_line(quantization: str, attention: str, qk_norm: bool, threads: int,
+                 kv_dtype) -> str:
     """The engine's one line at start (logged by EngineCore.from_config)."""
     info = native.describe()
     plan = layer_plan(quantization, attention, info.level, qk_norm)
     kernels = (f"{info.level} ({info.reason}{', AMX tiles' if info.amx_tiles else ''})"
                if info.level else f"none ({info.reason})")
     return (f"kernels {kernels}; linears {plan['linear layers (qkv, o, gate_up, down)']}; "
-            f"attention {attention}; decoder layers: {plan['decoder layers']}; "
-            f"threads {threads}")
+            f"attention {attention}, KV cache {str(kv_dtype).removeprefix('torch.')}; "
+            f"decoder layers: {plan['decoder layers']}; threads {threads}")
 
 
 def report(model: str | None, quantization: str = "auto") -> str:
@@ -55,6 +56,7 @@ def report(model: str | None, quantization: str = "auto") -> str:
     from radixserve.models.loader import load_model_config, open_gguf
     from radixserve.models.quantization import resolve_quantization
     from radixserve.models.source import ModelSource
+    from radixserve.runner.kv_cache import resolve_kv_dtype
 
     lines = ["versions:"]
     for name in _PACKAGES:
@@ -84,11 +86,13 @@ def report(model: str | None, quantization: str = "auto") -> str:
     config = load_model_config(source, reader)
     cpu = torch.device("cpu")
     resolved = resolve_quantization(quantization, cpu, reader)
-    attention = resolve_attn_backend("auto", cpu, torch.float32)
+    kv_dtype = resolve_kv_dtype("auto", cpu, torch.float32)
+    attention = resolve_attn_backend("auto", cpu, torch.float32, kv_dtype)
     lines += [f"model: {source.path} ({config.architecture}, {config.num_layers} layers, "
               f"quantization {quantization} -> {resolved}, on cpu float32)"]
     for layer, how in layer_plan(resolved, attention, info.level, config.qk_norm).items():
         lines.append(f"  {layer}: {how}")
+    lines.append(f"  KV cache: {str(kv_dtype).removeprefix('torch.')} (--kv-cache-dtype auto)")
     return "\n".join(lines)
 
 

@@ -28,7 +28,7 @@ from radixserve.engine.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.loader import load_model, load_model_config, open_gguf
 from radixserve.models.quantization import resolve_quantization
 from radixserve.models.source import ModelSource
-from radixserve.runner.kv_cache import num_blocks_for_budget
+from radixserve.runner.kv_cache import num_blocks_for_budget, resolve_kv_dtype
 from radixserve.runner.model_runner import ModelRunner
 from radixserve.sampling_params import SamplingParams
 from radixserve.structured.llguidance_backend import LLGuidanceBackend
@@ -67,12 +67,14 @@ class EngineCore:
         quantization = resolve_quantization(config.device.quantization, device, reader)
         model = load_model(source, model_config, device, dtype, reader, show_progress,
                            quantization)
-        num_blocks = num_blocks_for_budget(model_config, config.cache, dtype)
+        kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, device, dtype)
+        num_blocks = num_blocks_for_budget(model_config, config.cache, kv_dtype)
         block_size = config.cache.block_size
-        runner = ModelRunner(model, model_config, num_blocks, block_size, device, dtype)
+        runner = ModelRunner(model, model_config, num_blocks, block_size, device, dtype,
+                             kv_dtype=kv_dtype)
         if device.type == "cpu":
             logger.info("engine: %s", startup_line(quantization, runner.backend_name,
-                                                   model_config.qk_norm, threads))
+                                                   model_config.qk_norm, threads, kv_dtype))
         pool = BlockPool(num_blocks)
         cache = (RadixCache(pool, block_size) if config.cache.enable_prefix_caching
                  else NoPrefixCache(pool))

@@ -37,7 +37,7 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, device: str = "cpu",
                  dtype: str | None = None, quantization: str = "auto",
-                 threads: int | None = None, seed: int = 0,
+                 threads: int | None = None, kv_cache_dtype: str = "auto", seed: int = 0,
                  enable_prefix_caching: bool = True,
                  scheduling_policy: str = "fcfs", structured_fast_forward: bool = True,
                  show_progress: bool = True) -> None:
@@ -46,7 +46,8 @@ class LLM:
             num_kv_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, scheduling_policy=scheduling_policy, device=device,
-            dtype=dtype, quantization=quantization, threads=threads, seed=seed,
+            dtype=dtype, quantization=quantization, threads=threads,
+            kv_cache_dtype=kv_cache_dtype, seed=seed,
             structured_fast_forward=structured_fast_forward)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None

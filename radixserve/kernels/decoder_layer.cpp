@@ -21,10 +21,11 @@ int rs_int8_linear(const float* x, int64_t M, int64_t K, const int8_t* packed,
 int rs_q4_linear(const float* x, int64_t M, int64_t K, const uint8_t* packed, const float* bias,
                  int64_t N, float* y, int64_t ldy);
 int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk,
-                       const float* v_new, int64_t ldv, const int64_t* slots, float* k_pool,
-                       float* v_pool, const int64_t* table, int64_t table_stride,
-                       const int64_t* row_seq, const int64_t* row_len, int64_t T, int64_t H,
-                       int64_t KVH, int64_t d, int64_t bs, float scale, float* out);
+                       const float* v_new, int64_t ldv, const int64_t* slots, void* k_pool,
+                       void* v_pool, int64_t kv_dtype, const int64_t* table,
+                       int64_t table_stride, const int64_t* row_seq, const int64_t* row_len,
+                       int64_t T, int64_t H, int64_t KVH, int64_t d, int64_t bs, float scale,
+                       float* out);
 void rs_rms_norm(const float* x, int64_t ldx, const float* w, int64_t M, int64_t K, float eps,
                  float* out, int64_t ldo);
 void rs_add_rms_norm(const float* x, float* residual, const float* w, int64_t M, int64_t K,
@@ -52,8 +53,9 @@ struct Layer {
   Linear qkv, o, gate_up, down;
   const float* input_norm;
   const float* post_norm;
-  float* k_pool;
-  float* v_pool;
+  void* k_pool;
+  void* v_pool;
+  int64_t kv_dtype;  // the pools' elements (paged_attention.cpp)
   int64_t hidden, heads, kv_heads, head_dim, intermediate, block_size;
   float eps, scale;
 };
@@ -109,8 +111,9 @@ int rs_decoder_layer(const Layer* L, const Step* s, int first) {
   rs_rotary(q, qkv_width, L->heads, k, qkv_width, L->kv_heads, M, hd, s->positions, s->cos,
             s->sin);
   if (rs_paged_attention(q, qkv_width, k, qkv_width, v, qkv_width, s->slots, L->k_pool,
-                         L->v_pool, s->table, s->table_stride, s->row_seq, s->row_len, M,
-                         L->heads, L->kv_heads, hd, L->block_size, L->scale, s->att))
+                         L->v_pool, L->kv_dtype, s->table, s->table_stride, s->row_seq,
+                         s->row_len, M, L->heads, L->kv_heads, hd, L->block_size, L->scale,
+                         s->att))
     return 2;
   if (linear(L->o, s->att, M, s->x)) return 1;
   rs_add_rms_norm(s->x, s->residual, L->post_norm, M, D, L->eps, s->h);

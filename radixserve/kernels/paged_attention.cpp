@@ -9,7 +9,8 @@
 // depends only on its query and its context, never on how the step was batched, chunked, or
 // which part of the context came from the prefix cache.
 //
-// Pool layout, as radixserve/runner/kv_cache.py allocates it: [num_blocks, block_size, KVH, d].
+// Pool layout, as radixserve/runner/kv_cache.py allocates it: [num_blocks, block_size, KVH, d],
+// of float32, float16 or bfloat16 (--kv-cache-dtype; read widened to float32, exactly).
 
 #include <math.h>
 #include <omp.h>
@@ -33,8 +34,8 @@ constexpr int kMaxDimVecs = kMaxDim / kW;
 // exp(score - max) * v and ml[2g], ml[2g + 1] head g's max score and sum of exp (merged by
 // merge_chunks). kG / kDV > 0 fix the group size and the kW-float vectors per head at compile
 // time (so the queries and sums stay in registers); 0 takes them from G and d at run time.
-template <int kG, int kDV>
-void attend(const float* q, const float* k_pool, const float* v_pool, const int64_t* blocks,
+template <typename KV, int kG, int kDV>
+void attend(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* blocks,
             int64_t len, int G_, int64_t d, int64_t bs, int64_t token_stride, float scale,
             float* scores, float* out, float* ml) {
   const int G = kG ? kG : G_;
@@ -49,7 +50,7 @@ void attend(const float* q, const float* k_pool, const float* v_pool, const int6
   vf vmax[kG ? kG : kMaxGroup];
   for (int g = 0; g < G; ++g) vmax[g] = ninf;
   for (int64_t t0 = 0; t0 < len; t0 += bs) {
-    const float* kb = k_pool + blocks[t0 / bs] * bs * token_stride;
+    const KV* kb = k_pool + blocks[t0 / bs] * bs * token_stride;
     const int64_t n_block = len - t0 < bs ? len - t0 : bs;
     for (int64_t i0 = 0; i0 < n_block; i0 += kW) {
       const int n = (int)(n_block - i0 < kW ? n_block - i0 : kW);
@@ -60,10 +61,10 @@ void attend(const float* q, const float* k_pool, const float* v_pool, const int6
             part[i] = zero();
             continue;
           }
-          const float* k = kb + (i0 + i) * token_stride;
-          vf acc = mul(qv[g][0], load_n(k, dv == 1 ? dlast : kW));
+          const KV* k = kb + (i0 + i) * token_stride;
+          vf acc = mul(qv[g][0], load_kv(k, dv == 1 ? dlast : kW));
           for (int c = 1; c < dv; ++c)
-            acc = fmadd(qv[g][c], load_n(k + kW * c, c == dv - 1 ? dlast : kW), acc);
+            acc = fmadd(qv[g][c], load_kv(k + kW * c, c == dv - 1 ? dlast : kW), acc);
           part[i] = acc;
         }
         vf sc = mul(hsum_lanes(part), set1(scale));
@@ -92,11 +93,11 @@ void attend(const float* q, const float* k_pool, const float* v_pool, const int6
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < dv; ++c) acc[g][c] = zero();
   for (int64_t t0 = 0; t0 < len; t0 += bs) {
-    const float* v = v_pool + blocks[t0 / bs] * bs * token_stride;
+    const KV* v = v_pool + blocks[t0 / bs] * bs * token_stride;
     const int64_t n = len - t0 < bs ? len - t0 : bs;
     for (int64_t i = 0; i < n; ++i, v += token_stride) {
       vf vv[kDV ? kDV : kMaxDimVecs];
-      for (int c = 0; c < dv; ++c) vv[c] = load_n(v + kW * c, c == dv - 1 ? dlast : kW);
+      for (int c = 0; c < dv; ++c) vv[c] = load_kv(v + kW * c, c == dv - 1 ? dlast : kW);
       for (int g = 0; g < G; ++g) {
         vf p = set1(scores[g * len + t0 + i]);
         for (int c = 0; c < dv; ++c) acc[g][c] = fmadd(p, vv[c], acc[g][c]);
@@ -128,8 +129,9 @@ void merge_chunks(const float* acc, const float* ml, int64_t n, int64_t stride, 
   for (int64_t i = 0; i < d; ++i) out[i] *= inv;
 }
 
-using AttendFn = void (*)(const float*, const float*, const float*, const int64_t*, int64_t,
-                         int, int64_t, int64_t, int64_t, float, float*, float*, float*);
+template <typename KV>
+using AttendFn = void (*)(const float*, const KV*, const KV*, const int64_t*, int64_t, int,
+                          int64_t, int64_t, int64_t, float, float*, float*, float*);
 
 // Context chunk of a row, in tokens: contexts longer than this are split into chunks attended
 // as separate work items (balance across threads at batch 1, each chunk's K/V read once per KV
@@ -138,43 +140,39 @@ using AttendFn = void (*)(const float*, const float*, const float*, const int64_
 constexpr int64_t kChunkTokens = 512;
 
 // Specialised for head_dim 64 and 128 with up to 8 query heads per KV head; else generic.
-AttendFn pick_attend(int64_t G, int64_t d) {
+template <typename KV>
+AttendFn<KV> pick_attend(int64_t G, int64_t d) {
   if (d == 64 || d == 128) {
     const bool wide = d == 128;
     switch (G) {
-      case 1: return wide ? attend<1, 128 / kW> : attend<1, 64 / kW>;
-      case 2: return wide ? attend<2, 128 / kW> : attend<2, 64 / kW>;
-      case 3: return wide ? attend<3, 128 / kW> : attend<3, 64 / kW>;
-      case 4: return wide ? attend<4, 128 / kW> : attend<4, 64 / kW>;
-      case 5: return wide ? attend<5, 128 / kW> : attend<5, 64 / kW>;
-      case 6: return wide ? attend<6, 128 / kW> : attend<6, 64 / kW>;
-      case 7: return wide ? attend<7, 128 / kW> : attend<7, 64 / kW>;
-      case 8: return wide ? attend<8, 128 / kW> : attend<8, 64 / kW>;
+      case 1: return wide ? attend<KV, 1, 128 / kW> : attend<KV, 1, 64 / kW>;
+      case 2: return wide ? attend<KV, 2, 128 / kW> : attend<KV, 2, 64 / kW>;
+      case 3: return wide ? attend<KV, 3, 128 / kW> : attend<KV, 3, 64 / kW>;
+      case 4: return wide ? attend<KV, 4, 128 / kW> : attend<KV, 4, 64 / kW>;
+      case 5: return wide ? attend<KV, 5, 128 / kW> : attend<KV, 5, 64 / kW>;
+      case 6: return wide ? attend<KV, 6, 128 / kW> : attend<KV, 6, 64 / kW>;
+      case 7: return wide ? attend<KV, 7, 128 / kW> : attend<KV, 7, 64 / kW>;
+      case 8: return wide ? attend<KV, 8, 128 / kW> : attend<KV, 8, 64 / kW>;
       default: break;
     }
   }
-  return attend<0, 0>;
+  return attend<KV, 0, 0>;
 }
 
-}  // namespace
+// rs_paged_attention for a pool of KV elements.
+template <typename KV>
+int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk,
+                    const float* v_new, int64_t ldv, const int64_t* slots, KV* k_pool,
+                    KV* v_pool, const int64_t* table, int64_t table_stride,
+                    const int64_t* row_seq, const int64_t* row_len, int64_t T, int64_t H,
+                    int64_t KVH, int64_t d, int64_t bs, float scale, float* out) {
 
-extern "C" {
-
-// First stores the step's new K/V rows (k_new/v_new [T, KVH * d], row strides ldk/ldv) at their
-// pool slots [T], then attends. q [T, H * d] (row stride ldq), out [T, H, d] contiguous; pools
-// [num_blocks, bs, KVH, d]; table [S, table_stride] int64 block ids; row_seq [T] int64 (< S),
-// row_len [T] int64 (>= 1). H / KVH <= 16, d <= 256. Returns 0, or 1 on bad shapes or no memory.
-int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk,
-                       const float* v_new, int64_t ldv, const int64_t* slots, float* k_pool,
-                       float* v_pool, const int64_t* table, int64_t table_stride,
-                       const int64_t* row_seq, const int64_t* row_len, int64_t T, int64_t H,
-                       int64_t KVH, int64_t d, int64_t bs, float scale, float* out) {
   const int64_t G = H / KVH;
   if (G * KVH != H || G > kMaxGroup || d > kMaxDim || d < 1) return 1;
   const int64_t width = KVH * d;
   for (int64_t t = 0; t < T; ++t) {
-    memcpy(k_pool + slots[t] * width, k_new + t * ldk, (size_t)width * sizeof(float));
-    memcpy(v_pool + slots[t] * width, v_new + t * ldv, (size_t)width * sizeof(float));
+    store_kv(k_pool + slots[t] * width, k_new + t * ldk, width);
+    store_kv(v_pool + slots[t] * width, v_new + t * ldv, width);
   }
   const int64_t chunk = (kChunkTokens / bs > 0 ? kChunkTokens / bs : 1) * bs;
   // Work items (row, first query head, chunk), ordered row, KV head, chunk, query heads: the
@@ -192,7 +190,7 @@ int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t 
   // Few items (a batch-1 decode: 3 KV heads for 2 threads): one item per query head instead,
   // for balance. Each query head's operations are the same either way, so are its bits.
   const bool per_head = G > 1 && grouped_items < 4 * omp_get_max_threads();
-  const AttendFn attend_fn = pick_attend(per_head ? 1 : G, d);
+  const AttendFn<KV> attend_fn = pick_attend<KV>(per_head ? 1 : G, d);
   const int64_t group = per_head ? 1 : G;
   const int64_t items = grouped_items * G / group;
   int64_t* item_row = (int64_t*)malloc((size_t)(items > 0 ? items : 1) * 3 * sizeof(int64_t));
@@ -267,6 +265,40 @@ int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t 
   free(item_row);
   free(partials);
   return failed;
+}
+
+}  // namespace
+
+extern "C" {
+
+// First stores the step's new K/V rows (k_new/v_new [T, KVH * d], row strides ldk/ldv) at their
+// pool slots [T], then attends. q [T, H * d] (row stride ldq), out [T, H, d] contiguous; pools
+// [num_blocks, bs, KVH, d]; table [S, table_stride] int64 block ids; row_seq [T] int64 (< S),
+// row_len [T] int64 (>= 1). H / KVH <= 16, d <= 256. kv_dtype: the pools' elements, 0 float32,
+// 1 float16, 2 bfloat16 (new rows rounded to nearest even when stored). Returns 0, or 1 on bad
+// shapes, an unknown kv_dtype or no memory.
+int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk,
+                       const float* v_new, int64_t ldv, const int64_t* slots, void* k_pool,
+                       void* v_pool, int64_t kv_dtype, const int64_t* table,
+                       int64_t table_stride, const int64_t* row_seq, const int64_t* row_len,
+                       int64_t T, int64_t H, int64_t KVH, int64_t d, int64_t bs, float scale,
+                       float* out) {
+  switch (kv_dtype) {
+    case 0:
+      return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (float*)k_pool,
+                             (float*)v_pool, table, table_stride, row_seq, row_len, T, H, KVH,
+                             d, bs, scale, out);
+    case 1:
+      return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (f16*)k_pool, (f16*)v_pool,
+                             table, table_stride, row_seq, row_len, T, H, KVH, d, bs, scale,
+                             out);
+    case 2:
+      return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (bf16*)k_pool,
+                             (bf16*)v_pool, table, table_stride, row_seq, row_len, T, H, KVH,
+                             d, bs, scale, out);
+    default:
+      return 1;
+  }
 }
 
 }  // extern "C"

@@ -389,6 +389,87 @@ inline vf hsum_lanes(const vf a[8]) {
 }
 #endif
 
+// KV pool elements: float32, IEEE half (f16) or bfloat16, each 16-bit one as its bits. Loads
+// widen exactly; stores round to nearest even (scalar: once per new token, not in the hot loop).
+struct f16 {
+  uint16_t bits;
+};
+struct bf16 {
+  uint16_t bits;
+};
+
+inline uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x40);  // NaN stays NaN
+  return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1)) >> 16);
+}
+
+inline uint16_t float_to_f16(float f) {
+#if defined(__F16C__)
+  return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7FFFFFFFu;
+  if (ax >= 0x7F800000u) return (uint16_t)(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0));
+  if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);  // rounds to infinity
+  if (ax < 0x38800000u) {  // below 2^-14: a subnormal half, rounded in float arithmetic
+    float a;
+    memcpy(&a, &ax, 4);
+    const float r = (a * 16777216.0f + 8388608.0f) - 8388608.0f;  // a * 2^24, to nearest even
+    return (uint16_t)(sign | (uint32_t)r);
+  }
+  return (uint16_t)(sign | ((ax + 0x0FFFu + ((ax >> 13) & 1)) - 0x38000000u) >> 13);
+#endif
+}
+
+inline void store_kv(float* dst, const float* src, int64_t n) {
+  memcpy(dst, src, (size_t)n * sizeof(float));
+}
+inline void store_kv(f16* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i].bits = float_to_f16(src[i]);
+}
+inline void store_kv(bf16* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i].bits = float_to_bf16(src[i]);
+}
+
+inline vf load_kv(const float* p, int64_t n) { return load_n(p, n); }
+#if defined(__AVX512F__)
+inline vf load_kv(const f16* p, int64_t n) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes(n), p));
+}
+inline vf load_kv(const bf16* p, int64_t n) {
+  __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes(n), p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+#elif defined(__AVX2__)
+inline __m128i load_halves(const void* p, int64_t n) {  // n 16-bit lanes, zeros after
+  if (n >= 8) return _mm_loadu_si128((const __m128i*)p);
+  alignas(16) uint16_t tmp[8] = {};
+  if (n > 0) memcpy(tmp, p, (size_t)n * 2);
+  return _mm_load_si128((const __m128i*)tmp);
+}
+inline vf load_kv(const f16* p, int64_t n) { return _mm256_cvtph_ps(load_halves(p, n)); }
+inline vf load_kv(const bf16* p, int64_t n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load_halves(p, n)), 16));
+}
+#else
+inline vf load_kv(const f16* p, int64_t n) {
+  vf v = {};
+  for (int64_t i = 0; i < n && i < kW; ++i) v[i] = half_to_float(p[i].bits);
+  return v;
+}
+inline vf load_kv(const bf16* p, int64_t n) {
+  vf v = {};
+  for (int64_t i = 0; i < n && i < kW; ++i) {
+    const uint32_t bits = (uint32_t)p[i].bits << 16;
+    memcpy(&v[i], &bits, 4);
+  }
+  return v;
+}
+#endif
+
 // exp(x) on all lanes (Cephes' polynomial, ~1 ulp); overflows to inf, underflows to 0
 // (exp(-inf) = 0).
 inline vf exp_ps(vf x) {

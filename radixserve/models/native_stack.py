@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from radixserve.kernels import native
-from radixserve.layers.attn_backends.cpu_native import NativeAttentionMetadata
+from radixserve.layers.attn_backends.cpu_native import KV_DTYPE_CODES, NativeAttentionMetadata
 from radixserve.layers.int8_linear import Int8Linear
 from radixserve.layers.q4_linear import Q4Linear
 from radixserve.runner.forward_context import get_forward_context
@@ -32,7 +32,7 @@ class _Linear(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear), ("down", _Linear),
                 ("input_norm", _P), ("post_norm", _P), ("k_pool", _P), ("v_pool", _P),
-                ("hidden", _I64), ("heads", _I64), ("kv_heads", _I64), ("head_dim", _I64),
+                ("kv_dtype", _I64), ("hidden", _I64), ("heads", _I64), ("kv_heads", _I64), ("head_dim", _I64),
                 ("intermediate", _I64), ("block_size", _I64), ("eps", ctypes.c_float),
                 ("scale", ctypes.c_float)]
 
@@ -87,7 +87,7 @@ class NativeLayerStack:
         meta = ctx.attn_metadata
         if not (isinstance(meta, NativeAttentionMetadata) and x.dtype == torch.float32
                 and x.is_contiguous() and positions.dtype == torch.int64
-                and ctx.kv_caches[0][0].dtype == torch.float32):
+                and ctx.kv_caches[0][0].dtype in KV_DTYPE_CODES):
             return self._fallback(positions, x)
         layers = self._layer_structs(ctx.kv_caches, meta.block_size)
         rows = x.shape[0]
@@ -149,6 +149,7 @@ def _layer_struct(layer: nn.Module, kv: tuple[torch.Tensor, torch.Tensor],
         input_norm=layer.input_layernorm.weight.data_ptr(),
         post_norm=layer.post_attention_layernorm.weight.data_ptr(),
         k_pool=k_pool.data_ptr(), v_pool=v_pool.data_ptr(),
+        kv_dtype=KV_DTYPE_CODES[k_pool.dtype],
         hidden=layer.input_layernorm.weight.shape[0], heads=attn.num_heads,
         kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
         intermediate=mlp.down_proj.in_features, block_size=block_size,

@@ -1,10 +1,31 @@
-"""The paged KV pool: one preallocated K and V tensor per layer, sized from a memory budget."""
+"""The paged KV pool: one preallocated K and V tensor per layer, sized from a memory budget,
+of the element type ``--kv-cache-dtype`` resolves to."""
 
 from __future__ import annotations
 
 import torch
 
 from radixserve.config import CacheConfig, ModelConfig
+
+
+_KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
+    """The pool's elements for ``--kv-cache-dtype`` ``name``. ``auto``: float16 for a float32
+    model on CPU at the avx512 / amx kernel levels — measured there (benchmarks/
+    bench_kv_dtype.py, docs/benchmarks.md) 1.2x the float32 pool's single-stream decode after
+    1,024 prompt tokens and 1.45x after 4,000, at KL 4e-7 from it and the same greedy tokens,
+    with twice the blocks per GiB — else the model's own dtype (at the avx2 level a 16-bit pool
+    measured slower: its widening costs more than the bytes it saves)."""
+    if name != "auto":
+        return _KV_DTYPES[name]
+    if device.type == "cpu" and model_dtype == torch.float32:
+        from radixserve.kernels import native
+
+        if native.describe().level in ("avx512", "amx"):
+            return torch.float16
+    return model_dtype
 
 
 def num_blocks_for_budget(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype) -> int:

@@ -29,13 +29,20 @@ from radixserve.runner.sampler import Sampler, SamplingBatch
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, config: ModelConfig, num_blocks: int,
                  block_size: int, device: torch.device, dtype: torch.dtype,
-                 attn_backend: str = "auto") -> None:
+                 attn_backend: str = "auto", kv_dtype: torch.dtype | None = None) -> None:
+        """``kv_dtype``: the KV pool's elements (default ``dtype``); another one than the
+        model's needs the cpu_native backend (ValueError otherwise)."""
         self.model = model
         self.config = config
         self.block_size = block_size
         self.device = device
-        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
-        self.backend_name = resolve_attn_backend(attn_backend, device, dtype)
+        kv_dtype = dtype if kv_dtype is None else kv_dtype
+        self.backend_name = resolve_attn_backend(attn_backend, device, dtype, kv_dtype)
+        if kv_dtype != dtype and self.backend_name != "cpu_native":
+            raise ValueError(f"a {str(kv_dtype).removeprefix('torch.')} KV cache for a "
+                             f"{str(dtype).removeprefix('torch.')} model needs the native CPU "
+                             "attention (a float32 model on CPU with the native kernels)")
+        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, kv_dtype, device)
         self.backend = get_attn_backend(self.backend_name)
         self.sampler = Sampler()
 

@@ -28,12 +28,13 @@ def reference(q, keys, values, lens):
     return torch.stack(out).float()
 
 
-def run_batch(seqs, seed=0, backend=None, dims=None):
+def run_batch(seqs, seed=0, backend=None, dims=None, kv_dtype=torch.float32):
     """seqs: (block_ids, start_pos, num_new_tokens) packed in this order (decode-like first).
-    Returns the backend's output, the reference, and the metadata."""
+    Returns the backend's output, the reference (on K/V rounded to ``kv_dtype``, the pool's
+    elements), and the metadata."""
     gen = torch.Generator().manual_seed(seed)
-    k_cache = torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen)
-    v_cache = torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen)
+    k_cache = torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen).to(kv_dtype)
+    v_cache = torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen).to(kv_dtype)
     total = sum(n for _, _, n in seqs)
     q = torch.randn(total, HEADS, DIM, generator=gen)
     k = torch.randn(total, KV_HEADS, DIM, generator=gen)
@@ -46,9 +47,10 @@ def run_batch(seqs, seed=0, backend=None, dims=None):
         seq_slots = [blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(start + n)]
         slots += seq_slots[start:]
         # the sequence's K/V as the backend will see it: cached context, then the new rows
-        ks = k_cache.view(-1, KV_HEADS, DIM)[seq_slots].clone()
-        vs = v_cache.view(-1, KV_HEADS, DIM)[seq_slots].clone()
-        ks[start:], vs[start:] = k[t:t + n], v[t:t + n]
+        ks = k_cache.view(-1, KV_HEADS, DIM)[seq_slots].float()
+        vs = v_cache.view(-1, KV_HEADS, DIM)[seq_slots].float()
+        ks[start:] = k[t:t + n].to(kv_dtype).float()
+        vs[start:] = v[t:t + n].to(kv_dtype).float()
         for j in range(n):
             row_keys.append(ks)
             row_values.append(vs)
@@ -125,10 +127,46 @@ def test_native_backend_matches_dense_reference(case):
 
 
 @needs_native
-def test_native_decode_rows_do_not_depend_on_the_batch():
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", ["plain", "prefills", "long"])
+def test_native_16bit_pools_match_dense_reference(case, kv_dtype):
+    seqs = {"plain": [([20, 21, 22], 9, 1), ([30, 31], 5, 1), ([40, 41, 42, 43], 15, 1)],
+            "prefills": [([20, 21], 6, 1), ([30, 31, 32], 0, 10), (SHARED + [62, 63], 70, 10)],
+            "long": [(list(range(1, 91)), 357, 1)]}[case]
+    got, want, _ = run_batch(seqs, backend=NativeCpuPagedAttention(), kv_dtype=kv_dtype)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16])
+def test_native_16bit_pools_store_rows_rounded_as_torch_rounds(kv_dtype):
+    k_cache = torch.zeros(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, dtype=kv_dtype)
+    v_cache = torch.zeros_like(k_cache)
+    gen = torch.Generator().manual_seed(3)
+    k = torch.randn(6, KV_HEADS, DIM, generator=gen) * torch.logspace(-9, 5, 6)[:, None, None]
+    k[0, 0, :4] = torch.tensor([65519.0, 65520.0, -1e6, 6e-8])  # f16: max, overflow, subnormal
+    k[0, 1, :3] = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    v = torch.randn(6, KV_HEADS, DIM, generator=gen)
+    backend = NativeCpuPagedAttention()
+    slots = torch.tensor([5, 6, 7, 8, 9, 10])
+    meta = backend.build_metadata(slot_mapping=slots, block_table=torch.tensor([[1, 2, 3]]),
+                                  context_lens=[11], q_lens=[6], start_pos=[5], block_size=BLOCK)
+    backend.forward(torch.randn(6, HEADS, DIM, generator=gen), k, v, (k_cache, v_cache), meta,
+                    SCALE)
+    stored = k_cache.view(-1, KV_HEADS, DIM)[slots]
+    want = k.to(kv_dtype)
+    assert torch.equal(stored.view(torch.int16)[~want.isnan()],
+                       want.view(torch.int16)[~want.isnan()])
+    assert stored[want.isnan()].isnan().all()
+    assert torch.equal(v_cache.view(-1, KV_HEADS, DIM)[slots], v.to(kv_dtype))
+
+
+@needs_native
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_native_decode_rows_do_not_depend_on_the_batch(kv_dtype):
     gen = torch.Generator().manual_seed(5)
-    pool = (torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen),
-            torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen))
+    pool = (torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen).to(kv_dtype),
+            torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen).to(kv_dtype))
     seqs = [(SHARED + [60, 61], 79), ([30, 31], 5), (SHARED + [62], 74)]  # (blocks, length)
     q = torch.randn(3, HEADS, DIM, generator=gen)
     k, v = torch.randn(3, KV_HEADS, DIM, generator=gen), torch.randn(3, KV_HEADS, DIM, generator=gen)

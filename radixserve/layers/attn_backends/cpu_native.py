@@ -4,8 +4,9 @@ Every query row of the step — decode tokens, short chunks, whole prompts — r
 from the pool in place (no gathered copy per layer, no mask tensors), in one call per layer.
 Each (row, KV head) is computed on its own with a fixed order of operations, so a row's result
 is bit-identical whether it was decoded alone or in any batch, prefilled in one chunk or
-several, or found most of its context in the prefix cache. Needs a float32 pool on the CPU;
-``resolve_attn_backend("auto")`` picks this backend only then.
+several, or found most of its context in the prefix cache. Needs a CPU pool of float32,
+float16 or bfloat16 (``--kv-cache-dtype``; rows rounded once when stored, read back exactly);
+``resolve_attn_backend("auto")`` picks this backend there.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import torch
 
 from radixserve.kernels import native
 from radixserve.layers.attn_backends.torch_paged import is_decode_like
+
+
+# The pool element codes of rs_paged_attention (paged_attention.cpp).
+KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 @dataclass(slots=True)
@@ -68,6 +73,7 @@ class NativeCpuPagedAttention:
         if num_rows and self._kernel(
                 q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
                 meta.slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                KV_DTYPE_CODES[k_cache.dtype],
                 meta.block_table.data_ptr(), meta.block_table.shape[1], meta.row_seq.data_ptr(),
                 meta.row_len.data_ptr(), num_rows, num_heads, k_cache.shape[2], head_dim,
                 meta.block_size, scale, out.data_ptr()):
