@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "simd.h"
 
 namespace {
@@ -47,6 +49,7 @@ void attend(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* b
   // Scores, kW tokens at a time per query head: kW partial-sum vectors folded into one vector
   // of kW dot products (hsum_lanes), block by block (no division per token).
   const vf ninf = set1(-INFINITY);
+  alignas(64) float kwide[std::is_same_v<KV, float> ? 1 : kW * kMaxDim];  // widened K rows
   vf vmax[kG ? kG : kMaxGroup];
   for (int g = 0; g < G; ++g) vmax[g] = ninf;
   for (int64_t t0 = 0; t0 < len; t0 += bs) {
@@ -54,6 +57,17 @@ void attend(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* b
     const int64_t n_block = len - t0 < bs ? len - t0 : bs;
     for (int64_t i0 = 0; i0 < n_block; i0 += kW) {
       const int n = (int)(n_block - i0 < kW ? n_block - i0 : kW);
+      // A 16-bit pool's rows are widened once here for all G query heads (exactly: the same
+      // floats, so the same bits as widening per head).
+      const KV* krows = kb + i0 * token_stride;
+      int64_t kstride = token_stride;
+      if constexpr (!std::is_same_v<KV, float>) {
+        for (int i = 0; i < n; ++i)
+          for (int c = 0; c < dv; ++c)
+            store(kwide + i * kW * dv + kW * c,
+                  load_kv(krows + i * token_stride + kW * c, c == dv - 1 ? dlast : kW));
+        kstride = kW * dv;
+      }
       for (int g = 0; g < G; ++g) {
         vf part[kW];
         for (int i = 0; i < kW; ++i) {
@@ -61,11 +75,18 @@ void attend(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* b
             part[i] = zero();
             continue;
           }
-          const KV* k = kb + (i0 + i) * token_stride;
-          vf acc = mul(qv[g][0], load_kv(k, dv == 1 ? dlast : kW));
-          for (int c = 1; c < dv; ++c)
-            acc = fmadd(qv[g][c], load_kv(k + kW * c, c == dv - 1 ? dlast : kW), acc);
-          part[i] = acc;
+          if constexpr (std::is_same_v<KV, float>) {
+            const float* k = krows + i * kstride;
+            vf acc = mul(qv[g][0], load_n(k, dv == 1 ? dlast : kW));
+            for (int c = 1; c < dv; ++c)
+              acc = fmadd(qv[g][c], load_n(k + kW * c, c == dv - 1 ? dlast : kW), acc);
+            part[i] = acc;
+          } else {  // widened rows: whole vectors, zeros past d
+            const float* k = kwide + i * kstride;
+            vf acc = mul(qv[g][0], load(k));
+            for (int c = 1; c < dv; ++c) acc = fmadd(qv[g][c], load(k + kW * c), acc);
+            part[i] = acc;
+          }
         }
         vf sc = mul(hsum_lanes(part), set1(scale));
         store_n(scores + g * len + t0 + i0, sc, n);

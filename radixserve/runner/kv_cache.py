@@ -13,17 +13,17 @@ _KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": to
 
 def resolve_kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
     """The pool's elements for ``--kv-cache-dtype`` ``name``. ``auto``: float16 for a float32
-    model on CPU at the avx512 / amx kernel levels — measured there (benchmarks/
-    bench_kv_dtype.py, docs/benchmarks.md) 1.2x the float32 pool's single-stream decode after
-    1,024 prompt tokens and 1.45x after 4,000, at KL 4e-7 from it and the same greedy tokens,
-    with twice the blocks per GiB — else the model's own dtype (at the avx2 level a 16-bit pool
-    measured slower: its widening costs more than the bytes it saves)."""
+    model on CPU at the amx / avx512 / avx2 kernel levels — measured there (benchmarks/
+    bench_kv_dtype.py, docs/benchmarks.md) ~1.9x (avx512) and ~1.4x (avx2) the float32 pool's
+    single-stream decode after 4,000 prompt tokens, at KL 4e-7 from it and the same greedy
+    tokens, with twice the blocks per GiB — else the model's own dtype (at the generic level
+    the widening is scalar and a 16-bit pool measured slower)."""
     if name != "auto":
         return _KV_DTYPES[name]
     if device.type == "cpu" and model_dtype == torch.float32:
         from radixserve.kernels import native
 
-        if native.describe().level in ("avx512", "amx"):
+        if native.describe().level in ("amx", "avx512", "avx2"):
             return torch.float16
     return model_dtype
 
