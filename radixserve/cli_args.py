@@ -37,13 +37,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="default: float32 on CPU, bfloat16 on CUDA. On CPUs with AMX, bfloat16 "
                         "is ~1.7x the batched throughput, but its greedy output may then "
                         "depend on the batch (oneDNN's bf16 GEMM is not batch invariant)")
-    g.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "q4"],
-                   help="linear layers in int8 (CPU with VNNI/AMX): int8 weights per channel, "
-                        "activations as two int8 terms per token, batch invariant. q4: a GGUF "
-                        "file's Q4_0/Q4_1 matrices kept in 4 bits as stored (native kernels): "
-                        "exactly the file's weights, 40%% less weight memory, slower batches "
-                        "and prefill. auto: int8 "
-                        "for GGUF files with quantized weights on such CPUs, float otherwise")
+    g.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "gguf"],
+                   help="gguf: a GGUF file's quantized matrices (Q4_0 ... Q6_K) as stored, in "
+                        "native kernels: the file's weights in about the file's memory. int8: "
+                        "every linear requantized to int8 per channel (activations as two int8 "
+                        "terms). Both batch invariant, CPU only. auto: gguf for GGUF files "
+                        "with quantized matrices, float otherwise")
     g.add_argument("--seed", type=int, default=0, help="engine seed for unseeded requests")
     g.add_argument("--no-structured-fast-forward", action="store_true",
                    help="sample every token of a structured output, even those its grammar "

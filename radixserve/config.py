@@ -82,7 +82,7 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class DeviceConfig:
     """Where the model runs and in what number format. CPU defaults to float32, CUDA to
-    bfloat16; ``quantization`` ("auto", "none", "int8", "q4") is resolved against the checkpoint at
+    bfloat16; ``quantization`` ("auto", "none", "int8", "gguf") is resolved against the checkpoint at
     load (models/quantization.py). ``threads``: the engine's CPU threads (torch's pool, which the
     native kernels share); None: the CPUs the process may use (affinity mask and cgroup quota,
     see cpu_threads.py)."""

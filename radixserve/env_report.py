@@ -17,18 +17,23 @@ _PACKAGES = ("radixserve", "torch", "numpy", "gguf", "tokenizers", "safetensors"
              "fastapi", "uvicorn", "msgspec", "pyzmq")
 
 
-def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: bool) -> dict:
+def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: bool,
+               stored: tuple[str, ...] = ()) -> dict:
     """Per layer type, what computes it: ``quantization`` and ``attention`` are resolved names
-    ("none" / "int8" / "q4"; "cpu_native" / "torch"), ``kernels`` the loaded level or None."""
+    ("none" / "int8" / "gguf"; "cpu_native" / "torch"), ``kernels`` the loaded level or None,
+    ``stored`` the GGUF file's matrix types (``stored_types``)."""
     native_kernel = f"native ({kernels})" if kernels else "torch"
+    blocks = f"GGUF blocks as stored ({', '.join(stored) or '?'}), native ({kernels})"
     linears = {"none": "float (torch)", "int8": f"int8, native ({kernels})",
-               "q4": f"Q4_0/Q4_1 as stored, others int8; native ({kernels})"}[quantization]
+               "gguf": blocks}[quantization]
     stack = ("one native call per layer" if kernels and attention == "cpu_native"
              and quantization != "none" and not qk_norm else "Python layers")
     return {
         "linear layers (qkv, o, gate_up, down)": linears,
-        "lm_head": "float (torch)" if quantization == "none" else f"int8, native ({kernels})",
-        "embedding": "float lookup (torch)",
+        "lm_head": {"none": "float (torch)", "int8": f"int8, native ({kernels})",
+                    "gguf": f"as stored, native ({kernels})"}[quantization],
+        "embedding": ("stored rows, dequantized per lookup" if quantization == "gguf"
+                      else "float lookup (torch)"),
         "attention": (f"cpu_native: paged, native ({kernels})" if attention == "cpu_native"
                       else "torch: paged, SDPA"),
         "RMSNorm, rotary, SiLU": native_kernel,
@@ -36,11 +41,22 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: 
     }
 
 
+def stored_types(reader) -> tuple[str, ...]:
+    """The types of a GGUF file's matrices (2-D tensors), most frequent first; () for None."""
+    if reader is None:
+        return ()
+    counts: dict[str, int] = {}
+    for t in reader.tensors:
+        if len(t.shape) == 2:
+            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return tuple(sorted(counts, key=lambda name: -counts[name]))
+
+
 def startup_line(quantization: str, attention: str, qk_norm: bool, threads: int,
-                 kv_dtype) -> str:
+                 kv_dtype, stored: tuple[str, ...] = ()) -> str:
     """The engine's one line at start (logged by EngineCore.from_config)."""
     info = native.describe()
-    plan = layer_plan(quantization, attention, info.level, qk_norm)
+    plan = layer_plan(quantization, attention, info.level, qk_norm, stored)
     kernels = (f"{info.level} ({info.reason}{', AMX tiles' if info.amx_tiles else ''})"
                if info.level else f"none ({info.reason})")
     return (f"kernels {kernels}; linears {plan['linear layers (qkv, o, gate_up, down)']}; "
@@ -90,7 +106,8 @@ def report(model: str | None, quantization: str = "auto") -> str:
     attention = resolve_attn_backend("auto", cpu, torch.float32, kv_dtype)
     lines += [f"model: {source.path} ({config.architecture}, {config.num_layers} layers, "
               f"quantization {quantization} -> {resolved}, on cpu float32)"]
-    for layer, how in layer_plan(resolved, attention, info.level, config.qk_norm).items():
+    for layer, how in layer_plan(resolved, attention, info.level, config.qk_norm,
+                                 stored_types(reader)).items():
         lines.append(f"  {layer}: {how}")
     lines.append(f"  KV cache: {str(kv_dtype).removeprefix('torch.')} (--kv-cache-dtype auto)")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ Two entry points:
   ``tokenizer_config.json`` with a ChatML ``chat_template``).
 * :func:`hf_to_gguf` converts such a folder to a GGUF file the way llama.cpp's
   ``convert_hf_to_gguf.py`` would (same metadata keys, tensor names, llama Q/K permutation), at
-  F32, F16, Q8_0 or Q4_0.
+  F32, F16, Q8_0, Q4_0 or a Q4_K_M-like mix of K-quants.
 
 The tokenizer splits text with Qwen2's pre-tokenizer regex followed by a byte-level mapping (no
 normalizer), which is exactly llama.cpp's ``qwen2`` pre-tokenizer. The GGUF therefore always says
@@ -374,9 +374,20 @@ def _head_dim(config: dict) -> int:
     return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
 
 
+def _q4_k_m_type(name: str, cols: int) -> str:
+    """llama.cpp's Q4_K_M mix, simplified: Q6_K for attn_v, ffn_down and the output head,
+    Q4_K elsewhere; matrices whose rows are not a multiple of 256 fall back to Q5_0 / Q8_0
+    (as llama.cpp falls back), so a fused layer can mix K and legacy types."""
+    kind = "Q6_K" if any(k in name for k in ("attn_v", "ffn_down", "output.")) else "Q4_K"
+    if cols % 256:
+        kind = "Q8_0" if kind == "Q6_K" else "Q5_0"
+    return kind
+
+
 def _add_tensor(writer, name: str, w: np.ndarray, ftype: str) -> None:
     """Add one tensor: 1-D tensors stay F32, 2-D ones are converted to `ftype`."""
     import gguf
+    from kquants import quantize
 
     w = np.ascontiguousarray(w, dtype=np.float32)
     if w.ndim == 1 or ftype == "F32":
@@ -384,8 +395,9 @@ def _add_tensor(writer, name: str, w: np.ndarray, ftype: str) -> None:
     elif ftype == "F16":
         writer.add_tensor(name, w.astype(np.float16))
     else:
-        qtype = gguf.GGMLQuantizationType[ftype]
-        writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        kind = _q4_k_m_type(name, w.shape[-1]) if ftype == "Q4_K_M" else ftype
+        qtype = gguf.GGMLQuantizationType[kind]
+        writer.add_tensor(name, quantize(w, qtype), raw_dtype=qtype)
 
 
 def _special_token(tok_config: dict, key: str) -> str | None:
@@ -471,13 +483,15 @@ def _add_hparams(writer, arch: str, config: dict, ftype: str) -> None:
         writer.add_rope_scaling_factor(scaling["factor"])
 
 
-_FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "Q8_0": "MOSTLY_Q8_0", "Q4_0": "MOSTLY_Q4_0"}
+_FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "Q8_0": "MOSTLY_Q8_0", "Q4_0": "MOSTLY_Q4_0",
+               "Q4_K_M": "MOSTLY_Q4_K_M"}
 
 
 def hf_to_gguf(hf_dir: str | Path, out_path: str | Path, ftype: str = "F32") -> Path:
     """Convert a folder written by :func:`make_hf_model` into a llama.cpp-style GGUF file.
 
-    `ftype` is one of F32, F16, Q8_0, Q4_0; it applies to 2-D weights, while norms, biases and
+    `ftype` is one of F32, F16, Q8_0, Q4_0, Q4_K_M (a mix, `_q4_k_m_type`); it applies to 2-D
+    weights, while norms, biases and
     rope_freqs stay F32. Returns `out_path`.
     """
     import gguf

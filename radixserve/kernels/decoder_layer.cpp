@@ -18,8 +18,9 @@ extern "C" {
 int rs_int8_linear(const float* x, int64_t M, int64_t K, const int8_t* packed,
                    const int32_t* comp, const float* ws, const float* bias, int64_t N, float* y,
                    int64_t ldy);
-int rs_q4_linear(const float* x, int64_t M, int64_t K, const uint8_t* packed, const float* bias,
-                 int64_t N, float* y, int64_t ldy);
+struct BlockPart;
+int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts,
+                    int64_t nparts, float* y, int64_t ldy);
 int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk,
                        const float* v_new, int64_t ldv, const int64_t* slots, void* k_pool,
                        void* v_pool, int64_t kv_dtype, const int64_t* table,
@@ -39,13 +40,14 @@ void rs_silu_mul(const float* gu, int64_t M, int64_t I, float* out);
 namespace {
 
 // A linear layer's weights as the native kernels hold them. kind 0: int8 (packed, comp,
-// scale); kind 1: 4-bit blocks (packed).
+// scale, bias); kind 1: GGUF blocks (packed: nparts BlockParts, block_linear.cpp).
 struct Linear {
   int64_t kind, in_features, out_features;
   const void* packed;
   const int32_t* comp;
   const float* scale;
   const float* bias;
+  int64_t nparts;
 };
 
 // Per layer, fixed at load.
@@ -82,8 +84,8 @@ struct Step {
 
 int linear(const Linear& w, const float* x, int64_t M, float* y) {
   if (w.kind == 1)
-    return rs_q4_linear(x, M, w.in_features, (const uint8_t*)w.packed, w.bias, w.out_features,
-                        y, w.out_features);
+    return rs_block_linear(x, M, w.in_features, (const BlockPart*)w.packed, w.nparts, y,
+                           w.out_features);
   return rs_int8_linear(x, M, w.in_features, (const int8_t*)w.packed, w.comp, w.scale, w.bias,
                         w.out_features, y, w.out_features);
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-SOURCES = ("int8_linear.cpp", "q4_linear.cpp", "paged_attention.cpp", "layer_ops.cpp",
+SOURCES = ("int8_linear.cpp", "block_linear.cpp", "paged_attention.cpp", "layer_ops.cpp",
            "bitmask.cpp", "decoder_layer.cpp")
 HEADERS = ("simd.h",)
 

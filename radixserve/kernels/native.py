@@ -29,7 +29,7 @@ from radixserve.kernels import levels as _levels
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -40,8 +40,8 @@ _SIGNATURES = {
     "rs_init": (ctypes.c_int, [ctypes.c_int]),
     "rs_int8_pack": (None, [_P, _I64, _I64, _P, _P]),
     "rs_int8_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _P, _I64]),
-    "rs_q4_pack": (None, [_P, _P, _P, _I64, _I64, _P]),
-    "rs_q4_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _I64, _P, _I64]),
+    "rs_block_packed_bytes": (_I64, [_I64, _I64, _I64]),
+    "rs_block_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _I64, _P, _I64]),
     "rs_paged_attention": (ctypes.c_int, [_P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P,
                                           _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
                                           ctypes.c_float, _P]),

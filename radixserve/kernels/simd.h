@@ -98,13 +98,30 @@ constexpr bool kDotNeedsComp = false;  // sums are of u itself
 inline vi bcast4(const void* p) { return _mm512_set1_epi32(*(const int32_t*)p); }
 inline vi bcast_u8(const void* p) { return bcast4(p); }  // dot_u8s8's u operand
 inline vi dot_u8s8(vi acc, vi u4, vi w) { return _mm512_dpbusd_epi32(acc, u4, w); }
-// Codes 0..15 (q0, q1) against signed bytes (a0, a1): acc += sum q0 * a0 + sum q1 * a1.
+// Codes 0..63 (q0, q1) against signed bytes (a0, a1): acc += sum q0 * a0 + sum q1 * a1
+// (dot_codes: one pair).
 inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, q0, a0), q1, a1);
 }
+inline vi dot_codes(vi acc, vi q, vi a) { return _mm512_dpbusd_epi32(acc, q, a); }
 inline vi low_nibbles(vi raw) { return _mm512_and_si512(raw, _mm512_set1_epi8(0x0F)); }
 inline vi high_nibbles(vi raw) {
   return _mm512_and_si512(_mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
+}
+// Per byte: ((raw >> shift) & mask) << 4, the high bits of a 5- or 6-bit code (mask <= 15).
+inline vi code_high_bits(vi raw, int shift, int mask) {
+  return _mm512_slli_epi16(
+      _mm512_and_si512(_mm512_srl_epi16(raw, _mm_cvtsi32_si128(shift)),
+                       _mm512_set1_epi8((char)mask)), 4);
+}
+inline vi ior(vi a, vi b) { return _mm512_or_si512(a, b); }
+inline vi ishl(vi a, int n) { return _mm512_sll_epi32(a, _mm_cvtsi32_si128(n)); }
+// kW bytes at p (unsigned / signed) as floats.
+inline vf load_u8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+inline vf load_i8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
 }
 
 // Lane i of the result = the sum of the lanes of a[i] (a 16 x 16 transpose-and-add).
@@ -220,15 +237,33 @@ inline vi dot_u8s8(vi acc, vi x4, vi w) {
   __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x4, w));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
-// Codes 0..15 against signed bytes: each maddubs pair sum is at most 2 * 15 * 128, so two of
-// them add in int16 before one madd.
+// Codes 0..63 against signed bytes -127..127: each maddubs pair sum is at most 2 * 63 * 127,
+// so two of them add in int16 before one madd.
 inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(q0, a0), _mm256_maddubs_epi16(q1, a1));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
+// Codes up to 63 fit too: 2 * (2 * 63 * 127) < 2^15.
+inline vi dot_codes(vi acc, vi q, vi a) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, a),
+                                                 _mm256_set1_epi16(1)));
+}
 inline vi low_nibbles(vi raw) { return _mm256_and_si256(raw, _mm256_set1_epi8(0x0F)); }
 inline vi high_nibbles(vi raw) {
   return _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+}
+inline vi code_high_bits(vi raw, int shift, int mask) {
+  return _mm256_slli_epi16(
+      _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(shift)),
+                       _mm256_set1_epi8((char)mask)), 4);
+}
+inline vi ior(vi a, vi b) { return _mm256_or_si256(a, b); }
+inline vi ishl(vi a, int n) { return _mm256_sll_epi32(a, _mm_cvtsi32_si128(n)); }
+inline vf load_u8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+inline vf load_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
 
 inline vf hsum_lanes(const vf a[8]) {  // an 8 x 8 transpose-and-add
@@ -353,9 +388,9 @@ inline vf load_f16(const uint16_t* p) {
   return v;
 }
 
-// Codes 0..15 times signed bytes, 4 a lane, in vector arithmetic (the 4-bit linear's dot
-// products; the int8 linear uses its own row-major loops, RS_ROW_MAJOR_INT8): products in int16,
-// byte pairs summed in int16 (|sum| <= 2 * 15 * 128), then pairs of pairs in int32.
+// Codes 0..63 times signed bytes -127..127, 4 a lane, in vector arithmetic (the block linear's
+// dot products; the int8 linear uses its own row-major loops, RS_ROW_MAJOR_INT8): products in
+// int16, byte pairs summed in int16 (two pairs: |sum| <= 4 * 63 * 127), then in int32.
 typedef int8_t v32i8 __attribute__((vector_size(32)));
 typedef uint8_t v32u8 __attribute__((vector_size(32)));
 typedef int16_t v32i16 __attribute__((vector_size(64)));
@@ -379,8 +414,24 @@ inline vi pairs_to_lanes(v16i16 pairs) {
 inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return acc + pairs_to_lanes(pair_products(q0, a0) + pair_products(q1, a1));
 }
+inline vi dot_codes(vi acc, vi q, vi a) { return acc + pairs_to_lanes(pair_products(q, a)); }
 inline vi low_nibbles(vi raw) { return (vi)((v32u8)raw & (uint8_t)0x0F); }
 inline vi high_nibbles(vi raw) { return (vi)((v32u8)raw >> 4); }
+inline vi code_high_bits(vi raw, int shift, int mask) {
+  return (vi)((((v32u8)raw >> (uint8_t)shift) & (uint8_t)mask) << (uint8_t)4);
+}
+inline vi ior(vi a, vi b) { return a | b; }
+inline vi ishl(vi a, int n) { return a << n; }
+inline vf load_u8(const uint8_t* p) {
+  vf v;
+  for (int i = 0; i < kW; ++i) v[i] = (float)p[i];
+  return v;
+}
+inline vf load_i8(const int8_t* p) {
+  vf v;
+  for (int i = 0; i < kW; ++i) v[i] = (float)p[i];
+  return v;
+}
 
 inline vf hsum_lanes(const vf a[8]) {
   vf out;

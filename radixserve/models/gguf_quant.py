@@ -30,9 +30,9 @@ _T = GGMLQuantizationType
 _FLOAT_TYPES = {_T.F32: torch.float32, _T.F16: torch.float16, _T.BF16: torch.bfloat16}
 
 
-def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
-    """Read the little-endian f16 at byte ``start`` of every block as float32, shape (n, 1)."""
-    return blocks[:, start : start + 2].contiguous().view(torch.float16).float()
+def _half(blocks: torch.Tensor, start: int) -> torch.Tensor:
+    """The f16 at byte ``start`` of every block, as float16, shape (n, 1)."""
+    return blocks[:, start : start + 2].contiguous().view(torch.float16)
 
 
 def _shifts(values: list[int], like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -52,31 +52,37 @@ def _bits32(qh: torch.Tensor) -> torch.Tensor:
     return ((qh.reshape(n, 4, 1) >> _shifts(list(range(8)), qh, (1, 1, 8))) & 1).reshape(n, 32)
 
 
-def _deq_q8_0(b: torch.Tensor) -> torch.Tensor:
-    return b[:, 2:].contiguous().view(torch.int8).float() * _f16(b, 0)
+# -- every block type as codes and fields ------------------------------------------------------
+# A block of 32 * U weights splits losslessly into unsigned codes and the block's stored fields
+# (f16 scales as float16 tensors, 6-bit / int8 sub-block scales as integer tensors), each
+# (n, ...) for n blocks; `_scale_offset` turns the fields into the weight = scale * code + offset
+# of every sub-block, in float32 and exactly (an f16 times a small integer).
 
 
-def _deq_q4_0(b: torch.Tensor) -> torch.Tensor:
-    q = _nibbles(b[:, 2:]).to(torch.int8) - 8
-    return _f16(b, 0) * q.float()
+def _split_q8_0(b: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    codes = (b[:, 2:].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
+    return codes, {"d": _half(b, 0)}
 
 
-def _deq_q4_1(b: torch.Tensor) -> torch.Tensor:
-    return _f16(b, 0) * _nibbles(b[:, 4:]).float() + _f16(b, 2)
+def _split_q4_0(b: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return _nibbles(b[:, 2:]), {"d": _half(b, 0)}
 
 
-def _deq_q5_0(b: torch.Tensor) -> torch.Tensor:
-    q = (_nibbles(b[:, 6:]) | (_bits32(b[:, 2:6]) << 4)).to(torch.int8) - 16
-    return _f16(b, 0) * q.float()
+def _split_q4_1(b: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return _nibbles(b[:, 4:]), {"d": _half(b, 0), "m": _half(b, 2)}
 
 
-def _deq_q5_1(b: torch.Tensor) -> torch.Tensor:
-    q = _nibbles(b[:, 8:]) | (_bits32(b[:, 4:8]) << 4)
-    return _f16(b, 0) * q.float() + _f16(b, 2)
+def _split_q5_0(b: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return _nibbles(b[:, 6:]) | (_bits32(b[:, 2:6]) << 4), {"d": _half(b, 0)}
+
+
+def _split_q5_1(b: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return (_nibbles(b[:, 8:]) | (_bits32(b[:, 4:8]) << 4),
+            {"d": _half(b, 0), "m": _half(b, 2)})
 
 
 def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unpack the 12-byte Q4_K/Q5_K scale field into eight 6-bit scales and mins.
+    """Unpack the 12-byte Q4_K/Q5_K scale field into eight 6-bit scales and mins (uint8).
 
     Byte layout (ggml ``get_scale_min_k4``), sub-blocks 0-3 in the low 6 bits of
     bytes 0-3 (scales) / 4-7 (mins); sub-blocks 4-7 take their low 4 bits from
@@ -87,63 +93,80 @@ def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     d, m, md = s[:, 0], s[:, 1], s[:, 2]
     sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
     mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=-1)
-    return sc.float(), mn.float()
+    return sc, mn
 
 
-def _k4_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sub-block (n, 8, 1) multipliers d*sc and offsets dmin*m for Q4_K/Q5_K."""
-    n = b.shape[0]
+def _k4_fields(b: torch.Tensor) -> dict[str, torch.Tensor]:
     sc, mn = _scale_min_k4(b[:, 4:16])
-    return (_f16(b, 0) * sc).reshape(n, 8, 1), (_f16(b, 2) * mn).reshape(n, 8, 1)
+    return {"d": _half(b, 0), "dmin": _half(b, 2), "sc": sc, "mn": mn}
 
 
-def _deq_q4_k(b: torch.Tensor) -> torch.Tensor:
+def _split_q4_k(b: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     # 2 d + 2 dmin + 12 scales + 128 qs; each 32-byte chunk of qs holds two
     # sub-blocks: low nibbles then high nibbles.
     n = b.shape[0]
-    d, dm = _k4_scales(b)
     q = (b[:, 16:].reshape(n, 4, 1, 32) >> _shifts([0, 4], b, (1, 1, 2, 1))) & 0x0F
-    return (d * q.reshape(n, 8, 32).float() - dm).reshape(n, QK_K)
+    return q.reshape(n, QK_K), _k4_fields(b)
 
 
-def _deq_q5_k(b: torch.Tensor) -> torch.Tensor:
+def _split_q5_k(b: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     # 2 d + 2 dmin + 12 scales + 32 qh + 128 qs; bit i of qh[l] is the 5th bit
     # of element l of sub-block i.
     n = b.shape[0]
-    d, dm = _k4_scales(b)
     ql = (b[:, 48:].reshape(n, 4, 1, 32) >> _shifts([0, 4], b, (1, 1, 2, 1))) & 0x0F
     qh = (b[:, 16:48].reshape(n, 1, 32) >> _shifts(list(range(8)), b, (1, 8, 1))) & 1
-    q = ql.reshape(n, 8, 32) | (qh << 4)
-    return (d * q.float() - dm).reshape(n, QK_K)
+    return (ql.reshape(n, 8, 32) | (qh << 4)).reshape(n, QK_K), _k4_fields(b)
 
 
-def _deq_q6_k(b: torch.Tensor) -> torch.Tensor:
+def _split_q6_k(b: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     # 128 ql + 64 qh + 16 int8 scales + 2 d.  Each 128-value half uses 64 ql
     # bytes (low nibbles, then high nibbles) and 32 qh bytes (2 bits per value).
     n = b.shape[0]
     ql = (b[:, :128].reshape(n, 2, 1, 64) >> _shifts([0, 4], b, (1, 1, 2, 1))) & 0x0F
     qh = (b[:, 128:192].reshape(n, 2, 1, 32) >> _shifts([0, 2, 4, 6], b, (1, 1, 4, 1))) & 3
-    q = (ql.reshape(n, 8, 32) | (qh.reshape(n, 8, 32) << 4)).to(torch.int8) - 32
-    scales = b[:, 192:208].contiguous().view(torch.int8).float()
-    d = (_f16(b, 208) * scales).reshape(n, 16, 1)
-    return (d * q.reshape(n, 16, 16).float()).reshape(n, QK_K)
+    q = ql.reshape(n, 8, 32) | (qh.reshape(n, 8, 32) << 4)
+    return q.reshape(n, QK_K), {"d": _half(b, 208),
+                                "sc": b[:, 192:208].contiguous().view(torch.int8)}
 
 
-_BLOCK_DEQUANT = {
-    _T.Q8_0: _deq_q8_0,
-    _T.Q4_0: _deq_q4_0,
-    _T.Q4_1: _deq_q4_1,
-    _T.Q5_0: _deq_q5_0,
-    _T.Q5_1: _deq_q5_1,
-    _T.Q4_K: _deq_q4_k,
-    _T.Q5_K: _deq_q5_k,
-    _T.Q6_K: _deq_q6_k,
+def _scale_offset(qtype: GGMLQuantizationType, f: dict[str, torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per block and sub-block (n, G) float32: weight = scale * code + offset."""
+    d = f["d"].float()
+    if qtype in (_T.Q4_1, _T.Q5_1):
+        return d, f["m"].float()
+    if qtype in _LEGACY_OFFSETS:
+        return d, d * _LEGACY_OFFSETS[qtype]
+    scale = d * f["sc"].float()
+    if qtype == _T.Q6_K:
+        return scale, scale * -32.0
+    return scale, -(f["dmin"].float() * f["mn"].float())
+
+
+_LEGACY_OFFSETS = {_T.Q4_0: -8.0, _T.Q5_0: -16.0, _T.Q8_0: -128.0}
+_SPLIT = {
+    _T.Q8_0: _split_q8_0,
+    _T.Q4_0: _split_q4_0,
+    _T.Q4_1: _split_q4_1,
+    _T.Q5_0: _split_q5_0,
+    _T.Q5_1: _split_q5_1,
+    _T.Q4_K: _split_q4_k,
+    _T.Q5_K: _split_q5_k,
+    _T.Q6_K: _split_q6_k,
 }
+BLOCK_TYPES: tuple[GGMLQuantizationType, ...] = tuple(_SPLIT)
+SUPPORTED_TYPES: tuple[str, ...] = tuple(t.name for t in (*_FLOAT_TYPES, *_SPLIT))
 
-SUPPORTED_TYPES: tuple[str, ...] = tuple(t.name for t in (*_FLOAT_TYPES, *_BLOCK_DEQUANT))
+
+def _dequantize_blocks(qtype: GGMLQuantizationType, b: torch.Tensor) -> torch.Tensor:
+    codes, fields = _SPLIT[qtype](b)
+    scale, offset = _scale_offset(qtype, fields)
+    n, groups = scale.shape
+    q = codes.reshape(n, groups, -1).float()
+    return (q * scale[..., None] + offset[..., None]).reshape(n, -1)
 
 
-def _to_torch(data: np.ndarray | torch.Tensor) -> torch.Tensor:
+def to_torch(data: np.ndarray | torch.Tensor) -> torch.Tensor:
     if isinstance(data, torch.Tensor):
         return data.contiguous()
     data = np.ascontiguousarray(data)
@@ -171,7 +194,7 @@ def dequantize(
     except ValueError:
         pass
     name = getattr(qtype, "name", str(qtype))
-    if qtype not in _FLOAT_TYPES and qtype not in _BLOCK_DEQUANT:
+    if qtype not in _FLOAT_TYPES and qtype not in _SPLIT:
         raise ValueError(
             f"unsupported GGUF tensor type {name}; supported: {', '.join(SUPPORTED_TYPES)}"
         )
@@ -181,7 +204,7 @@ def dequantize(
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     if shape and shape[-1] % block_size != 0:
         raise ValueError(f"{name}: last dim {shape[-1]} is not a multiple of {block_size}")
-    raw = _to_torch(data).reshape(-1).view(torch.uint8)
+    raw = to_torch(data).reshape(-1).view(torch.uint8)
     expected = numel // block_size * type_size
     if raw.numel() != expected:
         raise ValueError(
@@ -192,33 +215,26 @@ def dequantize(
         out = raw.view(_FLOAT_TYPES[qtype])
         out = out.clone() if qtype == _T.F32 else out.float()
     else:
-        out = _BLOCK_DEQUANT[qtype](raw.reshape(-1, type_size))
+        out = _dequantize_blocks(qtype, raw.reshape(-1, type_size))
     return out.reshape(shape)
 
 
-# -- 4-bit blocks kept as they are (for the native 4-bit linear) --------------------------
+# -- blocks kept as they are (for the native block linear) ------------------------------------
 
-Q4_TYPES = (_T.Q4_0, _T.Q4_1)
-
-
-def q4_blocks(data: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType,
-              shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A Q4_0 or Q4_1 matrix of ``shape`` [N, K] → (codes ``q`` [N, K] uint8 in 0..15, ``d`` and
-    ``m`` [N, K / 32] float16) with ``weight = d * q + m`` per 32-column block, exactly the
-    values ``dequantize`` gives (Q4_0 stores ``d * (q - 8)``, so ``m = -8 d``, exact in f16)."""
+def split_blocks(data: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType,
+                 shape: tuple[int, ...]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A quantized matrix of ``shape`` [N, K] → its codes [N, K] uint8 (unsigned: Q4_0's
+    ``q``, Q8_0's ``q + 128``...) and its stored fields, each [N, K / block, ...] (f16 scales
+    as float16, K-quants' sub-block scales as uint8 / int8), losslessly: ``dequantize`` is
+    ``scale * code + offset`` of them. ValueError for a float type or bytes that do not fit."""
     qtype = GGMLQuantizationType(qtype)
-    if qtype not in Q4_TYPES or len(shape) != 2:
-        raise ValueError(f"not a Q4_0/Q4_1 matrix: {qtype.name} {tuple(shape)}")
+    if qtype not in _SPLIT or len(shape) != 2:
+        raise ValueError(f"not a block-quantized matrix: {qtype.name} {tuple(shape)}")
     n, k = (int(s) for s in shape)
     block_size, type_size = GGML_QUANT_SIZES[qtype]
-    raw = _to_torch(data).reshape(-1).view(torch.uint8)
+    raw = to_torch(data).reshape(-1).view(torch.uint8)
     if k % block_size or raw.numel() != n * k // block_size * type_size:
         raise ValueError(f"{qtype.name}: {raw.numel()} bytes do not hold a {n}x{k} matrix")
-    b = raw.reshape(-1, type_size)
-    d = b[:, 0:2].contiguous().view(torch.float16)
-    if qtype == _T.Q4_1:
-        m, codes = b[:, 2:4].contiguous().view(torch.float16), b[:, 4:]
-    else:
-        m, codes = d * -8.0, b[:, 2:]
+    codes, fields = _SPLIT[qtype](raw.reshape(-1, type_size))
     blocks = k // block_size
-    return _nibbles(codes).reshape(n, k), d.reshape(n, blocks), m.reshape(n, blocks)
+    return codes.reshape(n, k), {name: f.reshape(n, blocks, -1) for name, f in fields.items()}

@@ -17,6 +17,8 @@ import torch
 from tqdm import tqdm
 
 from radixserve.config import ModelConfig
+from radixserve.models.gguf_quant import dequantize
+from radixserve.models.gguf_stored import load_stored
 from radixserve.models.quantization import quantize_linears_
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
 from radixserve.models.source import ModelSource
@@ -43,25 +45,28 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
                dtype: torch.dtype, reader=None, show_progress: bool = True,
                quantization: str = "none") -> torch.nn.Module:
     """The model with its weights loaded; ``quantization``: a resolved name, "none", "int8" or
-    "q4" (see models/quantization.py)."""
+    "gguf" (see models/quantization.py; "gguf": the file's blocks as stored, no float copy)."""
     cls = get_model_class(config.architecture)
-    # q4: the file's 4-bit matrices as blocks, for the 4-bit layers
-    q4: dict[str, tuple[torch.Tensor, ...]] | None = {} if quantization == "q4" else None
     with torch.device("meta"):
         model = cls(config)
+    if quantization == "gguf":
+        unpermute = config.architecture in _PERMUTED_ARCHITECTURES
+        load_stored(model, reader or open_gguf(source.path), config, device, hf_name,
+                    unpermute_rows if unpermute else None, show_progress)
+        return model.eval()
     model = model.to_empty(device=device).to(dtype)
     model.rotary.reset_tables(device)
     if source.kind == "gguf":
         reader = reader or open_gguf(source.path)
-        weights, total = _gguf_weights(reader, config, q4), len(reader.tensors)
+        weights, total = _gguf_weights(reader, config), len(reader.tensors)
     else:
         weights, total = _safetensors_weights(source.path), None
     bar = tqdm(weights, total=total, desc=f"loading {source.name}", unit="tensor",
                disable=not show_progress, leave=False)
     with torch.no_grad():
         model.load_weights((name, t.to(device=device, dtype=dtype)) for name, t in bar)
-    if quantization in ("int8", "q4"):
-        quantize_linears_(model, q4)
+    if quantization == "int8":
+        quantize_linears_(model)
     return model.eval()
 
 
@@ -170,30 +175,28 @@ def hf_name(gguf_name: str) -> str | None:
     return f"{_GGUF_TOP[parts[0]]}.{parts[1]}"
 
 
-def _gguf_weights(reader, config: ModelConfig,
-                  q4: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF-named float tensors; with ``q4``, each Q4_0/Q4_1 matrix's blocks also land there
-    (``gguf_quant.q4_blocks``: codes, d, m, rows unpermuted like the weight)."""
-    from radixserve.models.gguf_quant import Q4_TYPES, dequantize, q4_blocks
+_PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")  # llama.cpp permutes Q/K
 
-    unpermute = config.architecture in ("LlamaForCausalLM", "MistralForCausalLM")
+
+def _gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named float tensors, Q/K rows unpermuted."""
+    unpermute = config.architecture in _PERMUTED_ARCHITECTURES
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         if name is None:
             continue
         shape = tuple(int(d) for d in reversed(tensor.shape))
         weight = dequantize(tensor.data, tensor.tensor_type, shape)
-        blocks = None
-        if q4 is not None and tensor.tensor_type in Q4_TYPES and len(shape) == 2:
-            blocks = q4_blocks(tensor.data, tensor.tensor_type, shape)
         heads = (config.num_heads if name.endswith("q_proj.weight") else
                  config.num_kv_heads if name.endswith("k_proj.weight") else None)
         if unpermute and heads is not None:
             weight = _unpermute(weight, heads)
-            blocks = blocks and tuple(_unpermute(t, heads) for t in blocks)
-        if blocks is not None:
-            q4[name] = blocks
         yield name, weight
+
+
+def unpermute_rows(rows: int, num_heads: int) -> torch.Tensor:
+    """The row order (an index) that ``_unpermute`` applies to a Q/K matrix of ``rows`` rows."""
+    return _unpermute(torch.arange(rows)[:, None], num_heads)[:, 0]
 
 
 def _unpermute(w: torch.Tensor, num_heads: int) -> torch.Tensor:

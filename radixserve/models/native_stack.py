@@ -2,7 +2,7 @@
 
 At batch 1 a decode step of the embedded model spent ~40 % of its time in the Python and
 ctypes glue around its ~9 kernel calls per layer (~150 us per layer). Where every piece of a
-layer runs a native kernel — int8 or 4-bit linears, the ``cpu_native`` attention backend,
+layer runs a native kernel — int8 or GGUF-block linears, the ``cpu_native`` attention backend,
 float32 rows, no q/k norms — the layer stack here makes one call per layer into the same
 kernels, in the same order, on the same buffers: the same bits as the Python layers, which stay
 the path for everything else (``PythonLayerStack``).
@@ -18,7 +18,7 @@ from torch import nn
 from radixserve.kernels import native
 from radixserve.layers.attn_backends.cpu_native import KV_DTYPE_CODES, NativeAttentionMetadata
 from radixserve.layers.int8_linear import Int8Linear
-from radixserve.layers.q4_linear import Q4Linear
+from radixserve.layers.block_linear import BlockLinear
 from radixserve.runner.forward_context import get_forward_context
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -26,7 +26,7 @@ _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 class _Linear(ctypes.Structure):
     _fields_ = [("kind", _I64), ("in_features", _I64), ("out_features", _I64), ("packed", _P),
-                ("comp", _P), ("scale", _P), ("bias", _P)]
+                ("comp", _P), ("scale", _P), ("bias", _P), ("nparts", _I64)]
 
 
 class _Layer(ctypes.Structure):
@@ -127,16 +127,16 @@ def _layer_ok(layer: nn.Module) -> bool:
 
 
 def _linear_ok(m: nn.Module) -> bool:
-    return isinstance(m, Q4Linear) or (isinstance(m, Int8Linear) and m._native is not None)
+    return isinstance(m, BlockLinear) or (isinstance(m, Int8Linear) and m._native is not None)
 
 
 def _linear_struct(m: nn.Module) -> _Linear:
-    if isinstance(m, Q4Linear):
-        return _Linear(1, m.in_features, m.out_features, m.packed.data_ptr(), None, None,
-                       None if m.bias is None else m.bias.data_ptr())
+    if isinstance(m, BlockLinear):  # the parts carry their biases
+        return _Linear(1, m.in_features, m.out_features, ctypes.addressof(m.parts), None, None,
+                       None, len(m.parts))
     w = m._native
     return _Linear(0, w.k, w.n, w.packed.data_ptr(), w.comp.data_ptr(), w.w_scale.data_ptr(),
-                   None if w.bias is None else w.bias.data_ptr())
+                   None if w.bias is None else w.bias.data_ptr(), 0)
 
 
 def _layer_struct(layer: nn.Module, kv: tuple[torch.Tensor, torch.Tensor],

@@ -1,5 +1,6 @@
-"""The embedded SmolLM2 GGUF (Q4_1) runs int8 by default, or its own 4-bit blocks with
-``quantization="q4"``; either way its logits stay close to the float model's on real text."""
+"""The embedded SmolLM2 GGUF (Q4_1 layers, Q8_0 embedding) runs its own blocks as stored by
+default, or int8 with ``quantization="int8"``; either way its logits stay close to the float
+model's on real text, and greedy output does not depend on batching, chunking or the cache."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from radixserve import SamplingParams
 from radixserve.core.sched_output import ScheduledSeq
 from radixserve.kernels import native
 from radixserve.layers.int8_linear import Int8Linear
-from radixserve.layers.q4_linear import Q4Linear
+from radixserve.layers.block_linear import BlockLinear
 from radixserve.models.quantization import int8_kernels_available
 
 TEXT = (
@@ -49,13 +50,20 @@ def float_llm():
     return LLM(quantization="none", show_progress=False)
 
 
+@pytest.fixture(scope="module")
+def int8_llm():
+    from radixserve import LLM
+
+    return LLM(quantization="int8", show_progress=False)
+
+
 @pytest.mark.skipif(not int8_kernels_available(), reason="int8 needs the native kernels")
-def test_embedded_model_is_int8_and_close_to_float(embedded_llm, float_llm):
-    assert isinstance(embedded_llm.engine.runner.model.layers[0].self_attn.qkv_proj, Int8Linear)
-    assert isinstance(embedded_llm.engine.runner.model.lm_head, Int8Linear)
+def test_embedded_model_in_int8_is_close_to_float(int8_llm, float_llm):
+    assert isinstance(int8_llm.engine.runner.model.layers[0].self_attn.qkv_proj, Int8Linear)
+    assert isinstance(int8_llm.engine.runner.model.lm_head, Int8Linear)
     assert isinstance(float_llm.engine.runner.model.layers[0].mlp.down_proj, torch.nn.Linear)
-    ids = embedded_llm.get_tokenizer().encode(TEXT)
-    ours, ref = _logits(embedded_llm, ids), _logits(float_llm, ids)
+    ids = int8_llm.get_tokenizer().encode(TEXT)
+    ours, ref = _logits(int8_llm, ids), _logits(float_llm, ids)
     log_p, log_q, kl, agree = _closeness(ours, ref)
     # measured: KL 0.006 mean, top-1 agreement 0.94 (one-term W8A8 would give 0.056, 0.85)
     assert kl.mean() < 0.02 and agree > 0.88
@@ -64,7 +72,7 @@ def test_embedded_model_is_int8_and_close_to_float(embedded_llm, float_llm):
     assert nll[0] < nll[1] * 1.02
 
 
-# -- q4: the file's own 4-bit blocks --------------------------------------------------------
+# -- the default: the file's own blocks ------------------------------------------------------
 
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:",
@@ -73,47 +81,40 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def q4_llm():
-    from radixserve import LLM
-
-    return LLM(quantization="q4", show_progress=False)
-
-
 def _token_ids(results):
     return [r.outputs[0].token_ids for r in results]
 
 
 @needs_native
-def test_embedded_model_in_q4_is_close_to_float(q4_llm, float_llm):
-    model = q4_llm.engine.runner.model
-    assert isinstance(model.layers[0].self_attn.qkv_proj, Q4Linear)
-    assert isinstance(model.layers[-1].mlp.down_proj, Q4Linear)
-    assert isinstance(model.lm_head, Int8Linear)  # the head is the Q8_0 embedding
-    ids = q4_llm.get_tokenizer().encode(TEXT)
-    _, _, kl, agree = _closeness(*(_logits(llm, ids) for llm in (q4_llm, float_llm)))
+def test_embedded_model_as_stored_is_close_to_float(embedded_llm, float_llm):
+    model = embedded_llm.engine.runner.model
+    assert isinstance(model.layers[0].self_attn.qkv_proj, BlockLinear)
+    assert model.layers[-1].mlp.down_proj.types == ("Q4_1",)
+    assert model.lm_head.types == ("Q8_0",)  # the head is the tied Q8_0 embedding
+    ids = embedded_llm.get_tokenizer().encode(TEXT)
+    _, _, kl, agree = _closeness(*(_logits(llm, ids) for llm in (embedded_llm, float_llm)))
     # measured: KL 0.0018 mean, top-1 agreement 0.97 (int8: 0.0052, 0.97): the layers' weights
     # are the float model's exactly; what differs is the activations' rounding and the head
     assert kl.mean() < 0.01 and agree > 0.9
 
 
 @needs_native
-def test_q4_greedy_output_is_the_same_alone_batched_chunked_and_cached(q4_llm):
+def test_greedy_output_is_the_same_alone_batched_chunked_and_cached(embedded_llm):
     """Prompts batched go through the AMX path (>= 32 rows), alone or in 5-token chunks
     through VNNI: the same tokens; and again from the prefix cache."""
-    tokenizer = q4_llm.get_tokenizer()
+    tokenizer = embedded_llm.get_tokenizer()
     assert sum(len(tokenizer.encode(p)) for p in PROMPTS) >= 32
-    alone = [_token_ids(q4_llm.generate(p, GREEDY))[0] for p in PROMPTS]
-    assert _token_ids(q4_llm.generate(PROMPTS, GREEDY)) == alone
-    sched = q4_llm.engine.scheduler
+    alone = [_token_ids(embedded_llm.generate(p, GREEDY))[0] for p in PROMPTS]
+    assert _token_ids(embedded_llm.generate(PROMPTS, GREEDY)) == alone
+    sched = embedded_llm.engine.scheduler
     budget = sched.config.max_num_batched_tokens
     sched.config = replace(sched.config, max_num_batched_tokens=5)
     try:
-        assert _token_ids(q4_llm.generate(PROMPTS, GREEDY)) == alone
+        assert _token_ids(embedded_llm.generate(PROMPTS, GREEDY)) == alone
     finally:
         sched.config = replace(sched.config, max_num_batched_tokens=budget)
     prefix = "You are a helpful assistant who answers briefly and precisely. " * 4
-    first = q4_llm.generate([prefix + p for p in PROMPTS], GREEDY)
-    second = q4_llm.generate([prefix + p for p in PROMPTS], GREEDY)
+    first = embedded_llm.generate([prefix + p for p in PROMPTS], GREEDY)
+    second = embedded_llm.generate([prefix + p for p in PROMPTS], GREEDY)
     assert _token_ids(first) == _token_ids(second)
     assert all(r.num_cached_tokens > 0 for r in second)

@@ -131,11 +131,11 @@ class _Reader:
         self.tensors.append(_Tensor("blk.0.ffn_down.weight", qtype))
 
 
-def test_auto_quantizes_quantized_gguf_files_on_cpu_only(monkeypatch):
+def test_auto_keeps_quantized_gguf_files_as_stored_on_cpu_only(monkeypatch):
     monkeypatch.setattr(quantization, "int8_kernels_available", lambda: True)
     q = gguf.GGMLQuantizationType
-    assert resolve_quantization("auto", CPU, _Reader(q.Q4_1)) == "int8"
-    assert resolve_quantization("auto", CPU, _Reader(q.Q4_K)) == "int8"
+    assert resolve_quantization("auto", CPU, _Reader(q.Q4_1)) == "gguf"  # as stored
+    assert resolve_quantization("auto", CPU, _Reader(q.Q4_K)) == "gguf"
     assert resolve_quantization("auto", CPU, _Reader(q.F16)) == "none"
     assert resolve_quantization("auto", CPU, None) == "none"  # a Hugging Face folder
     assert resolve_quantization("auto", torch.device("cuda"), _Reader(q.Q4_1)) == "none"

@@ -27,8 +27,8 @@ def _steps(runner, tokens):
 
 @needs_native
 @each_level
-@pytest.mark.parametrize("arch,quantization", [("llama", "q4"), ("llama", "int8"),
-                                               ("qwen2", "q4"), ("qwen2", "int8")])
+@pytest.mark.parametrize("arch,quantization", [("llama", "gguf"), ("llama", "int8"),
+                                               ("qwen2", "gguf"), ("qwen2", "int8")])
 def test_native_stack_is_bit_identical_to_the_python_layers(arch, quantization,
                                                             tiny_gguf_files):
     path = tiny_gguf_files(arch, "Q4_0")

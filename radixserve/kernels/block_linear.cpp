@@ -1,0 +1,485 @@
+// Block-quantized linear layer: y = x @ W.T (+ bias) straight from GGUF's quantized blocks,
+// every type the loader accepts (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), so a model
+// takes the memory of its file and its weights are exactly the file's.
+//
+// Why by hand: no library multiplies GGUF's blocks, and batch-1 decode is memory bound: the
+// kernel must read the stored bits once, not a float or int8 copy of them.
+//
+// Weights. Every format is, per sub-block of 32 weights (16 for Q6_K), W = d * q + m with an
+// unsigned code q of 4, 5, 6 or 8 bits (models/gguf_blocks.py turns each file type into this
+// form losslessly: Q4_0 is q - 8, so m = -8d; Q8_0 is q + 128 with m = -128d; a K-quant's d is
+// its super-block's f16 d times the sub-block's 6-bit scale, m = -dmin * min, Q6_K's m = -32d).
+// d and m are formed in float from the stored fields, exactly (an f16 times a small integer).
+//
+// Activations are quantized per row and block of 32 (as llama.cpp's Q8_1, with a second,
+// 4-bit term): s = max(max|x|, 1e-30) / 127, t = x / s, hi = round(t), lo = round((t - hi) * 16)
+// in -8..8, so x ~ s * (hi + lo / 16), about 11 bits per block. Per sub-block the integer sum
+// C = 16 * sum q*hi + sum q*lo is exact (|C| < 2^24 for 8-bit codes), then, sub-block after
+// sub-block in order, one rounding per operation:
+//     v = float(C) * (s / 16)
+//     acc = d * v + acc                           (FMA)
+//     acc = m * S + acc                           (FMA), S = s * (sum hi + sum lo / 16) over
+//                                                 the sub-block
+// and y = acc (+ bias). Every path (the level's dot products for a few rows; AMX tiles for more
+// rows at the amx level, 4-bit legacy formats only) computes the same exact C and then these
+// operations in this order, so a row's output is bit-identical alone, in any batch, on either
+// path. (Without FMA, on the generic level, each FMA is two roundings.)
+//
+// Packed layout, per format: [N16][units][unit bytes], N16 = ceil(N / 16) groups of 16 outputs,
+// a unit = U blocks of 32 k (U = 1 for the legacy formats, 8 = one super-block of 256 for the
+// K-quants). A unit is
+//     [U][256]  the low nibbles of the codes: vector v = 0..3 of a block, byte (lane * 4 + i)
+//               holds q[16g + lane][32b + 4v + i] in its low nibble and q[..][32b + 16 + 4v + i]
+//               in its high nibble (vpdpbusd's operand order: 16 outputs x 4 k-steps)
+//     [U][P]    the codes' high bits, the same byte addressing: 5-bit (P = 64): bit 2v + h of
+//               the byte is bit 4 of the code of vector v, half h; 6-bit (P = 128): two 64-byte
+//               vectors, vector v / 2 holding bits 4-5 at bit 2 * (2 * (v % 2) + h); 8-bit
+//               (P = 256): a second nibble plane laid out as the first
+//     [U][S]    per-block fields, 16 outputs each: legacy d (f16) [and m (f16)]; Q4_K/Q5_K the
+//               6-bit scale and min (bytes); Q6_K the two sub-blocks' int8 scales
+//     [T]       per-unit fields: Q4_K/Q5_K d and dmin (f16 x 16 each), Q6_K d (f16 x 16)
+// Padding outputs have zero codes and scales.
+//
+// Activations ("a"): [M][B][64] signed bytes, a block's 32 hi then its 32 lo (one AMX A-tile
+// row); per row and block four floats: s / 16, S, and S of the first and second 16.
+
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simd.h"
+
+namespace {
+
+using namespace simd;
+
+constexpr float kTiny = 1e-30f;
+constexpr int64_t kAmxMinRows = 32;  // below this VNNI is as fast (bench_int8_linear.py)
+constexpr int kSub = 16 / kW;        // vectors per group of 16 outputs
+constexpr int kGroups = kW == 16 ? 2 : 1;  // groups per register block
+constexpr int kActFloats = 4;
+
+// The formats, by the ids the Python side uses (layers/block_linear.py: FORMATS).
+enum Format : int64_t { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kNumFormats };
+
+// Compile-time description of a format (see the header's layout).
+template <int64_t F>
+struct Fmt {
+  static constexpr bool kSuper = F == kQ4_K || F == kQ5_K || F == kQ6_K;
+  static constexpr int U = kSuper ? 8 : 1;
+  static constexpr int kBits = F == kQ8_0 ? 8 : F == kQ6_K ? 6
+                               : (F == kQ5_0 || F == kQ5_1 || F == kQ5_K) ? 5 : 4;
+  static constexpr int P = kBits == 4 ? 0 : kBits == 5 ? 64 : kBits == 6 ? 128 : 256;
+  static constexpr int S = (F == kQ4_1 || F == kQ5_1) ? 64 : 32;
+  static constexpr int T = F == kQ6_K ? 32 : kSuper ? 64 : 0;
+  static constexpr int64_t kUnitBytes = U * (256 + P + S) + T;
+  static constexpr bool kHalves = F == kQ6_K;  // two sub-blocks of 16 per block
+  static constexpr bool kTwoPlanes = kBits == 8;  // codes as 16 * high nibble + low nibble
+  // rows per register block: fewer where a block keeps twice the integer sums
+  static constexpr int kRows = (kHalves || kTwoPlanes) ? (kW == 16 ? 2 : 1) : (kW == 16 ? 4 : 2);
+};
+
+int64_t unit_bytes(int64_t f) {
+  switch (f) {
+    case kQ4_0: return Fmt<kQ4_0>::kUnitBytes;
+    case kQ4_1: return Fmt<kQ4_1>::kUnitBytes;
+    case kQ5_0: return Fmt<kQ5_0>::kUnitBytes;
+    case kQ5_1: return Fmt<kQ5_1>::kUnitBytes;
+    case kQ8_0: return Fmt<kQ8_0>::kUnitBytes;
+    case kQ4_K: return Fmt<kQ4_K>::kUnitBytes;
+    case kQ5_K: return Fmt<kQ5_K>::kUnitBytes;
+    case kQ6_K: return Fmt<kQ6_K>::kUnitBytes;
+  }
+  return 0;
+}
+
+int64_t unit_blocks(int64_t f) { return f >= kQ4_K ? 8 : 1; }
+
+// One row of x [K] (K a multiple of 32) -> its activation bytes a [B][64] and floats sc [B][4].
+void quantize_row(const float* x, int64_t K, int8_t* a, float* sc) {
+  const vf v16 = set1(16.0f);
+  for (int64_t b = 0; b < K / 32; ++b) {
+    vf vmax = zero();
+    for (int i = 0; i < 32; i += kW) vmax = max(vmax, abs(load(x + 32 * b + i)));
+    float amax = reduce_max(vmax);
+    float s = (amax > kTiny ? amax : kTiny) / 127.0f;
+    const vf vs = set1(s);
+    vf hsum[2] = {zero(), zero()}, lsum[2] = {zero(), zero()};
+    for (int i = 0; i < 32; i += kW) {
+      vf t = div(load(x + 32 * b + i), vs);
+      vf h = round(t);
+      vf l = round(mul(sub(t, h), v16));
+      hsum[i / 16] = add(hsum[i / 16], h);  // small integers: exact in any order
+      lsum[i / 16] = add(lsum[i / 16], l);
+      store_bytes(a + 64 * b + i, to_int(h), 0);
+      store_bytes(a + 64 * b + 32 + i, to_int(l), 0);
+    }
+    const float h0 = reduce_add(hsum[0]), h1 = reduce_add(hsum[1]);
+    const float l0 = reduce_add(lsum[0]), l1 = reduce_add(lsum[1]);
+    float* f = sc + kActFloats * b;
+    f[0] = s * (1.0f / 16.0f);
+    f[1] = s * ((h0 + h1) + (l0 + l1) * (1.0f / 16.0f));
+    f[2] = s * (h0 + l0 * (1.0f / 16.0f));
+    f[3] = s * (h1 + l1 * (1.0f / 16.0f));
+  }
+}
+
+inline vf load_half(const uint8_t* p) { return load_f16((const uint16_t*)p); }
+
+// A block's sub-block multipliers d and offsets m for the kW outputs at `lane0` of a group:
+// block j of the unit at `u`. Halves (Q6_K): d[1], m[1] are the second 16's.
+template <int64_t F>
+inline void block_scales(const uint8_t* u, int j, int lane0, vf d[2], vf m[2]) {
+  using Q = Fmt<F>;
+  const uint8_t* s = u + Q::U * (256 + Q::P) + j * Q::S;
+  const uint8_t* t = u + Q::U * (256 + Q::P + Q::S);
+  if constexpr (F == kQ4_1 || F == kQ5_1) {
+    d[0] = load_half(s + 2 * lane0);
+    m[0] = load_half(s + 32 + 2 * lane0);
+  } else if constexpr (!Q::kSuper) {
+    d[0] = load_half(s + 2 * lane0);
+    m[0] = mul(d[0], set1(F == kQ4_0 ? -8.0f : F == kQ5_0 ? -16.0f : -128.0f));
+  } else if constexpr (F == kQ6_K) {
+    const vf dd = load_half(t + 2 * lane0);
+    for (int h = 0; h < 2; ++h) {
+      d[h] = mul(dd, load_i8((const int8_t*)s + 16 * h + lane0));
+      m[h] = mul(d[h], set1(-32.0f));
+    }
+  } else {
+    d[0] = mul(load_half(t + 2 * lane0), load_u8(s + lane0));
+    m[0] = mul(load_half(t + 32 + 2 * lane0), load_u8(s + 16 + lane0));
+    m[0] = sub(zero(), m[0]);
+  }
+}
+
+// The codes of vector k (0..3) of block j for the kW outputs at byte offset `off` of a group:
+// q0 for the block's first 16 k (4 k-steps), q1 for its second 16; with two planes (8-bit) the
+// high nibbles in p0, p1.
+template <int64_t F>
+inline void block_codes(const uint8_t* u, int j, int k, int off, vi& q0, vi& q1, vi& p0,
+                        vi& p1) {
+  using Q = Fmt<F>;
+  vi raw = iload(u + j * 256 + k * 64 + off);
+  q0 = low_nibbles(raw);
+  q1 = high_nibbles(raw);
+  const uint8_t* hb = u + Q::U * 256 + j * Q::P;
+  if constexpr (Q::kBits == 5) {
+    vi h = iload(hb + off);
+    q0 = ior(q0, code_high_bits(h, 2 * k, 1));
+    q1 = ior(q1, code_high_bits(h, 2 * k + 1, 1));
+  } else if constexpr (Q::kBits == 6) {
+    vi h = iload(hb + (k / 2) * 64 + off);
+    q0 = ior(q0, code_high_bits(h, 4 * (k % 2), 3));
+    q1 = ior(q1, code_high_bits(h, 4 * (k % 2) + 2, 3));
+  } else if constexpr (Q::kTwoPlanes) {
+    vi h = iload(hb + k * 64 + off);
+    p0 = low_nibbles(h);
+    p1 = high_nibbles(h);
+  }
+}
+
+inline vf sub_block(vf acc, vi C, vf d, vf m, float s16, float S) {
+  vf v = mul(to_float(C), set1(s16));
+  acc = fmadd(d, v, acc);
+  return fmadd(m, set1(S), acc);
+}
+
+inline void store_out(vf acc, const float* bias, float* y, int64_t n, int64_t N) {
+  if (n >= N) return;
+  if (bias) acc = add(acc, load_n(bias + n, N - n));
+  store_n(y + n, acc, N - n);
+}
+
+// R rows x NG groups of 16 outputs over all of K: per block the exact integer sums, then the
+// epilogue (the header's order).
+template <int64_t F, int R, int NG>
+void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
+               const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
+  using Q = Fmt<F>;
+  constexpr int V = NG * kSub;
+  constexpr int NS = Q::kHalves ? 2 : 1;  // integer sums per block: halves or the whole
+  const int64_t B = K / 32, units = B / Q::U, group_stride = units * Q::kUnitBytes;
+  vf acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = zero();
+  for (int64_t un = 0; un < units; ++un) {
+    for (int j = 0; j < Q::U; ++j) {
+      const int64_t b = un * Q::U + j;
+      vi H[R][V][NS], L[R][V][NS], HP[R][V], LP[R][V];  // HP/LP: the high plane's sums
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < V; ++v) {
+          for (int h = 0; h < NS; ++h) H[r][v][h] = L[r][v][h] = izero();
+          HP[r][v] = LP[r][v] = izero();
+        }
+      for (int k = 0; k < 4; ++k) {
+        vi q0[V], q1[V], p0[V], p1[V];
+        for (int v = 0; v < V; ++v)
+          block_codes<F>(w + (v / kSub) * group_stride + un * Q::kUnitBytes, j, k,
+                         (v % kSub) * 4 * kW, q0[v], q1[v], p0[v], p1[v]);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* ab = a + (r * B + b) * 64 + 4 * k;
+          vi h0 = bcast4(ab), h1 = bcast4(ab + 16), l0 = bcast4(ab + 32), l1 = bcast4(ab + 48);
+          for (int v = 0; v < V; ++v) {
+            if constexpr (Q::kHalves) {
+              H[r][v][0] = dot_codes(H[r][v][0], q0[v], h0);
+              H[r][v][1] = dot_codes(H[r][v][1], q1[v], h1);
+              L[r][v][0] = dot_codes(L[r][v][0], q0[v], l0);
+              L[r][v][1] = dot_codes(L[r][v][1], q1[v], l1);
+            } else {
+              H[r][v][0] = dot_q4x2(H[r][v][0], q0[v], h0, q1[v], h1);
+              L[r][v][0] = dot_q4x2(L[r][v][0], q0[v], l0, q1[v], l1);
+              if constexpr (Q::kTwoPlanes) {
+                HP[r][v] = dot_q4x2(HP[r][v], p0[v], h0, p1[v], h1);
+                LP[r][v] = dot_q4x2(LP[r][v], p0[v], l0, p1[v], l1);
+              }
+            }
+          }
+        }
+      }
+      for (int v = 0; v < V; ++v) {
+        vf d[2], m[2];
+        block_scales<F>(w + (v / kSub) * group_stride + un * Q::kUnitBytes, j,
+                        (v % kSub) * kW, d, m);
+        for (int r = 0; r < R; ++r) {
+          const float* f = sc + kActFloats * (r * B + b);
+          for (int h = 0; h < NS; ++h) {
+            vi hs = H[r][v][h], ls = L[r][v][h];
+            if constexpr (Q::kTwoPlanes) {
+              hs = iadd(hs, ishl4(HP[r][v]));
+              ls = iadd(ls, ishl4(LP[r][v]));
+            }
+            acc[r][v] = sub_block(acc[r][v], iadd(ishl4(hs), ls), d[h], m[h], f[0],
+                                  NS == 2 ? f[2 + h] : f[1]);
+          }
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v)
+      store_out(acc[r][v], bias, y + r * ldy, n0 + 16 * (v / kSub) + (v % kSub) * kW, N);
+}
+
+template <int64_t F, int NG>
+void dot_rows_ng(int rows, const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
+                 const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
+  constexpr int R = Fmt<F>::kRows;
+  switch (rows < R ? rows : R) {
+    case 1: dot_block<F, 1, NG>(a, sc, K, w, bias, y, ldy, n0, N); break;
+    case 2: if constexpr (R >= 2) dot_block<F, 2, NG>(a, sc, K, w, bias, y, ldy, n0, N); break;
+    case 3: if constexpr (R >= 3) dot_block<F, 3, NG>(a, sc, K, w, bias, y, ldy, n0, N); break;
+    default: if constexpr (R >= 4) dot_block<F, 4, NG>(a, sc, K, w, bias, y, ldy, n0, N); break;
+  }
+}
+
+// `groups` (1 or 2) groups of 16 outputs at w, for all M rows, kRows at a time.
+template <int64_t F>
+void dot_groups(int groups, int64_t M, const int8_t* a, const float* sc, int64_t K,
+                const uint8_t* w, const float* bias, float* y, int64_t ldy, int64_t n0,
+                int64_t N) {
+  constexpr int R = Fmt<F>::kRows;
+  const int64_t B = K / 32, group_stride = B / Fmt<F>::U * Fmt<F>::kUnitBytes;
+  for (int64_t r0 = 0; r0 < M; r0 += R) {
+    const int rows = (int)(M - r0 < R ? M - r0 : R);
+    const int8_t* ar = a + r0 * 2 * K;
+    const float* sr = sc + r0 * B * kActFloats;
+    float* yr = y + r0 * ldy;
+    if (kGroups == 2 && groups == 2) {
+      dot_rows_ng<F, 2>(rows, ar, sr, K, w, bias, yr, ldy, n0, N);
+      continue;
+    }
+    for (int g = 0; g < groups; ++g)
+      dot_rows_ng<F, 1>(rows, ar, sr, K, w + g * group_stride, bias, yr, ldy, n0 + 16 * g, N);
+  }
+}
+
+void dispatch(int64_t f, int groups, int64_t M, const int8_t* a, const float* sc, int64_t K,
+              const uint8_t* w, const float* bias, float* y, int64_t ldy, int64_t n0,
+              int64_t N) {
+  switch (f) {
+    case kQ4_0: return dot_groups<kQ4_0>(groups, M, a, sc, K, w, bias, y, ldy, n0, N);
+    case kQ4_1: return dot_groups<kQ4_1>(groups, M, a, sc, K, w, bias, y, ldy, n0, N);
+    case kQ5_0: return dot_groups<kQ5_0>(groups, M, a, sc, K, w, bias, y, ldy, n0, N);
+    case kQ5_1: return dot_groups<kQ5_1>(groups, M, a, sc, K, w, bias, y, ldy, n0, N);
+    case kQ8_0: return dot_groups<kQ8_0>(groups, M, a, sc, K, w, bias, y, ldy, n0, N);
+    case kQ4_K: return dot_groups<kQ4_K>(groups, M, a, sc, K, w, bias, y, ldy, n0, N);
+    case kQ5_K: return dot_groups<kQ5_K>(groups, M, a, sc, K, w, bias, y, ldy, n0, N);
+    case kQ6_K: return dot_groups<kQ6_K>(groups, M, a, sc, K, w, bias, y, ldy, n0, N);
+  }
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+// Tiles (amx_configure, simd.h: all 16 rows x 64 bytes): tmm0/1 sums, tmm4/5 activations,
+// tmm6/7 weights, for even/odd blocks. The legacy 4-bit formats only (U = 1, no high bits).
+
+// One group's blocks -> B tiles [B][16 rows][64]: 16q for k-steps 0..7, then q.
+void unpack_group(const uint8_t* w, int64_t B, int64_t unit, uint8_t* out) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), high4 = _mm512_set1_epi8((char)0xF0);
+  for (int64_t b = 0; b < B; ++b) {
+    uint8_t* dst = out + b * 1024;
+    for (int v = 0; v < 4; ++v) {
+      __m512i raw = _mm512_loadu_si512((const void*)(w + b * unit + v * 64));
+      _mm512_store_si512((void*)(dst + v * 64),
+                         _mm512_and_si512(_mm512_slli_epi16(raw, 4), high4));
+      _mm512_store_si512((void*)(dst + (4 + v) * 64), _mm512_and_si512(raw, high4));
+      _mm512_store_si512((void*)(dst + (8 + v) * 64), _mm512_and_si512(raw, low4));
+      _mm512_store_si512((void*)(dst + (12 + v) * 64),
+                         _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4));
+    }
+  }
+}
+
+// One group x one 16-row tile (padding rows are zeros): per block one tile product, then the
+// same epilogue as the VNNI path. Even and odd blocks use their own tiles and buffer, so one
+// block's tile work overlaps the other's epilogue.
+template <int64_t F>
+void amx_group(int rows, const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
+               const uint8_t* tiles, const float* bias, float* y, int64_t ldy, int64_t n0,
+               int64_t N) {
+  const int64_t B = K / 32;
+  alignas(64) int32_t c[2][16][16];
+  __m512 acc[16];
+  for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < B; ++b) {
+    if (b & 1) {
+      _tile_loadd(5, a + b * 64, 2 * K);
+      _tile_loadd(7, tiles + b * 1024, 64);
+      _tile_zero(1);
+      _tile_dpbsud(1, 5, 7);
+      _tile_stored(1, c[1], 64);
+    } else {
+      _tile_loadd(4, a + b * 64, 2 * K);
+      _tile_loadd(6, tiles + b * 1024, 64);
+      _tile_zero(0);
+      _tile_dpbsud(0, 4, 6);
+      _tile_stored(0, c[0], 64);
+    }
+    vf d[2], m[2];
+    block_scales<F>(w + b * Fmt<F>::kUnitBytes, 0, 0, d, m);
+    for (int r = 0; r < 16; ++r) {
+      const float* f = sc + kActFloats * (r * B + b);
+      acc[r] = sub_block(acc[r], iload(c[b & 1][r]), d[0], m[0], f[0], f[1]);
+    }
+  }
+  for (int r = 0; r < rows; ++r) store_out(acc[r], bias, y + r * ldy, n0, N);
+}
+
+template <int64_t F>
+void amx_groups(int groups, int64_t M, const int8_t* a, const float* sc, int64_t K,
+                const uint8_t* w, uint8_t* tiles, const float* bias, float* y, int64_t ldy,
+                int64_t n0, int64_t N) {
+  const int64_t B = K / 32, stride = B * Fmt<F>::kUnitBytes;
+  for (int g = 0; g < groups; ++g) unpack_group(w + g * stride, B, Fmt<F>::kUnitBytes,
+                                                tiles + g * B * 1024);
+  for (int64_t r0 = 0; r0 < M; r0 += 16)
+    for (int g = 0; g < groups; ++g)
+      amx_group<F>((int)(M - r0 < 16 ? M - r0 : 16), a + r0 * 2 * K, sc + r0 * B * kActFloats,
+                   K, w + g * stride, tiles + g * B * 1024, bias, y + r0 * ldy, ldy,
+                   n0 + 16 * g, N);
+}
+#endif
+
+}  // namespace
+
+extern "C" {
+
+// One part of a linear layer: N outputs of one format, written at the next columns of y.
+struct BlockPart {
+  int64_t format;
+  const uint8_t* packed;
+  int64_t n;
+  const float* bias;  // [n] or NULL
+};
+
+// The packed size of an N x K matrix of `format` (K a multiple of 32, of 256 for K-quants);
+// 0 for an unknown format or a K that does not fit.
+int64_t rs_block_packed_bytes(int64_t format, int64_t N, int64_t K) {
+  if (format < 0 || format >= kNumFormats || K % (32 * unit_blocks(format))) return 0;
+  return (N + 15) / 16 * (K / 32 / unit_blocks(format)) * unit_bytes(format);
+}
+
+// x [M, K] float32 (K a multiple of 32) -> y [M, sum of the parts' n] float32 (row stride ldy),
+// the parts' outputs side by side. Returns 0, 1 when scratch cannot be allocated, 2 for a bad
+// format or K.
+int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts,
+                    int64_t nparts, float* y, int64_t ldy) {
+  for (int64_t p = 0; p < nparts; ++p)
+    if (!rs_block_packed_bytes(parts[p].format, 1, K)) return 2;
+  const int64_t B = K / 32;
+  const bool amx = rs_amx_enabled() && M >= kAmxMinRows;
+  const int64_t Mp = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole 16-row tiles
+  int8_t* a = (int8_t*)aligned_alloc(64, (size_t)(Mp * 2 * K));
+  float* sc = (float*)malloc((size_t)(Mp * B * kActFloats) * sizeof(float));
+  int64_t* first = (int64_t*)malloc((size_t)(nparts + 1) * 2 * sizeof(int64_t));
+  if (!a || !sc || !first) {
+    free(a);
+    free(sc);
+    free(first);
+    return 1;
+  }
+  if (Mp > M) {
+    memset(a + M * 2 * K, 0, (size_t)((Mp - M) * 2 * K));
+    memset(sc + M * B * kActFloats, 0, (size_t)((Mp - M) * B * kActFloats) * sizeof(float));
+  }
+#pragma omp parallel for schedule(static) if (M >= 16)
+  for (int64_t r = 0; r < M; ++r)
+    quantize_row(x + r * K, K, a + r * 2 * K, sc + r * B * kActFloats);
+  // work items: pairs of groups of 16 outputs, part after part; first[p] = the part's first
+  // item, first[nparts + 1 + p] = its first output column
+  int64_t* col = first + nparts + 1;
+  first[0] = 0;
+  for (int64_t p = 0, c = 0; p < nparts; ++p) {
+    col[p] = c;
+    c += parts[p].n;
+    first[p + 1] = first[p] + ((parts[p].n + 15) / 16 + 1) / 2;
+  }
+  const int64_t items = first[nparts];
+  const int chunk = (int)(items / 16 > 1 ? items / 16 : 1);  // dynamic: see int8_linear.cpp
+  int failed = 0;
+#pragma omp parallel
+  {
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+    uint8_t* tiles = amx ? (uint8_t*)aligned_alloc(64, (size_t)(2 * B * 1024)) : nullptr;
+    if (amx && !tiles) {
+#pragma omp atomic write
+      failed = 1;
+    }
+    if (tiles) amx_configure();
+#endif
+#pragma omp for schedule(dynamic, chunk)
+    for (int64_t it = 0; it < items; ++it) {
+      int64_t p = 0;
+      while (first[p + 1] <= it) ++p;
+      const BlockPart& part = parts[p];
+      const int64_t g0 = 2 * (it - first[p]), N16 = (part.n + 15) / 16;
+      const int groups = g0 + 1 < N16 ? 2 : 1;
+      const int64_t stride = B / unit_blocks(part.format) * unit_bytes(part.format);
+      const uint8_t* w = part.packed + g0 * stride;
+      float* yp = y + col[p];
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+      if (amx && (part.format == kQ4_0 || part.format == kQ4_1)) {
+        if (!tiles) continue;
+        if (part.format == kQ4_0)
+          amx_groups<kQ4_0>(groups, M, a, sc, K, w, tiles, part.bias, yp, ldy, g0 * 16, part.n);
+        else
+          amx_groups<kQ4_1>(groups, M, a, sc, K, w, tiles, part.bias, yp, ldy, g0 * 16, part.n);
+        continue;
+      }
+#endif
+      dispatch(part.format, groups, M, a, sc, K, w, part.bias, yp, ldy, g0 * 16, part.n);
+    }
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+    if (tiles) {
+      _tile_release();
+      free(tiles);
+    }
+#endif
+  }
+  free(a);
+  free(sc);
+  free(first);
+  return failed;
+}
+
+}  // extern "C"

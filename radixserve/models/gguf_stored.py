@@ -1,0 +1,187 @@
+"""A GGUF model loaded as stored (``--quantization gguf``, what ``auto`` picks for quantized
+GGUF files on CPU): every quantized matrix becomes a `BlockLinear` on the file's own blocks,
+the token embedding keeps its stored rows and dequantizes the ones a step looks up, and only
+the small float tensors (norms, biases) become float32.
+
+No float copy of a matrix exists at any point: the model is built on the meta device, each
+matrix goes from the file's memory map through its codes (1 byte a weight, one matrix at a
+time) into the kernel's packed layout (about the file's bytes), and the mapped pages it was
+read from are handed back to the kernel (``MADV_DONTNEED``), so the load peaks near the file
+size plus the largest matrix's codes. Matrices the file stores as F16 / BF16 / F32 run in int8
+(no native 16-bit matmul yet; logged once).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+from collections.abc import Iterable
+
+import torch
+from gguf import GGMLQuantizationType
+from torch import nn
+from tqdm import tqdm
+
+from radixserve.config import ModelConfig
+from radixserve.layers.block_linear import FORMATS, BlockLinear
+from radixserve.layers.int8_linear import Int8Linear
+from radixserve.models.gguf_quant import to_torch, dequantize
+
+logger = logging.getLogger(__name__)
+
+
+class StoredEmbedding(nn.Module):
+    """Token embedding on the file's rows: ``ids`` [T] → [T, dim] float32, each looked-up row
+    dequantized exactly as ``gguf_quant.dequantize`` gives it."""
+
+    def __init__(self, raw: torch.Tensor, qtype: GGMLQuantizationType, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("rows", raw)  # uint8 [vocab, bytes per row]
+        self.qtype, self.embedding_dim = GGMLQuantizationType(qtype), dim
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        picked = self.rows[ids.reshape(-1)]
+        return dequantize(picked, self.qtype, (picked.shape[0], self.embedding_dim))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole table in float32 (tests and the torch paths only: a full copy)."""
+        return dequantize(self.rows, self.qtype, (self.rows.shape[0], self.embedding_dim))
+
+    def extra_repr(self) -> str:
+        return f"{self.rows.shape[0]}, {self.embedding_dim}, stored {self.qtype.name}"
+
+
+def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.device,
+                hf_name, unpermute_rows, show_progress: bool = True) -> nn.Module:
+    """Fill ``model`` (built on the meta device) from the GGUF ``reader`` as stored.
+    ``hf_name``: GGUF tensor name → HF name (None to skip); ``unpermute_rows(n, heads)``: the
+    row order that undoes llama.cpp's Q/K permutation, or None for architectures without it.
+    ValueError for a missing tensor or one of an unsupported type."""
+    tensors = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is not None:
+            tensors[name] = t
+    pages = _Pages(reader)
+    packed = getattr(model, "packed_modules", {})
+    linears = [(prefix, parent, name) for prefix, parent in model.named_modules()
+               for name, child in parent.named_children() if isinstance(child, nn.Linear)]
+    requantized: list[str] = []
+    bar = tqdm(linears, desc="packing GGUF blocks", unit="matrix", disable=not show_progress,
+               leave=False)
+    for prefix, parent, name in bar:
+        base = f"{prefix}.{name}" if prefix else name
+        shards = [base.rsplit(name, 1)[0] + shard for shard in packed.get(name, (name,))]
+        weights = [_take(tensors, f"{s}.weight") for s in shards]
+        bias = getattr(parent, name).bias
+        biases = [_take(tensors, f"{s}.bias") for s in shards] if bias is not None else []
+        heads = [_heads(config, s) for s in shards]
+        setattr(parent, name, _linear(weights, biases, heads, unpermute_rows, requantized, pages))
+    embed = tensors.pop("embed_tokens.weight", None)
+    if embed is None:
+        raise ValueError("weights missing from the checkpoint: ['embed_tokens.weight']")
+    if getattr(model, "lm_head", False) is None:  # tied: the head multiplies the stored table
+        model.lm_head = _linear([embed], [], [None], unpermute_rows, requantized, pages)
+    model.embed_tokens = StoredEmbedding(_raw_rows(embed).clone(), embed.tensor_type,
+                                         config.hidden_size)
+    pages.release(embed)
+    if requantized:
+        logger.info("GGUF matrices stored as float run in int8 (no native 16-bit matmul): %s",
+                    ", ".join(sorted(set(requantized))))
+    _materialize(model, device)
+    model.rotary.reset_tables(device)
+    with torch.no_grad():
+        model.load_weights(_float_tensors(tensors.values(), hf_name, pages))
+    return model
+
+
+def _take(tensors: dict, name: str):
+    tensor = tensors.pop(name, None)
+    if tensor is None:
+        raise ValueError(f"weights missing from the checkpoint: [{name!r}]")
+    return tensor
+
+
+def _heads(config: ModelConfig, shard: str) -> int | None:
+    if shard.endswith("q_proj"):
+        return config.num_heads
+    return config.num_kv_heads if shard.endswith("k_proj") else None
+
+
+def _shape(tensor) -> tuple[int, ...]:
+    return tuple(int(d) for d in reversed(tensor.shape))
+
+
+def _linear(weights: list, biases: list, heads: list, unpermute_rows, requantized: list,
+            pages: _Pages) -> nn.Module:
+    """One layer from its shards' GGUF tensors: a BlockLinear when every shard is block
+    quantized, else int8 on the dequantized matrices (a shard stored as float)."""
+    bias = (torch.cat([dequantize(b.data, b.tensor_type, _shape(b)) for b in biases])
+            if biases else None)
+    orders = [unpermute_rows(_shape(t)[0], h) if unpermute_rows and h else None
+              for t, h in zip(weights, heads)]
+    if not all(t.tensor_type in FORMATS for t in weights):
+        requantized += [t.tensor_type.name for t in weights if t.tensor_type not in FORMATS]
+        floats = [_rows(dequantize(t.data, t.tensor_type, _shape(t)), order)
+                  for t, order in zip(weights, orders)]
+        for t in weights:
+            pages.release(t)
+        return Int8Linear.from_float(torch.cat(floats), bias)
+    parts = [(t.tensor_type, _rows(_raw_rows(t), order)) for t, order in zip(weights, orders)]
+    layer = BlockLinear.from_stored(parts, _shape(weights[0])[1], bias)
+    for t in weights:
+        pages.release(t)
+    if layer is None:
+        raise ValueError("GGUF blocks as stored need the native CPU kernels "
+                         "(radixserve env says why they did not load)")
+    return layer
+
+
+def _raw_rows(tensor) -> torch.Tensor:
+    """A matrix's bytes on the file's mapping, [rows, bytes per row] uint8 (no copy)."""
+    return to_torch(tensor.data).view(torch.uint8).reshape(_shape(tensor)[0], -1)
+
+
+def _rows(t: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+    return t if order is None else t[order]
+
+
+def _float_tensors(tensors: Iterable, hf_name, pages: _Pages):
+    for tensor in tensors:
+        weight = dequantize(tensor.data, tensor.tensor_type, _shape(tensor))
+        pages.release(tensor)
+        yield hf_name(tensor.name), weight
+
+
+def _materialize(model: nn.Module, device: torch.device) -> None:
+    """Real (uninitialised) storage for the parameters and buffers still on the meta device."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.is_meta:
+                module._parameters[name] = nn.Parameter(
+                    torch.empty(p.shape, dtype=torch.float32, device=device),
+                    requires_grad=False)
+        for name, b in list(module._buffers.items()):
+            if b is not None and b.is_meta:
+                module._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device=device)
+
+
+class _Pages:
+    """Hands the mapped pages of a tensor read at load back to the kernel, so the file's pages
+    do not stay in the process's memory beside the packed copy."""
+
+    def __init__(self, reader) -> None:
+        self._map = getattr(reader.data, "_mmap", None)
+        self._base = getattr(reader.data, "offset", 0)
+
+    def release(self, tensor) -> None:
+        if self._map is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = self._base + int(tensor.data_offset)
+        aligned = start - start % mmap.PAGESIZE
+        end = min(start + int(tensor.n_bytes), len(self._map))
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED, aligned, end - aligned)
+        except (OSError, ValueError):  # a mapping that cannot take the advice keeps its pages
+            self._map = None

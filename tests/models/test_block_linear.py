@@ -1,0 +1,213 @@
+"""GGUF blocks as stored (``--quantization gguf``, the default for quantized GGUF files): every
+block type's kernel against the dequantized weights, rows bit-identical alone or in any batch,
+layers that mix types, the load without a float copy, and tiny models of each architecture
+(legacy and K-quant mixes) against their float twins."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from kquants import quantize
+from test_numerics import PagedSeqs, make_runner
+from tiny_models import hf_to_gguf, make_hf_model
+
+from radixserve.kernels import native
+from radixserve.layers.block_linear import FORMATS, BlockLinear, packed_bytes
+from radixserve.models.gguf_quant import dequantize
+from radixserve.models.gguf_stored import StoredEmbedding
+from radixserve.models.quantization import resolve_quantization
+
+T = gguf.GGMLQuantizationType
+CPU = torch.device("cpu")
+TYPES = list(FORMATS)
+K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
+needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
+pytestmark = pytest.mark.usefixtures("kernel_level")  # every CPU level built here
+# per-block activations in two terms (~11 bits): measured 2e-4 .. 7e-4 of the output's range
+REL_TOL = 2e-3
+MODEL_REL = 4e-3  # of the logits' range; measured up to 2.3e-3 (4e-3 at |logit| ~ 3 before)
+
+
+def _matrix(qtype, n, k, seed=0):
+    """(file bytes [n, row bytes] uint8, their dequantized float32 weights)."""
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    raw = quantize(w, qtype)
+    return torch.from_numpy(raw).reshape(n, -1), dequantize(raw, qtype, (n, k))
+
+
+def _input(m, k, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(m, k, generator=gen) * torch.linspace(0.1, 3.0, k)  # uneven channels
+
+
+def _rel_err(y, ref):
+    return ((y.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+@needs_native
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", [(100, 512), (17, 768), (48, 256)])
+def test_block_linear_close_to_the_dequantized_weights(qtype, shape):
+    n, k = shape
+    raw, w = _matrix(qtype, n, k, seed=n + k)
+    bias = torch.randn(n)
+    layer = BlockLinear.from_stored([(qtype, raw)], k, bias)
+    x = _input(5, k)
+    ref = x.double() @ w.double().T + bias.double()
+    assert _rel_err(layer(x), ref) < REL_TOL
+    assert layer(x.bfloat16()).dtype == torch.bfloat16
+    assert layer.packed0.numel() == packed_bytes(qtype, n, k) == \
+        native.load().rs_block_packed_bytes(FORMATS[qtype], n, k)
+
+
+@needs_native
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_block_linear_rows_are_bit_identical_alone_or_in_any_batch(qtype):
+    """Single rows and small groups take the dot-product path, 40 rows the AMX one for the
+    4-bit legacy types (where the CPU has it): the same exact integer sums and float steps."""
+    n, k = 80, 512
+    raw, _ = _matrix(qtype, n, k, seed=1)
+    layer = BlockLinear.from_stored([(qtype, raw)], k, torch.randn(n))
+    x = _input(40, k, seed=2)
+    batched = layer(x)
+    assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(40)]), batched)
+    assert torch.equal(torch.cat([layer(x[i:i + 3]) for i in range(0, 40, 3)]), batched)
+    assert torch.equal(layer(x[:33])[:5], batched[:5])
+    assert layer(x[:0]).shape == (0, n)
+
+
+@needs_native
+def test_a_layer_of_mixed_types_is_its_parts_side_by_side():
+    """A fused layer keeps one part per type (Q4_K_M's q/k in Q4_K, v in Q6_K): its output is
+    exactly each part's own layer output, and consecutive parts of one type pack as one."""
+    k = 512
+    shards = [(T.Q4_K, *_matrix(T.Q4_K, 64, k, 3)), (T.Q4_K, *_matrix(T.Q4_K, 32, k, 4)),
+              (T.Q6_K, *_matrix(T.Q6_K, 40, k, 5)), (T.Q8_0, *_matrix(T.Q8_0, 24, k, 6))]
+    bias = torch.randn(sum(raw.shape[0] for _, raw, _ in shards))
+    layer = BlockLinear.from_stored([(t, raw) for t, raw, _ in shards], k, bias)
+    assert layer.types == ("Q4_K", "Q6_K", "Q8_0") and layer.out_features == 160
+    x = _input(6, k)
+    y = layer(x)
+    row, pieces = 0, []
+    for t, raw, _ in shards:
+        n = raw.shape[0]
+        pieces.append(BlockLinear.from_stored([(t, raw)], k, bias[row:row + n])(x))
+        row += n
+    assert torch.equal(y, torch.cat(pieces, dim=1))
+    w = torch.cat([deq for _, _, deq in shards])
+    assert _rel_err(y, x.double() @ w.double().T + bias.double()) < REL_TOL
+
+
+@needs_native
+def test_block_linear_refuses_what_does_not_fit():
+    raw, _ = _matrix(T.Q4_K, 16, 256)
+    with pytest.raises(ValueError, match="multiple of its block"):
+        BlockLinear.from_stored([(T.Q4_K, raw[:, :72])], 128)
+    with pytest.raises(ValueError, match="do not hold"):
+        BlockLinear.from_stored([(T.Q4_K, raw[:, :100])], 256)
+    with pytest.raises(ValueError, match="no block kernel for F16"):
+        BlockLinear.from_stored([(T.F16, raw)], 256)
+    with pytest.raises(ValueError, match="at least one"):
+        BlockLinear.from_stored([], 256)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_packed_size_is_about_the_file_size(qtype):
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    n, k = 4096, 4096
+    stored = n * k // block * size
+    assert stored <= packed_bytes(qtype, n, k) <= stored * 1.03  # K-quants: +1/36 per block
+
+
+class _Reader:
+    def __init__(self, qtype):
+        t = type("Tensor", (), {"name": "blk.0.attn_q.weight", "tensor_type": qtype,
+                                "shape": (64, 64)})
+        self.tensors = [t]
+
+
+@needs_native
+def test_resolve_gguf():
+    for qtype in (T.Q4_1, T.Q4_K, T.Q6_K, T.Q8_0):
+        assert resolve_quantization("auto", CPU, _Reader(qtype)) == "gguf"
+        assert resolve_quantization("gguf", CPU, _Reader(qtype)) == "gguf"
+    assert resolve_quantization("auto", CPU, _Reader(T.F16)) == "none"
+    assert resolve_quantization("int8", CPU, _Reader(T.Q4_K)) == "int8"
+    with pytest.raises(ValueError, match="block-quantized"):
+        resolve_quantization("gguf", CPU, _Reader(T.F16))
+    with pytest.raises(ValueError, match="block-quantized"):
+        resolve_quantization("gguf", CPU, None)
+    with pytest.raises(ValueError, match="CPU only"):
+        resolve_quantization("gguf", torch.device("cuda"), _Reader(T.Q4_K))
+
+
+def _compare_steps(ours, ref):
+    tokens = [[(7 * i + 3) % ours.config.vocab_size for i in range(12)],
+              [(5 * i + 1) % ours.config.vocab_size for i in range(7)]]
+    paged = {"ours": PagedSeqs(tokens), "ref": PagedSeqs(tokens)}
+    for step in ([(0, 8), (1, 5)], [(0, 3), (1, 1)], [(0, 1), (1, 1)]):
+        a = ours.all_logits([paged["ours"].chunk(i, n) for i, n in step])
+        b = ref.all_logits([paged["ref"].chunk(i, n) for i, n in step])
+        for x, y in zip(a, b):
+            assert (x - y).abs().max() <= MODEL_REL * y.abs().max()
+
+
+def _assert_stored(model):
+    """Every matrix is a BlockLinear and nothing else holds a float matrix."""
+    layer = model.layers[0]
+    for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+              layer.mlp.down_proj, model.lm_head):
+        assert isinstance(m, BlockLinear)
+    assert isinstance(model.embed_tokens, StoredEmbedding)
+    assert all(p.dim() == 1 for p in model.parameters())
+    assert all(b.dtype == torch.uint8 or b.dim() <= 1 or "rotary" in name
+               for name, b in model.named_buffers())
+
+
+@needs_native
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_legacy_gguf_model_matches_its_dequantized_weights(arch, tiny_gguf_files):
+    """The float model on the same file holds exactly the weights the block layers read, so
+    only the activations' rounding differs: chunked prefill and decode steps, Q/K rows
+    unpermuted (llama), q/k/v bias (qwen2), q/k norms (qwen3)."""
+    path = tiny_gguf_files(arch, "Q4_0")
+    ours, ref = make_runner(path, quantization="gguf"), make_runner(path)
+    _assert_stored(ours.model)
+    _compare_steps(ours, ref)
+
+
+@pytest.fixture(scope="module")
+def k_quant_files(tmp_path_factory):
+    """(arch → a Q4_K_M-like GGUF of a tiny model wide enough for K-quants: hidden 256)."""
+    root = tmp_path_factory.mktemp("kquant")
+    files = {}
+
+    def get(arch):
+        if arch not in files:
+            hf = make_hf_model(arch, root / arch, hidden_size=256, intermediate_size=512,
+                               head_dim=64, tie_word_embeddings=arch == "qwen2")
+            files[arch] = hf_to_gguf(hf, root / f"{arch}.gguf", "Q4_K_M")
+        return files[arch]
+    return get
+
+
+@needs_native
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_k_quant_model_matches_its_dequantized_weights(arch, k_quant_files):
+    path = k_quant_files(arch)
+    ours, ref = make_runner(path, quantization="gguf"), make_runner(path)
+    _assert_stored(ours.model)
+    attn = ours.model.layers[0].self_attn
+    assert attn.qkv_proj.types == ("Q4_K", "Q6_K")  # q and k, then v
+    assert ours.model.layers[0].mlp.down_proj.types == ("Q6_K",)
+    _compare_steps(ours, ref)
+
+
+@needs_native
+def test_stored_embedding_rows_are_the_dequantized_table(k_quant_files):
+    model = make_runner(k_quant_files("llama"), quantization="gguf").model
+    ids = torch.tensor([0, 5, 5, 17, 383])
+    table = model.embed_tokens.weight
+    assert torch.equal(model.embed_tokens(ids), table[ids])
