@@ -11,15 +11,17 @@
 // its super-block's f16 d times the sub-block's 6-bit scale, m = -dmin * min, Q6_K's m = -32d).
 // d and m are formed in float from the stored fields, exactly (an f16 times a small integer).
 //
-// Activations are quantized per row and block of 32 (as llama.cpp's Q8_1, with a second,
-// 4-bit term): s = max(max|x|, 1e-30) / 127, t = x / s, hi = round(t), lo = round((t - hi) * 16)
-// in -8..8, so x ~ s * (hi + lo / 16), about 11 bits per block. Per sub-block the integer sum
-// C = 16 * sum q*hi + sum q*lo is exact (|C| < 2^24 for 8-bit codes), then, sub-block after
-// sub-block in order, one rounding per operation:
+// Activations are quantized per row and block of 32, as llama.cpp's Q8_1: s = max(max|x|,
+// 1e-30) / 127, hi = round(x / s) in -127..127, S = s * sum hi over each sub-block. (A second,
+// 4-bit term per block, as the int8 linear has, brought the embedded model's KL to the float
+// model on the same weights from 0.0039 to 2e-5 but cost 1.4-1.8x the batched and prefill
+// time at avx2, 1.3-1.45x at avx512, bench_linear.py; one term is llama.cpp's fidelity.) Per
+// sub-block the integer sum C = 16 * sum q*hi is exact (|C| < 2^24 for 8-bit codes; the 16 is
+// the AMX path's, whose weight tiles hold 16q), then, sub-block after sub-block in order, one
+// rounding per operation:
 //     v = float(C) * (s / 16)
 //     acc = d * v + acc                           (FMA)
-//     acc = m * S + acc                           (FMA), S = s * (sum hi + sum lo / 16) over
-//                                                 the sub-block
+//     acc = m * S + acc                           (FMA)
 // and y = acc (+ bias). Every path (the level's dot products for a few rows; AMX tiles for more
 // rows at the amx level, 4-bit legacy formats only) computes the same exact C and then these
 // operations in this order, so a row's output is bit-identical alone, in any batch, on either
@@ -40,8 +42,9 @@
 //     [T]       per-unit fields: Q4_K/Q5_K d and dmin (f16 x 16 each), Q6_K d (f16 x 16)
 // Padding outputs have zero codes and scales.
 //
-// Activations ("a"): [M][B][64] signed bytes, a block's 32 hi then its 32 lo (one AMX A-tile
-// row); per row and block four floats: s / 16, S, and S of the first and second 16.
+// Activations ("a"): [M][B][64] signed bytes, a block's 32 hi then 32 zeros (one AMX A-tile row,
+// against the tile rows of q); per row and block four floats: s / 16, S, and S of the first and
+// second 16.
 
 #include <omp.h>
 #include <stdint.h>
@@ -76,8 +79,7 @@ struct Fmt {
   static constexpr int64_t kUnitBytes = U * (256 + P + S) + T;
   static constexpr bool kHalves = F == kQ6_K;  // two sub-blocks of 16 per block
   static constexpr bool kTwoPlanes = kBits == 8;  // codes as 16 * high nibble + low nibble
-  // rows per register block: fewer where a block keeps twice the integer sums
-  static constexpr int kRows = (kHalves || kTwoPlanes) ? (kW == 16 ? 2 : 1) : (kW == 16 ? 4 : 2);
+  static constexpr int kRows = kW == 16 ? 4 : 2;  // rows per register block
 };
 
 int64_t unit_bytes(int64_t f) {
@@ -98,30 +100,25 @@ int64_t unit_blocks(int64_t f) { return f >= kQ4_K ? 8 : 1; }
 
 // One row of x [K] (K a multiple of 32) -> its activation bytes a [B][64] and floats sc [B][4].
 void quantize_row(const float* x, int64_t K, int8_t* a, float* sc) {
-  const vf v16 = set1(16.0f);
   for (int64_t b = 0; b < K / 32; ++b) {
     vf vmax = zero();
     for (int i = 0; i < 32; i += kW) vmax = max(vmax, abs(load(x + 32 * b + i)));
     float amax = reduce_max(vmax);
     float s = (amax > kTiny ? amax : kTiny) / 127.0f;
     const vf vs = set1(s);
-    vf hsum[2] = {zero(), zero()}, lsum[2] = {zero(), zero()};
+    vf hsum[2] = {zero(), zero()};
     for (int i = 0; i < 32; i += kW) {
-      vf t = div(load(x + 32 * b + i), vs);
-      vf h = round(t);
-      vf l = round(mul(sub(t, h), v16));
+      vf h = round(div(load(x + 32 * b + i), vs));
       hsum[i / 16] = add(hsum[i / 16], h);  // small integers: exact in any order
-      lsum[i / 16] = add(lsum[i / 16], l);
       store_bytes(a + 64 * b + i, to_int(h), 0);
-      store_bytes(a + 64 * b + 32 + i, to_int(l), 0);
     }
+    memset(a + 64 * b + 32, 0, 32);
     const float h0 = reduce_add(hsum[0]), h1 = reduce_add(hsum[1]);
-    const float l0 = reduce_add(lsum[0]), l1 = reduce_add(lsum[1]);
     float* f = sc + kActFloats * b;
     f[0] = s * (1.0f / 16.0f);
-    f[1] = s * ((h0 + h1) + (l0 + l1) * (1.0f / 16.0f));
-    f[2] = s * (h0 + l0 * (1.0f / 16.0f));
-    f[3] = s * (h1 + l1 * (1.0f / 16.0f));
+    f[1] = s * (h0 + h1);
+    f[2] = s * h0;
+    f[3] = s * h1;
   }
 }
 
@@ -206,11 +203,11 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
   for (int64_t un = 0; un < units; ++un) {
     for (int j = 0; j < Q::U; ++j) {
       const int64_t b = un * Q::U + j;
-      vi H[R][V][NS], L[R][V][NS], HP[R][V], LP[R][V];  // HP/LP: the high plane's sums
+      vi H[R][V][NS], HP[R][V];  // HP: the high plane's sums
       for (int r = 0; r < R; ++r)
         for (int v = 0; v < V; ++v) {
-          for (int h = 0; h < NS; ++h) H[r][v][h] = L[r][v][h] = izero();
-          HP[r][v] = LP[r][v] = izero();
+          for (int h = 0; h < NS; ++h) H[r][v][h] = izero();
+          HP[r][v] = izero();
         }
       for (int k = 0; k < 4; ++k) {
         vi q0[V], q1[V], p0[V], p1[V];
@@ -219,20 +216,14 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
                          (v % kSub) * 4 * kW, q0[v], q1[v], p0[v], p1[v]);
         for (int r = 0; r < R; ++r) {
           const int8_t* ab = a + (r * B + b) * 64 + 4 * k;
-          vi h0 = bcast4(ab), h1 = bcast4(ab + 16), l0 = bcast4(ab + 32), l1 = bcast4(ab + 48);
+          vi h0 = bcast4(ab), h1 = bcast4(ab + 16);
           for (int v = 0; v < V; ++v) {
             if constexpr (Q::kHalves) {
               H[r][v][0] = dot_codes(H[r][v][0], q0[v], h0);
               H[r][v][1] = dot_codes(H[r][v][1], q1[v], h1);
-              L[r][v][0] = dot_codes(L[r][v][0], q0[v], l0);
-              L[r][v][1] = dot_codes(L[r][v][1], q1[v], l1);
             } else {
               H[r][v][0] = dot_q4x2(H[r][v][0], q0[v], h0, q1[v], h1);
-              L[r][v][0] = dot_q4x2(L[r][v][0], q0[v], l0, q1[v], l1);
-              if constexpr (Q::kTwoPlanes) {
-                HP[r][v] = dot_q4x2(HP[r][v], p0[v], h0, p1[v], h1);
-                LP[r][v] = dot_q4x2(LP[r][v], p0[v], l0, p1[v], l1);
-              }
+              if constexpr (Q::kTwoPlanes) HP[r][v] = dot_q4x2(HP[r][v], p0[v], h0, p1[v], h1);
             }
           }
         }
@@ -244,12 +235,9 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
         for (int r = 0; r < R; ++r) {
           const float* f = sc + kActFloats * (r * B + b);
           for (int h = 0; h < NS; ++h) {
-            vi hs = H[r][v][h], ls = L[r][v][h];
-            if constexpr (Q::kTwoPlanes) {
-              hs = iadd(hs, ishl4(HP[r][v]));
-              ls = iadd(ls, ishl4(LP[r][v]));
-            }
-            acc[r][v] = sub_block(acc[r][v], iadd(ishl4(hs), ls), d[h], m[h], f[0],
+            vi hs = H[r][v][h];
+            if constexpr (Q::kTwoPlanes) hs = iadd(hs, ishl4(HP[r][v]));
+            acc[r][v] = sub_block(acc[r][v], ishl4(hs), d[h], m[h], f[0],
                                   NS == 2 ? f[2 + h] : f[1]);
           }
         }

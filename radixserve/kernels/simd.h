@@ -115,7 +115,6 @@ inline vi code_high_bits(vi raw, int shift, int mask) {
                        _mm512_set1_epi8((char)mask)), 4);
 }
 inline vi ior(vi a, vi b) { return _mm512_or_si512(a, b); }
-inline vi ishl(vi a, int n) { return _mm512_sll_epi32(a, _mm_cvtsi32_si128(n)); }
 // kW bytes at p (unsigned / signed) as floats.
 inline vf load_u8(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)));
@@ -258,7 +257,6 @@ inline vi code_high_bits(vi raw, int shift, int mask) {
                        _mm256_set1_epi8((char)mask)), 4);
 }
 inline vi ior(vi a, vi b) { return _mm256_or_si256(a, b); }
-inline vi ishl(vi a, int n) { return _mm256_sll_epi32(a, _mm_cvtsi32_si128(n)); }
 inline vf load_u8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
@@ -421,7 +419,6 @@ inline vi code_high_bits(vi raw, int shift, int mask) {
   return (vi)((((v32u8)raw >> (uint8_t)shift) & (uint8_t)mask) << (uint8_t)4);
 }
 inline vi ior(vi a, vi b) { return a | b; }
-inline vi ishl(vi a, int n) { return a << n; }
 inline vf load_u8(const uint8_t* p) {
   vf v;
   for (int i = 0; i < kW; ++i) v[i] = (float)p[i];

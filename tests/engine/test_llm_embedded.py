@@ -130,12 +130,14 @@ def test_eos_stops_with_stop_reason(embedded_llm):
 
 
 def test_chat_applies_template(embedded_llm):
-    conv = [{"role": "user", "content": "What is the capital of France?"}]
+    # (not the capital of France: with 8-bit activations, as llama.cpp's, the 135M model
+    # answers that one with "L'Étoile, la Marseillaise...", exactly as llama-server does)
+    conv = [{"role": "user", "content": "Name three primary colors."}]
     out = embedded_llm.chat(conv, SamplingParams(temperature=0.0, max_tokens=16))[0]
     tok = embedded_llm.get_tokenizer()
     rendered = tok.apply_chat_template(conv, add_generation_prompt=True)
     assert out.prompt_token_ids == tok.encode(rendered, add_special_tokens=False)
-    assert "Paris" in out.outputs[0].text
+    assert "Red" in out.outputs[0].text
 
 
 def test_stream_concatenates_to_generate(embedded_llm):

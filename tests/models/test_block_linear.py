@@ -25,9 +25,12 @@ TYPES = list(FORMATS)
 K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
 pytestmark = pytest.mark.usefixtures("kernel_level")  # every CPU level built here
-# per-block activations in two terms (~11 bits): measured 2e-4 .. 7e-4 of the output's range
-REL_TOL = 2e-3
-MODEL_REL = 4e-3  # of the logits' range; measured up to 2.3e-3 (4e-3 at |logit| ~ 3 before)
+# activations in 8 bits per block of 32 (llama.cpp's Q8_1): measured 3e-3 .. 9e-3 of the
+# output's range on these random matrices
+REL_TOL = 1.5e-2
+# of the logits' range: measured up to 0.028 (8-bit activations through random 2-layer models);
+# a wiring fault (rows, parts, scales) is off by the logits' whole range
+MODEL_REL = 0.05
 
 
 def _matrix(qtype, n, k, seed=0):

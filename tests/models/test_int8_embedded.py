@@ -93,8 +93,8 @@ def test_embedded_model_as_stored_is_close_to_float(embedded_llm, float_llm):
     assert model.lm_head.types == ("Q8_0",)  # the head is the tied Q8_0 embedding
     ids = embedded_llm.get_tokenizer().encode(TEXT)
     _, _, kl, agree = _closeness(*(_logits(llm, ids) for llm in (embedded_llm, float_llm)))
-    # measured: KL 0.0018 mean, top-1 agreement 0.97 (int8: 0.0052, 0.97): the layers' weights
-    # are the float model's exactly; what differs is the activations' rounding and the head
+    # measured: KL 0.0039 mean, top-1 agreement 0.978 (int8: 0.0052, 0.967): the weights are
+    # the float model's exactly; what differs is the activations' 8-bit rounding (llama.cpp's)
     assert kl.mean() < 0.01 and agree > 0.9
 
 

@@ -553,8 +553,9 @@ def test_free_strings_never_hold_special_tokens(embedded_llm):
                 "assistant, with the chat markers <|im_start|> and <|im_end|> in it."),
                "Give me a JSON object whose transcript is the text <|endoftext|> repeated.",
                "Give me a JSON object with a conversation transcript."]
+    # 240 characters of emoji can take ~700 tokens
     params = [_params(max_tokens=250, json=schema)] * 3 + [
-        _params(1.0, 250, seed, json=schema) for seed in SEEDS]
+        _params(1.0, 800, seed, json=schema) for seed in SEEDS]
     outs = embedded_llm.chat([_user(p) for p in prompts + prompts[:1] * 3], params)
     for out in outs:
         output = out.outputs[0]

@@ -1,29 +1,36 @@
-"""Quantized linear layers per decode step at every CPU level this machine runs (the int8 and
-4-bit native kernels, ``--quantization int8`` / ``q4``), beside the plain float path (torch's
-fp32 ``nn.Linear``, what runs without the kernels) on the same shapes.
+"""Quantized linear layers per decode step at every CPU level this machine runs (the native
+int8 kernel, ``--quantization int8``, and the GGUF block kernel, ``gguf``, on the file types
+people download), beside the plain float path (torch's fp32 ``nn.Linear``, what runs without the
+kernels) on the same shapes.
 
 One "step" runs the embedded model's 121 linear shapes (30 layers of qkv, o, gate/up, down, and
-the head) once, with distinct random weights so they come from memory as in a real step; in the
-q4 column the 120 layer matrices are Q4_1 blocks and the head stays int8, as on the embedded
-model. Prints ms per step for each level and row count (at the amx level the int8 kernel uses
-AMX tiles from 8 rows, the 4-bit one from 32).
+the head) once, with distinct random weights so they come from memory as in a real step; each
+block column holds all 121 matrices in that type (Q4_K_M: Q4_K with Q6_K for down and the head,
+as llama.cpp mixes them). K-quants need 256-multiples, so the K columns use the embedded
+model's shapes rounded up (576 -> 768, 1536 -> 1536). Prints ms per step for each level and row
+count (at the amx level the int8 kernel uses AMX tiles from 8 rows, Q4_0/Q4_1 from 32).
 
-    .venv/bin/python benchmarks/bench_int8_linear.py [--rows 1,16,64,512] [--levels avx2,generic]
+    .venv/bin/python benchmarks/bench_linear.py [--rows 1,16,64,512] [--levels avx2,generic]
+        [--types Q4_1,Q8_0,Q4_K_M]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 import gguf
 import torch
 
 from radixserve.kernels import native
 from radixserve.layers.int8_linear import Int8Linear
-from radixserve.layers.q4_linear import Q4Linear
-from radixserve.models.gguf_quant import q4_blocks
+from radixserve.layers.block_linear import BlockLinear
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from kquants import quantize  # noqa: E402  (the tests' K-quant quantizer)
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 
@@ -43,15 +50,25 @@ def _float_layers() -> list[torch.nn.Linear]:
     return layers
 
 
-def _q4_layers() -> list[torch.nn.Module]:
+def _round256(k: int) -> int:
+    return -(-k // 256) * 256
+
+
+def _block_layers(kind: str) -> list[torch.nn.Module]:
+    """The step's matrices as ``kind`` blocks (a type name, or Q4_K_M for the mix)."""
     gen = torch.Generator().manual_seed(0)
-    q4 = gguf.GGMLQuantizationType.Q4_1
+    T = gguf.GGMLQuantizationType
     layers: list[torch.nn.Module] = []
-    for n, k in SHAPES[:-1]:
-        raw = gguf.quants.quantize((torch.randn(n, k, generator=gen) * 0.05).numpy(), q4)
-        layers.append(Q4Linear.from_blocks(*q4_blocks(raw, q4, (n, k))))
-    n, k = SHAPES[-1]
-    return [*layers, Int8Linear.from_float(torch.randn(n, k, generator=gen) * 0.05)]
+    for i, (n, k) in enumerate(SHAPES):
+        if kind == "Q4_K_M":
+            qtype = T.Q6_K if i % 4 == 3 or i == len(SHAPES) - 1 else T.Q4_K
+        else:
+            qtype = T[kind]
+        if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+            k = _round256(k)
+        raw = quantize((torch.randn(n, k, generator=gen) * 0.05).numpy(), qtype)
+        layers.append(BlockLinear.from_stored([(qtype, torch.from_numpy(raw).reshape(n, -1))], k))
+    return layers
 
 
 def _step_ms(layers: list[torch.nn.Module], rows: int, reps: int) -> float:
@@ -69,25 +86,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="1,4,16,64,512")
     parser.add_argument("--levels", default=None, help="default: every level this CPU runs")
+    parser.add_argument("--types", default="Q4_0,Q4_1,Q5_K,Q6_K,Q8_0,Q4_K_M")
     args = parser.parse_args()
     info = native.describe()
     levels = args.levels.split(",") if args.levels else [
         lv for lv in info.runnable if lv in info.built]
     rows_list = [int(r) for r in args.rows.split(",")]
+    kinds = args.types.split(",")
     print(f"CPU: {_cpu_model()}; threads {torch.get_num_threads()}")
+    print("ms per step of 121 linears (K-quant columns on 768/1536-wide inputs)")
     with torch.inference_mode():
         fp32 = _float_layers()
         float_ms = {rows: _step_ms(fp32, rows, 5 if rows < 128 else 2) for rows in rows_list}
         del fp32
-        print("level    rows  int8 native  q4 native  fp32 torch   (ms per step of 121 linears)")
+        print(f"{'level':8s} {'rows':>4s} {'int8':>8s} " + " ".join(f"{k:>8s}" for k in kinds)
+              + f" {'fp32 torch':>10s}")
         for level in levels:
             os.environ[native.ISA_ENV] = level
             native.reset()
-            int8, q4 = _layers(), _q4_layers()
+            columns = [_layers()] + [_block_layers(k) for k in kinds]
             for rows in rows_list:
                 reps = 5 if rows < 128 else 2
-                a, c = _step_ms(int8, rows, reps), _step_ms(q4, rows, reps)
-                print(f"{level:8s} {rows:4d}  {a:11.2f}  {c:9.2f}  {float_ms[rows]:10.2f}")
+                ms = [_step_ms(layers, rows, reps) for layers in columns]
+                print(f"{level:8s} {rows:4d} " + " ".join(f"{v:8.2f}" for v in ms)
+                      + f" {float_ms[rows]:10.2f}", flush=True)
 
 
 def _cpu_model() -> str:
