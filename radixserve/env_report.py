@@ -110,6 +110,15 @@ def report(model: str | None, quantization: str = "auto") -> str:
                                  stored_types(reader)).items():
         lines.append(f"  {layer}: {how}")
     lines.append(f"  KV cache: {str(kv_dtype).removeprefix('torch.')} (--kv-cache-dtype auto)")
+    if resolved == "gguf":
+        from radixserve.models.gguf_stored import memory_plan
+
+        plan = memory_plan((t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
+                           for t in reader.tensors)
+        mb = 1e6
+        lines.append(f"  memory: weights {plan.steady / mb:.1f} MB as stored (file "
+                     f"{plan.file / mb:.1f} MB), at most {plan.peak / mb:.1f} MB while "
+                     "loading; plus the KV pool (--kv-cache-memory-gb)")
     return "\n".join(lines)
 
 

@@ -58,7 +58,7 @@ namespace {
 using namespace simd;
 
 constexpr float kTiny = 1e-30f;
-constexpr int64_t kAmxMinRows = 32;  // below this VNNI is as fast (bench_int8_linear.py)
+constexpr int64_t kAmxMinRows = 32;  // below this VNNI is as fast (bench_linear.py)
 constexpr int kSub = 16 / kW;        // vectors per group of 16 outputs
 constexpr int kGroups = kW == 16 ? 2 : 1;  // groups per register block
 constexpr int kActFloats = 4;

@@ -44,7 +44,7 @@ constexpr float kLoScale = 254.0f;
 constexpr float kTiny = 1e-30f;
 constexpr int kSub = 16 / kW;  // vectors per block of 16 outputs
 // Rows per register block: AVX-512 2 terms x 4 rows x 2 blocks = 16 zmm; AVX2 2 x 2 rows x 2
-// halves = 8 ymm (4 rows spill: 811 -> 732 ms per 512-row step, bench_int8_linear.py); the
+// halves = 8 ymm (4 rows spill: 811 -> 732 ms per 512-row step, bench_linear.py); the
 // generic loops keep 4 rows per pass over a weight row.
 #if defined(RS_ROW_MAJOR_INT8)
 constexpr int kMaxRows = 4;
@@ -52,7 +52,7 @@ constexpr int kMaxRows = 4;
 constexpr int kMaxRows = kW == 16 ? 4 : 2;
 #endif
 constexpr int kBlocks = kW == 16 ? 2 : 1;  // blocks of 16 outputs per register block
-constexpr int64_t kAmxMinRows = 8;  // below this the VNNI path (measured: bench_int8_linear.py)
+constexpr int64_t kAmxMinRows = 8;  // below this the VNNI path (measured: bench_linear.py)
 bool g_amx = false;  // set by rs_init once the kernel may use AMX tiles
 
 // One row of x [K] -> hi and lo bytes (q + 128) [Kp], zero padded (byte 128); returns s.

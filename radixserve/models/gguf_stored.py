@@ -16,6 +16,9 @@ from __future__ import annotations
 import logging
 import mmap
 from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
 
 import torch
 from gguf import GGMLQuantizationType
@@ -185,3 +188,73 @@ class _Pages:
             self._map.madvise(mmap.MADV_DONTNEED, aligned, end - aligned)
         except (OSError, ValueError):  # a mapping that cannot take the advice keeps its pages
             self._map = None
+
+
+# -- the load's memory, from the tensor table alone ------------------------------------------
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What loading a GGUF file as stored holds, in bytes, from its tensor table (no weights
+    read): ``weights`` the packed matrices (``by_type`` per file type), ``embedding`` the stored
+    rows, ``floats`` the float32 tensors (norms, biases) and int8 copies of float-stored
+    matrices, ``transient`` the most the load holds beyond them at once (the largest layer's
+    rows gathered, plus one chunk of codes being packed)."""
+
+    file: int
+    weights: int
+    embedding: int
+    floats: int
+    transient: int
+    by_type: dict[str, int]
+
+    @property
+    def steady(self) -> int:
+        return self.weights + self.embedding + self.floats
+
+    @property
+    def peak(self) -> int:
+        return self.steady + self.transient
+
+
+_FUSED = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv",
+          "ffn_gate": "ffn_gate_up", "ffn_up": "ffn_gate_up"}  # GGUF names of fused layers
+
+
+def memory_plan(tensors: Iterable[tuple[str, str, tuple[int, ...]]]) -> MemoryPlan:
+    """``tensors``: (GGUF name, type name, row-major shape) of every tensor of a file; the same
+    arithmetic as ``load_stored`` (``packed_bytes`` per matrix)."""
+    from gguf import GGML_QUANT_SIZES
+
+    from radixserve.layers.block_linear import _PACK_ROWS, packed_bytes
+
+    tensors = list(tensors)
+    tied = not any(name == "output.weight" for name, _, _ in tensors)
+    by_type: dict[str, int] = {}
+    file = embedding = floats = widest = 0
+    layers: dict[str, int] = {}  # the stored bytes of each layer (fused shards together)
+    for name, type_name, shape in tensors:
+        qtype = GGMLQuantizationType[type_name]
+        block, size = GGML_QUANT_SIZES[qtype]
+        numel = int(np.prod(shape))
+        stored = numel // block * size
+        file += stored
+        if len(shape) != 2:
+            floats += 4 * numel
+            continue
+        n, k = shape
+        is_embedding = name == "token_embd.weight"
+        embedding += stored if is_embedding else 0
+        if is_embedding and not tied:  # a lookup table only
+            continue
+        if qtype in FORMATS:
+            by_type[type_name] = by_type.get(type_name, 0) + packed_bytes(qtype, n, k)
+        else:
+            floats += n * k + 4 * n  # int8 and its scales
+        widest = max(widest, k)
+        parts = name.split(".")
+        key = ".".join(parts[:2] + [_FUSED.get(parts[2], parts[2])]) if parts[0] == "blk" else name
+        layers[key] = layers.get(key, 0) + stored
+    codes = _PACK_ROWS * widest * 3  # codes, their permuted copy and the planes being built
+    return MemoryPlan(file=file, weights=sum(by_type.values()), embedding=embedding,
+                      floats=floats, transient=max(layers.values(), default=0) + codes,
+                      by_type=by_type)

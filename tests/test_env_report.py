@@ -1,0 +1,35 @@
+"""``radixserve env``: what runs here, from the model's metadata alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixserve.env_report import layer_plan, report, startup_line, stored_types
+from radixserve.kernels import native
+
+needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
+
+
+@needs_native
+def test_report_names_the_level_the_layers_and_the_memory_of_the_embedded_model():
+    text = report(None)
+    info = native.describe()
+    assert f"selected: {info.level}" in text
+    assert "GGUF blocks as stored (Q4_1, Q8_0)" in text
+    assert "quantization auto -> gguf" in text
+    assert "memory: weights 126.7 MB as stored (file 96.6 MB)" in text
+    int8 = report(None, "int8")
+    assert "int8, native" in int8 and "memory:" not in int8
+
+
+def test_layer_plan_and_startup_line_say_what_each_layer_type_runs():
+    plan = layer_plan("gguf", "cpu_native", "avx2", False, ("Q4_K", "Q6_K"))
+    assert plan["linear layers (qkv, o, gate_up, down)"] == \
+        "GGUF blocks as stored (Q4_K, Q6_K), native (avx2)"
+    assert plan["embedding"] == "stored rows, dequantized per lookup"
+    assert plan["decoder layers"] == "one native call per layer"
+    assert layer_plan("none", "torch", None, False)["linear layers (qkv, o, gate_up, down)"] \
+        == "float (torch)"
+    assert stored_types(None) == ()
+    line = startup_line("int8", "cpu_native", True, 2, "torch.float16")
+    assert "int8, native" in line and "Python layers" in line and "threads 2" in line
