@@ -6,8 +6,9 @@
 // kernel must read the stored bits once, not a float or int8 copy of them.
 //
 // Weights. Every format is, per sub-block of 32 weights (16 for Q6_K), W = d * q + m with an
-// unsigned code q of 4, 5, 6 or 8 bits (models/gguf_blocks.py turns each file type into this
-// form losslessly: Q4_0 is q - 8, so m = -8d; Q8_0 is q + 128 with m = -128d; a K-quant's d is
+// unsigned code q of 4, 5, 6 or 8 bits (models/gguf_quant.py splits each file type into this
+// form losslessly: Q4_0 is q - 8, so m = -8d; Q8_0 is q + 128 with m = -128d, multiplied as
+// the file's signed bytes, simd.h dot_s8, where m is 0 below AVX-512; a K-quant's d is
 // its super-block's f16 d times the sub-block's 6-bit scale, m = -dmin * min, Q6_K's m = -32d).
 // d and m are formed in float from the stored fields, exactly (an f16 times a small integer).
 //
@@ -35,8 +36,9 @@
 //               in its high nibble (vpdpbusd's operand order: 16 outputs x 4 k-steps)
 //     [U][P]    the codes' high bits, the same byte addressing: 5-bit (P = 64): bit 2v + h of
 //               the byte is bit 4 of the code of vector v, half h; 6-bit (P = 128): two 64-byte
-//               vectors, vector v / 2 holding bits 4-5 at bit 2 * (2 * (v % 2) + h); 8-bit
-//               (P = 256): a second nibble plane laid out as the first
+//               vectors, vector v / 2 holding bits 4-5 at bit 2 * (2 * (v % 2) + h).
+//               Q8_0 instead holds whole signed bytes (q - 128, the file's int8): the first 256
+//               bytes the block's first 16 k, the next 256 (P) its second 16
 //     [U][S]    per-block fields, 16 outputs each: legacy d (f16) [and m (f16)]; Q4_K/Q5_K the
 //               6-bit scale and min (bytes); Q6_K the two sub-blocks' int8 scales
 //     [T]       per-unit fields: Q4_K/Q5_K d and dmin (f16 x 16 each), Q6_K d (f16 x 16)
@@ -78,7 +80,7 @@ struct Fmt {
   static constexpr int T = F == kQ6_K ? 32 : kSuper ? 64 : 0;
   static constexpr int64_t kUnitBytes = U * (256 + P + S) + T;
   static constexpr bool kHalves = F == kQ6_K;  // two sub-blocks of 16 per block
-  static constexpr bool kTwoPlanes = kBits == 8;  // codes as 16 * high nibble + low nibble
+  static constexpr bool kBytes = kBits == 8;  // whole signed bytes (simd.h dot_s8)
   static constexpr int kRows = kW == 16 ? 4 : 2;  // rows per register block
 };
 
@@ -136,7 +138,7 @@ inline void block_scales(const uint8_t* u, int j, int lane0, vf d[2], vf m[2]) {
     m[0] = load_half(s + 32 + 2 * lane0);
   } else if constexpr (!Q::kSuper) {
     d[0] = load_half(s + 2 * lane0);
-    m[0] = mul(d[0], set1(F == kQ4_0 ? -8.0f : F == kQ5_0 ? -16.0f : -128.0f));
+    m[0] = mul(d[0], set1(F == kQ4_0 ? -8.0f : F == kQ5_0 ? -16.0f : -(float)kQ8Offset));
   } else if constexpr (F == kQ6_K) {
     const vf dd = load_half(t + 2 * lane0);
     for (int h = 0; h < 2; ++h) {
@@ -151,16 +153,19 @@ inline void block_scales(const uint8_t* u, int j, int lane0, vf d[2], vf m[2]) {
 }
 
 // The codes of vector k (0..3) of block j for the kW outputs at byte offset `off` of a group:
-// q0 for the block's first 16 k (4 k-steps), q1 for its second 16; with two planes (8-bit) the
-// high nibbles in p0, p1.
+// q0 for the block's first 16 k (4 k-steps), q1 for its second 16 (Q8_0: signed bytes).
 template <int64_t F>
-inline void block_codes(const uint8_t* u, int j, int k, int off, vi& q0, vi& q1, vi& p0,
-                        vi& p1) {
+inline void block_codes(const uint8_t* u, int j, int k, int off, vi& q0, vi& q1) {
   using Q = Fmt<F>;
   vi raw = iload(u + j * 256 + k * 64 + off);
+  const uint8_t* hb = u + Q::U * 256 + j * Q::P;
+  if constexpr (Q::kBytes) {
+    q0 = raw;
+    q1 = iload(hb + k * 64 + off);
+    return;
+  }
   q0 = low_nibbles(raw);
   q1 = high_nibbles(raw);
-  const uint8_t* hb = u + Q::U * 256 + j * Q::P;
   if constexpr (Q::kBits == 5) {
     vi h = iload(hb + off);
     q0 = ior(q0, code_high_bits(h, 2 * k, 1));
@@ -169,10 +174,6 @@ inline void block_codes(const uint8_t* u, int j, int k, int off, vi& q0, vi& q1,
     vi h = iload(hb + (k / 2) * 64 + off);
     q0 = ior(q0, code_high_bits(h, 4 * (k % 2), 3));
     q1 = ior(q1, code_high_bits(h, 4 * (k % 2) + 2, 3));
-  } else if constexpr (Q::kTwoPlanes) {
-    vi h = iload(hb + k * 64 + off);
-    p0 = low_nibbles(h);
-    p1 = high_nibbles(h);
   }
 }
 
@@ -203,17 +204,15 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
   for (int64_t un = 0; un < units; ++un) {
     for (int j = 0; j < Q::U; ++j) {
       const int64_t b = un * Q::U + j;
-      vi H[R][V][NS], HP[R][V];  // HP: the high plane's sums
+      vi H[R][V][NS];
       for (int r = 0; r < R; ++r)
-        for (int v = 0; v < V; ++v) {
+        for (int v = 0; v < V; ++v)
           for (int h = 0; h < NS; ++h) H[r][v][h] = izero();
-          HP[r][v] = izero();
-        }
       for (int k = 0; k < 4; ++k) {
-        vi q0[V], q1[V], p0[V], p1[V];
+        vi q0[V], q1[V];
         for (int v = 0; v < V; ++v)
           block_codes<F>(w + (v / kSub) * group_stride + un * Q::kUnitBytes, j, k,
-                         (v % kSub) * 4 * kW, q0[v], q1[v], p0[v], p1[v]);
+                         (v % kSub) * 4 * kW, q0[v], q1[v]);
         for (int r = 0; r < R; ++r) {
           const int8_t* ab = a + (r * B + b) * 64 + 4 * k;
           vi h0 = bcast4(ab), h1 = bcast4(ab + 16);
@@ -221,9 +220,10 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
             if constexpr (Q::kHalves) {
               H[r][v][0] = dot_codes(H[r][v][0], q0[v], h0);
               H[r][v][1] = dot_codes(H[r][v][1], q1[v], h1);
+            } else if constexpr (Q::kBytes) {
+              H[r][v][0] = dot_s8(dot_s8(H[r][v][0], q0[v], h0), q1[v], h1);
             } else {
               H[r][v][0] = dot_q4x2(H[r][v][0], q0[v], h0, q1[v], h1);
-              if constexpr (Q::kTwoPlanes) HP[r][v] = dot_q4x2(HP[r][v], p0[v], h0, p1[v], h1);
             }
           }
         }
@@ -234,12 +234,9 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
                         (v % kSub) * kW, d, m);
         for (int r = 0; r < R; ++r) {
           const float* f = sc + kActFloats * (r * B + b);
-          for (int h = 0; h < NS; ++h) {
-            vi hs = H[r][v][h];
-            if constexpr (Q::kTwoPlanes) hs = iadd(hs, ishl4(HP[r][v]));
-            acc[r][v] = sub_block(acc[r][v], ishl4(hs), d[h], m[h], f[0],
+          for (int h = 0; h < NS; ++h)
+            acc[r][v] = sub_block(acc[r][v], ishl4(H[r][v][h]), d[h], m[h], f[0],
                                   NS == 2 ? f[2 + h] : f[1]);
-          }
         }
       }
     }

@@ -104,6 +104,12 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, q0, a0), q1, a1);
 }
 inline vi dot_codes(vi acc, vi q, vi a) { return _mm512_dpbusd_epi32(acc, q, a); }
+// Signed bytes q against signed bytes a (-127..127): acc += sum (q + kQ8Offset) * a, exact;
+// here q + 128 as the unsigned operand (the caller offsets by -128 * sum a).
+constexpr int kQ8Offset = 128;
+inline vi dot_s8(vi acc, vi q, vi a) {
+  return _mm512_dpbusd_epi32(acc, _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80)), a);
+}
 inline vi low_nibbles(vi raw) { return _mm512_and_si512(raw, _mm512_set1_epi8(0x0F)); }
 inline vi high_nibbles(vi raw) {
   return _mm512_and_si512(_mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
@@ -246,6 +252,12 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
 inline vi dot_codes(vi acc, vi q, vi a) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, a),
                                                  _mm256_set1_epi16(1)));
+}
+// |q| (-128 gives 128 as unsigned, still exact) against sign(a, q): 2 * 128 * 127 < 2^15.
+constexpr int kQ8Offset = 0;
+inline vi dot_s8(vi acc, vi q, vi a) {
+  __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 inline vi low_nibbles(vi raw) { return _mm256_and_si256(raw, _mm256_set1_epi8(0x0F)); }
 inline vi high_nibbles(vi raw) {
@@ -413,6 +425,8 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return acc + pairs_to_lanes(pair_products(q0, a0) + pair_products(q1, a1));
 }
 inline vi dot_codes(vi acc, vi q, vi a) { return acc + pairs_to_lanes(pair_products(q, a)); }
+constexpr int kQ8Offset = 0;  // signed bytes: |products| <= 128 * 127, pairs within int16
+inline vi dot_s8(vi acc, vi q, vi a) { return acc + pairs_to_lanes(pair_products(q, a)); }
 inline vi low_nibbles(vi raw) { return (vi)((v32u8)raw & (uint8_t)0x0F); }
 inline vi high_nibbles(vi raw) { return (vi)((v32u8)raw >> 4); }
 inline vi code_high_bits(vi raw, int shift, int mask) {

@@ -173,19 +173,21 @@ def _pack_rows(qtype: GGMLQuantizationType, codes: torch.Tensor,
                 out |= hb[:, :, :, v, :, :, h] << (width * (2 * (v - vectors.start) + h))
         return out.reshape(n16, units, u, 64)
 
-    pieces = [nibble_plane(c)]
+    def lane_bytes(t: torch.Tensor) -> torch.Tensor:  # [N, blocks, w] → [n16, blocks, w, 16 x]
+        return rows16(t).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
+
     bits = _BITS[qtype]
+    if bits == 8:  # the file's signed bytes (code - 128): a block's first 16 k, its second 16
+        halves = [(c[..., h] ^ 0x80).reshape(n16, units, 256) for h in range(2)]
+        scales = lane_bytes(fields["d"]).reshape(n16, units, 32)
+        return torch.cat((*halves, scales), dim=-1).reshape(-1)
+    pieces = [nibble_plane(c)]
     if bits == 5:  # bit 2v + h
         pieces.append(bit_plane((c >> 4) & 1, range(4), 1))
     elif bits == 6:  # vector v // 2, bits 2 * (2 * (v % 2) + h)
         hb = (c >> 4) & 3
         pieces.append(torch.cat((bit_plane(hb, range(0, 2), 2), bit_plane(hb, range(2, 4), 2)),
                                 dim=-1))
-    elif bits == 8:
-        pieces.append(nibble_plane(c >> 4))
-
-    def lane_bytes(t: torch.Tensor) -> torch.Tensor:  # [N, blocks, w] → [n16, blocks, w, 16 x]
-        return rows16(t).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
 
     if qtype in _K_QUANTS:
         if qtype == _T.Q6_K:  # two int8 scales per block of 32, halves after each other
@@ -202,3 +204,4 @@ def _pack_rows(qtype: GGMLQuantizationType, codes: torch.Tensor,
     out = [p.reshape(n16, units, -1) for p in pieces]
     out += [lane_bytes(fields[nm]).reshape(n16, units, 32) for nm in names]
     return torch.cat(out, dim=-1).reshape(-1)
+

@@ -13,6 +13,7 @@ size plus the largest matrix's codes. Matrices the file stores as F16 / BF16 / F
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 from collections.abc import Iterable
@@ -96,7 +97,16 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
     model.rotary.reset_tables(device)
     with torch.no_grad():
         model.load_weights(_float_tensors(tensors.values(), hf_name, pages))
+    _trim_heap()
     return model
+
+
+def _trim_heap() -> None:
+    """Hand the load's freed transient memory back to the kernel (glibc keeps it otherwise)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _take(tensors: dict, name: str):
