@@ -18,7 +18,7 @@ from radixserve import LLM, SamplingParams
 from radixserve.core.sched_output import ScheduledSeq
 from radixserve.kernels import native
 
-KINDS = ("float32", "float16", "bfloat16")
+KINDS = ("float32", "float16", "bfloat16", "int8")
 TEXT = ("A paged KV cache splits every sequence's keys and values into fixed-size blocks, so "
         "memory is handed out a block at a time and prefixes shared by many requests are "
         "stored once. The scheduler gives each step a budget of tokens; decodes take one "

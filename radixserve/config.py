@@ -46,12 +46,12 @@ class CacheConfig:
     kv_cache_memory_gb: float = 1.0
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
-    kv_cache_dtype: str = "auto"  # or "float32", "float16", "bfloat16" (runner/kv_cache.py)
+    kv_cache_dtype: str = "auto"  # or "float32", "float16", "bfloat16", "int8" (runner/kv_cache.py)
 
     def __post_init__(self) -> None:
-        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in _DTYPES:
+        if self.kv_cache_dtype not in ("auto", "int8") and self.kv_cache_dtype not in _DTYPES:
             raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; supported: "
-                             f"{['auto', *sorted(_DTYPES)]}")
+                             f"{['auto', *sorted(_DTYPES), 'int8']}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.kv_cache_memory_gb <= 0:

@@ -9,8 +9,11 @@
 // depends only on its query and its context, never on how the step was batched, chunked, or
 // which part of the context came from the prefix cache.
 //
-// Pool layout, as radixserve/runner/kv_cache.py allocates it: [num_blocks, block_size, KVH, d],
-// of float32, float16 or bfloat16 (--kv-cache-dtype; read widened to float32, exactly).
+// Pool layout, as radixserve/runner/kv_cache.py allocates it: [num_blocks, block_size, KVH, dp],
+// of float32, float16 or bfloat16 (dp = d; --kv-cache-dtype; read widened to float32, exactly),
+// or int8 with dp = d + 4: each head's row holds its d values as int8 of one scale per row
+// (s = max|x| / 127, q = round(x / s), as llama.cpp's q8_0 KV but one block per head row) and
+// then s as 4 float bytes; read as q * s (K: the widened row, V: each row's weights).
 
 #include <math.h>
 #include <omp.h>
@@ -25,6 +28,40 @@
 namespace {
 
 using namespace simd;
+
+// An int8 pool element; a head row of them ends in its float scale (the header's layout).
+struct q8 {
+  int8_t v;
+};
+template <typename KV>
+constexpr int64_t kRowExtra = std::is_same_v<KV, q8> ? 4 : 0;  // pool row pitch dp = d + this
+
+using simd::load_kv;  // the float / f16 / bf16 overloads beside this one
+inline vf load_kv(const q8* p, int64_t n) {
+  if (n >= kW) return load_i8((const int8_t*)p);
+  alignas(64) int8_t tmp[kW] = {};
+  if (n > 0) memcpy(tmp, p, (size_t)n);
+  return load_i8(tmp);
+}
+inline float row_scale(const q8* row, int64_t d) {
+  float s;
+  memcpy(&s, row + d, 4);
+  return s;
+}
+// One token's KVH head rows [KVH, d] floats -> [KVH, d + 4] int8 rows with their scales.
+inline void store_token(q8* dst, const float* src, int64_t KVH, int64_t d) {
+  for (int64_t h = 0; h < KVH; ++h, dst += d + 4, src += d) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < d; ++i) amax = fabsf(src[i]) > amax ? fabsf(src[i]) : amax;
+    const float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t i = 0; i < d; ++i) dst[i].v = (int8_t)nearbyintf(src[i] * inv);
+    memcpy(dst + d, &s, 4);
+  }
+}
+template <typename KV>
+inline void store_token(KV* dst, const float* src, int64_t KVH, int64_t d) {
+  store_kv(dst, src, KVH * d);
+}
 
 constexpr int kMaxGroup = 16;  // query heads per KV head
 constexpr int kMaxDim = 256;  // head_dim
@@ -62,10 +99,14 @@ void attend(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* b
       const KV* krows = kb + i0 * token_stride;
       int64_t kstride = token_stride;
       if constexpr (!std::is_same_v<KV, float>) {
-        for (int i = 0; i < n; ++i)
-          for (int c = 0; c < dv; ++c)
-            store(kwide + i * kW * dv + kW * c,
-                  load_kv(krows + i * token_stride + kW * c, c == dv - 1 ? dlast : kW));
+        for (int i = 0; i < n; ++i) {
+          const KV* row = krows + i * token_stride;
+          for (int c = 0; c < dv; ++c) {
+            vf x = load_kv(row + kW * c, c == dv - 1 ? dlast : kW);
+            if constexpr (std::is_same_v<KV, q8>) x = mul(x, set1(row_scale(row, d)));
+            store(kwide + i * kW * dv + kW * c, x);
+          }
+        }
         kstride = kW * dv;
       }
       for (int g = 0; g < G; ++g) {
@@ -119,6 +160,10 @@ void attend(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* b
     for (int64_t i = 0; i < n; ++i, v += token_stride) {
       vf vv[kDV ? kDV : kMaxDimVecs];
       for (int c = 0; c < dv; ++c) vv[c] = load_kv(v + kW * c, c == dv - 1 ? dlast : kW);
+      if constexpr (std::is_same_v<KV, q8>) {
+        const vf sv = set1(row_scale(v, d));
+        for (int c = 0; c < dv; ++c) vv[c] = mul(vv[c], sv);
+      }
       for (int g = 0; g < G; ++g) {
         vf p = set1(scores[g * len + t0 + i]);
         for (int c = 0; c < dv; ++c) acc[g][c] = fmadd(p, vv[c], acc[g][c]);
@@ -190,10 +235,10 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
 
   const int64_t G = H / KVH;
   if (G * KVH != H || G > kMaxGroup || d > kMaxDim || d < 1) return 1;
-  const int64_t width = KVH * d;
+  const int64_t dp = d + kRowExtra<KV>, width = KVH * dp;  // a pool row's pitch, a token's
   for (int64_t t = 0; t < T; ++t) {
-    store_kv(k_pool + slots[t] * width, k_new + t * ldk, width);
-    store_kv(v_pool + slots[t] * width, v_new + t * ldv, width);
+    store_token(k_pool + slots[t] * width, k_new + t * ldk, KVH, d);
+    store_token(v_pool + slots[t] * width, v_new + t * ldv, KVH, d);
   }
   const int64_t chunk = (kChunkTokens / bs > 0 ? kChunkTokens / bs : 1) * bs;
   // Work items (row, first query head, chunk), ordered row, KV head, chunk, query heads: the
@@ -254,8 +299,8 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
       const int64_t n = (row_len[t] + chunk - 1) / chunk;
       const int64_t* blocks = table + row_seq[t] * table_stride;
       if (n == 1) {
-        attend_fn(q + t * ldq + first * d, k_pool + h * d, v_pool + h * d, blocks, row_len[t],
-                  (int)group, d, bs, KVH * d, scale, scores, out + (t * H + first) * d, nullptr);
+        attend_fn(q + t * ldq + first * d, k_pool + h * dp, v_pool + h * dp, blocks, row_len[t],
+                  (int)group, d, bs, width, scale, scores, out + (t * H + first) * d, nullptr);
         continue;
       }
       const int64_t begin = c * chunk;
@@ -264,8 +309,8 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
       float ml[2 * kMaxGroup];
       float* acc = acc_part + p * d;
       alignas(64) float tmp[kMaxGroup * kMaxDim];
-      attend_fn(q + t * ldq + first * d, k_pool + h * d, v_pool + h * d, blocks + begin / bs,
-                len, (int)group, d, bs, KVH * d, scale, scores, tmp, ml);
+      attend_fn(q + t * ldq + first * d, k_pool + h * dp, v_pool + h * dp, blocks + begin / bs,
+                len, (int)group, d, bs, width, scale, scores, tmp, ml);
       for (int64_t g = 0; g < group; ++g) {
         memcpy(acc + g * n * d, tmp + g * d, (size_t)d * sizeof(float));
         ml_part[2 * (p + g * n)] = ml[2 * g];
@@ -294,10 +339,11 @@ extern "C" {
 
 // First stores the step's new K/V rows (k_new/v_new [T, KVH * d], row strides ldk/ldv) at their
 // pool slots [T], then attends. q [T, H * d] (row stride ldq), out [T, H, d] contiguous; pools
-// [num_blocks, bs, KVH, d]; table [S, table_stride] int64 block ids; row_seq [T] int64 (< S),
-// row_len [T] int64 (>= 1). H / KVH <= 16, d <= 256. kv_dtype: the pools' elements, 0 float32,
-// 1 float16, 2 bfloat16 (new rows rounded to nearest even when stored). Returns 0, or 1 on bad
-// shapes, an unknown kv_dtype or no memory.
+// [num_blocks, bs, KVH, d] (int8: d + 4); table [S, table_stride] int64 block ids; row_seq [T]
+// int64 (< S), row_len [T] int64 (>= 1). H / KVH <= 16, d <= 256. kv_dtype: the pools'
+// elements, 0 float32, 1 float16, 2 bfloat16 (new rows rounded to nearest even when stored),
+// 3 int8 with a scale per head row (the header). Returns 0, or 1 on bad shapes, an unknown
+// kv_dtype or no memory.
 int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk,
                        const float* v_new, int64_t ldv, const int64_t* slots, void* k_pool,
                        void* v_pool, int64_t kv_dtype, const int64_t* table,
@@ -317,6 +363,10 @@ int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t 
       return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (bf16*)k_pool,
                              (bf16*)v_pool, table, table_stride, row_seq, row_len, T, H, KVH,
                              d, bs, scale, out);
+    case 3:
+      return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (q8*)k_pool, (q8*)v_pool,
+                             table, table_stride, row_seq, row_len, T, H, KVH, d, bs, scale,
+                             out);
     default:
       return 1;
   }

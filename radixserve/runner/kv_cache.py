@@ -8,7 +8,16 @@ import torch
 from radixserve.config import CacheConfig, ModelConfig
 
 
-_KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+              "int8": torch.int8}
+# int8 pools: each (token, KV head) row holds head_dim int8 values and then its float32 scale
+# (paged_attention.cpp), so a row is head_dim + 4 bytes
+_INT8_ROW_EXTRA = 4
+
+
+def row_width(model: ModelConfig, dtype: torch.dtype) -> int:
+    """Elements of one (token, KV head) row of a pool of ``dtype``."""
+    return model.head_dim + (_INT8_ROW_EXTRA if dtype == torch.int8 else 0)
 
 
 def resolve_kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
@@ -33,7 +42,8 @@ def num_blocks_for_budget(model: ModelConfig, cache: CacheConfig, dtype: torch.d
     if cache.num_blocks is not None:
         return cache.num_blocks
     elem = torch.tensor([], dtype=dtype).element_size()
-    per_block = 2 * model.num_layers * cache.block_size * model.kv_size * elem
+    per_block = (2 * model.num_layers * cache.block_size * model.num_kv_heads
+                 * row_width(model, dtype) * elem)
     num = int(cache.kv_cache_memory_gb * 1024**3 // per_block)
     if num < 1:
         raise ValueError(f"kv_cache_memory_gb={cache.kv_cache_memory_gb} holds no block "
@@ -44,7 +54,8 @@ def num_blocks_for_budget(model: ModelConfig, cache: CacheConfig, dtype: torch.d
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int,
                       dtype: torch.dtype, device: torch.device
                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer (k, v), each ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
-    shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
+    """Per layer (k, v), each ``[num_blocks, block_size, num_kv_heads, head_dim]`` (int8:
+    ``head_dim + 4``, the row's scale after its values)."""
+    shape = (num_blocks, block_size, model.num_kv_heads, row_width(model, dtype))
     return [(torch.zeros(shape, dtype=dtype, device=device),
              torch.zeros(shape, dtype=dtype, device=device)) for _ in range(model.num_layers)]

@@ -1,7 +1,7 @@
-"""``--kv-cache-dtype``: the embedded model with a float16 KV pool keeps the engine's
-guarantees (greedy output alone = batched = chunked = from the prefix cache), holds twice the
-blocks of a float32 pool in the same budget, and gives the float32 pool's greedy tokens;
-``auto`` resolves by CPU level; a 16-bit pool under a backend that cannot read it is refused."""
+"""``--kv-cache-dtype``: the embedded model with a float16 or int8 KV pool keeps the engine's
+guarantees (greedy output alone = batched = chunked = from the prefix cache), holds 2x / ~3.8x
+the blocks of a float32 pool in the same budget, and gives the float32 pool's greedy tokens;
+``auto`` resolves by CPU level; a pool under a backend that cannot read it is refused."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from radixserve.runner.model_runner import ModelRunner
 pytestmark = pytest.mark.skipif(native.load() is None, reason="needs the native attention")
 
 
-@pytest.fixture(scope="module")
-def f16_llm():
+@pytest.fixture(scope="module", params=["float16", "int8"])
+def f16_llm(request):
+    """The embedded model on a float16 pool, then on an int8 one."""
     from radixserve import LLM
 
-    return LLM(kv_cache_dtype="float16", show_progress=False)
+    return LLM(kv_cache_dtype=request.param, show_progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +37,17 @@ def f16_alone(f16_llm):
     return [f16_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
 
 
-def test_the_pool_is_float16_with_twice_the_blocks(f16_llm, f32_llm):
+def test_the_pool_holds_more_blocks_in_the_same_budget(f16_llm, f32_llm):
     runner = f16_llm.engine.runner
-    assert runner.kv_caches[0][0].dtype == torch.float16 and runner.backend_name == "cpu_native"
-    assert f32_llm.engine.runner.kv_caches[0][0].dtype == torch.float32
-    f32_blocks = f32_llm.engine.runner.kv_caches[0][0].shape[0]
-    assert runner.kv_caches[0][0].shape[0] == 2 * f32_blocks
+    pool = runner.kv_caches[0][0]
+    assert runner.backend_name == "cpu_native"
+    f32 = f32_llm.engine.runner.kv_caches[0][0]
+    assert f32.dtype == torch.float32
+    if pool.dtype == torch.float16:
+        assert pool.shape == (2 * f32.shape[0], *f32.shape[1:])
+    else:  # int8 rows of head_dim values and a float32 scale
+        assert pool.dtype == torch.int8 and pool.shape[3] == f32.shape[3] + 4
+        assert abs(pool.shape[0] - f32.shape[0] * 4 * f32.shape[3] / pool.shape[3]) <= 1
 
 
 def test_auto_is_float16_only_where_it_measured_faster(monkeypatch):
@@ -82,10 +88,11 @@ def test_close_to_a_float32_pool(f16_alone, f32_llm):
     assert sum(a[:8] == b[:8] for a, b in zip(f16_alone, f32)) >= len(PROMPTS) - 1
 
 
-def test_a_16bit_pool_needs_the_native_attention(embedded_llm):
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.int8])
+def test_a_16bit_or_int8_pool_needs_the_native_attention(embedded_llm, kv_dtype):
     engine = embedded_llm.engine
     with pytest.raises(ValueError, match="needs the native CPU attention"):
         ModelRunner(engine.runner.model, engine.runner.config, 4, 16, torch.device("cpu"),
-                    torch.float32, attn_backend="torch", kv_dtype=torch.float16)
+                    torch.float32, attn_backend="torch", kv_dtype=kv_dtype)
     with pytest.raises(ValueError, match="unknown kv_cache_dtype 'int4'"):
         CacheConfig(kv_cache_dtype="int4")

@@ -28,13 +28,34 @@ def reference(q, keys, values, lens):
     return torch.stack(out).float()
 
 
+def q8_rows(x: torch.Tensor) -> torch.Tensor:
+    """Float rows [..., d] → an int8 pool's rows [..., d + 4]: round(x * 127 / max|x|), then the
+    float32 scale max|x| / 127 as 4 bytes (paged_attention.cpp's int8 layout)."""
+    amax = x.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(x * inv).to(torch.int8)
+    return torch.cat((q, (amax / 127.0).contiguous().view(torch.int8)), dim=-1)
+
+
+def q8_values(p: torch.Tensor) -> torch.Tensor:
+    return p[..., :-4].float() * p[..., -4:].contiguous().view(torch.float32)
+
+
+def to_pool(x: torch.Tensor, kv_dtype: torch.dtype) -> torch.Tensor:
+    return q8_rows(x) if kv_dtype == torch.int8 else x.to(kv_dtype)
+
+
+def from_pool(p: torch.Tensor, kv_dtype: torch.dtype) -> torch.Tensor:
+    return q8_values(p) if kv_dtype == torch.int8 else p.float()
+
+
 def run_batch(seqs, seed=0, backend=None, dims=None, kv_dtype=torch.float32):
     """seqs: (block_ids, start_pos, num_new_tokens) packed in this order (decode-like first).
     Returns the backend's output, the reference (on K/V rounded to ``kv_dtype``, the pool's
     elements), and the metadata."""
     gen = torch.Generator().manual_seed(seed)
-    k_cache = torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen).to(kv_dtype)
-    v_cache = torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen).to(kv_dtype)
+    k_cache = to_pool(torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen), kv_dtype)
+    v_cache = to_pool(torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen), kv_dtype)
     total = sum(n for _, _, n in seqs)
     q = torch.randn(total, HEADS, DIM, generator=gen)
     k = torch.randn(total, KV_HEADS, DIM, generator=gen)
@@ -47,10 +68,10 @@ def run_batch(seqs, seed=0, backend=None, dims=None, kv_dtype=torch.float32):
         seq_slots = [blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(start + n)]
         slots += seq_slots[start:]
         # the sequence's K/V as the backend will see it: cached context, then the new rows
-        ks = k_cache.view(-1, KV_HEADS, DIM)[seq_slots].float()
-        vs = v_cache.view(-1, KV_HEADS, DIM)[seq_slots].float()
-        ks[start:] = k[t:t + n].to(kv_dtype).float()
-        vs[start:] = v[t:t + n].to(kv_dtype).float()
+        ks = from_pool(k_cache.flatten(0, 1)[seq_slots], kv_dtype)
+        vs = from_pool(v_cache.flatten(0, 1)[seq_slots], kv_dtype)
+        ks[start:] = from_pool(to_pool(k[t:t + n], kv_dtype), kv_dtype)
+        vs[start:] = from_pool(to_pool(v[t:t + n], kv_dtype), kv_dtype)
         for j in range(n):
             row_keys.append(ks)
             row_values.append(vs)
@@ -127,9 +148,9 @@ def test_native_backend_matches_dense_reference(case):
 
 
 @needs_native
-@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("case", ["plain", "prefills", "long"])
-def test_native_16bit_pools_match_dense_reference(case, kv_dtype):
+def test_native_16bit_and_int8_pools_match_dense_reference(case, kv_dtype):
     seqs = {"plain": [([20, 21, 22], 9, 1), ([30, 31], 5, 1), ([40, 41, 42, 43], 15, 1)],
             "prefills": [([20, 21], 6, 1), ([30, 31, 32], 0, 10), (SHARED + [62, 63], 70, 10)],
             "long": [(list(range(1, 91)), 357, 1)]}[case]
@@ -162,11 +183,32 @@ def test_native_16bit_pools_store_rows_rounded_as_torch_rounds(kv_dtype):
 
 
 @needs_native
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_native_int8_pool_stores_rows_with_their_scales():
+    """New rows land quantized exactly as ``q8_rows`` (round half to even of x * 127 / max|x|,
+    the scale after the values); an all-zero row stores zeros and a zero scale."""
+    k_cache = torch.zeros(NUM_BLOCKS, BLOCK, KV_HEADS, DIM + 4, dtype=torch.int8)
+    v_cache = torch.zeros_like(k_cache)
+    gen = torch.Generator().manual_seed(3)
+    k = torch.randn(6, KV_HEADS, DIM, generator=gen) * torch.logspace(-9, 5, 6)[:, None, None]
+    k[1, 0] = 0.0
+    v = torch.randn(6, KV_HEADS, DIM, generator=gen)
+    backend = NativeCpuPagedAttention()
+    slots = torch.tensor([5, 6, 7, 8, 9, 10])
+    meta = backend.build_metadata(slot_mapping=slots, block_table=torch.tensor([[1, 2, 3]]),
+                                  context_lens=[11], q_lens=[6], start_pos=[5], block_size=BLOCK)
+    backend.forward(torch.randn(6, HEADS, DIM, generator=gen), k, v, (k_cache, v_cache), meta,
+                    SCALE)
+    assert torch.equal(k_cache.flatten(0, 1)[slots], q8_rows(k))
+    assert torch.equal(v_cache.flatten(0, 1)[slots], q8_rows(v))
+    assert not k_cache.flatten(0, 1)[slots][1, 0].any()
+
+
+@needs_native
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
 def test_native_decode_rows_do_not_depend_on_the_batch(kv_dtype):
     gen = torch.Generator().manual_seed(5)
-    pool = (torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen).to(kv_dtype),
-            torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen).to(kv_dtype))
+    pool = (to_pool(torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen), kv_dtype),
+            to_pool(torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, DIM, generator=gen), kv_dtype))
     seqs = [(SHARED + [60, 61], 79), ([30, 31], 5), (SHARED + [62], 74)]  # (blocks, length)
     q = torch.randn(3, HEADS, DIM, generator=gen)
     k, v = torch.randn(3, KV_HEADS, DIM, generator=gen), torch.randn(3, KV_HEADS, DIM, generator=gen)

@@ -15,13 +15,13 @@ _BACKENDS = {
 def resolve_attn_backend(name: str, device: torch.device, dtype: torch.dtype,
                          kv_dtype: torch.dtype | None = None) -> str:
     """``auto`` → ``cpu_native`` for a float32 model on a CPU where the native kernels load
-    (its pool of float32, float16 or bfloat16: ``kv_dtype``, default ``dtype``), else
+    (its pool of float32, float16, bfloat16 or int8: ``kv_dtype``, default ``dtype``), else
     ``torch``; other names are returned as given."""
     if name != "auto":
         return name
     kv_dtype = dtype if kv_dtype is None else kv_dtype
     if (device.type == "cpu" and dtype == torch.float32
-            and kv_dtype in (torch.float32, torch.float16, torch.bfloat16)):
+            and kv_dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int8)):
         from radixserve.kernels import native
 
         if native.load() is not None:

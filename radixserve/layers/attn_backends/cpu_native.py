@@ -5,7 +5,8 @@ from the pool in place (no gathered copy per layer, no mask tensors), in one cal
 Each (row, KV head) is computed on its own with a fixed order of operations, so a row's result
 is bit-identical whether it was decoded alone or in any batch, prefilled in one chunk or
 several, or found most of its context in the prefix cache. Needs a CPU pool of float32,
-float16 or bfloat16 (``--kv-cache-dtype``; rows rounded once when stored, read back exactly);
+float16 or bfloat16 (``--kv-cache-dtype``; rows rounded once when stored, read back exactly),
+or int8 (one scale per token and head, ``runner/kv_cache.py``);
 ``resolve_attn_backend("auto")`` picks this backend there.
 """
 
@@ -21,7 +22,7 @@ from radixserve.layers.attn_backends.torch_paged import is_decode_like
 
 
 # The pool element codes of rs_paged_attention (paged_attention.cpp).
-KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
 
 
 @dataclass(slots=True)
