@@ -350,25 +350,17 @@ int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t 
                        int64_t table_stride, const int64_t* row_seq, const int64_t* row_len,
                        int64_t T, int64_t H, int64_t KVH, int64_t d, int64_t bs, float scale,
                        float* out) {
+  auto run = [&](auto* kind) {  // the pools as elements of kind's type
+    using KV = std::remove_pointer_t<decltype(kind)>;
+    return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (KV*)k_pool, (KV*)v_pool,
+                           table, table_stride, row_seq, row_len, T, H, KVH, d, bs, scale, out);
+  };
   switch (kv_dtype) {
-    case 0:
-      return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (float*)k_pool,
-                             (float*)v_pool, table, table_stride, row_seq, row_len, T, H, KVH,
-                             d, bs, scale, out);
-    case 1:
-      return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (f16*)k_pool, (f16*)v_pool,
-                             table, table_stride, row_seq, row_len, T, H, KVH, d, bs, scale,
-                             out);
-    case 2:
-      return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (bf16*)k_pool,
-                             (bf16*)v_pool, table, table_stride, row_seq, row_len, T, H, KVH,
-                             d, bs, scale, out);
-    case 3:
-      return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (q8*)k_pool, (q8*)v_pool,
-                             table, table_stride, row_seq, row_len, T, H, KVH, d, bs, scale,
-                             out);
-    default:
-      return 1;
+    case 0: return run((float*)nullptr);
+    case 1: return run((f16*)nullptr);
+    case 2: return run((bf16*)nullptr);
+    case 3: return run((q8*)nullptr);
+    default: return 1;
   }
 }
 

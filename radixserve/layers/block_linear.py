@@ -6,8 +6,8 @@ Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): the weights are exactly the file's and take about
 layer (q/k/v, gate/up) whose matrices differ in type — Q4_K_M files store some as Q6_K — keeps
 one part per type, side by side in the output.
 
-The activations are quantized per row and block of 32 in two terms (~11 bits); the integer sum
-of each block is exact and the float accumulation runs block by block in one fixed order, so a
+The activations are quantized per row and block of 32 to 8 bits (llama.cpp's Q8_1); the integer
+sum of each sub-block is exact and the float accumulation runs block by block in one fixed order, so a
 row's output is bit-identical alone or in any batch. The numerics and the packed layout are
 stated in ``kernels/block_linear.cpp``; ``pack`` here writes that layout from the file's bytes
 (through ``models/gguf_quant.split_blocks``).
@@ -126,7 +126,7 @@ def packed_bytes(qtype: GGMLQuantizationType, n: int, k: int) -> int:
     return -(-n // 16) * (k // (32 * u)) * (u * (256 + plane + per_block) + per_unit)
 
 
-_PACK_ROWS = 2048  # rows split and packed at a time: bounds the load's transient memory
+PACK_ROWS = 2048  # rows split and packed at a time: bounds the load's transient memory
 
 
 def pack(qtype: GGMLQuantizationType, raw: torch.Tensor, k: int) -> torch.Tensor:
@@ -137,8 +137,8 @@ def pack(qtype: GGMLQuantizationType, raw: torch.Tensor, k: int) -> torch.Tensor
     n = raw.shape[0]
     out = torch.empty(packed_bytes(qtype, n, k), dtype=torch.uint8)
     per_group = packed_bytes(qtype, 16, k)
-    for r0 in range(0, n, _PACK_ROWS):
-        r1 = min(n, r0 + _PACK_ROWS)
+    for r0 in range(0, n, PACK_ROWS):
+        r1 = min(n, r0 + PACK_ROWS)
         codes, fields = split_blocks(raw[r0:r1], qtype, (r1 - r0, k))
         chunk = _pack_rows(qtype, codes, fields)
         out[r0 // 16 * per_group:r0 // 16 * per_group + chunk.numel()] = chunk

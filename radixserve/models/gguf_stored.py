@@ -22,14 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 from tqdm import tqdm
 
 from radixserve.config import ModelConfig
-from radixserve.layers.block_linear import FORMATS, BlockLinear
+from radixserve.layers.block_linear import FORMATS, PACK_ROWS, BlockLinear, packed_bytes
 from radixserve.layers.int8_linear import Int8Linear
-from radixserve.models.gguf_quant import to_torch, dequantize
+from radixserve.models.gguf_quant import dequantize, to_torch
 
 logger = logging.getLogger(__name__)
 
@@ -233,10 +233,6 @@ _FUSED = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv",
 def memory_plan(tensors: Iterable[tuple[str, str, tuple[int, ...]]]) -> MemoryPlan:
     """``tensors``: (GGUF name, type name, row-major shape) of every tensor of a file; the same
     arithmetic as ``load_stored`` (``packed_bytes`` per matrix)."""
-    from gguf import GGML_QUANT_SIZES
-
-    from radixserve.layers.block_linear import _PACK_ROWS, packed_bytes
-
     tensors = list(tensors)
     tied = not any(name == "output.weight" for name, _, _ in tensors)
     by_type: dict[str, int] = {}
@@ -264,7 +260,7 @@ def memory_plan(tensors: Iterable[tuple[str, str, tuple[int, ...]]]) -> MemoryPl
         parts = name.split(".")
         key = ".".join(parts[:2] + [_FUSED.get(parts[2], parts[2])]) if parts[0] == "blk" else name
         layers[key] = layers.get(key, 0) + stored
-    codes = _PACK_ROWS * widest * 3  # codes, their permuted copy and the planes being built
+    codes = PACK_ROWS * widest * 3  # codes, their permuted copy and the planes being built
     return MemoryPlan(file=file, weights=sum(by_type.values()), embedding=embedding,
                       floats=floats, transient=max(layers.values(), default=0) + codes,
                       by_type=by_type)

@@ -158,6 +158,17 @@ def test_native_16bit_and_int8_pools_match_dense_reference(case, kv_dtype):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def _store_six_rows(k, v, k_cache, v_cache, gen) -> torch.Tensor:
+    """One native forward that stores k/v [6, KV_HEADS, DIM] at slots 5..10; returns them."""
+    backend = NativeCpuPagedAttention()
+    slots = torch.tensor([5, 6, 7, 8, 9, 10])
+    meta = backend.build_metadata(slot_mapping=slots, block_table=torch.tensor([[1, 2, 3]]),
+                                  context_lens=[11], q_lens=[6], start_pos=[5], block_size=BLOCK)
+    backend.forward(torch.randn(6, HEADS, DIM, generator=gen), k, v, (k_cache, v_cache), meta,
+                    SCALE)
+    return slots
+
+
 @needs_native
 @pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16])
 def test_native_16bit_pools_store_rows_rounded_as_torch_rounds(kv_dtype):
@@ -168,12 +179,7 @@ def test_native_16bit_pools_store_rows_rounded_as_torch_rounds(kv_dtype):
     k[0, 0, :4] = torch.tensor([65519.0, 65520.0, -1e6, 6e-8])  # f16: max, overflow, subnormal
     k[0, 1, :3] = torch.tensor([float("inf"), float("-inf"), float("nan")])
     v = torch.randn(6, KV_HEADS, DIM, generator=gen)
-    backend = NativeCpuPagedAttention()
-    slots = torch.tensor([5, 6, 7, 8, 9, 10])
-    meta = backend.build_metadata(slot_mapping=slots, block_table=torch.tensor([[1, 2, 3]]),
-                                  context_lens=[11], q_lens=[6], start_pos=[5], block_size=BLOCK)
-    backend.forward(torch.randn(6, HEADS, DIM, generator=gen), k, v, (k_cache, v_cache), meta,
-                    SCALE)
+    slots = _store_six_rows(k, v, k_cache, v_cache, gen)
     stored = k_cache.view(-1, KV_HEADS, DIM)[slots]
     want = k.to(kv_dtype)
     assert torch.equal(stored.view(torch.int16)[~want.isnan()],
@@ -192,12 +198,7 @@ def test_native_int8_pool_stores_rows_with_their_scales():
     k = torch.randn(6, KV_HEADS, DIM, generator=gen) * torch.logspace(-9, 5, 6)[:, None, None]
     k[1, 0] = 0.0
     v = torch.randn(6, KV_HEADS, DIM, generator=gen)
-    backend = NativeCpuPagedAttention()
-    slots = torch.tensor([5, 6, 7, 8, 9, 10])
-    meta = backend.build_metadata(slot_mapping=slots, block_table=torch.tensor([[1, 2, 3]]),
-                                  context_lens=[11], q_lens=[6], start_pos=[5], block_size=BLOCK)
-    backend.forward(torch.randn(6, HEADS, DIM, generator=gen), k, v, (k_cache, v_cache), meta,
-                    SCALE)
+    slots = _store_six_rows(k, v, k_cache, v_cache, gen)
     assert torch.equal(k_cache.flatten(0, 1)[slots], q8_rows(k))
     assert torch.equal(v_cache.flatten(0, 1)[slots], q8_rows(v))
     assert not k_cache.flatten(0, 1)[slots][1, 0].any()
