@@ -8,6 +8,7 @@ written as llama.cpp writes a ``llama`` tokenizer, and byte-level BPE ones per
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -70,6 +71,8 @@ def spm_pair(request, tmp_path_factory) -> tuple[Tokenizer, object, tuple]:
 def test_spm_matches_transformers(spm_pair) -> None:
     ours, ref, _ = spm_pair
     assert ours.vocab_size == len(ref)
+    mine, theirs = (json.loads(t.to_str())["model"] for t in (ours.backend, ref.backend_tokenizer))
+    assert (mine["vocab"], mine["merges"]) == (theirs["vocab"], theirs["merges"])
     assert (ours.bos_token_id, ours.eos_token_id, ours.unk_token_id, ours.pad_token_id) == (
         ref.bos_token_id, ref.eos_token_id, ref.unk_token_id, ref.pad_token_id)
     for text in TEXTS:
