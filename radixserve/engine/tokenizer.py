@@ -254,7 +254,8 @@ class Tokenizer:
         reach the template as variables. Raises `ValueError` if the model has no template.
         """
         if self.chat_template is None:
-            raise ValueError("this model has no chat template")
+            raise ValueError("this model has no chat template (a base model?): send its prompt "
+                             "to /v1/completions")
         return render_chat_template(
             self.chat_template,
             messages,
