@@ -10,71 +10,21 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gguf import GGUFReader
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from radixserve.engine.byte_pieces import ByteLevelDetokenizer, byte_level_pieces
+from radixserve.engine.byte_pieces import ByteLevelDetokenizer, TokenBytes, token_bytes
 from radixserve.engine.chat_template import render_chat_template
 from radixserve.engine.detokenizer import IncrementalDetokenizer
+from radixserve.engine.gguf_vocab import gguf_backend
 from radixserve.engine.segment_cache import SegmentCachedEncoder
 
 __all__ = ["Tokenizer"]
-
-_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types (tokenizer.ggml.token_type)
-
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-
-def _gpt2_pre() -> pre_tokenizers.PreTokenizer:
-    """GPT-2's regex, applied by the byte-level pre-tokenizer itself."""
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-
-def _smollm_pre() -> pre_tokenizers.PreTokenizer:
-    """SmolLM/StarCoder: every digit on its own, then GPT-2's regex (llama.cpp's 'smollm')."""
-    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2_pre()])
-
-
-def _split_pre(pattern: str) -> Callable[[], pre_tokenizers.PreTokenizer]:
-    """A regex split (matches kept as pieces) followed by a regex-free byte-level mapping."""
-
-    def build() -> pre_tokenizers.PreTokenizer:
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-
-    return build
-
-
-_PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
-    "default": _gpt2_pre,
-    "gpt-2": _gpt2_pre,
-    "gpt2": _gpt2_pre,
-    "smollm": _smollm_pre,
-    "llama3": _split_pre(_LLAMA3_SPLIT),
-    "llama-v3": _split_pre(_LLAMA3_SPLIT),
-    "llama-bpe": _split_pre(_LLAMA3_SPLIT),
-    "qwen2": _split_pre(_QWEN2_SPLIT),
-    "deepseek-r1-qwen": _split_pre(_QWEN2_SPLIT),
-}
-# Llama 3 looks a whole pre-token up in the vocabulary before merging (as llama.cpp does).
-_IGNORE_MERGES = frozenset({"llama3", "llama-v3", "llama-bpe"})
-_SUPPORTED_MODELS = ("gpt2",)
 
 
 def _set_bos_eos(backend: HFTokenizer, bos_id: int | None, eos_id: int | None) -> None:
@@ -94,11 +44,8 @@ def _set_bos_eos(backend: HFTokenizer, bos_id: int | None, eos_id: int | None) -
     )
 
 
-def _gguf_tokenizer_fields(path_or_reader: str | os.PathLike[str] | GGUFReader) -> dict[str, Any]:
+def _gguf_tokenizer_fields(reader: GGUFReader) -> dict[str, Any]:
     """Every `tokenizer.*` metadata value of a GGUF file, keyed without the `tokenizer.` prefix."""
-    reader = path_or_reader
-    if not isinstance(reader, GGUFReader):
-        reader = GGUFReader(reader)
     return {
         key.removeprefix("tokenizer."): field.contents()
         for key, field in reader.fields.items()
@@ -106,34 +53,9 @@ def _gguf_tokenizer_fields(path_or_reader: str | os.PathLike[str] | GGUFReader) 
     }
 
 
-def _gguf_backend(meta: Mapping[str, Any]) -> HFTokenizer:
-    """A byte-level BPE `tokenizers.Tokenizer` from GGUF tokenizer metadata (no post-processor)."""
-    model_type = meta.get("ggml.model")
-    if model_type not in _SUPPORTED_MODELS:
-        raise ValueError(
-            f"unsupported GGUF tokenizer model {model_type!r}; supported: {list(_SUPPORTED_MODELS)}"
-        )
-    pre_type = meta.get("ggml.pre", "default")
-    if pre_type not in _PRE_TOKENIZERS:
-        raise ValueError(
-            f"unsupported GGUF pre-tokenizer {pre_type!r}; supported: {sorted(_PRE_TOKENIZERS)}"
-        )
-    tokens: list[str] = meta["ggml.tokens"]
-    vocab = {token: index for index, token in enumerate(tokens)}
-    merges = [tuple(merge.split(" ", 1)) for merge in meta["ggml.merges"]]
-    backend = HFTokenizer(
-        models.BPE(vocab=vocab, merges=merges, ignore_merges=pre_type in _IGNORE_MERGES)
-    )
-    backend.pre_tokenizer = _PRE_TOKENIZERS[pre_type]()
-    backend.decoder = decoders.ByteLevel()
-    token_types = meta.get("ggml.token_type") or ()
-    backend.add_tokens(
-        [AddedToken(tokens[i], special=True, normalized=False)
-         for i, kind in enumerate(token_types) if kind == _CONTROL]
-        + [AddedToken(tokens[i], special=False, normalized=False)
-           for i, kind in enumerate(token_types) if kind == _USER_DEFINED]
-    )
-    return backend
+def _gguf_architecture(reader: GGUFReader) -> str:
+    field = reader.fields.get("general.architecture")
+    return field.contents() if field is not None else ""
 
 
 def _token_content(value: Any) -> str | None:
@@ -200,16 +122,22 @@ class Tokenizer:
     def from_gguf(cls, path_or_reader: str | os.PathLike[str] | GGUFReader) -> Tokenizer:
         """Build from a GGUF file (or an open `GGUFReader`, to share one parse with the loader).
 
-        Only byte-level BPE (`tokenizer.ggml.model == 'gpt2'`) is supported; other models and
-        unknown `tokenizer.ggml.pre` types raise `ValueError` naming the supported ones.
+        Byte-level BPE (`tokenizer.ggml.model == 'gpt2'`) and SentencePiece (`'llama'`,
+        `'gemma4'`) vocabularies (see `gguf_vocab`); other models and unknown
+        `tokenizer.ggml.pre` types raise `ValueError` naming the supported ones.
         """
-        meta = _gguf_tokenizer_fields(path_or_reader)
-        backend = _gguf_backend(meta)
+        reader = path_or_reader
+        if not isinstance(reader, GGUFReader):
+            reader = GGUFReader(reader)
+        meta = _gguf_tokenizer_fields(reader)
+        backend = gguf_backend(meta, _gguf_architecture(reader))
         bos_id = meta.get("ggml.bos_token_id")
         eos_id = meta.get("ggml.eos_token_id")
+        # A SentencePiece file without the flag gets a BOS, as in llama.cpp and transformers.
+        add_bos_default = meta.get("ggml.model") == "llama"
         _set_bos_eos(
             backend,
-            bos_id if meta.get("ggml.add_bos_token", False) else None,
+            bos_id if meta.get("ggml.add_bos_token", add_bos_default) else None,
             eos_id if meta.get("ggml.add_eos_token", False) else None,
         )
         eot_id = meta.get("ggml.eot_token_id")
@@ -295,15 +223,19 @@ class Tokenizer:
     def detokenizer(self, prompt_token_ids: Sequence[int], skip_special_tokens: bool = True
                     ) -> IncrementalDetokenizer | ByteLevelDetokenizer:
         """A streaming detokenizer for one output (``step(new_ids)`` → text, ``flush()``):
-        a byte-table one for byte-level BPE vocabularies, else the decode-window one."""
-        if self._byte_pieces is None:
+        a byte-table one for byte-level BPE and SentencePiece vocabularies, else the
+        decode-window one. The output continues the prompt's text: a SentencePiece output
+        starts with its space unless the prompt holds only special tokens."""
+        table = self._token_bytes
+        if table is None:
             return IncrementalDetokenizer(self, prompt_token_ids, skip_special_tokens)
-        pieces, special = self._byte_pieces
-        return ByteLevelDetokenizer(pieces, special, skip_special_tokens)
+        starts_text = all(i in table.special_ids for i in prompt_token_ids)
+        return ByteLevelDetokenizer(table.pieces, table.special_ids, skip_special_tokens,
+                                    strip_first_space=table.strips_first_space and starts_text)
 
     @functools.cached_property
-    def _byte_pieces(self) -> tuple[list[bytes], frozenset[int]] | None:
-        return byte_level_pieces(self.backend)
+    def _token_bytes(self) -> TokenBytes | None:
+        return token_bytes(self.backend)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
         """The vocabulary strings of `ids` (byte-level spelling); `None` for unknown ids."""
@@ -322,7 +254,8 @@ class Tokenizer:
         reach the template as variables. Raises `ValueError` if the model has no template.
         """
         if self.chat_template is None:
-            raise ValueError("this model has no chat template")
+            raise ValueError("this model has no chat template (a base model?): send its prompt "
+                             "to /v1/completions")
         return render_chat_template(
             self.chat_template,
             messages,
