@@ -42,12 +42,13 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: 
 
 
 def stored_types(reader) -> tuple[str, ...]:
-    """The types of a GGUF file's matrices (2-D tensors), most frequent first; () for None."""
+    """The types of a GGUF file's matrices (2-D tensors, 3-D expert tensors), most frequent
+    first; () for None."""
     if reader is None:
         return ()
     counts: dict[str, int] = {}
     for t in reader.tensors:
-        if len(t.shape) == 2:
+        if len(t.shape) in (2, 3):  # 3-D: a MoE layer's experts
             counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
     return tuple(sorted(counts, key=lambda name: -counts[name]))
 

@@ -120,6 +120,8 @@ class NativeLayerStack:
 
 def _layer_ok(layer: nn.Module) -> bool:
     attn, mlp = layer.self_attn, layer.mlp
+    if not hasattr(mlp, "gate_up_proj"):  # a sparse MoE block (layers/moe.py): Python only
+        return False
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
     return (attn.q_norm is None and all(_linear_ok(m) for m in linears)
