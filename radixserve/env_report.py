@@ -21,7 +21,8 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: 
                stored: tuple[str, ...] = ()) -> dict:
     """Per layer type, what computes it: ``quantization`` and ``attention`` are resolved names
     ("none" / "int8" / "gguf"; "cpu_native" / "torch"), ``kernels`` the loaded level or None,
-    ``stored`` the GGUF file's matrix types (``stored_types``)."""
+    ``stored`` the GGUF file's matrix types (``stored_types``); ``qk_norm``: the layers have a
+    piece the native layer call lacks (q/k norms, sparse MoE blocks: ``python_only_layers``)."""
     native_kernel = f"native ({kernels})" if kernels else "torch"
     blocks = f"GGUF blocks as stored ({', '.join(stored) or '?'}), native ({kernels})"
     linears = {"none": "float (torch)", "int8": f"int8, native ({kernels})",
@@ -39,6 +40,12 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: 
         "RMSNorm, rotary, SiLU": native_kernel,
         "decoder layers": stack,
     }
+
+
+def python_only_layers(config) -> bool:
+    """Whether a model's decoder layers run as Python layers whatever the kernels (q/k norms
+    or sparse MoE blocks, see models/native_stack.py)."""
+    return config.qk_norm or config.moe is not None
 
 
 def stored_types(reader) -> tuple[str, ...]:
@@ -107,7 +114,7 @@ def report(model: str | None, quantization: str = "auto") -> str:
     attention = resolve_attn_backend("auto", cpu, torch.float32, kv_dtype)
     lines += [f"model: {source.path} ({config.architecture}, {config.num_layers} layers, "
               f"quantization {quantization} -> {resolved}, on cpu float32)"]
-    for layer, how in layer_plan(resolved, attention, info.level, config.qk_norm,
+    for layer, how in layer_plan(resolved, attention, info.level, python_only_layers(config),
                                  stored_types(reader)).items():
         lines.append(f"  {layer}: {how}")
     lines.append(f"  KV cache: {str(kv_dtype).removeprefix('torch.')} (--kv-cache-dtype auto)")
