@@ -10,6 +10,30 @@ from radixserve.cpu_threads import check_threads
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """The sparse mixture-of-experts blocks of a decoder (Qwen3-MoE, Mixtral): each token's
+    MLP is the weighted sum of ``top_k`` of ``num_experts`` SwiGLU experts of width
+    ``intermediate_size``, picked by a linear router (softmax over all experts, top-k, the k
+    weights renormalized to sum 1 when ``norm_topk_prob``). ``dense_layers``: the layers that
+    keep a dense MLP of the model's ``intermediate_size`` (Qwen3-MoE's ``mlp_only_layers`` and
+    ``decoder_sparse_step``)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool = True
+    dense_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"experts per token must be in 1..{self.num_experts} (the number "
+                             f"of experts), got {self.top_k}")
+
+    def is_sparse(self, layer_idx: int) -> bool:
+        return layer_idx not in self.dense_layers
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Shape of a Llama-family decoder, read from config.json or GGUF metadata."""
 
@@ -28,6 +52,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     qk_norm: bool = False
+    moe: MoeConfig | None = None  # None: every layer has a dense MLP
 
     @property
     def q_size(self) -> int:

@@ -21,7 +21,8 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: 
                stored: tuple[str, ...] = ()) -> dict:
     """Per layer type, what computes it: ``quantization`` and ``attention`` are resolved names
     ("none" / "int8" / "gguf"; "cpu_native" / "torch"), ``kernels`` the loaded level or None,
-    ``stored`` the GGUF file's matrix types (``stored_types``)."""
+    ``stored`` the GGUF file's matrix types (``stored_types``); ``qk_norm``: the layers have a
+    piece the native layer call lacks (q/k norms, sparse MoE blocks: ``python_only_layers``)."""
     native_kernel = f"native ({kernels})" if kernels else "torch"
     blocks = f"GGUF blocks as stored ({', '.join(stored) or '?'}), native ({kernels})"
     linears = {"none": "float (torch)", "int8": f"int8, native ({kernels})",
@@ -41,13 +42,20 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: 
     }
 
 
+def python_only_layers(config) -> bool:
+    """Whether a model's decoder layers run as Python layers whatever the kernels (q/k norms
+    or sparse MoE blocks, see models/native_stack.py)."""
+    return config.qk_norm or config.moe is not None
+
+
 def stored_types(reader) -> tuple[str, ...]:
-    """The types of a GGUF file's matrices (2-D tensors), most frequent first; () for None."""
+    """The types of a GGUF file's matrices (2-D tensors, 3-D expert tensors), most frequent
+    first; () for None."""
     if reader is None:
         return ()
     counts: dict[str, int] = {}
     for t in reader.tensors:
-        if len(t.shape) == 2:
+        if len(t.shape) in (2, 3):  # 3-D: a MoE layer's experts
             counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
     return tuple(sorted(counts, key=lambda name: -counts[name]))
 
@@ -106,7 +114,7 @@ def report(model: str | None, quantization: str = "auto") -> str:
     attention = resolve_attn_backend("auto", cpu, torch.float32, kv_dtype)
     lines += [f"model: {source.path} ({config.architecture}, {config.num_layers} layers, "
               f"quantization {quantization} -> {resolved}, on cpu float32)"]
-    for layer, how in layer_plan(resolved, attention, info.level, config.qk_norm,
+    for layer, how in layer_plan(resolved, attention, info.level, python_only_layers(config),
                                  stored_types(reader)).items():
         lines.append(f"  {layer}: {how}")
     lines.append(f"  KV cache: {str(kv_dtype).removeprefix('torch.')} (--kv-cache-dtype auto)")

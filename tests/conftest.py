@@ -86,3 +86,20 @@ def kernel_level(request):
         else:
             os.environ[native.ISA_ENV] = saved
         native.reset()
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_files(tmp_path_factory):
+    """Lazy ``(arch, ftype) → path`` of the tiny MoE models (tiny_moe.py): ftype "hf" is the
+    Hugging Face folder, F32 / F16 / Q8_0 / Q4_0 a GGUF converted from it; built on first use."""
+    from tiny_moe import make_moe_hf_model, moe_hf_to_gguf
+
+    root, made = tmp_path_factory.mktemp("tiny_moe"), {}
+
+    def get(arch: str, ftype: str = "hf") -> Path:
+        if (arch, ftype) not in made:
+            made[arch, ftype] = (make_moe_hf_model(arch, root / arch, seed=0) if ftype == "hf"
+                                 else moe_hf_to_gguf(get(arch), root / f"{arch}-{ftype}"
+                                                     / f"tiny-{arch}-{ftype}.gguf", ftype))
+        return made[arch, ftype]
+    return get

@@ -22,7 +22,7 @@ from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
 from radixserve.cpu_threads import apply_engine_threads
-from radixserve.env_report import startup_line, stored_types
+from radixserve.env_report import python_only_layers, startup_line, stored_types
 from radixserve.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from radixserve.engine.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.loader import load_model, load_model_config, open_gguf
@@ -74,7 +74,7 @@ class EngineCore:
                              kv_dtype=kv_dtype)
         if device.type == "cpu":
             logger.info("engine: %s", startup_line(quantization, runner.backend_name,
-                                                   model_config.qk_norm, threads, kv_dtype,
+                                                   python_only_layers(model_config), threads, kv_dtype,
                                                    stored_types(reader)))
         pool = BlockPool(num_blocks)
         cache = (RadixCache(pool, block_size) if config.cache.enable_prefix_caching

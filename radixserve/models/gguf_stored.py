@@ -30,6 +30,7 @@ from radixserve.config import ModelConfig
 from radixserve.layers.block_linear import FORMATS, PACK_ROWS, BlockLinear, packed_bytes
 from radixserve.layers.int8_linear import Int8Linear
 from radixserve.models.gguf_quant import dequantize, to_torch
+from radixserve.models.moe import expand_experts
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +64,8 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
     row order that undoes llama.cpp's Q/K permutation, or None for architectures without it.
     ValueError for a missing tensor or one of an unsupported type."""
     tensors = {}
-    for t in reader.tensors:
-        name = hf_name(t.name)
-        if name is not None:
-            tensors[name] = t
+    for t in reader.tensors:  # a 3-D expert tensor as one view per expert
+        tensors.update(expand_experts(hf_name(t.name), t))
     pages = _Pages(reader)
     packed = getattr(model, "packed_modules", {})
     linears = [(prefix, parent, name) for prefix, parent in model.named_modules()
@@ -227,12 +226,14 @@ class MemoryPlan:
 
 
 _FUSED = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv",
-          "ffn_gate": "ffn_gate_up", "ffn_up": "ffn_gate_up"}  # GGUF names of fused layers
+          "ffn_gate": "ffn_gate_up", "ffn_up": "ffn_gate_up",
+          "ffn_gate_exps": "ffn_gate_up_exps", "ffn_up_exps": "ffn_gate_up_exps"}  # fused layers
 
 
 def memory_plan(tensors: Iterable[tuple[str, str, tuple[int, ...]]]) -> MemoryPlan:
     """``tensors``: (GGUF name, type name, row-major shape) of every tensor of a file; the same
-    arithmetic as ``load_stored`` (``packed_bytes`` per matrix)."""
+    arithmetic as ``load_stored`` (``packed_bytes`` per matrix; a 3-D expert tensor
+    [n_expert, n, k] is n_expert matrices, packed and loaded one expert at a time)."""
     tensors = list(tensors)
     tied = not any(name == "output.weight" for name, _, _ in tensors)
     by_type: dict[str, int] = {}
@@ -244,22 +245,22 @@ def memory_plan(tensors: Iterable[tuple[str, str, tuple[int, ...]]]) -> MemoryPl
         numel = int(np.prod(shape))
         stored = numel // block * size
         file += stored
-        if len(shape) != 2:
+        if len(shape) not in (2, 3):
             floats += 4 * numel
             continue
-        n, k = shape
+        experts, n, k = shape if len(shape) == 3 else (1, *shape)
         is_embedding = name == "token_embd.weight"
         embedding += stored if is_embedding else 0
         if is_embedding and not tied:  # a lookup table only
             continue
         if qtype in FORMATS:
-            by_type[type_name] = by_type.get(type_name, 0) + packed_bytes(qtype, n, k)
+            by_type[type_name] = by_type.get(type_name, 0) + experts * packed_bytes(qtype, n, k)
         else:
-            floats += n * k + 4 * n  # int8 and its scales
+            floats += experts * (n * k + 4 * n)  # int8 and its scales
         widest = max(widest, k)
         parts = name.split(".")
         key = ".".join(parts[:2] + [_FUSED.get(parts[2], parts[2])]) if parts[0] == "blk" else name
-        layers[key] = layers.get(key, 0) + stored
+        layers[key] = layers.get(key, 0) + stored // experts  # one expert's rows at a time
     codes = PACK_ROWS * widest * 3  # codes, their permuted copy and the planes being built
     return MemoryPlan(file=file, weights=sum(by_type.values()), embedding=embedding,
                       floats=floats, transient=max(layers.values(), default=0) + codes,

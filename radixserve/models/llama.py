@@ -59,13 +59,22 @@ class MLP(nn.Module):
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
+def _mlp(cfg: ModelConfig, layer_idx: int) -> nn.Module:
+    """The layer's MLP: dense, or a sparse MoE block where ``cfg.moe`` says (layers/moe.py)."""
+    if cfg.moe is not None and cfg.moe.is_sparse(layer_idx):
+        from radixserve.layers.moe import SparseMoeBlock
+
+        return SparseMoeBlock(cfg.hidden_size, cfg.moe)
+    return MLP(cfg)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_idx, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = _mlp(cfg, layer_idx)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +143,7 @@ class LlamaForCausalLM(nn.Module):
                 param = params.get(name)
                 if param is None:
                     raise ValueError(f"unexpected weight {name!r}")
-                offset, size = self._shard_range(target, idx)
+                offset, size = self._shard_range(target, idx, param.shape[0])
                 _copy(param.data[offset:offset + size], tensor, name)
                 loaded.add(f"{name}#{idx}")
                 continue
@@ -148,12 +157,12 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"weights missing from the checkpoint: {missing[:5]}"
                              f"{' ...' if len(missing) > 5 else ''}")
 
-    def _shard_range(self, target: str, idx: int) -> tuple[int, int]:
+    def _shard_range(self, target: str, idx: int, rows: int) -> tuple[int, int]:
         cfg = self.config
         if target == "qkv_proj":
             sizes = (cfg.q_size, cfg.kv_size, cfg.kv_size)
-        else:
-            sizes = (cfg.intermediate_size, cfg.intermediate_size)
+        else:  # gate and up halves (a dense MLP's or an expert's)
+            sizes = (rows // 2, rows // 2)
         return sum(sizes[:idx]), sizes[idx]
 
     def _expected_names(self) -> list[str]:

@@ -19,6 +19,8 @@ from tqdm import tqdm
 from radixserve.config import ModelConfig
 from radixserve.models.gguf_quant import dequantize
 from radixserve.models.gguf_stored import load_stored
+from radixserve.models.moe import (GGUF_EXPERT_NAMES, moe_from_gguf, moe_from_hf,
+                                   split_expert_weights)
 from radixserve.models.quantization import quantize_linears_
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
 from radixserve.models.source import ModelSource
@@ -95,7 +97,8 @@ def _hf_config(cfg: dict) -> ModelConfig:
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
         attention_bias=arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False),
-        qk_norm=arch == "Qwen3ForCausalLM",
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+        moe=moe_from_hf(arch, cfg, cfg["num_hidden_layers"]),
     )
 
 
@@ -131,15 +134,20 @@ def _gguf_config(reader) -> ModelConfig:
     elif _field(reader, f"{arch}.rope.scaling.type") == "linear":
         rope_scaling = {"rope_type": "linear",
                         "factor": _field(reader, f"{arch}.rope.scaling.factor")}
+    num_layers = _field(reader, f"{arch}.block_count")
+    moe = moe_from_gguf(lambda key, default=None: _field(reader, key, default), arch, names,
+                        num_layers)
     return ModelConfig(
-        architecture=GGUF_ARCHITECTURES[arch],
+        architecture=("MixtralForCausalLM" if arch == "llama" and moe is not None
+                      else GGUF_ARCHITECTURES[arch]),
         vocab_size=vocab,
         hidden_size=hidden,
-        num_layers=_field(reader, f"{arch}.block_count"),
+        num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=_field(reader, f"{arch}.attention.head_count_kv", heads),
         head_dim=_field(reader, f"{arch}.attention.key_length", hidden // heads),
-        intermediate_size=_field(reader, f"{arch}.feed_forward_length"),
+        intermediate_size=(_field(reader, f"{arch}.feed_forward_length")
+                           or _field(reader, f"{arch}.expert_feed_forward_length")),
         rms_norm_eps=_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
         rope_theta=_field(reader, f"{arch}.rope.freq_base", 10000.0),
         rope_scaling=rope_scaling,
@@ -147,6 +155,7 @@ def _gguf_config(reader) -> ModelConfig:
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
+        moe=moe,
     )
 
 
@@ -157,6 +166,7 @@ _GGUF_NAMES = {
     "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_GGUF_NAMES.update(GGUF_EXPERT_NAMES)  # router, 3-D expert tensors (models/moe.py)
 _GGUF_TOP = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 
 
@@ -175,7 +185,7 @@ def hf_name(gguf_name: str) -> str | None:
     return f"{_GGUF_TOP[parts[0]]}.{parts[1]}"
 
 
-_PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")  # llama.cpp permutes Q/K
+_PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")  # llama.cpp permutes Q/K
 
 
 def _gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
@@ -191,7 +201,7 @@ def _gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tens
                  config.num_kv_heads if name.endswith("k_proj.weight") else None)
         if unpermute and heads is not None:
             weight = _unpermute(weight, heads)
-        yield name, weight
+        yield from split_expert_weights(name, weight)
 
 
 def unpermute_rows(rows: int, num_heads: int) -> torch.Tensor:

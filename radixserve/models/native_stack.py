@@ -11,6 +11,7 @@ the path for everything else (``PythonLayerStack``).
 from __future__ import annotations
 
 import ctypes
+import logging
 
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ from radixserve.layers.int8_linear import Int8Linear
 from radixserve.layers.block_linear import BlockLinear
 from radixserve.runner.forward_context import get_forward_context
 
+logger = logging.getLogger(__name__)
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -78,6 +80,10 @@ class NativeLayerStack:
         """The native stack where every layer can run natively, else the Python one."""
         fallback = PythonLayerStack(model.layers)
         lib = native.load()
+        if lib is not None and not all(hasattr(layer.mlp, "gate_up_proj")
+                                       for layer in model.layers):
+            logger.info("decoder layers: Python layers (sparse MoE blocks have no native "
+                        "layer call; their linears still run native kernels)")
         ok = lib is not None and all(_layer_ok(layer) for layer in model.layers)
         return cls(lib, model, fallback) if ok else fallback
 
@@ -120,6 +126,8 @@ class NativeLayerStack:
 
 def _layer_ok(layer: nn.Module) -> bool:
     attn, mlp = layer.self_attn, layer.mlp
+    if not hasattr(mlp, "gate_up_proj"):  # a sparse MoE block (layers/moe.py): Python only
+        return False
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
     return (attn.q_norm is None and all(_linear_ok(m) for m in linears)

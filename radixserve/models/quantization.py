@@ -67,5 +67,5 @@ def int8_kernels_available() -> bool:
 def _gguf_layers_quantized(reader) -> bool:
     """True if the transformer blocks' matrices are stored in a quantized GGUF type."""
     types = {t.tensor_type.name for t in reader.tensors
-             if t.name.startswith("blk.") and len(t.shape) == 2}
+             if t.name.startswith("blk.") and len(t.shape) in (2, 3)}  # 3-D: experts
     return bool(types - set(_FLOAT_GGUF_TYPES))

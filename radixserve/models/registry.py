@@ -5,14 +5,18 @@ from __future__ import annotations
 import importlib
 
 _LLAMA = ("radixserve.models.llama", "LlamaForCausalLM")
+_MOE = ("radixserve.models.moe", "MoeForCausalLM")
 _MODELS = {
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,
     "Qwen2ForCausalLM": _LLAMA,
     "Qwen3ForCausalLM": _LLAMA,
+    "Qwen3MoeForCausalLM": _MOE,
+    "MixtralForCausalLM": _MOE,
 }
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                      "qwen3": "Qwen3ForCausalLM"}
+                      "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
+# (a GGUF "llama" file with llama.expert_count > 0 is Mixtral: models/loader.py)
 
 
 def supported_architectures() -> list[str]:
