@@ -366,6 +366,8 @@ def _gguf_tensors(arch: str, config: dict, state: dict[str, np.ndarray]) -> dict
         # convert_hf_to_gguf.py's Phi3MiniModel: the two factor sets as tensors
         tensors["rope_factors_long.weight"] = np.asarray(scaling["long_factor"], np.float32)
         tensors["rope_factors_short.weight"] = np.asarray(scaling["short_factor"], np.float32)
+    elif scaling is not None and scaling["rope_type"] in ("linear", "yarn"):
+        pass  # written as rope.scaling.* keys (_add_hparams)
     elif scaling is not None:
         if scaling["rope_type"] != "llama3" or arch != "llama":
             raise NotImplementedError(f"rope scaling {scaling['rope_type']!r} for {arch}")
@@ -496,6 +498,14 @@ def _add_hparams(writer, arch: str, config: dict, ftype: str) -> None:
     if scaling is not None and scaling["rope_type"] == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(scaling["factor"])
+    elif scaling is not None and scaling["rope_type"] == "yarn":  # as convert_hf_to_gguf.py
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        if scaling.get("beta_fast") is not None:
+            writer.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
+        if scaling.get("beta_slow") is not None:
+            writer.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
 
 
 def _add_phi3_hparams(writer, config: dict) -> None:

@@ -16,6 +16,7 @@ from radixserve import LLM, SamplingParams
 from radixserve.models.loader import load_model_config
 from radixserve.models.native_stack import NativeLayerStack, PythonLayerStack
 from radixserve.models.quantization import int8_kernels_available
+from radixserve.models.rope_config import gguf_rope_fields, hf_rope_fields
 from radixserve.models.source import ModelSource
 
 BLOCK = 4
@@ -138,6 +139,22 @@ def test_engine_greedy_equals_transformers(name, num_blocks, lengths, llama_dirs
     assert ours == [_hf_greedy(reference, p, 12) for p in batch]
 
 
+@pytest.mark.parametrize("name", ["linear", "yarn"])
+def test_llama_gguf_rope_scaling_keys(name, llama_dirs, tmp_path):
+    """llama.cpp's rope.scaling.* keys (type, factor, original context, yarn betas): the
+    F32 file's logits are transformers' on the HF folder, past the original length."""
+    path = hf_to_gguf(llama_dirs[name], tmp_path / f"{name}.gguf")
+    cfg = load_model_config(ModelSource.resolve(str(path)))
+    assert cfg.rope_scaling["rope_type"] == name
+    assert cfg.rope_scaling["factor"] == LLAMA_VARIANTS[name][0]["factor"]
+    tokens = prompts(384, lengths=(120,), seed=36)[0]
+    runner = make_runner(path, num_blocks=128)
+    paged = PagedSeqs([tokens], num_blocks=128)
+    (logits,) = runner.all_logits([paged.chunk(0, len(tokens))])
+    torch.testing.assert_close(logits, hf_logits(_reference(llama_dirs[name]), tokens),
+                               atol=ATOL, rtol=0)
+
+
 # -- Phi-3 / Phi-4 --------------------------------------------------------------------------
 
 def test_phi3_config(phi3_dirs):
@@ -147,6 +164,18 @@ def test_phi3_config(phi3_dirs):
     assert cfg.rotary_dim == 12 and cfg.max_position_embeddings == 256
     assert cfg.rope_scaling["rope_type"] == "longrope"
     assert cfg.rope_scaling["original_max_position_embeddings"] == 64
+    assert cfg.sliding_window is None
+
+
+def test_phi3_sliding_window_is_read_and_caps_the_context(tmp_path):
+    """Phi-3-mini-4k's sliding_window (2047 of 4096 there): read from config.json and GGUF;
+    until the attention backends apply windows the context stops at the window."""
+    path = _phi3(tmp_path, "swa", 24, sliding_window=48)
+    assert load_model_config(ModelSource.resolve(str(path))).sliding_window == 48
+    gguf = hf_to_gguf(path, tmp_path / "swa.gguf")
+    assert load_model_config(ModelSource.resolve(str(gguf))).sliding_window == 48
+    llm = LLM(str(path), num_kv_blocks=64, block_size=BLOCK, show_progress=False)
+    assert llm.engine.max_model_len == 48
 
 
 @pytest.mark.parametrize("name", ["plain", "partial", "longrope"])
@@ -274,3 +303,27 @@ def test_unknown_rope_type_names_the_supported(tmp_path):
     with pytest.raises(ValueError, match="wobbly.*supported.*'linear'.*'dynamic'.*'yarn'"
                                          ".*'longrope'.*'llama3'"):
         load_model_config(ModelSource.resolve(str(path)))
+
+
+def test_unknown_gguf_rope_type_names_the_supported():
+    fields = {"llama.rope.scaling.type": "wobbly"}
+    with pytest.raises(ValueError, match="'wobbly'; supported: none, linear, yarn, longrope"):
+        gguf_rope_fields(lambda key, default=None: fields.get(key, default), {}, "llama", 16,
+                         64)
+
+
+def test_transformers_v4_phi3_config():
+    """Phi-3-mini-128k / Phi-4-mini as on the hub: ``rope_scaling`` with the old ``su`` name
+    (or ``longrope``), the original length and partial_rotary_factor at the top level."""
+    cfg = {"hidden_size": 3072, "num_attention_heads": 24, "max_position_embeddings": 131072,
+           "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+           "partial_rotary_factor": 0.75,
+           "rope_scaling": {"type": "su", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48}}
+    fields = hf_rope_fields(cfg, "Phi3ForCausalLM")
+    assert fields["rotary_dim"] == 96 and fields["rope_theta"] == 10000.0
+    assert fields["rope_scaling"]["rope_type"] == "longrope"
+    assert fields["rope_scaling"]["original_max_position_embeddings"] == 4096
+    # transformers' Phi3Config defaults the original length to 4096
+    del cfg["original_max_position_embeddings"]
+    scaling = hf_rope_fields(cfg, "Phi3ForCausalLM")["rope_scaling"]
+    assert scaling["original_max_position_embeddings"] == 4096
