@@ -18,7 +18,6 @@ from radixserve.kernels import native
 from radixserve.layers.rope_scaling import rope_frequencies, rope_window
 
 
-
 class RotaryEmbedding(nn.Module):
     """Precomputed cos/sin tables [context_len, rotary_dim] indexed by position; applied to q
     and k of shape [T, heads, head_dim]. ``max_positions``: the config's
@@ -35,7 +34,6 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", torch.empty(0), persistent=False)
         self.reset_tables()
         self._native = native.load()
-        self._checked: torch.Tensor | None = None  # the positions last checked in range
 
     @property
     def is_partial(self) -> bool:
@@ -49,14 +47,11 @@ class RotaryEmbedding(nn.Module):
 
     def check_positions(self, positions: torch.Tensor) -> None:
         """ValueError for a position past the tables (the native kernels would read past
-        them); each positions tensor is checked once, however many layers it passes."""
-        if positions is self._checked or not positions.numel():
-            return
-        last = int(positions.max())
+        them); the model checks each step's positions once, before its layers."""
+        last = int(positions.max()) if positions.numel() else -1
         if last >= self.context_len:
             raise ValueError(f"position {last} is past the rope tables' context "
                              f"({self.context_len} positions)")
-        self._checked = positions
 
     def reset_tables(self, device: torch.device | None = None) -> None:
         """(Re)compute the tables, e.g. after the model was built on the meta device."""
@@ -74,7 +69,6 @@ class RotaryEmbedding(nn.Module):
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, H, d], k [T, KVH, d] → rotated (q, k); the native path rotates them in place
         and returns the same tensors."""
-        self.check_positions(positions)
         if (self._native is not None and not self.is_partial and _native_ok(q)
                 and _native_ok(k) and self.cos.is_cpu and positions.dtype == torch.int64
                 and positions.is_contiguous()):

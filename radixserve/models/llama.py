@@ -107,6 +107,7 @@ class LlamaForCausalLM(nn.Module):
         models/native_stack.py), so the modules must be final by then (quantized, loaded)."""
         if self._stack is None:
             self._stack = NativeLayerStack.build(self)
+        self.rotary.check_positions(positions)
         x, residual = self._stack(positions, self.embed_tokens(input_ids))
         return self.norm(x, residual)[0]
 

@@ -3,7 +3,8 @@
 ``ModelSource`` (models/source.py) says where a model is; ``load_model_config`` reads its
 shape; ``load_model``
 builds the module and fills it. Tensors are mapped to Hugging Face names; llama.cpp's
-Q/K row permutation (Llama GGUF files only) is undone here.
+Q/K row permutation (Llama GGUF files only) is undone here; matrices a checkpoint stores
+fused (Phi-3's ``qkv_proj`` / ``attn_qkv``, ``gate_up_proj`` / ``ffn_up``) load as they are.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import torch
 from tqdm import tqdm
 
 from radixserve.config import ModelConfig
-from radixserve.models.rope_config import gguf_rope_fields, hf_rope_fields
 from radixserve.models.gguf_quant import dequantize
 from radixserve.models.gguf_stored import load_stored
 from radixserve.models.quantization import quantize_linears_
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
+from radixserve.models.rope_config import gguf_rope_fields, hf_rope_fields
 from radixserve.models.source import ModelSource
 
 

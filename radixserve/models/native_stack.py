@@ -96,7 +96,6 @@ class NativeLayerStack:
                    "qkv": torch.empty(rows, qkv_width), "att": torch.empty(rows, q_width),
                    "gate_up": torch.empty(rows, 2 * inter), "act": torch.empty(rows, inter)}
         rotary = self._model.rotary
-        rotary.check_positions(positions)
         step = _Step(rows=rows, positions=positions.data_ptr(), cos=rotary.cos.data_ptr(),
                      sin=rotary.sin.data_ptr(), slots=meta.slot_mapping.data_ptr(),
                      table=meta.block_table.data_ptr(), table_stride=meta.block_table.shape[1],

@@ -60,7 +60,7 @@ def gguf_rope_fields(field, tensors: dict, arch: str, head_dim: int,
     return {
         "rope_theta": field(f"{arch}.rope.freq_base", 10000.0),
         "rope_scaling": normalize_rope_scaling(scaling, max_positions, original),
-        "rotary_dim": None if dims == head_dim else dims,
+        "rotary_dim": dims if dims < head_dim else None,
     }
 
 
