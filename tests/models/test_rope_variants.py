@@ -327,3 +327,39 @@ def test_transformers_v4_phi3_config():
     del cfg["original_max_position_embeddings"]
     scaling = hf_rope_fields(cfg, "Phi3ForCausalLM")["rope_scaling"]
     assert scaling["original_max_position_embeddings"] == 4096
+
+
+@pytest.mark.parametrize("scaling,max_pos,partial,seq_len", [
+    ({"rope_type": "linear", "factor": 3.0}, 64, 1.0, None),
+    ({"rope_type": "dynamic", "factor": 2.0}, 64, 0.5, 100),
+    ({"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+      "mscale": 0.707, "mscale_all_dim": 1.0}, 256, 1.0, None),
+    ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64,
+      "beta_fast": 8.0, "beta_slow": 0.5}, 64, 0.75, None),
+    ({"rope_type": "longrope", "short_factor": SHORT8[:4], "long_factor": LONG8[:4],
+      "original_max_position_embeddings": 64}, 512, 0.5, 64),
+    ({"rope_type": "longrope", "short_factor": SHORT8[:4], "long_factor": LONG8[:4],
+      "original_max_position_embeddings": 64, "attention_factor": 1.3}, 512, 0.5, 65),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 64}, 512, 1.0, None),
+], ids=["linear", "dynamic-partial", "yarn-mscale", "yarn-betas-partial", "longrope-short",
+        "longrope-long", "llama3"])
+def test_frequencies_equal_transformers_init_functions(scaling, max_pos, partial, seq_len):
+    """Our inverse frequencies and attention factor against transformers'
+    ROPE_INIT_FUNCTIONS for a sequence of the context length we fix them for (None: its
+    default, max_position_embeddings)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from radixserve.layers.rope_scaling import normalize_rope_scaling, rope_frequencies
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16,
+                         max_position_embeddings=max_pos,
+                         rope_parameters={**scaling, "rope_theta": 10000.0,
+                                          "partial_rotary_factor": partial})
+    theirs, their_factor = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, seq_len=seq_len)
+    ours, our_factor = rope_frequencies(int(16 * partial), 10000.0,
+                                        normalize_rope_scaling(dict(scaling), max_pos),
+                                        max_pos, seq_len or max_pos)
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=1e-6, atol=0)
+    assert our_factor == pytest.approx(their_factor, rel=1e-7)
