@@ -29,7 +29,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "lpm"],
                    help="waiting order within a priority: arrival, or longest prefix match")
     g.add_argument("--max-model-len", type=int, default=None,
-                   help="context window (default: the model's)")
+                   help="context length (default: the model's window, capped by the tokens "
+                        "the KV pool holds; a larger one than either is refused)")
     g.add_argument("--device", default="cpu", help="cpu or cuda")
     g.add_argument("--threads", type=_positive_int, default=None, metavar="N",
                    help="CPU threads of the engine (torch and the native kernels; default: the "

@@ -53,6 +53,10 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     moe: MoeConfig | None = None  # None: every layer has a dense MLP
+    rotary_dim: int | None = None  # rope on the first dims of each head only; None: all
+    # attention to the last ``sliding_window`` positions only (Phi-3-mini-4k: 2047); applied
+    # by the attention backends where they support it, else the context is capped to it
+    sliding_window: int | None = None
 
     @property
     def q_size(self) -> int:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 ARCHS = ("llama", "qwen2", "qwen3")
+EXTRA_ARCHS = ("phi3",)  # built on demand only (not in the session fixtures)
 FTYPES = ("F32", "F16", "Q8_0", "Q4_0")
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -73,6 +74,8 @@ _HF_TO_GGUF_LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",  # phi3: stored fused
+    "mlp.gate_up_proj.weight": "ffn_up.weight",  # phi3: gate and up stacked in ffn_up
 }
 _HF_TO_GGUF_GLOBAL = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -192,11 +195,12 @@ def save_tokenizer(out_dir: str | Path):
 
 
 def _config_class(arch: str):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
 
-    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+               "phi3": Phi3Config}
     if arch not in classes:
-        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
+        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS + EXTRA_ARCHS}")
     return classes[arch]
 
 
@@ -218,6 +222,9 @@ def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int, **override
         eos_token_id=eos_id,
         pad_token_id=pad_id,
     )
+    if arch == "phi3":  # head_dim is hidden / heads; the original length is top-level
+        del kwargs["head_dim"]
+        kwargs["original_max_position_embeddings"] = kwargs["max_position_embeddings"]
     kwargs.update(overrides)
     return _config_class(arch)(**kwargs)
 
@@ -355,7 +362,13 @@ def _gguf_tensors(arch: str, config: dict, state: dict[str, np.ndarray]) -> dict
             w = permute_qk(w, n_kv)
         tensors[gguf_tensor_name(hf_name)] = w
     theta, scaling = _rope(config)
-    if scaling is not None:
+    if scaling is not None and arch == "phi3" and scaling["rope_type"] == "longrope":
+        # convert_hf_to_gguf.py's Phi3MiniModel: the two factor sets as tensors
+        tensors["rope_factors_long.weight"] = np.asarray(scaling["long_factor"], np.float32)
+        tensors["rope_factors_short.weight"] = np.asarray(scaling["short_factor"], np.float32)
+    elif scaling is not None and scaling["rope_type"] in ("linear", "yarn"):
+        pass  # written as rope.scaling.* keys (_add_hparams)
+    elif scaling is not None:
         if scaling["rope_type"] != "llama3" or arch != "llama":
             raise NotImplementedError(f"rope scaling {scaling['rope_type']!r} for {arch}")
         tensors["rope_freqs.weight"] = llama3_rope_factors(theta, _head_dim(config), scaling)
@@ -366,7 +379,8 @@ def _tensor_order(name: str) -> tuple:
     """llama.cpp-like order: token_embd, rope_freqs, blk.0 ... blk.N, output_norm, output."""
     if name.startswith("blk."):
         return (2, int(name.split(".")[1]), name)
-    rank = {"token_embd.weight": 0, "rope_freqs.weight": 1, "output_norm.weight": 3}
+    rank = {"token_embd.weight": 0, "rope_freqs.weight": 1, "rope_factors_long.weight": 1,
+            "rope_factors_short.weight": 1, "output_norm.weight": 3}
     return (rank.get(name, 4), 0, name)
 
 
@@ -471,9 +485,12 @@ def _add_hparams(writer, arch: str, config: dict, ftype: str) -> None:
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_rope_freq_base(theta)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    if arch == "phi3":
+        _add_phi3_hparams(writer, config)
+    else:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(config["vocab_size"])
     # llama3 rope scaling travels as the rope_freqs.weight tensor (no rope.scaling.* keys), as
     # in llama.cpp; linear scaling is written as keys.
@@ -481,6 +498,32 @@ def _add_hparams(writer, arch: str, config: dict, ftype: str) -> None:
     if scaling is not None and scaling["rope_type"] == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(scaling["factor"])
+    elif scaling is not None and scaling["rope_type"] == "yarn":  # as convert_hf_to_gguf.py
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        if scaling.get("beta_fast") is not None:
+            writer.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
+        if scaling.get("beta_slow") is not None:
+            writer.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
+
+
+def _add_phi3_hparams(writer, config: dict) -> None:
+    """The keys convert_hf_to_gguf.py's Phi3MiniModel adds: rotary dims from
+    partial_rotary_factor, original context, sliding window (0: none), longrope's attention
+    factor."""
+    params = config.get("rope_parameters") or {}
+    partial = config.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
+    n_embd, n_head = config["hidden_size"], config["num_attention_heads"]
+    original = config["original_max_position_embeddings"]
+    writer.add_rope_dimension_count(int(partial * n_embd) // n_head)
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_sliding_window(config.get("sliding_window") or 0)
+    _, scaling = _rope(config)
+    if scaling is not None:
+        scale = config["max_position_embeddings"] / original
+        writer.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0)
 
 
 _FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "Q8_0": "MOSTLY_Q8_0", "Q4_0": "MOSTLY_Q4_0",
@@ -501,8 +544,8 @@ def hf_to_gguf(hf_dir: str | Path, out_path: str | Path, ftype: str = "F32") -> 
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     config = _load_json(hf_dir / "config.json")
     arch = config["model_type"]
-    if arch not in ARCHS:
-        raise ValueError(f"model_type {arch!r} not in {ARCHS}")
+    if arch not in ARCHS + EXTRA_ARCHS:
+        raise ValueError(f"model_type {arch!r} not in {ARCHS + EXTRA_ARCHS}")
     tensors = _gguf_tensors(arch, config, _load_state_dict(hf_dir))
 
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from radixserve.config import EngineConfig, ModelConfig
+from radixserve.config import EngineConfig
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.no_cache import NoPrefixCache
@@ -23,6 +23,7 @@ from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
 from radixserve.cpu_threads import apply_engine_threads
 from radixserve.env_report import python_only_layers, startup_line, stored_types
+from radixserve.engine.context_len import resolve_max_model_len
 from radixserve.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from radixserve.engine.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.loader import load_model, load_model_config, open_gguf
@@ -80,7 +81,10 @@ class EngineCore:
         cache = (RadixCache(pool, block_size) if config.cache.enable_prefix_caching
                  else NoPrefixCache(pool))
         kv = KVCacheManager(pool, cache, block_size)
-        max_len = resolve_max_model_len(config, model_config)
+        max_len = resolve_max_model_len(
+            config.scheduler.max_model_len, model_config, num_blocks, block_size,
+            getattr(runner.backend, "supports_sliding_window", False))
+        model.rotary.set_context_len(max_len)  # the rope fixed for this context (rotary.py)
         scheduler = Scheduler(config.scheduler, kv, max_len)
         backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source)),
                                     model_config.vocab_size)
@@ -153,13 +157,3 @@ class EngineCore:
         if broken:
             self.scheduler.abort_requests([rid for rid, _ in broken])
         return [EngineCoreOutput(rid, [], "abort", error=error) for rid, error in broken]
-
-
-def resolve_max_model_len(config: EngineConfig, model: ModelConfig) -> int:
-    limit = model.max_position_embeddings
-    asked = config.scheduler.max_model_len
-    if asked is None:
-        return limit
-    if asked > limit:
-        raise ValueError(f"max_model_len={asked} exceeds the model's context window ({limit})")
-    return asked

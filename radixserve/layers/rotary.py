@@ -1,75 +1,77 @@
-"""Rotary position embedding (HF "rotate half" layout) with default, linear and llama3 scaling.
+"""Rotary position embedding (HF "rotate half" layout), any variant of layers/rope_scaling.py,
+on the first ``rotary_dim`` dimensions of each head (Phi-4-mini's ``partial_rotary_factor``;
+the rest pass through).
 
-On CPU with float32 q/k and the native kernels loaded, q and k are rotated in place in one call
-(``kernels/layer_ops.cpp``), bit-identical to the torch ops.
+The cos/sin tables hold one row per position of the engine's context, the attention factor of
+yarn / longrope folded in; a position's row never changes once the context length is set (see
+rope_scaling.py on dynamic NTK and longrope). On CPU with float32 q/k, full-head rotation and
+the native kernels loaded, q and k are rotated in place in one call (``kernels/layer_ops.cpp``),
+bit-identical to the torch ops.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
 
 from radixserve.kernels import native
-
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
-
-
-def _inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if rope_type == "default":
-        return inv_freq
-    if rope_type == "linear":
-        return inv_freq / scaling["factor"]
-    if rope_type == "llama3":
-        return _llama3_scale(inv_freq, scaling)
-    if rope_type == "freq_factors":  # GGUF stores llama3 scaling as per-dimension divisors
-        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float64)
-    raise ValueError(f"unsupported rope scaling {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
-
-
-def _llama3_scale(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
-    """Llama 3.1: keep high frequencies, divide low ones by ``factor``, blend in between."""
-    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-    old_len = s["original_max_position_embeddings"]
-    low_wavelen, high_wavelen = old_len / low, old_len / high
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    blended = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(is_medium, blended, scaled)
+from radixserve.layers.rope_scaling import rope_frequencies, rope_window
 
 
 class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin tables indexed by position; applied to q and k of shape [T, heads, d]."""
+    """Precomputed cos/sin tables [context_len, rotary_dim] indexed by position; applied to q
+    and k of shape [T, heads, head_dim]. ``max_positions``: the config's
+    ``max_position_embeddings`` (dynamic NTK and longrope read it); the tables cover the rope's
+    window (``rope_window``) until ``set_context_len`` says the engine's."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float,
-                 scaling: dict | None) -> None:
+                 scaling: dict | None, rotary_dim: int | None = None) -> None:
         super().__init__()
-        self.args = (head_dim, max_positions, theta, scaling)
+        self.head_dim, self.rotary_dim = head_dim, rotary_dim or head_dim
+        self.max_positions, self.theta, self.scaling = max_positions, theta, scaling
+        self.context_len = rope_window(max_positions, scaling)
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
         self.reset_tables()
         self._native = native.load()
 
+    @property
+    def is_partial(self) -> bool:
+        return self.rotary_dim != self.head_dim
+
+    def set_context_len(self, context_len: int) -> None:
+        """Fix the tables for an engine whose sequences reach ``context_len`` tokens (the
+        positions 0 .. context_len - 1); call before the first forward."""
+        self.context_len = context_len
+        self.reset_tables(self.cos.device)
+
+    def check_positions(self, positions: torch.Tensor) -> None:
+        """ValueError for a position past the tables (the native kernels would read past
+        them); the model checks each step's positions once, before its layers."""
+        last = int(positions.max()) if positions.numel() else -1
+        if last >= self.context_len:
+            raise ValueError(f"position {last} is past the rope tables' context "
+                             f"({self.context_len} positions)")
+
     def reset_tables(self, device: torch.device | None = None) -> None:
         """(Re)compute the tables, e.g. after the model was built on the meta device."""
-        head_dim, max_positions, theta, scaling = self.args
-        inv_freq = _inv_freq(head_dim, theta, scaling).float()
-        t = torch.arange(max_positions, dtype=torch.float32)
-        emb = torch.outer(t, inv_freq).repeat(1, 2)
-        self.cos = emb.cos().to(device or self.cos.device)
-        self.sin = emb.sin().to(device or self.sin.device)
+        inv_freq, attention = rope_frequencies(self.rotary_dim, self.theta, self.scaling,
+                                               self.max_positions, self.context_len)
+        t = torch.arange(self.context_len, dtype=torch.float32)
+        emb = torch.outer(t, inv_freq.float()).repeat(1, 2)
+        cos, sin = emb.cos(), emb.sin()
+        if attention != 1.0:  # yarn / longrope: transformers scales cos and sin in float32
+            cos, sin = cos * attention, sin * attention
+        self.cos = cos.to(device or self.cos.device)
+        self.sin = sin.to(device or self.sin.device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, H, d], k [T, KVH, d] → rotated (q, k); the native path rotates them in place
         and returns the same tensors."""
-        if (self._native is not None and _native_ok(q) and _native_ok(k) and self.cos.is_cpu
-                and positions.dtype == torch.int64 and positions.is_contiguous()):
+        if (self._native is not None and not self.is_partial and _native_ok(q)
+                and _native_ok(k) and self.cos.is_cpu and positions.dtype == torch.int64
+                and positions.is_contiguous()):
             num_rows, num_heads, head_dim = q.shape
             self._native.rs_rotary(q.data_ptr(), q.stride(0), num_heads, k.data_ptr(),
                                    k.stride(0), k.shape[1], num_rows, head_dim,
@@ -77,6 +79,10 @@ class RotaryEmbedding(nn.Module):
             return q, k
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        if self.is_partial:
+            r = self.rotary_dim
+            return (torch.cat((_apply(q[..., :r], cos, sin), q[..., r:]), dim=-1),
+                    torch.cat((_apply(k[..., :r], cos, sin), k[..., r:]), dim=-1))
         return _apply(q, cos, sin), _apply(k, cos, sin)
 
 

@@ -75,7 +75,8 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
                leave=False)
     for prefix, parent, name in bar:
         base = f"{prefix}.{name}" if prefix else name
-        shards = [base.rsplit(name, 1)[0] + shard for shard in packed.get(name, (name,))]
+        shards = ([base] if f"{base}.weight" in tensors  # stored fused (Phi-3's attn_qkv)
+                  else [base.rsplit(name, 1)[0] + shard for shard in packed.get(name, (name,))])
         weights = [_take(tensors, f"{s}.weight") for s in shards]
         bias = getattr(parent, name).bias
         biases = [_take(tensors, f"{s}.bias") for s in shards] if bias is not None else []

@@ -1,6 +1,8 @@
-"""Llama-family decoder: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm).
+"""Llama-family decoder: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm),
+Phi-3 / Phi-4 (fused checkpoints, longrope, partial rotary).
 
-Weights use Hugging Face names; q/k/v and gate/up are fused into one matmul each at load.
+Weights use Hugging Face names; q/k/v and gate/up are fused into one matmul each at load (or
+arrive fused, as Phi-3 stores them).
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                 cfg.rope_scaling)
+                                 cfg.rope_scaling, cfg.rotary_dim)
         self.rotary = rotary
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary) for i in range(cfg.num_layers))
@@ -114,6 +116,7 @@ class LlamaForCausalLM(nn.Module):
         models/native_stack.py), so the modules must be final by then (quantized, loaded)."""
         if self._stack is None:
             self._stack = NativeLayerStack.build(self)
+        self.rotary.check_positions(positions)
         x, residual = self._stack(positions, self.embed_tokens(input_ids))
         return self.norm(x, residual)[0]
 
@@ -151,11 +154,18 @@ class LlamaForCausalLM(nn.Module):
             if param is None:
                 raise ValueError(f"unexpected weight {name!r}")
             _copy(param.data, tensor, name)
-            loaded.add(name)
+            loaded.update(self._loaded_names(name))
         missing = [n for n in self._expected_names() if n not in loaded]
         if missing:
             raise ValueError(f"weights missing from the checkpoint: {missing[:5]}"
                              f"{' ...' if len(missing) > 5 else ''}")
+
+    def _loaded_names(self, name: str) -> list[str]:
+        """A whole tensor's names in ``_expected_names``: a fused layer stored already fused
+        (Phi-3's ``qkv_proj``, ``gate_up_proj``) fills all its shards."""
+        parts = name.split(".")
+        shards = self.packed_modules.get(parts[-2]) if len(parts) >= 2 else None
+        return [name] if shards is None else [f"{name}#{i}" for i in range(len(shards))]
 
     def _shard_range(self, target: str, idx: int, rows: int) -> tuple[int, int]:
         cfg = self.config

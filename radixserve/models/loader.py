@@ -3,7 +3,8 @@
 ``ModelSource`` (models/source.py) says where a model is; ``load_model_config`` reads its
 shape; ``load_model``
 builds the module and fills it. Tensors are mapped to Hugging Face names; llama.cpp's
-Q/K row permutation (Llama GGUF files only) is undone here.
+Q/K row permutation (Llama GGUF files only) is undone here; matrices a checkpoint stores
+fused (Phi-3's ``qkv_proj`` / ``attn_qkv``, ``gate_up_proj`` / ``ffn_up``) load as they are.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from radixserve.models.moe import (GGUF_EXPERT_NAMES, moe_from_gguf, moe_from_hf
                                    split_expert_weights)
 from radixserve.models.quantization import quantize_linears_
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
+from radixserve.models.rope_config import gguf_rope_fields, hf_rope_fields
 from radixserve.models.source import ModelSource
 
 
@@ -53,7 +55,8 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
         model = cls(config)
     if quantization == "gguf":
         unpermute = config.architecture in _PERMUTED_ARCHITECTURES
-        load_stored(model, reader or open_gguf(source.path), config, device, hf_name,
+        reader = reader or open_gguf(source.path)
+        load_stored(model, reader, config, device, gguf_name_map(reader),
                     unpermute_rows if unpermute else None, show_progress)
         return model.eval()
     model = model.to_empty(device=device).to(dtype)
@@ -78,9 +81,6 @@ def _hf_config(cfg: dict) -> ModelConfig:
     archs = cfg.get("architectures") or ["?"]
     arch = archs[0]
     get_model_class(arch)  # ValueError naming the supported ones
-    rope = cfg.get("rope_parameters") or {}
-    rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default")
-                                               != "default" else None)
     heads = cfg["num_attention_heads"]
     return ModelConfig(
         architecture=arch,
@@ -92,14 +92,19 @@ def _hf_config(cfg: dict) -> ModelConfig:
         head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
         intermediate_size=cfg["intermediate_size"],
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-        rope_theta=cfg.get("rope_theta") or rope.get("rope_theta", 10000.0),
-        rope_scaling=rope_scaling,
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
         attention_bias=arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         moe=moe_from_hf(arch, cfg, cfg["num_hidden_layers"]),
+        sliding_window=cfg.get("sliding_window") if arch in _SLIDING_ARCHITECTURES else None,
+        **hf_rope_fields(cfg, arch),
     )
+
+
+# architectures whose ``sliding_window`` transformers applies to every layer (Qwen2's needs
+# ``use_sliding_window`` and is per layer: not read)
+_SLIDING_ARCHITECTURES = ("MistralForCausalLM", "Phi3ForCausalLM")
 
 
 def _safetensors_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -123,17 +128,13 @@ def _gguf_config(reader) -> ModelConfig:
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r}; "
                          f"supported: {sorted(GGUF_ARCHITECTURES)}")
-    names = {t.name for t in reader.tensors}
+    tensors = {t.name: t for t in reader.tensors}
+    names = set(tensors)
     hidden = _field(reader, f"{arch}.embedding_length")
     heads = _field(reader, f"{arch}.attention.head_count")
     vocab = _field(reader, f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
-    rope_scaling = None
-    if "rope_freqs.weight" in names:
-        factors = next(t for t in reader.tensors if t.name == "rope_freqs.weight").data
-        rope_scaling = {"rope_type": "freq_factors", "factors": [float(x) for x in factors]}
-    elif _field(reader, f"{arch}.rope.scaling.type") == "linear":
-        rope_scaling = {"rope_type": "linear",
-                        "factor": _field(reader, f"{arch}.rope.scaling.factor")}
+    head_dim = _field(reader, f"{arch}.attention.key_length", hidden // heads)
+    max_positions = _field(reader, f"{arch}.context_length", 2048)
     num_layers = _field(reader, f"{arch}.block_count")
     moe = moe_from_gguf(lambda key, default=None: _field(reader, key, default), arch, names,
                         num_layers)
@@ -145,17 +146,18 @@ def _gguf_config(reader) -> ModelConfig:
         num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=_field(reader, f"{arch}.attention.head_count_kv", heads),
-        head_dim=_field(reader, f"{arch}.attention.key_length", hidden // heads),
+        head_dim=head_dim,
         intermediate_size=(_field(reader, f"{arch}.feed_forward_length")
                            or _field(reader, f"{arch}.expert_feed_forward_length")),
         rms_norm_eps=_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
-        rope_theta=_field(reader, f"{arch}.rope.freq_base", 10000.0),
-        rope_scaling=rope_scaling,
-        max_position_embeddings=_field(reader, f"{arch}.context_length", 2048),
+        max_position_embeddings=max_positions,
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
         moe=moe,
+        sliding_window=_field(reader, f"{arch}.attention.sliding_window") or None,
+        **gguf_rope_fields(lambda key, default=None: _field(reader, key, default), tensors,
+                           arch, head_dim, max_positions),
     )
 
 
@@ -170,15 +172,29 @@ _GGUF_NAMES.update(GGUF_EXPERT_NAMES)  # router, 3-D expert tensors (models/moe.
 _GGUF_TOP = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """llama.cpp tensor name → HF name (without the ``model.`` prefix); None to skip."""
+_GGUF_FUSED_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_GGUF_ROPE_TENSORS = ("rope_freqs", "rope_factors_long", "rope_factors_short")  # in the config
+
+
+def gguf_name_map(reader):
+    """The ``hf_name`` for this file: where no ``ffn_gate`` exists (Phi-3), ``ffn_up``
+    holds gate and up stacked, as ``attn_qkv`` holds q, k and v."""
+    if any(".ffn_gate." in t.name for t in reader.tensors):
+        return hf_name
+    return lambda gguf_name: hf_name(gguf_name, _GGUF_FUSED_NAMES)
+
+
+def hf_name(gguf_name: str, fused: dict[str, str] | None = None) -> str | None:
+    """llama.cpp tensor name → HF name (without the ``model.`` prefix); None to skip.
+    ``fused``: GGUF names of matrices stored fused → the fused layer's HF name."""
     parts = gguf_name.split(".")
     if parts[0] == "blk":
         layer, base, suffix = parts[1], parts[2], parts[3]
-        if base not in _GGUF_NAMES:
+        names = {**_GGUF_NAMES, "attn_qkv": "self_attn.qkv_proj", **(fused or {})}
+        if base not in names:
             raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
-        return f"layers.{layer}.{_GGUF_NAMES[base]}.{suffix}"
-    if parts[0] == "rope_freqs":
+        return f"layers.{layer}.{names[base]}.{suffix}"
+    if parts[0] in _GGUF_ROPE_TENSORS:
         return None
     if parts[0] not in _GGUF_TOP:
         raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
@@ -191,8 +207,9 @@ _PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
 def _gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named float tensors, Q/K rows unpermuted."""
     unpermute = config.architecture in _PERMUTED_ARCHITECTURES
+    to_hf = gguf_name_map(reader)
     for tensor in reader.tensors:
-        name = hf_name(tensor.name)
+        name = to_hf(tensor.name)
         if name is None:
             continue
         shape = tuple(int(d) for d in reversed(tensor.shape))

@@ -3,7 +3,7 @@
 At batch 1 a decode step of the embedded model spent ~40 % of its time in the Python and
 ctypes glue around its ~9 kernel calls per layer (~150 us per layer). Where every piece of a
 layer runs a native kernel — int8 or GGUF-block linears, the ``cpu_native`` attention backend,
-float32 rows, no q/k norms — the layer stack here makes one call per layer into the same
+float32 rows, no q/k norms, rope on whole heads — the layer stack here makes one call per layer into the same
 kernels, in the same order, on the same buffers: the same bits as the Python layers, which stay
 the path for everything else (``PythonLayerStack``).
 """
@@ -130,7 +130,9 @@ def _layer_ok(layer: nn.Module) -> bool:
         return False
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-    return (attn.q_norm is None and all(_linear_ok(m) for m in linears)
+    # NOTE: the native layer rotates whole heads (rs_rotary); partial rotary stays in Python
+    return (attn.q_norm is None and not attn.rotary.is_partial
+            and all(_linear_ok(m) for m in linears)
             and all(w.dtype == torch.float32 and w.is_cpu for w in norms))
 
 

@@ -13,9 +13,11 @@ _MODELS = {
     "Qwen3ForCausalLM": _LLAMA,
     "Qwen3MoeForCausalLM": _MOE,
     "MixtralForCausalLM": _MOE,
+    "Phi3ForCausalLM": _LLAMA,  # q/k/v and gate/up stored fused; longrope, partial rotary
 }
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                      "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
+                      "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
+                      "phi3": "Phi3ForCausalLM"}
 # (a GGUF "llama" file with llama.expert_count > 0 is Mixtral: models/loader.py)
 
 

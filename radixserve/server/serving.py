@@ -67,8 +67,11 @@ class ServingContext:
             raise OpenAIError(f"The model `{model}` does not exist.", 404,
                               "NotFoundError", "model", "model_not_found")
 
-    def sampling_params(self, body: SamplingRequest, num_prompt_tokens: int) -> SamplingParams:
-        """SamplingParams for one prompt; 400 if it cannot fit the context window."""
+    def sampling_params(self, body: SamplingRequest, num_prompt_tokens: int,
+                        prompt_param: str = "messages") -> SamplingParams:
+        """SamplingParams for one prompt; 400 if it cannot fit the context window (naming
+        ``prompt_param``, the route's prompt field, when the prompt alone fills it). Without
+        ``max_tokens`` the completion may fill what the prompt leaves."""
         if num_prompt_tokens == 0:
             raise OpenAIError("the prompt is empty", param="prompt")
         room = self.max_model_len - num_prompt_tokens
@@ -78,7 +81,7 @@ class ServingContext:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {num_prompt_tokens + (asked or 1)} tokens ({num_prompt_tokens} "
                 f"in the prompt, {asked or 1} in the completion). Please reduce the length of "
-                f"the prompt or completion.", param="max_tokens" if room >= 1 else "messages",
+                f"the prompt or completion.", param="max_tokens" if room >= 1 else prompt_param,
                 code="context_length_exceeded")
         params = body.to_sampling_params(default_max_tokens=room)
         if params.n > self.max_n:

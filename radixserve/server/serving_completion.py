@@ -56,7 +56,7 @@ class CompletionServer:
         for _, ids in prompts:
             if ids and (min(ids) < 0 or max(ids) >= self.ctx.tokenizer.vocab_size):
                 raise OpenAIError("prompt token ids are out of the vocabulary", param="prompt")
-        params = [self.ctx.sampling_params(body, len(ids)) for _, ids in prompts]
+        params = [self.ctx.sampling_params(body, len(ids), "prompt") for _, ids in prompts]
         return prompts, params
 
     def _streams(self, body, prompts, params, request_id, arrival):
