@@ -18,6 +18,8 @@ from tqdm import tqdm
 
 from radixserve.config import ModelConfig
 from radixserve.models.gguf_quant import dequantize
+from radixserve.models.gemma_config import (gemma_gguf_config, gemma_hf_config, gemma_hf_name,
+                                            is_gemma)
 from radixserve.models.gguf_stored import load_stored
 from radixserve.models.quantization import quantize_linears_
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
@@ -51,8 +53,8 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
         model = cls(config)
     if quantization == "gguf":
         unpermute = config.architecture in _PERMUTED_ARCHITECTURES
-        load_stored(model, reader or open_gguf(source.path), config, device, hf_name,
-                    unpermute_rows if unpermute else None, show_progress)
+        load_stored(model, reader or open_gguf(source.path), config, device,
+                    _gguf_namer(config), unpermute_rows if unpermute else None, show_progress)
         return model.eval()
     model = model.to_empty(device=device).to(dtype)
     model.rotary.reset_tables(device)
@@ -75,7 +77,12 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
 def _hf_config(cfg: dict) -> ModelConfig:
     archs = cfg.get("architectures") or ["?"]
     arch = archs[0]
+    if arch == "Gemma3ForConditionalGeneration":
+        raise ValueError("Gemma3ForConditionalGeneration (vision + text) checkpoints are not "
+                         "supported; use a text-only Gemma3ForCausalLM folder or a gemma3 GGUF")
     get_model_class(arch)  # ValueError naming the supported ones
+    if is_gemma(arch):
+        return gemma_hf_config(cfg, arch)
     rope = cfg.get("rope_parameters") or {}
     rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default")
                                                != "default" else None)
@@ -96,6 +103,7 @@ def _hf_config(cfg: dict) -> ModelConfig:
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
         attention_bias=arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False),
         qk_norm=arch == "Qwen3ForCausalLM",
+        sliding_window=cfg.get("sliding_window") if arch == "MistralForCausalLM" else None,
     )
 
 
@@ -120,6 +128,8 @@ def _gguf_config(reader) -> ModelConfig:
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r}; "
                          f"supported: {sorted(GGUF_ARCHITECTURES)}")
+    if is_gemma(GGUF_ARCHITECTURES[arch]):
+        return gemma_gguf_config(reader, _field, arch, GGUF_ARCHITECTURES[arch])
     names = {t.name for t in reader.tensors}
     hidden = _field(reader, f"{arch}.embedding_length")
     heads = _field(reader, f"{arch}.attention.head_count")
@@ -147,6 +157,8 @@ def _gguf_config(reader) -> ModelConfig:
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
+        sliding_window=_field(reader, f"{arch}.attention.sliding_window") if arch == "llama"
+        else None,
     )
 
 
@@ -178,11 +190,17 @@ def hf_name(gguf_name: str) -> str | None:
 _PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")  # llama.cpp permutes Q/K
 
 
+def _gguf_namer(config: ModelConfig):
+    """The GGUF → HF tensor name mapping of ``config``'s architecture."""
+    return gemma_hf_name if is_gemma(config.architecture) else hf_name
+
+
 def _gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named float tensors, Q/K rows unpermuted."""
     unpermute = config.architecture in _PERMUTED_ARCHITECTURES
+    namer = _gguf_namer(config)
     for tensor in reader.tensors:
-        name = hf_name(tensor.name)
+        name = namer(tensor.name)
         if name is None:
             continue
         shape = tuple(int(d) for d in reversed(tensor.shape))

@@ -5,14 +5,18 @@ from __future__ import annotations
 import importlib
 
 _LLAMA = ("radixserve.models.llama", "LlamaForCausalLM")
+_GEMMA = ("radixserve.models.gemma", "GemmaForCausalLM")
 _MODELS = {
+    "Gemma2ForCausalLM": _GEMMA,
+    "Gemma3ForCausalLM": _GEMMA,
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,
     "Qwen2ForCausalLM": _LLAMA,
     "Qwen3ForCausalLM": _LLAMA,
 }
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                      "qwen3": "Qwen3ForCausalLM"}
+                      "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                      "gemma3": "Gemma3ForCausalLM"}
 
 
 def supported_architectures() -> list[str]:
