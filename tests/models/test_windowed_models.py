@@ -181,3 +181,72 @@ def test_quantized_gguf_runs_as_stored_close_to_its_float_weights(arch, windowed
             log_p, log_q = torch.log_softmax(y, -1), torch.log_softmax(x, -1)
             kl = (log_p.exp() * (log_p - log_q)).sum(-1)
             assert kl.max() < 0.01, kl  # measured: at most 0.0015
+
+
+@pytest.mark.skipif(native.load() is None, reason="the native layer stack needs the kernels")
+@pytest.mark.usefixtures("kernel_level")
+def test_mistral_native_layer_stack_applies_the_window(windowed_dirs, tmp_path):
+    """Mistral runs one native call per layer (decoder_layer.cpp) with the window: the same
+    bits as its Python layers, which match transformers above; Gemma keeps the Python layers."""
+    from radixserve.models.native_stack import NativeLayerStack, PythonLayerStack
+
+    path = hf_to_gguf(windowed_dirs["mistral"], tmp_path / "m.gguf", "Q8_0")
+    runner = runner_for(path, quantization="gguf")
+    tokens = prompts(runner.config.vocab_size, (26, 12), seed=8)
+
+    def steps():
+        paged, out = Paged(tokens, 4), []
+        for step in ([(0, 14), (1, 5)], [(0, 11), (1, 6)], [(0, 1), (1, 1)]):
+            out += runner.all_logits([paged.chunk(i, n) for i, n in step])
+        return out
+
+    native_out = steps()
+    assert isinstance(runner.model._stack, NativeLayerStack)
+    runner.model._stack = PythonLayerStack(runner.model.layers)
+    for a, b in zip(native_out, steps()):
+        assert torch.equal(a, b)
+    gemma = runner_for(hf_to_gguf(windowed_dirs["gemma3"], tmp_path / "g.gguf", "Q8_0"),
+                       quantization="gguf")
+    assert isinstance(gemma.model._stack, PythonLayerStack)
+
+
+def _with_config(src, dst, **changes):
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.update(changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"architectures": ["Gemma3ForConditionalGeneration"]},
+     "Gemma3ForConditionalGeneration.*not supported.*Gemma3ForCausalLM"),
+    ({"architectures": ["GemmaForCausalLM"]},
+     "unsupported model architecture 'GemmaForCausalLM'.*Gemma2ForCausalLM.*Gemma3ForCausalLM"),
+    ({"layer_types": ["sliding_attention", "chunked_attention"] + ["full_attention"] * 4},
+     "unsupported Gemma layer_types.*chunked_attention"),
+    ({"hidden_activation": "relu"}, "unsupported Gemma activation 'relu'.*gelu_pytorch_tanh"),
+])
+def test_bad_gemma_configs_name_what_is_supported(changes, match, windowed_dirs, tmp_path):
+    folder = _with_config(windowed_dirs["gemma3"], tmp_path / "bad", **changes)
+    with pytest.raises(ValueError, match=match):
+        load_model_config(ModelSource.resolve(str(folder)))
+
+
+def test_unsupported_gguf_architecture_names_gemma(tmp_path):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "gemma4.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma4")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((2, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma4'.*gemma2.*gemma3"):
+        load_model_config(ModelSource.resolve(str(path)))
