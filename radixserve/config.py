@@ -54,9 +54,15 @@ class ModelConfig:
     qk_norm: bool = False
     moe: MoeConfig | None = None  # None: every layer has a dense MLP
     rotary_dim: int | None = None  # rope on the first dims of each head only; None: all
-    # attention to the last ``sliding_window`` positions only (Phi-3-mini-4k: 2047); applied
-    # by the attention backends where they support it, else the context is capped to it
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # keys a windowed layer attends to (its last ones)
+    gemma: GemmaParams | None = None  # Gemma 2 / 3 specifics
+
+    def layer_window(self, layer_idx: int) -> int | None:
+        """The sliding window of layer ``layer_idx``, None for full attention: every layer's
+        (Mistral), or Gemma's sliding layers only."""
+        if self.gemma is not None and not self.gemma.sliding_layers[layer_idx]:
+            return None
+        return self.sliding_window
 
     @property
     def q_size(self) -> int:
@@ -65,6 +71,19 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class GemmaParams:
+    """What Gemma 2 / 3 add to the Llama shape (models/gemma.py): which layers use the sliding
+    window, their rope base (the global layers keep ``rope_theta`` and ``rope_scaling``), the
+    query scale's ``query_pre_attn_scalar ** -0.5``, and the tanh soft-caps (None: off)."""
+
+    sliding_layers: tuple[bool, ...]
+    rope_local_theta: float = 10000.0
+    query_pre_attn_scalar: float = 256.0
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
 
 
 @dataclass(frozen=True)

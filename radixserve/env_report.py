@@ -43,9 +43,10 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: 
 
 
 def python_only_layers(config) -> bool:
-    """Whether a model's decoder layers run as Python layers whatever the kernels (q/k norms
-    or sparse MoE blocks, see models/native_stack.py)."""
-    return config.qk_norm or config.moe is not None
+    """Whether a model's decoder layers run as Python layers whatever the kernels (q/k norms,
+    sparse MoE blocks, Gemma's layers, partial rotary: see models/native_stack.py)."""
+    return (config.qk_norm or config.moe is not None or config.gemma is not None
+            or config.rotary_dim is not None)
 
 
 def stored_types(reader) -> tuple[str, ...]:

@@ -29,6 +29,10 @@ import torch
 
 ARCHS = ("llama", "qwen2", "qwen3")
 EXTRA_ARCHS = ("phi3",)  # built on demand only (not in the session fixtures)
+# Models with sliding-window layers, built on demand (not in the session's `tiny_hf_dirs`):
+# Mistral (every layer windowed; GGUF arch "llama"), Gemma 2 and Gemma 3 (text).
+WINDOWED_ARCHS = ("mistral", "gemma2", "gemma3")
+_GGUF_ARCH = {"mistral": "llama"}  # model_type -> GGUF general.architecture
 FTYPES = ("F32", "F16", "Q8_0", "Q4_0")
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -195,13 +199,29 @@ def save_tokenizer(out_dir: str | Path):
 
 
 def _config_class(arch: str):
-    from transformers import LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                              Phi3Config, Qwen2Config, Qwen3Config)
 
     classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
-               "phi3": Phi3Config}
+               "phi3": Phi3Config, "mistral": MistralConfig, "gemma2": Gemma2Config,
+               "gemma3": Gemma3TextConfig}
     if arch not in classes:
-        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS + EXTRA_ARCHS}")
+        raise ValueError(f"unknown arch {arch!r}; expected one of "
+                         f"{ARCHS + EXTRA_ARCHS + WINDOWED_ARCHS}")
     return classes[arch]
+
+
+# The windowed models' defaults: a window of 8 tokens (block sizes 4-16 cross it inside a
+# block and at its edge); Gemma's query scale as llama.cpp computes it for GGUF files
+# (head_dim ** -0.5), so the GGUF file means the same model; Gemma 3 with six layers, so
+# its 5:1 pattern has a global layer.
+_WINDOWED_DEFAULTS = {
+    "mistral": dict(sliding_window=8),
+    "gemma2": dict(sliding_window=8, query_pre_attn_scalar=16, attn_logit_softcapping=5.0,
+                   final_logit_softcapping=3.0, tie_word_embeddings=True),
+    "gemma3": dict(sliding_window=8, query_pre_attn_scalar=16, num_hidden_layers=6,
+                   rope_theta=100000.0, rope_local_base_freq=10000.0, tie_word_embeddings=True),
+}
 
 
 def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int, **overrides):
@@ -225,17 +245,19 @@ def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int, **override
     if arch == "phi3":  # head_dim is hidden / heads; the original length is top-level
         del kwargs["head_dim"]
         kwargs["original_max_position_embeddings"] = kwargs["max_position_embeddings"]
+    kwargs.update(_WINDOWED_DEFAULTS.get(arch, {}))
     kwargs.update(overrides)
     return _config_class(arch)(**kwargs)
 
 
-def _randomize_(model: torch.nn.Module, seed: int) -> None:
-    """Redraw every parameter: linears/embeddings N(0, s), biases N(0, s), norms N(1, s)."""
+def _randomize_(model: torch.nn.Module, seed: int, norm_mean: float = 1.0) -> None:
+    """Redraw every parameter: linears/embeddings N(0, s), biases N(0, s), norms
+    N(norm_mean, s) (Gemma's norms multiply by 1 + w: mean 0)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():  # tied weights are listed once
             if "norm" in name:
-                values = 1.0 + _NORM_STD * torch.randn(param.shape, generator=gen)
+                values = norm_mean + _NORM_STD * torch.randn(param.shape, generator=gen)
             elif name.endswith("bias"):
                 values = _BIAS_STD * torch.randn(param.shape, generator=gen)
             elif "embed_tokens" in name:
@@ -262,7 +284,7 @@ def make_hf_model(arch: str, out_dir: str | Path, seed: int = 0, **overrides) ->
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _randomize_(model, seed)
+    _randomize_(model, seed, norm_mean=0.0 if arch.startswith("gemma") else 1.0)
     model.eval()
     model.generation_config = GenerationConfig(
         bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id
@@ -337,14 +359,23 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, head_half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_tensor_name(hf_name: str) -> str:
+# Gemma's four norms per layer, as llama.cpp names them (its `ffn_norm` is the pre-MLP norm)
+_GEMMA_TO_GGUF_LAYER = dict(_HF_TO_GGUF_LAYER, **{
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+})
+
+
+def gguf_tensor_name(hf_name: str, gemma: bool = False) -> str:
     """The llama.cpp name of an HF tensor, e.g. `model.layers.3.mlp.up_proj.weight` ->
     `blk.3.ffn_up.weight`."""
     if hf_name in _HF_TO_GGUF_GLOBAL:
         return _HF_TO_GGUF_GLOBAL[hf_name]
+    layer_names = _GEMMA_TO_GGUF_LAYER if gemma else _HF_TO_GGUF_LAYER
     parts = hf_name.split(".", 3)
-    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in _HF_TO_GGUF_LAYER:
-        return f"blk.{parts[2]}.{_HF_TO_GGUF_LAYER[parts[3]]}"
+    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in layer_names:
+        return f"blk.{parts[2]}.{layer_names[parts[3]]}"
     raise KeyError(f"no GGUF name for tensor {hf_name!r}")
 
 
@@ -352,15 +383,18 @@ def _gguf_tensors(arch: str, config: dict, state: dict[str, np.ndarray]) -> dict
     """GGUF name -> fp32 array, llama Q/K permuted, tied output dropped, rope_freqs added."""
     n_head, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
     tied = config.get("tie_word_embeddings", False)
+    gemma = arch.startswith("gemma")
     tensors = {}
     for hf_name, w in state.items():
         if hf_name == "lm_head.weight" and tied:
             continue
-        if arch == "llama" and ".self_attn.q_proj." in hf_name:
+        if arch in ("llama", "mistral") and ".self_attn.q_proj." in hf_name:
             w = permute_qk(w, n_head)
-        elif arch == "llama" and ".self_attn.k_proj." in hf_name:
+        elif arch in ("llama", "mistral") and ".self_attn.k_proj." in hf_name:
             w = permute_qk(w, n_kv)
-        tensors[gguf_tensor_name(hf_name)] = w
+        elif gemma and hf_name.endswith("norm.weight"):
+            w = w + 1.0  # llama.cpp's converter stores Gemma's norms as the multiplier 1 + w
+        tensors[gguf_tensor_name(hf_name, gemma)] = w
     theta, scaling = _rope(config)
     if scaling is not None and arch == "phi3" and scaling["rope_type"] == "longrope":
         # convert_hf_to_gguf.py's Phi3MiniModel: the two factor sets as tensors
@@ -474,6 +508,8 @@ def _add_hparams(writer, arch: str, config: dict, ftype: str) -> None:
 
     head_dim = _head_dim(config)
     theta, _ = _rope(config)
+    if arch == "gemma3":  # the global layers' base (the sliding ones' is llama.cpp's 10000)
+        theta = config["rope_parameters"]["full_attention"]["rope_theta"]
     writer.add_name(f"tiny-{arch}")
     writer.add_file_type(int(gguf.LlamaFileType[_FILE_TYPES[ftype]]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -492,6 +528,11 @@ def _add_hparams(writer, arch: str, config: dict, ftype: str) -> None:
         writer.add_value_length(head_dim)
         writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(config["vocab_size"])
+    if config.get("sliding_window"):
+        writer.add_sliding_window(config["sliding_window"])
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if arch == "gemma2" and config.get(key) is not None:
+            getattr(writer, f"add_{key}")(config[key])
     # llama3 rope scaling travels as the rope_freqs.weight tensor (no rope.scaling.* keys), as
     # in llama.cpp; linear scaling is written as keys.
     _, scaling = _rope(config)
@@ -543,13 +584,13 @@ def hf_to_gguf(hf_dir: str | Path, out_path: str | Path, ftype: str = "F32") -> 
         raise ValueError(f"ftype {ftype!r} not in {tuple(_FILE_TYPES)}")
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     config = _load_json(hf_dir / "config.json")
-    arch = config["model_type"]
-    if arch not in ARCHS + EXTRA_ARCHS:
-        raise ValueError(f"model_type {arch!r} not in {ARCHS + EXTRA_ARCHS}")
+    arch = {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
+    if arch not in ARCHS + EXTRA_ARCHS + WINDOWED_ARCHS:
+        raise ValueError(f"model_type {arch!r} not in {ARCHS + EXTRA_ARCHS + WINDOWED_ARCHS}")
     tensors = _gguf_tensors(arch, config, _load_state_dict(hf_dir))
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(out_path), arch)
+    writer = gguf.GGUFWriter(str(out_path), _GGUF_ARCH.get(arch, arch))
     _add_hparams(writer, arch, config, ftype)
     _add_tokenizer(writer, hf_dir, config["vocab_size"])
     for name, w in tensors.items():

@@ -20,22 +20,17 @@ from radixserve.layers.rope_scaling import rope_window
 logger = logging.getLogger(__name__)
 
 
-def model_window(model: ModelConfig, backend_has_sliding_window: bool) -> int:
-    """The longest sequence the model computes right here: its rope window, and where the
-    model attends through a sliding window the attention backend does not apply, at most that
-    window (NOTE: shorter sequences never reach past it, so plain causal attention is exact;
-    this cap goes once the backends apply windows)."""
-    window = rope_window(model.max_position_embeddings, model.rope_scaling)
-    if model.sliding_window is not None and not backend_has_sliding_window:
-        window = min(window, model.sliding_window)
-    return window
+def model_window(model: ModelConfig) -> int:
+    """The longest sequence the model computes: its rope window (sliding-window layers are
+    masked by every attention backend, so they do not shorten it)."""
+    return rope_window(model.max_position_embeddings, model.rope_scaling)
 
 
 def resolve_max_model_len(asked: int | None, model: ModelConfig, num_blocks: int,
-                          block_size: int, backend_has_sliding_window: bool = False) -> int:
+                          block_size: int) -> int:
     """``asked``: ``--max-model-len`` (None: choose). ValueError for an asked length the
     window or the pool cannot hold, naming both numbers. Logs the choice once (INFO)."""
-    window = model_window(model, backend_has_sliding_window)
+    window = model_window(model)
     pool = num_blocks * block_size
     if asked is not None:
         if asked < 2:

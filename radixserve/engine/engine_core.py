@@ -74,16 +74,15 @@ class EngineCore:
         runner = ModelRunner(model, model_config, num_blocks, block_size, device, dtype,
                              kv_dtype=kv_dtype)
         if device.type == "cpu":
-            logger.info("engine: %s", startup_line(quantization, runner.backend_name,
-                                                   python_only_layers(model_config), threads, kv_dtype,
-                                                   stored_types(reader)))
+            logger.info("engine: %s", startup_line(
+                quantization, runner.backend_name, python_only_layers(model_config), threads,
+                kv_dtype, stored_types(reader)))
         pool = BlockPool(num_blocks)
         cache = (RadixCache(pool, block_size) if config.cache.enable_prefix_caching
                  else NoPrefixCache(pool))
         kv = KVCacheManager(pool, cache, block_size)
-        max_len = resolve_max_model_len(
-            config.scheduler.max_model_len, model_config, num_blocks, block_size,
-            getattr(runner.backend, "supports_sliding_window", False))
+        max_len = resolve_max_model_len(config.scheduler.max_model_len, model_config,
+                                        num_blocks, block_size)
         model.rotary.set_context_len(max_len)  # the rope fixed for this context (rotary.py)
         scheduler = Scheduler(config.scheduler, kv, max_len)
         backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source)),

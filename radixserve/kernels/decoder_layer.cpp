@@ -26,7 +26,7 @@ int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t 
                        void* v_pool, int64_t kv_dtype, const int64_t* table,
                        int64_t table_stride, const int64_t* row_seq, const int64_t* row_len,
                        int64_t T, int64_t H, int64_t KVH, int64_t d, int64_t bs, float scale,
-                       float* out);
+                       int64_t window, float softcap, float* out);
 void rs_rms_norm(const float* x, int64_t ldx, const float* w, int64_t M, int64_t K, float eps,
                  float* out, int64_t ldo);
 void rs_add_rms_norm(const float* x, float* residual, const float* w, int64_t M, int64_t K,
@@ -60,6 +60,7 @@ struct Layer {
   int64_t kv_dtype;  // the pools' elements (paged_attention.cpp)
   int64_t hidden, heads, kv_heads, head_dim, intermediate, block_size;
   float eps, scale;
+  int64_t window;  // sliding-window attention over the last `window` tokens; 0: none (Mistral)
 };
 
 // Per step, shared by every layer: the rows, their metadata and the activation buffers.
@@ -115,7 +116,7 @@ int rs_decoder_layer(const Layer* L, const Step* s, int first) {
   if (rs_paged_attention(q, qkv_width, k, qkv_width, v, qkv_width, s->slots, L->k_pool,
                          L->v_pool, L->kv_dtype, s->table, s->table_stride, s->row_seq,
                          s->row_len, M, L->heads, L->kv_heads, hd, L->block_size, L->scale,
-                         s->att))
+                         L->window, 0.0f, s->att))
     return 2;
   if (linear(L->o, s->att, M, s->x)) return 1;
   rs_add_rms_norm(s->x, s->residual, L->post_norm, M, D, L->eps, s->h);

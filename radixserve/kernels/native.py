@@ -29,7 +29,7 @@ from radixserve.kernels import levels as _levels
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -44,7 +44,7 @@ _SIGNATURES = {
     "rs_block_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _I64, _P, _I64]),
     "rs_paged_attention": (ctypes.c_int, [_P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P,
                                           _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
-                                          ctypes.c_float, _P]),
+                                          ctypes.c_float, _I64, ctypes.c_float, _P]),
     "rs_rms_norm": (None, [_P, _I64, _P, _I64, _I64, ctypes.c_float, _P, _I64]),
     "rs_add_rms_norm": (None, [_P, _P, _P, _I64, _I64, ctypes.c_float, _P]),
     "rs_rotary": (None, [_P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _P, _P, _P]),

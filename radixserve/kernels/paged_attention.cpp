@@ -2,7 +2,8 @@
 // every query row of a step: decodes, chunks and whole prompts alike.
 //
 // Query row t belongs to sequence row_seq[t] and attends to its first row_len[t] tokens (the
-// causal limit), whose KV lives in the pool blocks table[row_seq[t], 0..]; the row's grouped
+// causal limit; a sliding-window layer: only the last `window` of them), whose KV lives in the
+// pool blocks table[row_seq[t], 0..]; the row's grouped
 // query heads (H / KVH per KV head) share each K and V load. One work item per (row, KV head)
 // with a fixed order of operations: scores q.k * scale token by token, an exact two-pass
 // softmax (max, then exp and sum) and the weighted sum of V, in float32. So a row's result
@@ -75,8 +76,8 @@ constexpr int kMaxDimVecs = kMaxDim / kW;
 // time (so the queries and sums stay in registers); 0 takes them from G and d at run time.
 template <typename KV, int kG, int kDV>
 void attend(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* blocks,
-            int64_t len, int G_, int64_t d, int64_t bs, int64_t token_stride, float scale,
-            float* scores, float* out, float* ml) {
+            int64_t first, int64_t len, int G_, int64_t d, int64_t bs, int64_t token_stride,
+            float scale, float softcap, float* scores, float* out, float* ml) {
   const int G = kG ? kG : G_;
   const int dv = kDV ? kDV : (int)((d + kW - 1) / kW);
   const int64_t dlast = d - kW * (dv - 1);  // floats in a head's last vector
@@ -89,9 +90,10 @@ void attend(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* b
   alignas(64) float kwide[std::is_same_v<KV, float> ? 1 : kW * kMaxDim];  // widened K rows
   vf vmax[kG ? kG : kMaxGroup];
   for (int g = 0; g < G; ++g) vmax[g] = ninf;
-  for (int64_t t0 = 0; t0 < len; t0 += bs) {
-    const KV* kb = k_pool + blocks[t0 / bs] * bs * token_stride;
-    const int64_t n_block = len - t0 < bs ? len - t0 : bs;
+  for (int64_t t0 = 0; t0 < len;) {  // t0: the token's index in the span, first + t0 in all
+    const int64_t off = (first + t0) % bs;  // where the span starts in this block
+    const KV* kb = k_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
+    const int64_t n_block = len - t0 < bs - off ? len - t0 : bs - off;
     for (int64_t i0 = 0; i0 < n_block; i0 += kW) {
       const int n = (int)(n_block - i0 < kW ? n_block - i0 : kW);
       // A 16-bit pool's rows are widened once here for all G query heads (exactly: the same
@@ -130,10 +132,16 @@ void attend(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* b
           }
         }
         vf sc = mul(hsum_lanes(part), set1(scale));
-        store_n(scores + g * len + t0 + i0, sc, n);
+        float* dst = scores + g * len + t0 + i0;
+        store_n(dst, sc, n);
+        if (softcap > 0.0f) {  // Gemma 2: cap * tanh(score / cap), before the softmax
+          for (int i = 0; i < n; ++i) dst[i] = softcap * tanhf(dst[i] / softcap);
+          sc = load_n(dst, n);
+        }
         vmax[g] = max(vmax[g], keep_n(sc, n, ninf));
       }
     }
+    t0 += n_block;
   }
   float row_max[kMaxGroup];
   for (int g = 0; g < G; ++g) row_max[g] = reduce_max(vmax[g]);
@@ -154,9 +162,10 @@ void attend(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* b
   vf acc[kG ? kG : kMaxGroup][kDV ? kDV : kMaxDimVecs];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < dv; ++c) acc[g][c] = zero();
-  for (int64_t t0 = 0; t0 < len; t0 += bs) {
-    const KV* v = v_pool + blocks[t0 / bs] * bs * token_stride;
-    const int64_t n = len - t0 < bs ? len - t0 : bs;
+  for (int64_t t0 = 0; t0 < len;) {
+    const int64_t off = (first + t0) % bs;
+    const KV* v = v_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
+    const int64_t n = len - t0 < bs - off ? len - t0 : bs - off;
     for (int64_t i = 0; i < n; ++i, v += token_stride) {
       vf vv[kDV ? kDV : kMaxDimVecs];
       for (int c = 0; c < dv; ++c) vv[c] = load_kv(v + kW * c, c == dv - 1 ? dlast : kW);
@@ -169,6 +178,7 @@ void attend(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* b
         for (int c = 0; c < dv; ++c) acc[g][c] = fmadd(p, vv[c], acc[g][c]);
       }
     }
+    t0 += n;
   }
   for (int g = 0; g < G; ++g) {
     vf is = set1(inv_sum[g]);
@@ -196,8 +206,8 @@ void merge_chunks(const float* acc, const float* ml, int64_t n, int64_t stride, 
 }
 
 template <typename KV>
-using AttendFn = void (*)(const float*, const KV*, const KV*, const int64_t*, int64_t, int,
-                          int64_t, int64_t, int64_t, float, float*, float*, float*);
+using AttendFn = void (*)(const float*, const KV*, const KV*, const int64_t*, int64_t, int64_t,
+                          int, int64_t, int64_t, int64_t, float, float, float*, float*, float*);
 
 // Context chunk of a row, in tokens: contexts longer than this are split into chunks attended
 // as separate work items (balance across threads at batch 1, each chunk's K/V read once per KV
@@ -231,8 +241,8 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
                     const float* v_new, int64_t ldv, const int64_t* slots, KV* k_pool,
                     KV* v_pool, const int64_t* table, int64_t table_stride,
                     const int64_t* row_seq, const int64_t* row_len, int64_t T, int64_t H,
-                    int64_t KVH, int64_t d, int64_t bs, float scale, float* out) {
-
+                    int64_t KVH, int64_t d, int64_t bs, float scale, int64_t window,
+                    float softcap, float* out) {
   const int64_t G = H / KVH;
   if (G * KVH != H || G > kMaxGroup || d > kMaxDim || d < 1) return 1;
   const int64_t dp = d + kRowExtra<KV>, width = KVH * dp;  // a pool row's pitch, a token's
@@ -241,6 +251,12 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
     store_token(v_pool + slots[t] * width, v_new + t * ldv, KVH, d);
   }
   const int64_t chunk = (kChunkTokens / bs > 0 ? kChunkTokens / bs : 1) * bs;
+  // Row t attends to the tokens [lo(t), row_len[t]): all of them, or with a sliding window
+  // the last `window` (transformers' mask: key j for the query at p when p - window < j <= p).
+  auto lo = [&](int64_t t) {
+    return window > 0 && row_len[t] > window ? row_len[t] - window : (int64_t)0;
+  };
+  auto span_of = [&](int64_t t) { return row_len[t] - lo(t); };
   // Work items (row, first query head, chunk), ordered row, KV head, chunk, query heads: the
   // heads of one KV head follow each other on a chunk, which they then read from cache.
   // Partials of a chunked row: [row's offset + head * n + chunk].
@@ -248,7 +264,7 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
   int64_t* part_off = (int64_t*)malloc((size_t)(T > 0 ? T : 1) * sizeof(int64_t));
   if (!part_off) return 1;
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t n = (row_len[t] + chunk - 1) / chunk;
+    const int64_t n = (span_of(t) + chunk - 1) / chunk;
     grouped_items += KVH * n;
     part_off[t] = partial_rows;
     if (n > 1) partial_rows += H * n;
@@ -269,8 +285,8 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
   }
   int64_t max_span = 0;
   for (int64_t t = 0, i = 0; t < T; ++t) {
-    const int64_t n = (row_len[t] + chunk - 1) / chunk;
-    const int64_t span = n > 1 ? chunk : row_len[t];
+    const int64_t n = (span_of(t) + chunk - 1) / chunk;
+    const int64_t span = n > 1 ? chunk : span_of(t);
     max_span = span > max_span ? span : max_span;
     for (int64_t kvh = 0; kvh < KVH; ++kvh)
       for (int64_t c = 0; c < n; ++c)
@@ -296,21 +312,22 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
       const int64_t t = item_row[3 * item], first = item_row[3 * item + 1];
       const int64_t c = item_row[3 * item + 2];
       const int64_t h = first / G;  // the KV head
-      const int64_t n = (row_len[t] + chunk - 1) / chunk;
+      const int64_t span = span_of(t), n = (span + chunk - 1) / chunk;
       const int64_t* blocks = table + row_seq[t] * table_stride;
       if (n == 1) {
-        attend_fn(q + t * ldq + first * d, k_pool + h * dp, v_pool + h * dp, blocks, row_len[t],
-                  (int)group, d, bs, width, scale, scores, out + (t * H + first) * d, nullptr);
+        attend_fn(q + t * ldq + first * d, k_pool + h * dp, v_pool + h * dp, blocks, lo(t), span,
+                  (int)group, d, bs, width, scale, softcap, scores, out + (t * H + first) * d,
+                  nullptr);
         continue;
       }
       const int64_t begin = c * chunk;
-      const int64_t len = row_len[t] - begin < chunk ? row_len[t] - begin : chunk;
+      const int64_t len = span - begin < chunk ? span - begin : chunk;
       const int64_t p = part_off[t] + first * n + c;  // head `first`, chunk c; next head +n
       float ml[2 * kMaxGroup];
       float* acc = acc_part + p * d;
       alignas(64) float tmp[kMaxGroup * kMaxDim];
-      attend_fn(q + t * ldq + first * d, k_pool + h * dp, v_pool + h * dp, blocks + begin / bs,
-                len, (int)group, d, bs, width, scale, scores, tmp, ml);
+      attend_fn(q + t * ldq + first * d, k_pool + h * dp, v_pool + h * dp, blocks,
+                lo(t) + begin, len, (int)group, d, bs, width, scale, softcap, scores, tmp, ml);
       for (int64_t g = 0; g < group; ++g) {
         memcpy(acc + g * n * d, tmp + g * d, (size_t)d * sizeof(float));
         ml_part[2 * (p + g * n)] = ml[2 * g];
@@ -321,7 +338,7 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < T * H; ++th) {
       const int64_t t = th / H, head = th % H;
-      const int64_t n = (row_len[t] + chunk - 1) / chunk;
+      const int64_t n = (span_of(t) + chunk - 1) / chunk;
       if (n == 1) continue;
       const int64_t p = part_off[t] + head * n;
       merge_chunks(acc_part + p * d, ml_part + 2 * p, n, d, d, out + (t * H + head) * d);
@@ -342,18 +359,21 @@ extern "C" {
 // [num_blocks, bs, KVH, d] (int8: d + 4); table [S, table_stride] int64 block ids; row_seq [T]
 // int64 (< S), row_len [T] int64 (>= 1). H / KVH <= 16, d <= 256. kv_dtype: the pools'
 // elements, 0 float32, 1 float16, 2 bfloat16 (new rows rounded to nearest even when stored),
-// 3 int8 with a scale per head row (the header). Returns 0, or 1 on bad shapes, an unknown
-// kv_dtype or no memory.
+// 3 int8 with a scale per head row (the header). window > 0: each row attends to its last
+// `window` tokens only (a sliding-window layer), 0: to all; softcap > 0: scores become
+// softcap * tanh(score / softcap) before the softmax (Gemma 2), 0: unchanged. Returns 0, or 1
+// on bad shapes, an unknown kv_dtype or no memory.
 int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk,
                        const float* v_new, int64_t ldv, const int64_t* slots, void* k_pool,
                        void* v_pool, int64_t kv_dtype, const int64_t* table,
                        int64_t table_stride, const int64_t* row_seq, const int64_t* row_len,
                        int64_t T, int64_t H, int64_t KVH, int64_t d, int64_t bs, float scale,
-                       float* out) {
+                       int64_t window, float softcap, float* out) {
   auto run = [&](auto* kind) {  // the pools as elements of kind's type
     using KV = std::remove_pointer_t<decltype(kind)>;
     return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (KV*)k_pool, (KV*)v_pool,
-                           table, table_stride, row_seq, row_len, T, H, KVH, d, bs, scale, out);
+                           table, table_stride, row_seq, row_len, T, H, KVH, d, bs, scale, window,
+                           softcap, out);
   };
   switch (kv_dtype) {
     case 0: return run((float*)nullptr);

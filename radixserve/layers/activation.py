@@ -19,3 +19,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return out
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GeGLU on a fused gate/up projection (Gemma): ``gelu(gate, tanh approximation) * up``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up

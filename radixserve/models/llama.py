@@ -1,5 +1,5 @@
-"""Llama-family decoder: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm),
-Phi-3 / Phi-4 (fused checkpoints, longrope, partial rotary).
+"""Llama-family decoder: Llama 2/3, SmolLM2, Mistral (sliding window), Qwen2/2.5 (qkv bias),
+Qwen3 (q/k norm), Phi-3 / Phi-4 (fused checkpoints, longrope, partial rotary).
 
 Weights use Hugging Face names; q/k/v and gate/up are fused into one matmul each at load (or
 arrive fused, as Phi-3 stores them).
@@ -34,6 +34,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rotary = rotary
         self.scale = cfg.head_dim ** -0.5
+        self.window = cfg.layer_window(layer_idx)  # sliding-window attention (Mistral), or None
+        self.softcap: float | None = None  # attention logit soft-capping (Gemma 2)
         self.split = (cfg.q_size, cfg.kv_size, cfg.kv_size)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +49,7 @@ class Attention(nn.Module):
         q, k = self.rotary(positions, q, k)
         ctx = get_forward_context()
         out = ctx.backend.forward(q, k, v, ctx.kv_caches[self.layer_idx],
-                                  ctx.attn_metadata, self.scale)
+                                  ctx.attn_metadata, self.scale, self.window, self.softcap)
         return self.o_proj(out.view(num_tokens, -1))
 
 

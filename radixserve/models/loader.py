@@ -19,6 +19,8 @@ from tqdm import tqdm
 
 from radixserve.config import ModelConfig
 from radixserve.models.gguf_quant import dequantize
+from radixserve.models.gemma_config import (gemma_gguf_config, gemma_hf_config, gemma_hf_name,
+                                            is_gemma)
 from radixserve.models.gguf_stored import load_stored
 from radixserve.models.moe import (GGUF_EXPERT_NAMES, moe_from_gguf, moe_from_hf,
                                    split_expert_weights)
@@ -56,7 +58,7 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
     if quantization == "gguf":
         unpermute = config.architecture in _PERMUTED_ARCHITECTURES
         reader = reader or open_gguf(source.path)
-        load_stored(model, reader, config, device, gguf_name_map(reader),
+        load_stored(model, reader, config, device, _gguf_namer(config, reader),
                     unpermute_rows if unpermute else None, show_progress)
         return model.eval()
     model = model.to_empty(device=device).to(dtype)
@@ -80,7 +82,12 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
 def _hf_config(cfg: dict) -> ModelConfig:
     archs = cfg.get("architectures") or ["?"]
     arch = archs[0]
+    if arch == "Gemma3ForConditionalGeneration":
+        raise ValueError("Gemma3ForConditionalGeneration (vision + text) checkpoints are not "
+                         "supported; use a text-only Gemma3ForCausalLM folder or a gemma3 GGUF")
     get_model_class(arch)  # ValueError naming the supported ones
+    if is_gemma(arch):
+        return gemma_hf_config(cfg, arch)
     heads = cfg["num_attention_heads"]
     return ModelConfig(
         architecture=arch,
@@ -104,7 +111,7 @@ def _hf_config(cfg: dict) -> ModelConfig:
 
 # architectures whose ``sliding_window`` transformers applies to every layer (Qwen2's needs
 # ``use_sliding_window`` and is per layer: not read)
-_SLIDING_ARCHITECTURES = ("MistralForCausalLM", "Phi3ForCausalLM")
+_SLIDING_ARCHITECTURES = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
 
 
 def _safetensors_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -128,6 +135,8 @@ def _gguf_config(reader) -> ModelConfig:
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r}; "
                          f"supported: {sorted(GGUF_ARCHITECTURES)}")
+    if is_gemma(GGUF_ARCHITECTURES[arch]):
+        return gemma_gguf_config(reader, _field, arch, GGUF_ARCHITECTURES[arch])
     tensors = {t.name: t for t in reader.tensors}
     names = set(tensors)
     hidden = _field(reader, f"{arch}.embedding_length")
@@ -201,13 +210,19 @@ def hf_name(gguf_name: str, fused: dict[str, str] | None = None) -> str | None:
     return f"{_GGUF_TOP[parts[0]]}.{parts[1]}"
 
 
-_PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")  # llama.cpp permutes Q/K
+# llama.cpp permutes the Q/K rows of these
+_PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
+
+
+def _gguf_namer(config: ModelConfig, reader):
+    """The GGUF → HF tensor name mapping of ``config``'s architecture and this file."""
+    return gemma_hf_name if is_gemma(config.architecture) else gguf_name_map(reader)
 
 
 def _gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named float tensors, Q/K rows unpermuted."""
     unpermute = config.architecture in _PERMUTED_ARCHITECTURES
-    to_hf = gguf_name_map(reader)
+    to_hf = _gguf_namer(config, reader)
     for tensor in reader.tensors:
         name = to_hf(tensor.name)
         if name is None:

@@ -36,7 +36,7 @@ class _Layer(ctypes.Structure):
                 ("input_norm", _P), ("post_norm", _P), ("k_pool", _P), ("v_pool", _P),
                 ("kv_dtype", _I64), ("hidden", _I64), ("heads", _I64), ("kv_heads", _I64), ("head_dim", _I64),
                 ("intermediate", _I64), ("block_size", _I64), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float)]
+                ("scale", ctypes.c_float), ("window", _I64)]
 
 
 class _Step(ctypes.Structure):
@@ -132,6 +132,7 @@ def _layer_ok(layer: nn.Module) -> bool:
     norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
     # NOTE: the native layer rotates whole heads (rs_rotary); partial rotary stays in Python
     return (attn.q_norm is None and not attn.rotary.is_partial
+            and attn.softcap is None
             and all(_linear_ok(m) for m in linears)
             and all(w.dtype == torch.float32 and w.is_cpu for w in norms))
 
@@ -163,4 +164,4 @@ def _layer_struct(layer: nn.Module, kv: tuple[torch.Tensor, torch.Tensor],
         hidden=layer.input_layernorm.weight.shape[0], heads=attn.num_heads,
         kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
         intermediate=mlp.down_proj.in_features, block_size=block_size,
-        eps=layer.input_layernorm.eps, scale=attn.scale)
+        eps=layer.input_layernorm.eps, scale=attn.scale, window=attn.window or 0)

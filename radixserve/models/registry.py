@@ -6,7 +6,10 @@ import importlib
 
 _LLAMA = ("radixserve.models.llama", "LlamaForCausalLM")
 _MOE = ("radixserve.models.moe", "MoeForCausalLM")
+_GEMMA = ("radixserve.models.gemma", "GemmaForCausalLM")
 _MODELS = {
+    "Gemma2ForCausalLM": _GEMMA,
+    "Gemma3ForCausalLM": _GEMMA,
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,
     "Qwen2ForCausalLM": _LLAMA,
@@ -17,7 +20,8 @@ _MODELS = {
 }
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                       "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
-                      "phi3": "Phi3ForCausalLM"}
+                      "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                      "gemma3": "Gemma3ForCausalLM"}
 # (a GGUF "llama" file with llama.expert_count > 0 is Mixtral: models/loader.py)
 
 

@@ -51,12 +51,10 @@ def test_explicit_length_checked_against_window_and_pool():
         resolve_max_model_len(600, cfg, 1000, 4)
 
 
-def test_sliding_window_caps_the_context_until_backends_apply_it():
+def test_sliding_window_does_not_shorten_the_context():
     cfg = _config(max_position_embeddings=512, sliding_window=40)
-    assert resolve_max_model_len(None, cfg, 1000, 4) == 40
-    assert resolve_max_model_len(None, cfg, 1000, 4, backend_has_sliding_window=True) == 512
-    with pytest.raises(ValueError, match="exceeds the model's context window"):
-        resolve_max_model_len(41, cfg, 1000, 4)
+    assert resolve_max_model_len(None, cfg, 1000, 4) == 512
+    assert resolve_max_model_len(100, cfg, 1000, 4) == 100
 
 
 def test_llm_request_without_max_tokens_fills_the_context(small_pool_llm):

@@ -16,14 +16,18 @@ BLOCK, HEADS, KV_HEADS, DIM, NUM_BLOCKS = 4, 6, 2, 8, 96
 SCALE = DIM ** -0.5
 
 
-def reference(q, keys, values, lens):
-    """q [T, H, d]; keys/values per row [L_t, KVH, d]; each row attends to its first lens[t]."""
+def reference(q, keys, values, lens, window=None, softcap=None):
+    """q [T, H, d]; keys/values per row [L_t, KVH, d]; each row attends to its first lens[t]
+    (with ``window``: the last ``window`` of them); ``softcap``: cap * tanh(score / cap)."""
     out = []
     group = HEADS // KV_HEADS
     for t in range(q.shape[0]):
-        k = keys[t][:lens[t]].double().repeat_interleave(group, dim=1)  # [L, H, d]
-        v = values[t][:lens[t]].double().repeat_interleave(group, dim=1)
+        lo = max(0, lens[t] - window) if window else 0
+        k = keys[t][lo:lens[t]].double().repeat_interleave(group, dim=1)  # [L, H, d]
+        v = values[t][lo:lens[t]].double().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,lhd->hl", q[t].double(), k) * SCALE
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
         out.append(torch.einsum("hl,lhd->hd", scores.softmax(-1), v))
     return torch.stack(out).float()
 
@@ -49,7 +53,8 @@ def from_pool(p: torch.Tensor, kv_dtype: torch.dtype) -> torch.Tensor:
     return q8_values(p) if kv_dtype == torch.int8 else p.float()
 
 
-def run_batch(seqs, seed=0, backend=None, dims=None, kv_dtype=torch.float32):
+def run_batch(seqs, seed=0, backend=None, dims=None, kv_dtype=torch.float32, window=None,
+              softcap=None):
     """seqs: (block_ids, start_pos, num_new_tokens) packed in this order (decode-like first).
     Returns the backend's output, the reference (on K/V rounded to ``kv_dtype``, the pool's
     elements), and the metadata."""
@@ -82,8 +87,8 @@ def run_batch(seqs, seed=0, backend=None, dims=None, kv_dtype=torch.float32):
         slot_mapping=torch.tensor(slots), block_table=table,
         context_lens=[s + n for _, s, n in seqs], q_lens=[n for _, _, n in seqs],
         start_pos=[s for _, s, _ in seqs], block_size=BLOCK)
-    got = backend.forward(q, k, v, (k_cache, v_cache), meta, SCALE)
-    return got, reference(q, row_keys, row_values, lens), meta
+    got = backend.forward(q, k, v, (k_cache, v_cache), meta, SCALE, window, softcap)
+    return got, reference(q, row_keys, row_values, lens, window, softcap), meta
 
 
 SHARED = list(range(1, 1 + MIN_SHARED_PREFIX // BLOCK + 2))  # 18 blocks = 72 shared tokens
@@ -334,3 +339,78 @@ def test_native_long_contexts_in_chunks_match_dense_and_do_not_depend_on_the_bat
                                    rtol=1e-4, atol=1e-5)
         assert torch.equal(run([i]), together[i:i + 1])  # alone: per query head or grouped
     assert torch.equal(run([3, 0]), together[[3, 0]])
+
+
+# -- sliding windows and soft-capped scores ---------------------------------------------------
+
+WINDOW_CASES = {
+    "decodes": [([20, 21, 22], 9, 1), ([30, 31], 5, 1), ([40, 41, 42, 43], 15, 1)],
+    "shared": [(SHARED + [60, 61], 79, 1), (SHARED + [62], 74, 1), (SHARED + [63, 64], 78, 1)],
+    "chunks": [(SHARED + [60, 61], 74, 5), (SHARED + [62], 73, 1)],
+    "prefills": [([20, 21], 6, 1), ([30, 31, 32, 33], 0, 14), (SHARED + [62, 63], 70, 10)],
+}
+
+
+@pytest.mark.parametrize("backend_cls", [TorchPagedAttention, NativeCpuPagedAttention],
+                         ids=["torch", "native"])
+@pytest.mark.parametrize("window,softcap", [(6, None), (8, None), (1, None), (None, 2.0),
+                                            (5, 2.0)])
+@pytest.mark.parametrize("case", sorted(WINDOW_CASES))
+def test_windowed_and_softcapped_rows_match_dense_reference(case, window, softcap,
+                                                            backend_cls):
+    """Query at p sees keys p - window < j <= p (transformers' sliding mask): windows that
+    start inside a block (6, block 4), on its edge (8), only the row itself (1); decode rows
+    beside a shared prefix (the torch cascade is bypassed), short chunks, fresh prompts and
+    chunks with cached context; soft-capped scores alone and with a window."""
+    if backend_cls is NativeCpuPagedAttention and native.load() is None:
+        pytest.skip("native kernels unavailable")
+    got, want, _ = run_batch(WINDOW_CASES[case], backend=backend_cls(), window=window,
+                             softcap=softcap)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.int8])
+def test_native_window_on_16bit_and_int8_pools(kv_dtype):
+    got, want, _ = run_batch(WINDOW_CASES["prefills"], backend=NativeCpuPagedAttention(),
+                             kv_dtype=kv_dtype, window=7, softcap=3.0)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("window", [600, 512, 100])
+def test_native_long_rows_with_a_window_in_chunks_match_dense_and_the_batch(window):
+    """Windows over 512 tokens are attended in 512-token chunks from the window's first key
+    (not block aligned): the dense result, the same bits alone or in any batch, and a row
+    whose window covers it all equals the unwindowed row bit for bit."""
+    heads, kv_heads, dim, block, num_blocks = 8, 4, 64, 16, 100
+    gen = torch.Generator().manual_seed(13)
+    pool = (torch.randn(num_blocks, block, kv_heads, dim, generator=gen),
+            torch.randn(num_blocks, block, kv_heads, dim, generator=gen))
+    blocks = torch.randperm(num_blocks, generator=gen)[:80].tolist()
+    lens = [1100, 601, 513, 100, 7]
+    q = torch.randn(len(lens), heads, dim, generator=gen)
+    slots = [blocks[p // block] * block + p % block for p in range(80 * block)]
+    keys = pool[0].view(-1, kv_heads, dim)[slots].clone()
+    values = pool[1].view(-1, kv_heads, dim)[slots].clone()
+    backend = NativeCpuPagedAttention()
+
+    def run(rows, w):
+        last = torch.tensor([lens[i] - 1 for i in rows])
+        meta = backend.build_metadata(slot_mapping=torch.tensor(slots)[last],
+                                      block_table=torch.tensor([blocks] * len(rows)),
+                                      context_lens=[lens[i] for i in rows],
+                                      q_lens=[1] * len(rows), start_pos=last.tolist(),
+                                      block_size=block)
+        return backend.forward(q[rows], keys[last], values[last], pool, meta, dim ** -0.5, w)
+
+    together = run(list(range(len(lens))), window)
+    full = run(list(range(len(lens))), None)
+    for i, n in enumerate(lens):
+        lo = max(0, n - window)
+        torch.testing.assert_close(together[i], dense_row(q[i], keys[lo:n], values[lo:n]),
+                                   rtol=1e-4, atol=1e-5)
+        assert torch.equal(run([i], window), together[i:i + 1])
+        if n <= window:
+            assert torch.equal(together[i], full[i])
+    assert torch.equal(run([3, 0], window), together[[3, 0]])

@@ -63,9 +63,12 @@ class NativeCpuPagedAttention:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor],
-                meta: NativeAttentionMetadata, scale: float) -> torch.Tensor:
+                meta: NativeAttentionMetadata, scale: float, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
         """q [T, H, d], k/v [T, KVH, d] (rows may be strided, heads contiguous) → [T, H, d].
-        The kernel writes k/v into the pool first."""
+        The kernel writes k/v into the pool first. ``window``: a row at position p attends to
+        keys p - window < j <= p only (a sliding-window layer); ``softcap``: scores capped to
+        softcap * tanh(score / softcap) (Gemma 2)."""
         q, k, v = _rows(q), _rows(k), _rows(v)
         k_cache, v_cache = kv_cache
         num_rows, num_heads, head_dim = q.shape
@@ -77,7 +80,7 @@ class NativeCpuPagedAttention:
                 KV_DTYPE_CODES[k_cache.dtype],
                 meta.block_table.data_ptr(), meta.block_table.shape[1], meta.row_seq.data_ptr(),
                 meta.row_len.data_ptr(), num_rows, num_heads, k_cache.shape[2], head_dim,
-                meta.block_size, scale, out.data_ptr()):
+                meta.block_size, scale, window or 0, softcap or 0.0, out.data_ptr()):
             raise RuntimeError("native paged attention failed (shape or memory)")
         return out
 

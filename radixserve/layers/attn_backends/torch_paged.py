@@ -17,6 +17,10 @@ position p of a sequence lives in slot ``block_ids[p // block_size] * block_size
   their log-sum-exp. The result equals the one-pass softmax up to float rounding.
 - other prefill chunks, one at a time: a fresh prompt attends causally to its own K/V; a chunk
   with earlier context (chunked prefill, prefix-cache hit) reads the context from the pool.
+- a sliding-window layer (``window``: the query at p attends to keys p - window < j <= p, as
+  transformers' mask) or one with soft-capped scores (``softcap``: cap * tanh(s / cap), Gemma 2)
+  masks the same gathered context: decode rows over their whole block list (no cascade), chunks
+  with the window ANDed into their causal mask, scores capped before the mask is added.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class TorchAttentionMetadata:
     shared_blocks: torch.Tensor | None  # [P / bs] leading blocks all decode rows share
     block_size: int  # tokens per block as the scheduler addresses the pool
     prefills: list[PrefillChunk]
+    decode_table: torch.Tensor | None = None  # [B, nb] each decode row's blocks, shared ones too
+    decode_lens: torch.Tensor | None = None  # [B] each decode row's context length
 
 
 class TorchPagedAttention:
@@ -67,11 +73,15 @@ class TorchPagedAttention:
         """``block_table`` [S, max_blocks] padded; decode-like sequences come first."""
         device = slot_mapping.device
         num_seqs = num_decode_seqs(q_lens, start_pos)
-        decode_blocks = decode_bias = shared_blocks = None
+        decode_blocks = decode_bias = shared_blocks = decode_table = lens = None
         row_lens = decode_row_lens(q_lens, start_pos, num_seqs)
         if num_seqs:
             num_blocks = -(-max(row_lens) // block_size)
             blocks = block_table[:num_seqs, :num_blocks]
+            decode_table = blocks
+            if len(row_lens) > num_seqs:
+                decode_table = blocks.repeat_interleave(
+                    torch.tensor(q_lens[:num_seqs], device=device), dim=0)
             shared = _shared_prefix_len(blocks, block_size, min(row_lens))
             if shared:
                 n = shared // block_size
@@ -88,25 +98,46 @@ class TorchPagedAttention:
         prefills = prefill_chunks(block_table, context_lens, q_lens, start_pos, block_size,
                                   num_seqs)
         return TorchAttentionMetadata(slot_mapping, len(row_lens), decode_blocks, decode_bias,
-                                      shared_blocks, block_size, prefills)
+                                      shared_blocks, block_size, prefills, decode_table, lens)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor],
-                meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
-        """q [T, H, d], k/v [T, KVH, d] → [T, H, d]. Writes k/v into the pool first."""
+                meta: TorchAttentionMetadata, scale: float, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
+        """q [T, H, d], k/v [T, KVH, d] → [T, H, d]. Writes k/v into the pool first.
+        ``window``: keys p - window < j <= p only; ``softcap``: capped scores (see above)."""
         flat_k, flat_v = write_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         if meta.num_decodes:
             b = meta.num_decodes
-            if meta.shared_blocks is None:
+            if window is not None or softcap is not None:
+                blocks, bias = windowed_decode_inputs(meta, window, q.dtype)
+                out[:b] = _decode(q[:b], flat_k, flat_v, meta.block_size, blocks, bias, scale,
+                                  softcap)
+            elif meta.shared_blocks is None:
                 out[:b] = _decode(q[:b], flat_k, flat_v, meta.block_size, meta.decode_blocks,
                                   meta.decode_bias, scale)
             else:
                 out[:b] = _decode_cascade(q[:b], flat_k, flat_v, meta.block_size,
                                           meta.shared_blocks, meta.decode_blocks,
                                           meta.decode_bias, scale)
-        attend_prefills(q, k, v, flat_k, flat_v, meta.prefills, meta.block_size, scale, out)
+        attend_prefills(q, k, v, flat_k, flat_v, meta.prefills, meta.block_size, scale, out,
+                        window, softcap)
         return out
+
+
+def windowed_decode_inputs(meta: TorchAttentionMetadata, window: int | None,
+                           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode rows' whole block lists [B * nb] and their bias [B, 1, nb * bs]: 0 for the
+    keys a row attends to (within ``window`` of its position, if any), else -inf."""
+    table, lens = meta.decode_table, meta.decode_lens
+    keys = torch.arange(table.shape[1] * meta.block_size, device=table.device)
+    invalid = keys >= lens[:, None]
+    if window is not None:
+        invalid |= keys < (lens - window)[:, None]
+    bias = torch.zeros(invalid.shape, dtype=dtype, device=table.device).masked_fill_(
+        invalid, float("-inf")).unsqueeze(1)
+    return table.reshape(-1), bias
 
 
 def num_decode_seqs(q_lens: list[int], start_pos: list[int]) -> int:
@@ -154,26 +185,54 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: tuple[torch.Tensor, tor
 
 def attend_prefills(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flat_k: torch.Tensor,
                     flat_v: torch.Tensor, prefills: list[PrefillChunk], block_size: int,
-                    scale: float, out: torch.Tensor) -> None:
+                    scale: float, out: torch.Tensor, window: int | None = None,
+                    softcap: float | None = None) -> None:
     """Prefill chunks, one at a time, into their rows of ``out``."""
     num_kv_heads, head_dim = flat_k.shape[1:]
     for p in prefills:
         rows = slice(p.q_start, p.q_start + p.q_len)
         qs = q[rows].transpose(0, 1).unsqueeze(0)
         if p.ctx_blocks is None:
-            ks, vs = k[rows], v[rows]
-            o = F.scaled_dot_product_attention(
-                qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
-                is_causal=True, scale=scale, enable_gqa=True)
+            ks, vs, mask = k[rows], v[rows], None
         else:
             ctx_len = p.mask.shape[1]
             ks, vs = _gather_blocks(flat_k, flat_v, block_size, p.ctx_blocks)
             ks = ks.view(-1, num_kv_heads, head_dim)[:ctx_len]
             vs = vs.view(-1, num_kv_heads, head_dim)[:ctx_len]
-            o = F.scaled_dot_product_attention(
-                qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
-                attn_mask=p.mask, scale=scale, enable_gqa=True)
+            mask = p.mask
+        ks, vs = ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0)
+        if window is None and softcap is None:
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None,
+                                               scale=scale, enable_gqa=True)
+        else:
+            o = _masked_attention(qs, ks, vs, _chunk_mask(p, ks.shape[2], window, q.device),
+                                  scale, softcap)
         out[rows] = o.squeeze(0).transpose(0, 1)
+
+
+def _chunk_mask(p: PrefillChunk, ctx_len: int, window: int | None,
+                device: torch.device) -> torch.Tensor:
+    """[q_len, ctx_len] bool: query i (at position start_pos + i) sees key j where
+    pos - window < j <= pos (no lower bound without a window)."""
+    q_pos = torch.arange(p.start_pos, p.start_pos + p.q_len, device=device)[:, None]
+    keys = torch.arange(ctx_len, device=device)[None, :]
+    mask = keys <= q_pos
+    if window is not None:
+        mask &= keys > q_pos - window
+    return mask
+
+
+def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float, softcap: float | None) -> torch.Tensor:
+    """q [1, H, L, d], k/v [1, KVH, S, d], mask [L, S] bool → [1, H, L, d], with the scores
+    soft-capped (cap * tanh(s / cap)) before masking when ``softcap`` is set."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 def _gather_blocks(flat_k: torch.Tensor, flat_v: torch.Tensor, block_size: int,
@@ -198,9 +257,10 @@ def _shared_prefix_len(block_table: torch.Tensor, block_size: int, min_len: int)
 
 
 def _decode(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor, block_size: int,
-            blocks: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+            blocks: torch.Tensor, bias: torch.Tensor, scale: float,
+            softcap: float | None = None) -> torch.Tensor:
     """q [B, H, d]; pools [slots, KVH, d]; blocks [B * nb]; bias [B, 1, nb * block_size]
-    → [B, H, d]."""
+    → [B, H, d]; ``softcap``: scores capped before the bias is added."""
     b, num_heads, d = q.shape
     num_kv_heads = flat_k.shape[1]
     k, v = _gather_blocks(flat_k, flat_v, block_size, blocks)
@@ -208,7 +268,11 @@ def _decode(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor, block_s
     qg = q.view(b, num_kv_heads, num_heads // num_kv_heads, d)
     out = torch.empty_like(qg)
     for h in range(num_kv_heads):  # k[:, :, h] is a strided [B, L, d] view: BLAS reads it as is
-        scores = torch.baddbmm(bias, qg[:, h], k[:, :, h].transpose(1, 2), alpha=scale)
+        if softcap is None:
+            scores = torch.baddbmm(bias, qg[:, h], k[:, :, h].transpose(1, 2), alpha=scale)
+        else:
+            scores = torch.bmm(qg[:, h], k[:, :, h].transpose(1, 2)) * scale
+            scores = torch.tanh(scores / softcap) * softcap + bias
         out[:, h] = torch.bmm(torch.softmax(scores, dim=-1), v[:, :, h])
     return out.view(b, num_heads, d)
 
