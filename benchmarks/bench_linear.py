@@ -8,8 +8,8 @@ One "step" runs the embedded model's 121 linear shapes (30 layers of qkv, o, gat
 the head) once, with distinct random weights so they come from memory as in a real step; each
 block column holds all 121 matrices in that type (Q4_K_M: Q4_K with Q6_K for down and the head,
 as llama.cpp mixes them). K-quants need 256-multiples, so the K columns use the embedded
-model's shapes rounded up (576 -> 768, 1536 -> 1536); F16 / BF16 take the shapes as they are. Prints ms per step for each level and row
-count (at the amx level the int8 kernel uses AMX tiles from 8 rows, Q4_0/Q4_1 from 32).
+model's shapes rounded up (576 -> 768, 1536 -> 1536); F16 / BF16 take the shapes as they are.
+Prints ms per step for each level and row count (at the amx level the int8 kernel uses AMX tiles from 8 rows, Q4_0/Q4_1 from 32).
 
     .venv/bin/python benchmarks/bench_linear.py [--rows 1,16,64,512] [--levels avx2,generic]
         [--types Q4_1,Q8_0,Q4_K_M,F16,BF16]

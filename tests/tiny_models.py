@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 ARCHS = ("llama", "qwen2", "qwen3")
-FTYPES = ("F32", "F16", "Q8_0", "Q4_0")
+FTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 EOS_TOKEN = "<|im_end|>"
@@ -238,11 +238,13 @@ def _randomize_(model: torch.nn.Module, seed: int) -> None:
             param.copy_(values)
 
 
-def make_hf_model(arch: str, out_dir: str | Path, seed: int = 0, **overrides) -> Path:
+def make_hf_model(arch: str, out_dir: str | Path, seed: int = 0,
+                  save_dtype: torch.dtype = torch.float32, **overrides) -> Path:
     """Build a tiny random `arch` model and save it, with the tiny tokenizer, to `out_dir`.
 
     `overrides` are config fields, e.g. ``tie_word_embeddings=True`` or, for llama,
-    ``rope_scaling={"rope_type": "llama3", "factor": 8.0, ...}``. Returns `out_dir`.
+    ``rope_scaling={"rope_type": "llama3", "factor": 8.0, ...}``; `save_dtype` the weights'
+    stored type (float16 / bfloat16: the random float32 weights rounded). Returns `out_dir`.
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -260,7 +262,7 @@ def make_hf_model(arch: str, out_dir: str | Path, seed: int = 0, **overrides) ->
     model.generation_config = GenerationConfig(
         bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id
     )
-    model.save_pretrained(str(out_dir))  # safetensors (the only/default format)
+    model.to(save_dtype).save_pretrained(str(out_dir))  # safetensors (the only/default format)
     return out_dir
 
 
@@ -483,14 +485,14 @@ def _add_hparams(writer, arch: str, config: dict, ftype: str) -> None:
         writer.add_rope_scaling_factor(scaling["factor"])
 
 
-_FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "Q8_0": "MOSTLY_Q8_0", "Q4_0": "MOSTLY_Q4_0",
-               "Q4_K_M": "MOSTLY_Q4_K_M"}
+_FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q8_0": "MOSTLY_Q8_0",
+               "Q4_0": "MOSTLY_Q4_0", "Q4_K_M": "MOSTLY_Q4_K_M"}
 
 
 def hf_to_gguf(hf_dir: str | Path, out_path: str | Path, ftype: str = "F32") -> Path:
     """Convert a folder written by :func:`make_hf_model` into a llama.cpp-style GGUF file.
 
-    `ftype` is one of F32, F16, Q8_0, Q4_0, Q4_K_M (a mix, `_q4_k_m_type`); it applies to 2-D
+    `ftype` is one of F32, F16, BF16, Q8_0, Q4_0, Q4_K_M (a mix, `_q4_k_m_type`); it applies to 2-D
     weights, while norms, biases and
     rope_freqs stay F32. Returns `out_path`.
     """

@@ -74,11 +74,14 @@ inline void hstore(float* p, hv v) { _mm256_storeu_ps(p, v); }
 inline hv hfma(hv a, hv b, hv c) { return _mm256_fmadd_ps(a, b, c); }
 inline void hstore_cols(hv acc, const float* bias, float* y, int64_t n) {
   const int c = n >= 8 ? 8 : (int)n;
-  const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i m =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   if (bias) acc = _mm256_add_ps(acc, _mm256_maskload_ps(bias, m));
   _mm256_maskstore_ps(y, m, acc);
 }
-inline hv widen_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+inline hv widen_f16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+}
 inline hv widen_bf16(const uint16_t* p) {
   const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));

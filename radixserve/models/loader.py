@@ -19,6 +19,7 @@ from tqdm import tqdm
 from radixserve.config import ModelConfig
 from radixserve.models.gguf_quant import dequantize
 from radixserve.models.gguf_stored import load_stored
+from radixserve.models.half_stored import load_half_stored
 from radixserve.models.quantization import quantize_linears_
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
 from radixserve.models.source import ModelSource
@@ -44,8 +45,10 @@ def load_model_config(source: ModelSource, reader=None) -> ModelConfig:
 def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
                dtype: torch.dtype, reader=None, show_progress: bool = True,
                quantization: str = "none") -> torch.nn.Module:
-    """The model with its weights loaded; ``quantization``: a resolved name, "none", "int8" or
-    "gguf" (see models/quantization.py; "gguf": the file's blocks as stored, no float copy)."""
+    """The model with its weights loaded; ``quantization``: a resolved name, "none", "int8",
+    "gguf" or "16bit-stored" (see models/quantization.py; "gguf": the file's matrices as
+    stored, "16bit-stored": a float16 / bfloat16 folder's linear weights in 16 bits; no float
+    copy of those matrices either way)."""
     cls = get_model_class(config.architecture)
     with torch.device("meta"):
         model = cls(config)
@@ -54,6 +57,8 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
         load_stored(model, reader or open_gguf(source.path), config, device, hf_name,
                     unpermute_rows if unpermute else None, show_progress)
         return model.eval()
+    if quantization == "16bit-stored":
+        return load_half_stored(model, source.path, device, show_progress).eval()
     model = model.to_empty(device=device).to(dtype)
     model.rotary.reset_tables(device)
     if source.kind == "gguf":
