@@ -12,7 +12,7 @@ model's shapes rounded up (576 -> 768, 1536 -> 1536); F16 / BF16 take the shapes
 Prints ms per step for each level and row count (at the amx level the int8 kernel uses AMX tiles from 8 rows, Q4_0/Q4_1 from 32).
 
     .venv/bin/python benchmarks/bench_linear.py [--rows 1,16,64,512] [--levels avx2,generic]
-        [--types Q4_1,Q8_0,Q4_K_M,F16,BF16]
+        [--types Q4_1,Q8_0,Q4_K_M,F16,BF16] [--threads 1]
 """
 
 from __future__ import annotations
@@ -94,7 +94,10 @@ def main() -> None:
     parser.add_argument("--rows", default="1,4,16,64,512")
     parser.add_argument("--levels", default=None, help="default: every level this CPU runs")
     parser.add_argument("--types", default="Q4_0,Q4_1,Q5_K,Q6_K,Q8_0,Q4_K_M")
+    parser.add_argument("--threads", type=int, default=None, help="default: torch's")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     info = native.describe()
     levels = args.levels.split(",") if args.levels else [
         lv for lv in info.runnable if lv in info.built]

@@ -103,31 +103,23 @@ def test_the_fma_levels_agree_bit_for_bit(qtype):
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
 
 
-def _every_f16() -> torch.Tensor:
-    """Every finite f16 value (subnormals, both zeros, 65504), as a [16, K] matrix."""
+def _every_value(qtype) -> torch.Tensor:
+    """Every finite value of the 16-bit type (subnormals, both zeros, the largest), 1-D."""
     bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16)
-    values = bits.view(torch.float16)
-    values = values[torch.isfinite(values)]
-    return values[:values.numel() // 16 * 16].reshape(16, -1)
+    values = bits.view(DTYPES[qtype])
+    return values[torch.isfinite(values)]
 
 
 @needs_native
 @pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize("qtype", list(DTYPES), ids=lambda t: t.name)
 def test_every_stored_value_widens_exactly(qtype):
-    """One-hot rows pick single weights: y must be the weight itself, for every finite f16
-    (and as many bf16 bit patterns, subnormals included)."""
-    w = _every_f16()
-    if qtype == T.BF16:
-        w = w.view(torch.int16).view(torch.bfloat16)
-        w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
-    k = 997  # a slice of the columns keeps the one-hot input small
-    w = w[:, :k].contiguous()
-    layer = BlockLinear.from_stored([(qtype, w.view(torch.uint8))], k)
-    picks = torch.arange(0, k, 13)
-    x = torch.zeros(picks.numel(), k)
-    x[torch.arange(picks.numel()), picks] = 1.0
-    assert torch.equal(layer(x), w.float()[:, picks].T)
+    """Weights [N, 2] of every finite value (column 1 in reverse) against one-hot rows: each
+    output must be the weight itself, exactly (a product by 1, a sum with 0 x a weight)."""
+    v = _every_value(qtype)
+    w = torch.stack((v, v.flip(0)), dim=1)
+    layer = BlockLinear.from_stored([(qtype, w.view(torch.uint8))], 2)
+    assert torch.equal(layer(torch.eye(2)), w.float().T)
 
 
 @needs_native
