@@ -77,16 +77,20 @@ def _block_layers(kind: str) -> list[torch.nn.Module]:
     return layers
 
 
-def _step_ms(layers: list[torch.nn.Module], rows: int, reps: int,
-             dtype: torch.dtype = torch.float32) -> float:
-    inputs = [torch.randn(rows, lin.in_features, dtype=dtype) for lin in layers]
-    best = float("inf")
+def _steps_ms(columns: list[tuple[list[torch.nn.Module], torch.dtype]], rows: int,
+              reps: int) -> list[float]:
+    """Best ms per step of each column's layers, the columns run round-robin (one step each
+    per repetition) so that noise from other processes falls on all of them alike."""
+    inputs = [[torch.randn(rows, lin.in_features, dtype=dtype) for lin in layers]
+              for layers, dtype in columns]
+    best = [float("inf")] * len(columns)
     for _ in range(reps + 1):  # the first pass warms up
-        t0 = time.perf_counter()
-        for lin, x in zip(layers, inputs):
-            lin(x)
-        best = min(best, time.perf_counter() - t0)
-    return best * 1000
+        for c, (layers, _) in enumerate(columns):
+            t0 = time.perf_counter()
+            for lin, x in zip(layers, inputs[c]):
+                lin(x)
+            best[c] = min(best[c], time.perf_counter() - t0)
+    return [b * 1000 for b in best]
 
 
 def main() -> None:
@@ -106,24 +110,19 @@ def main() -> None:
     print(f"CPU: {_cpu_model()}; threads {torch.get_num_threads()}")
     print("ms per step of 121 linears (K-quant columns on 768/1536-wide inputs)")
     with torch.inference_mode():
-        fp32 = _float_layers()
-        float_ms = {rows: _step_ms(fp32, rows, 5 if rows < 128 else 2) for rows in rows_list}
-        del fp32
-        bf16 = _float_layers(torch.bfloat16)
-        bf16_ms = {rows: _step_ms(bf16, rows, 5 if rows < 128 else 2, torch.bfloat16)
-                   for rows in rows_list}
-        del bf16
+        torch_columns = [(_float_layers(), torch.float32),
+                         (_float_layers(torch.bfloat16), torch.bfloat16)]
         print(f"{'level':8s} {'rows':>4s} {'int8':>8s} " + " ".join(f"{k:>8s}" for k in kinds)
               + f" {'fp32 torch':>10s} {'bf16 torch':>10s}")
         for level in levels:
             os.environ[native.ISA_ENV] = level
             native.reset()
-            columns = [_layers()] + [_block_layers(k) for k in kinds]
+            columns = [(layers, torch.float32)
+                       for layers in [_layers()] + [_block_layers(k) for k in kinds]]
             for rows in rows_list:
-                reps = 5 if rows < 128 else 2
-                ms = [_step_ms(layers, rows, reps) for layers in columns]
-                print(f"{level:8s} {rows:4d} " + " ".join(f"{v:8.2f}" for v in ms)
-                      + f" {float_ms[rows]:10.2f} {bf16_ms[rows]:10.2f}", flush=True)
+                ms = _steps_ms(columns + torch_columns, rows, 5 if rows < 128 else 2)
+                print(f"{level:8s} {rows:4d} " + " ".join(f"{v:8.2f}" for v in ms[:-2])
+                      + f" {ms[-2]:10.2f} {ms[-1]:10.2f}", flush=True)
 
 
 def _cpu_model() -> str:
