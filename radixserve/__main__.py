@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
                                      "layer type of a model computes with")
     env.add_argument("--model", default=None, help="a .gguf file or a Hugging Face folder "
                                                    "(default: the embedded model)")
-    env.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "gguf"])
+    env.add_argument("--quantization", default="auto",
+                     choices=["auto", "none", "int8", "gguf", "16bit-stored"])
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

@@ -39,12 +39,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="default: float32 on CPU, bfloat16 on CUDA. On CPUs with AMX, bfloat16 "
                         "is ~1.7x the batched throughput, but its greedy output may then "
                         "depend on the batch (oneDNN's bf16 GEMM is not batch invariant)")
-    g.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "gguf"],
-                   help="gguf: a GGUF file's quantized matrices (Q4_0 ... Q6_K) as stored, in "
-                        "native kernels: the file's weights in about the file's memory. int8: "
-                        "every linear requantized to int8 per channel (activations as two int8 "
-                        "terms). Both batch invariant, CPU only. auto: gguf for GGUF files "
-                        "with quantized matrices, float otherwise")
+    g.add_argument("--quantization", default="auto",
+                   choices=["auto", "none", "int8", "gguf", "16bit-stored"],
+                   help="gguf: a GGUF file's quantized or 16-bit matrices (Q4_0 ... Q6_K, F16, "
+                        "BF16) as stored, in native kernels: the file's weights in about the "
+                        "file's memory. 16bit-stored: a float16 / bfloat16 Hugging Face "
+                        "folder's linear weights in 16 bits (float32 activations). int8: every "
+                        "linear requantized to int8 per channel (activations as two int8 "
+                        "terms). All batch invariant, CPU only. auto: gguf for GGUF files with "
+                        "quantized or 16-bit matrices, 16bit-stored for 16-bit folders, float "
+                        "otherwise")
     g.add_argument("--seed", type=int, default=0, help="engine seed for unseeded requests")
     g.add_argument("--no-structured-fast-forward", action="store_true",
                    help="sample every token of a structured output, even those its grammar "

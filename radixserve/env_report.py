@@ -25,14 +25,15 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: 
     piece the native layer call lacks (q/k norms, sparse MoE blocks: ``python_only_layers``)."""
     native_kernel = f"native ({kernels})" if kernels else "torch"
     blocks = f"GGUF blocks as stored ({', '.join(stored) or '?'}), native ({kernels})"
+    half = f"16 bits as stored, float32 activations, native ({kernels})"
     linears = {"none": "float (torch)", "int8": f"int8, native ({kernels})",
-               "gguf": blocks}[quantization]
+               "gguf": blocks, "16bit-stored": half}[quantization]
     stack = ("one native call per layer" if kernels and attention == "cpu_native"
              and quantization != "none" and not qk_norm else "Python layers")
     return {
         "linear layers (qkv, o, gate_up, down)": linears,
         "lm_head": {"none": "float (torch)", "int8": f"int8, native ({kernels})",
-                    "gguf": f"as stored, native ({kernels})"}[quantization],
+                    "gguf": f"as stored, native ({kernels})", "16bit-stored": half}[quantization],
         "embedding": ("stored rows, dequantized per lookup" if quantization == "gguf"
                       else "float lookup (torch)"),
         "attention": (f"cpu_native: paged, native ({kernels})" if attention == "cpu_native"
@@ -78,6 +79,7 @@ def report(model: str | None, quantization: str = "auto") -> str:
     import torch
 
     from radixserve.layers.attn_backends import resolve_attn_backend
+    from radixserve.models.half_stored import checkpoint_dtype
     from radixserve.models.loader import load_model_config, open_gguf
     from radixserve.models.quantization import resolve_quantization
     from radixserve.models.source import ModelSource
@@ -110,7 +112,7 @@ def report(model: str | None, quantization: str = "auto") -> str:
     reader = open_gguf(source.path) if source.kind == "gguf" else None
     config = load_model_config(source, reader)
     cpu = torch.device("cpu")
-    resolved = resolve_quantization(quantization, cpu, reader)
+    resolved = resolve_quantization(quantization, cpu, reader, checkpoint_dtype(source))
     kv_dtype = resolve_kv_dtype("auto", cpu, torch.float32)
     attention = resolve_attn_backend("auto", cpu, torch.float32, kv_dtype)
     lines += [f"model: {source.path} ({config.architecture}, {config.num_layers} layers, "
@@ -128,6 +130,13 @@ def report(model: str | None, quantization: str = "auto") -> str:
         lines.append(f"  memory: weights {plan.steady / mb:.1f} MB as stored (file "
                      f"{plan.file / mb:.1f} MB), at most {plan.peak / mb:.1f} MB while "
                      "loading; plus the KV pool (--kv-cache-memory-gb)")
+    if resolved == "16bit-stored":
+        from radixserve.models.half_stored import stored_bytes
+
+        half, floats = stored_bytes(source, config.tie_word_embeddings)
+        lines.append(f"  memory: linear weights {half / 1e6:.1f} MB in 16 bits as stored, "
+                     f"{floats / 1e6:.1f} MB float32 (embedding, norms); plus the KV pool "
+                     "(--kv-cache-memory-gb)")
     return "\n".join(lines)
 
 

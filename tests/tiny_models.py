@@ -33,7 +33,7 @@ EXTRA_ARCHS = ("phi3",)  # built on demand only (not in the session fixtures)
 # Mistral (every layer windowed; GGUF arch "llama"), Gemma 2 and Gemma 3 (text).
 WINDOWED_ARCHS = ("mistral", "gemma2", "gemma3")
 _GGUF_ARCH = {"mistral": "llama"}  # model_type -> GGUF general.architecture
-FTYPES = ("F32", "F16", "Q8_0", "Q4_0")
+FTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 EOS_TOKEN = "<|im_end|>"
@@ -267,11 +267,13 @@ def _randomize_(model: torch.nn.Module, seed: int, norm_mean: float = 1.0) -> No
             param.copy_(values)
 
 
-def make_hf_model(arch: str, out_dir: str | Path, seed: int = 0, **overrides) -> Path:
+def make_hf_model(arch: str, out_dir: str | Path, seed: int = 0,
+                  save_dtype: torch.dtype = torch.float32, **overrides) -> Path:
     """Build a tiny random `arch` model and save it, with the tiny tokenizer, to `out_dir`.
 
     `overrides` are config fields, e.g. ``tie_word_embeddings=True`` or, for llama,
-    ``rope_scaling={"rope_type": "llama3", "factor": 8.0, ...}``. Returns `out_dir`.
+    ``rope_scaling={"rope_type": "llama3", "factor": 8.0, ...}``; `save_dtype` the weights'
+    stored type (float16 / bfloat16: the random float32 weights rounded). Returns `out_dir`.
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -289,7 +291,7 @@ def make_hf_model(arch: str, out_dir: str | Path, seed: int = 0, **overrides) ->
     model.generation_config = GenerationConfig(
         bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id
     )
-    model.save_pretrained(str(out_dir))  # safetensors (the only/default format)
+    model.to(save_dtype).save_pretrained(str(out_dir))  # safetensors (the only/default format)
     return out_dir
 
 
@@ -567,14 +569,14 @@ def _add_phi3_hparams(writer, config: dict) -> None:
             math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0)
 
 
-_FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "Q8_0": "MOSTLY_Q8_0", "Q4_0": "MOSTLY_Q4_0",
-               "Q4_K_M": "MOSTLY_Q4_K_M"}
+_FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q8_0": "MOSTLY_Q8_0",
+               "Q4_0": "MOSTLY_Q4_0", "Q4_K_M": "MOSTLY_Q4_K_M"}
 
 
 def hf_to_gguf(hf_dir: str | Path, out_path: str | Path, ftype: str = "F32") -> Path:
     """Convert a folder written by :func:`make_hf_model` into a llama.cpp-style GGUF file.
 
-    `ftype` is one of F32, F16, Q8_0, Q4_0, Q4_K_M (a mix, `_q4_k_m_type`); it applies to 2-D
+    `ftype` is one of F32, F16, BF16, Q8_0, Q4_0, Q4_K_M (a mix, `_q4_k_m_type`); it applies to 2-D
     weights, while norms, biases and
     rope_freqs stay F32. Returns `out_path`.
     """

@@ -26,6 +26,7 @@ from radixserve.env_report import python_only_layers, startup_line, stored_types
 from radixserve.engine.context_len import resolve_max_model_len
 from radixserve.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from radixserve.engine.tokenizer import Tokenizer, load_tokenizer
+from radixserve.models.half_stored import checkpoint_dtype
 from radixserve.models.loader import load_model, load_model_config, open_gguf
 from radixserve.models.quantization import resolve_quantization
 from radixserve.models.source import ModelSource
@@ -65,7 +66,8 @@ class EngineCore:
         device, dtype = config.device.torch_device, config.device.torch_dtype
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' was asked for but CUDA is not available")
-        quantization = resolve_quantization(config.device.quantization, device, reader)
+        quantization = resolve_quantization(config.device.quantization, device, reader,
+                                            checkpoint_dtype(source))
         model = load_model(source, model_config, device, dtype, reader, show_progress,
                            quantization)
         kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, device, dtype)

@@ -1,6 +1,8 @@
 // Block-quantized linear layer: y = x @ W.T (+ bias) straight from GGUF's quantized blocks,
 // every type the loader accepts (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), so a model
-// takes the memory of its file and its weights are exactly the file's.
+// takes the memory of its file and its weights are exactly the file's. A layer's parts may
+// also be F16 / BF16 matrices: those run on float32 activations in half_linear.cpp (its own
+// layout and numerics), beside the block parts in the same call.
 //
 // Why by hand: no library multiplies GGUF's blocks, and batch-1 decode is memory bound: the
 // kernel must read the stored bits once, not a float or int8 copy of them.
@@ -53,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "half_linear.h"
 #include "simd.h"
 
 namespace {
@@ -66,7 +69,11 @@ constexpr int kGroups = kW == 16 ? 2 : 1;  // groups per register block
 constexpr int kActFloats = 4;
 
 // The formats, by the ids the Python side uses (layers/block_linear.py: FORMATS).
-enum Format : int64_t { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kNumFormats };
+// kF16 and kBF16 are 16-bit parts (half_linear.cpp: their own layout, float32 activations).
+enum Format : int64_t { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kF16, kBF16,
+                        kNumFormats };
+
+inline bool is_half(int64_t f) { return f == kF16 || f == kBF16; }
 
 // Compile-time description of a format (see the header's layout).
 template <int64_t F>
@@ -377,27 +384,34 @@ struct BlockPart {
   const float* bias;  // [n] or NULL
 };
 
-// The packed size of an N x K matrix of `format` (K a multiple of 32, of 256 for K-quants);
-// 0 for an unknown format or a K that does not fit.
+// The packed size of an N x K matrix of `format` (K a multiple of 32, of 256 for K-quants; any
+// K >= 1 for F16 / BF16); 0 for an unknown format or a K that does not fit.
 int64_t rs_block_packed_bytes(int64_t format, int64_t N, int64_t K) {
-  if (format < 0 || format >= kNumFormats || K % (32 * unit_blocks(format))) return 0;
+  if (format < 0 || format >= kNumFormats || K < 1) return 0;
+  if (is_half(format)) return (N + 15) / 16 * 16 * K * 2;
+  if (K % (32 * unit_blocks(format))) return 0;
   return (N + 15) / 16 * (K / 32 / unit_blocks(format)) * unit_bytes(format);
 }
 
-// x [M, K] float32 (K a multiple of 32) -> y [M, sum of the parts' n] float32 (row stride ldy),
-// the parts' outputs side by side. Returns 0, 1 when scratch cannot be allocated, 2 for a bad
-// format or K.
+// x [M, K] float32 (K a multiple of 32 where a part is block quantized) -> y [M, sum of the
+// parts' n] float32 (row stride ldy), the parts' outputs side by side. Returns 0, 1 when
+// scratch cannot be allocated, 2 for a bad format or K.
 int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts,
                     int64_t nparts, float* y, int64_t ldy) {
-  for (int64_t p = 0; p < nparts; ++p)
+  bool quantized = false, half = false;
+  for (int64_t p = 0; p < nparts; ++p) {
     if (!rs_block_packed_bytes(parts[p].format, 1, K)) return 2;
+    (is_half(parts[p].format) ? half : quantized) = true;
+  }
   const int64_t B = K / 32;
-  const bool amx = rs_amx_enabled() && M >= kAmxMinRows;
+  const bool amx = quantized && rs_amx_enabled() && M >= kAmxMinRows;
   const int64_t Mp = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole 16-row tiles
-  int8_t* a = (int8_t*)aligned_alloc(64, (size_t)(Mp * 2 * K));
-  float* sc = (float*)malloc((size_t)(Mp * B * kActFloats) * sizeof(float));
+  // the activations in 8 bits, for the block-quantized parts only
+  int8_t* a = quantized ? (int8_t*)aligned_alloc(64, (size_t)(Mp * 2 * K)) : nullptr;
+  float* sc = quantized ? (float*)malloc((size_t)(Mp * B * kActFloats) * sizeof(float))
+                        : nullptr;
   int64_t* first = (int64_t*)malloc((size_t)(nparts + 1) * 2 * sizeof(int64_t));
-  if (!a || !sc || !first) {
+  if ((quantized && (!a || !sc)) || !first) {
     free(a);
     free(sc);
     free(first);
@@ -407,23 +421,37 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
     memset(a + M * 2 * K, 0, (size_t)((Mp - M) * 2 * K));
     memset(sc + M * B * kActFloats, 0, (size_t)((Mp - M) * B * kActFloats) * sizeof(float));
   }
+  if (quantized) {
 #pragma omp parallel for schedule(static) if (M >= 16)
-  for (int64_t r = 0; r < M; ++r)
-    quantize_row(x + r * K, K, a + r * 2 * K, sc + r * B * kActFloats);
-  // work items: pairs of groups of 16 outputs, part after part; first[p] = the part's first
-  // item, first[nparts + 1 + p] = its first output column
+    for (int64_t r = 0; r < M; ++r)
+      quantize_row(x + r * K, K, a + r * 2 * K, sc + r * B * kActFloats);
+  }
+  // work items, part after part: a block part's are pairs of groups of 16 outputs; a 16-bit
+  // part's are kHalfGroups groups x kHalfRows rows, row chunks of one strip consecutive.
+  // first[p] = the part's first item, first[nparts + 1 + p] = its first output column
+  const int64_t row_chunks = (M + kHalfRows - 1) / kHalfRows;
   int64_t* col = first + nparts + 1;
   first[0] = 0;
   for (int64_t p = 0, c = 0; p < nparts; ++p) {
     col[p] = c;
     c += parts[p].n;
-    first[p + 1] = first[p] + ((parts[p].n + 15) / 16 + 1) / 2;
+    const int64_t N16 = (parts[p].n + 15) / 16;
+    first[p + 1] = first[p] + (is_half(parts[p].format)
+                                   ? (N16 + kHalfGroups - 1) / kHalfGroups * row_chunks
+                                   : (N16 + 1) / 2);
   }
   const int64_t items = first[nparts];
   const int chunk = (int)(items / 16 > 1 ? items / 16 : 1);  // dynamic: see int8_linear.cpp
+  const bool widen = half && M >= kHalfWidenRows;
   int failed = 0;
 #pragma omp parallel
   {
+    float* strip = widen ? (float*)malloc((size_t)(kHalfGroups * 16 * K) * sizeof(float))
+                         : nullptr;
+    if (widen && !strip) {
+#pragma omp atomic write
+      failed = 1;
+    }
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
     uint8_t* tiles = amx ? (uint8_t*)aligned_alloc(64, (size_t)(2 * B * 1024)) : nullptr;
     if (amx && !tiles) {
@@ -437,11 +465,22 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
       int64_t p = 0;
       while (first[p + 1] <= it) ++p;
       const BlockPart& part = parts[p];
-      const int64_t g0 = 2 * (it - first[p]), N16 = (part.n + 15) / 16;
+      const int64_t N16 = (part.n + 15) / 16;
+      float* yp = y + col[p];
+      if (is_half(part.format)) {
+        if (widen && !strip) continue;
+        const int64_t g0 = (it - first[p]) / row_chunks * kHalfGroups;
+        const int64_t r0 = (it - first[p]) % row_chunks * kHalfRows;
+        const int groups = (int)(N16 - g0 < kHalfGroups ? N16 - g0 : kHalfGroups);
+        half_linear_item(part.format == kBF16, groups, M - r0 < kHalfRows ? M - r0 : kHalfRows,
+                         x + r0 * K, K, (const uint16_t*)part.packed + g0 * 16 * K, strip,
+                         part.bias, yp + r0 * ldy, ldy, g0 * 16, part.n);
+        continue;
+      }
+      const int64_t g0 = 2 * (it - first[p]);
       const int groups = g0 + 1 < N16 ? 2 : 1;
       const int64_t stride = B / unit_blocks(part.format) * unit_bytes(part.format);
       const uint8_t* w = part.packed + g0 * stride;
-      float* yp = y + col[p];
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
       if (amx && (part.format == kQ4_0 || part.format == kQ4_1)) {
         if (!tiles) continue;
@@ -460,6 +499,7 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
       free(tiles);
     }
 #endif
+    free(strip);
   }
   free(a);
   free(sc);

@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-SOURCES = ("int8_linear.cpp", "block_linear.cpp", "paged_attention.cpp", "layer_ops.cpp",
-           "bitmask.cpp", "decoder_layer.cpp")
-HEADERS = ("simd.h",)
+SOURCES = ("int8_linear.cpp", "block_linear.cpp", "half_linear.cpp", "paged_attention.cpp",
+           "layer_ops.cpp", "bitmask.cpp", "decoder_layer.cpp")
+HEADERS = ("simd.h", "half_linear.h")
 
 # Every level: optimised, no FMA contraction the source did not write (the kernels state their
 # rounding), OpenMP (bound at run time to the libgomp torch loaded).

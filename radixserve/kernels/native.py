@@ -29,7 +29,7 @@ from radixserve.kernels import levels as _levels
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 9
+ABI_VERSION = 10  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64

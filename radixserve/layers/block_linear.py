@@ -12,6 +12,13 @@ row's output is bit-identical alone or in any batch. The numerics and the packed
 stated in ``kernels/block_linear.cpp``; ``pack`` here writes that layout from the file's bytes
 (through ``models/gguf_quant.split_blocks``).
 
+F16 and BF16 matrices (GGUF's, or a safetensors folder's float16 / bfloat16 weights) are part
+types too: their 16-bit values are kept as they are and multiplied by float32 activations (no
+8-bit rounding), widened in registers (``kernels/half_linear.cpp``), packed as
+``[ceil(N / 16)][K][16]`` 16-bit elements (16 outputs' weights at each k side by side, padding
+outputs zero): exactly 2 bytes a weight, any K. A row's output is the plain sum over k in order,
+bit-identical in any batch as well.
+
 It exists only where the native kernels load (``models/quantization.py`` keeps float weights
 elsewhere).
 """
@@ -31,7 +38,8 @@ from radixserve.models.gguf_quant import split_blocks
 _T = GGMLQuantizationType
 # the kernel's format ids (block_linear.cpp: Format)
 FORMATS = {_T.Q4_0: 0, _T.Q4_1: 1, _T.Q5_0: 2, _T.Q5_1: 3, _T.Q8_0: 4, _T.Q4_K: 5, _T.Q5_K: 6,
-           _T.Q6_K: 7}
+           _T.Q6_K: 7, _T.F16: 8, _T.BF16: 9}
+HALF_TYPES = (_T.F16, _T.BF16)  # 16-bit parts: float32 activations, any K
 _K_QUANTS = (_T.Q4_K, _T.Q5_K, _T.Q6_K)
 _BITS = {_T.Q4_0: 4, _T.Q4_1: 4, _T.Q4_K: 4, _T.Q5_0: 5, _T.Q5_1: 5, _T.Q5_K: 5, _T.Q6_K: 6,
          _T.Q8_0: 8}
@@ -80,7 +88,8 @@ class BlockLinear(nn.Module):
                 raise ValueError(f"no block kernel for {qtype.name}; "
                                  f"supported: {[t.name for t in FORMATS]}")
             block_size, type_size = GGML_QUANT_SIZES[qtype]
-            if k % (256 if qtype in _K_QUANTS else 32) or k % block_size:
+            if qtype not in HALF_TYPES and (k % (256 if qtype in _K_QUANTS else 32)
+                                             or k % block_size):
                 raise ValueError(f"{qtype.name} needs the input size to be a multiple of its "
                                  f"block, got {k}")
             row_bytes = k // block_size * type_size
@@ -118,6 +127,8 @@ class BlockLinear(nn.Module):
 def packed_bytes(qtype: GGMLQuantizationType, n: int, k: int) -> int:
     """The bytes ``pack`` gives for an n x k matrix of ``qtype`` (the loader's accounting)."""
     qtype = GGMLQuantizationType(qtype)
+    if qtype in HALF_TYPES:
+        return -(-n // 16) * 16 * k * 2
     u = 8 if qtype in _K_QUANTS else 1
     bits = _BITS[qtype]
     plane = {4: 0, 5: 64, 6: 128, 8: 256}[bits]
@@ -136,12 +147,30 @@ def pack(qtype: GGMLQuantizationType, raw: torch.Tensor, k: int) -> torch.Tensor
     qtype = GGMLQuantizationType(qtype)
     n = raw.shape[0]
     out = torch.empty(packed_bytes(qtype, n, k), dtype=torch.uint8)
+    if qtype in HALF_TYPES:
+        return _pack_half(raw, k, out)
     per_group = packed_bytes(qtype, 16, k)
     for r0 in range(0, n, PACK_ROWS):
         r1 = min(n, r0 + PACK_ROWS)
         codes, fields = split_blocks(raw[r0:r1], qtype, (r1 - r0, k))
         chunk = _pack_rows(qtype, codes, fields)
         out[r0 // 16 * per_group:r0 // 16 * per_group + chunk.numel()] = chunk
+    return out
+
+
+def _pack_half(raw: torch.Tensor, k: int, out: torch.Tensor) -> torch.Tensor:
+    """16-bit rows [N, 2K] (their bytes) → ``out`` as [N16][K][16] elements, the bits as they
+    are: whole groups written in place, the last one zero padded."""
+    n = raw.shape[0]
+    rows = raw.contiguous().view(torch.int16)  # [N, K], no copy of a contiguous matrix
+    groups = out.view(torch.int16).view(-1, k, 16)
+    whole = n // 16
+    if whole:
+        groups[:whole].copy_(rows[:whole * 16].view(whole, 16, k).transpose(1, 2))
+    if n % 16:
+        tail = rows.new_zeros(16, k)
+        tail[:n % 16] = rows[whole * 16:]
+        groups[whole].copy_(tail.T)
     return out
 
 

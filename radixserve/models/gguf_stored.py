@@ -7,8 +7,11 @@ No float copy of a matrix exists at any point: the model is built on the meta de
 matrix goes from the file's memory map through its codes (1 byte a weight, one matrix at a
 time) into the kernel's packed layout (about the file's bytes), and the mapped pages it was
 read from are handed back to the kernel (``MADV_DONTNEED``), so the load peaks near the file
-size plus the largest matrix's codes. Matrices the file stores as F16 / BF16 / F32 run in int8
-(no native 16-bit matmul yet; logged once).
+size plus the largest matrix's codes. Matrices stored as F16 / BF16 become 16-bit parts of the
+same layer kind (their values as stored, float32 activations; ``kernels/half_linear.cpp``), so
+an all-F16 or all-BF16 file loads as stored too. F32 / F64 matrices (rare in layer matrices:
+llama.cpp writes them for tiny tensors only) run in int8, logged once: a float32 kernel would
+hold 4 bytes a weight for no gain over the float model.
 """
 
 from __future__ import annotations
@@ -91,8 +94,8 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
                                          config.hidden_size)
     pages.release(embed)
     if requantized:
-        logger.info("GGUF matrices stored as float run in int8 (no native 16-bit matmul): %s",
-                    ", ".join(sorted(set(requantized))))
+        logger.info("GGUF matrices stored as %s run in int8 (native as stored: the block "
+                    "types, F16, BF16)", ", ".join(sorted(set(requantized))))
     _materialize(model, device)
     model.rotary.reset_tables(device)
     with torch.no_grad():
@@ -128,8 +131,9 @@ def _shape(tensor) -> tuple[int, ...]:
 
 def _linear(weights: list, biases: list, heads: list, unpermute_rows, requantized: list,
             pages: _Pages) -> nn.Module:
-    """One layer from its shards' GGUF tensors: a BlockLinear when every shard is block
-    quantized, else int8 on the dequantized matrices (a shard stored as float)."""
+    """One layer from its shards' GGUF tensors: a BlockLinear when every shard's type has a
+    part kind (block quantized, F16, BF16), else int8 on the dequantized matrices (a shard
+    stored as F32 / F64)."""
     bias = (torch.cat([dequantize(b.data, b.tensor_type, _shape(b)) for b in biases])
             if biases else None)
     orders = [unpermute_rows(_shape(t)[0], h) if unpermute_rows and h else None
@@ -206,9 +210,10 @@ class _Pages:
 class MemoryPlan:
     """What loading a GGUF file as stored holds, in bytes, from its tensor table (no weights
     read): ``weights`` the packed matrices (``by_type`` per file type), ``embedding`` the stored
-    rows, ``floats`` the float32 tensors (norms, biases) and int8 copies of float-stored
-    matrices, ``transient`` the most the load holds beyond them at once (the largest layer's
-    rows gathered, plus one chunk of codes being packed)."""
+    rows, ``floats`` the float32 tensors (norms, biases) and int8 copies of F32-stored
+    matrices (F16 / BF16 ones are ``weights``, 2 bytes a weight), ``transient`` the most the
+    load holds beyond them at once (the largest layer's rows gathered, plus one chunk of codes
+    being packed)."""
 
     file: int
     weights: int

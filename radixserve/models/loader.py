@@ -24,6 +24,7 @@ from radixserve.models.gemma_config import (gemma_gguf_config, gemma_hf_config, 
 from radixserve.models.gguf_stored import load_stored
 from radixserve.models.moe import (GGUF_EXPERT_NAMES, moe_from_gguf, moe_from_hf,
                                    split_expert_weights)
+from radixserve.models.half_stored import load_half_stored
 from radixserve.models.quantization import quantize_linears_
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
 from radixserve.models.rope_config import gguf_rope_fields, hf_rope_fields
@@ -50,8 +51,10 @@ def load_model_config(source: ModelSource, reader=None) -> ModelConfig:
 def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
                dtype: torch.dtype, reader=None, show_progress: bool = True,
                quantization: str = "none") -> torch.nn.Module:
-    """The model with its weights loaded; ``quantization``: a resolved name, "none", "int8" or
-    "gguf" (see models/quantization.py; "gguf": the file's blocks as stored, no float copy)."""
+    """The model with its weights loaded; ``quantization``: a resolved name, "none", "int8",
+    "gguf" or "16bit-stored" (see models/quantization.py; "gguf": the file's matrices as
+    stored, "16bit-stored": a float16 / bfloat16 folder's linear weights in 16 bits; no float
+    copy of those matrices either way)."""
     cls = get_model_class(config.architecture)
     with torch.device("meta"):
         model = cls(config)
@@ -61,6 +64,8 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
         load_stored(model, reader, config, device, _gguf_namer(config, reader),
                     unpermute_rows if unpermute else None, show_progress)
         return model.eval()
+    if quantization == "16bit-stored":
+        return load_half_stored(model, source.path, device, show_progress).eval()
     model = model.to_empty(device=device).to(dtype)
     model.rotary.reset_tables(device)
     if source.kind == "gguf":

@@ -14,14 +14,14 @@ from test_numerics import PagedSeqs, make_runner
 from tiny_models import hf_to_gguf, make_hf_model
 
 from radixserve.kernels import native
-from radixserve.layers.block_linear import FORMATS, BlockLinear, packed_bytes
+from radixserve.layers.block_linear import FORMATS, HALF_TYPES, BlockLinear, packed_bytes
 from radixserve.models.gguf_quant import dequantize
 from radixserve.models.gguf_stored import StoredEmbedding
 from radixserve.models.quantization import resolve_quantization
 
 T = gguf.GGMLQuantizationType
 CPU = torch.device("cpu")
-TYPES = list(FORMATS)
+TYPES = [t for t in FORMATS if t not in HALF_TYPES]  # 16-bit parts: test_half_linear.py
 K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
 pytestmark = pytest.mark.usefixtures("kernel_level")  # every CPU level built here
@@ -110,8 +110,8 @@ def test_block_linear_refuses_what_does_not_fit():
         BlockLinear.from_stored([(T.Q4_K, raw[:, :72])], 128)
     with pytest.raises(ValueError, match="do not hold"):
         BlockLinear.from_stored([(T.Q4_K, raw[:, :100])], 256)
-    with pytest.raises(ValueError, match="no block kernel for F16"):
-        BlockLinear.from_stored([(T.F16, raw)], 256)
+    with pytest.raises(ValueError, match="no block kernel for F32"):
+        BlockLinear.from_stored([(T.F32, raw)], 256)
     with pytest.raises(ValueError, match="at least one"):
         BlockLinear.from_stored([], 256)
 
@@ -136,10 +136,10 @@ def test_resolve_gguf():
     for qtype in (T.Q4_1, T.Q4_K, T.Q6_K, T.Q8_0):
         assert resolve_quantization("auto", CPU, _Reader(qtype)) == "gguf"
         assert resolve_quantization("gguf", CPU, _Reader(qtype)) == "gguf"
-    assert resolve_quantization("auto", CPU, _Reader(T.F16)) == "none"
+    assert resolve_quantization("auto", CPU, _Reader(T.F32)) == "none"
     assert resolve_quantization("int8", CPU, _Reader(T.Q4_K)) == "int8"
     with pytest.raises(ValueError, match="block-quantized"):
-        resolve_quantization("gguf", CPU, _Reader(T.F16))
+        resolve_quantization("gguf", CPU, _Reader(T.F32))
     with pytest.raises(ValueError, match="block-quantized"):
         resolve_quantization("gguf", CPU, None)
     with pytest.raises(ValueError, match="CPU only"):

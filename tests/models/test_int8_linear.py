@@ -136,7 +136,8 @@ def test_auto_keeps_quantized_gguf_files_as_stored_on_cpu_only(monkeypatch):
     q = gguf.GGMLQuantizationType
     assert resolve_quantization("auto", CPU, _Reader(q.Q4_1)) == "gguf"  # as stored
     assert resolve_quantization("auto", CPU, _Reader(q.Q4_K)) == "gguf"
-    assert resolve_quantization("auto", CPU, _Reader(q.F16)) == "none"
+    assert resolve_quantization("auto", CPU, _Reader(q.F16)) == "gguf"  # 16-bit parts
+    assert resolve_quantization("auto", CPU, _Reader(q.F32)) == "none"
     assert resolve_quantization("auto", CPU, None) == "none"  # a Hugging Face folder
     assert resolve_quantization("auto", torch.device("cuda"), _Reader(q.Q4_1)) == "none"
     assert resolve_quantization("int8", CPU, None) == "int8"

@@ -167,15 +167,17 @@ def test_phi3_config(phi3_dirs):
     assert cfg.sliding_window is None
 
 
-def test_phi3_sliding_window_is_read_and_caps_the_context(tmp_path):
-    """Phi-3-mini-4k's sliding_window (2047 of 4096 there): read from config.json and GGUF;
-    until the attention backends apply windows the context stops at the window."""
+def test_phi3_sliding_window_is_read_and_applied(tmp_path):
+    """Phi-3-mini-4k's sliding_window (2047 of 4096 there): read from config.json and GGUF,
+    applied by the attention (a prompt past the window equals transformers), and the context
+    is not cut to it."""
     path = _phi3(tmp_path, "swa", 24, sliding_window=48)
     assert load_model_config(ModelSource.resolve(str(path))).sliding_window == 48
     gguf = hf_to_gguf(path, tmp_path / "swa.gguf")
     assert load_model_config(ModelSource.resolve(str(gguf))).sliding_window == 48
+    _prefill_matches(path, prompts(384, lengths=(90,), seed=44)[0], split=53)
     llm = LLM(str(path), num_kv_blocks=64, block_size=BLOCK, show_progress=False)
-    assert llm.engine.max_model_len == 48
+    assert llm.engine.max_model_len > 48
 
 
 @pytest.mark.parametrize("name", ["plain", "partial", "longrope"])

@@ -1,0 +1,150 @@
+"""A Hugging Face folder of float16 / bfloat16 weights with its linear layers kept in 16 bits
+(``--quantization 16bit-stored``, what ``auto`` picks for such folders on CPU where the native
+kernels load).
+
+Every linear (q/k/v and gate/up fused as in the float model, o, down, an untied head; a tied
+head multiplies its own 16-bit copy of the embedding) becomes a `BlockLinear` of F16 or BF16
+parts: the checkpoint's 16-bit values as stored, multiplied by float32 activations
+(``kernels/half_linear.cpp``). Norms, biases and the embedding table load as float32, as in the
+float model. No float32 copy of a linear weight exists at any point: the model is built on the
+meta device and each matrix goes from the file straight into the packed layout, one at a time.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+from safetensors import safe_open
+from torch import nn
+from tqdm import tqdm
+
+from radixserve.layers.block_linear import BlockLinear, packed_bytes
+from radixserve.models.gguf_stored import _materialize, _trim_heap
+
+logger = logging.getLogger(__name__)
+
+_PART_TYPES = {torch.float16: GGMLQuantizationType.F16,
+               torch.bfloat16: GGMLQuantizationType.BF16}
+_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+
+
+def checkpoint_dtype(source) -> torch.dtype | None:
+    """The float type a Hugging Face folder (a ``ModelSource``) stores its linear weights in,
+    from the safetensors headers (no weights read): float16, bfloat16, float32; None for a GGUF
+    file, or when they differ or none is found."""
+    if source.kind == "gguf":
+        return None
+    path = source.path
+    found: set[torch.dtype | None] = set()
+    for file in _files(path):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                if name.endswith("proj.weight"):
+                    found.add(_DTYPES.get(f.get_slice(name).get_dtype()))
+    return found.pop() if len(found) == 1 else None
+
+
+def stored_bytes(source, tied: bool) -> tuple[int, int]:
+    """(the 16-bit linears' packed bytes, the float32 tensors' bytes) a ``16bit-stored`` load
+    of the folder holds, from its safetensors headers (``packed_bytes`` per matrix; ``tied``:
+    the head packs its own copy of the embedding)."""
+    half = floats = 0
+    for file in _files(source.path):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                shape = f.get_slice(name).get_shape()
+                numel = int(np.prod(shape))
+                is_embedding = name.endswith("embed_tokens.weight")
+                if len(shape) == 2 and (not is_embedding or tied):
+                    half += packed_bytes(GGMLQuantizationType.F16, shape[0], shape[1])
+                if len(shape) != 2 or is_embedding:
+                    floats += 4 * numel
+    return half, floats
+
+
+def load_half_stored(model: nn.Module, path: str, device: torch.device,
+                     show_progress: bool = True) -> nn.Module:
+    """Fill ``model`` (built on the meta device) from the folder at ``path``, its linear
+    weights as 16-bit parts. ValueError for a missing tensor or a linear weight that is not
+    float16 / bfloat16."""
+    tensors = _Tensors(path)
+    packed = getattr(model, "packed_modules", {})
+    linears = [(prefix, parent, name) for prefix, parent in model.named_modules()
+               for name, child in parent.named_children() if isinstance(child, nn.Linear)]
+    bar = tqdm(linears, desc="packing 16-bit matrices", unit="matrix",
+               disable=not show_progress, leave=False)
+    for prefix, parent, name in bar:
+        base = f"{prefix}.{name}" if prefix else name
+        shards = [base.rsplit(name, 1)[0] + shard for shard in packed.get(name, (name,))]
+        weights = [tensors.take(f"model.{s}.weight", f"{s}.weight") for s in shards]
+        has_bias = getattr(parent, name).bias is not None
+        bias = (torch.cat([tensors.take(f"model.{s}.bias", f"{s}.bias").float()
+                           for s in shards]) if has_bias else None)
+        setattr(parent, name, _half_linear(weights, bias, base))
+    if getattr(model, "lm_head", False) is None:  # tied: its own 16-bit copy of the table
+        model.lm_head = _half_linear([tensors.peek("model.embed_tokens.weight")], None,
+                                     "lm_head")
+    tensors.drop("lm_head.weight")  # a tied checkpoint may carry the head anyway
+    _materialize(model, device)
+    model.rotary.reset_tables(device)
+    with torch.no_grad():
+        model.load_weights((name, t.float()) for name, t in tensors.rest())
+    _trim_heap()
+    kinds = sorted({t for m in model.modules() if isinstance(m, BlockLinear) for t in m.types})
+    logger.info("linear layers in 16 bits as stored (%s, float32 activations, native); "
+                "norms and embedding float32", "/".join(kinds))
+    return model
+
+
+def _half_linear(weights: list[torch.Tensor], bias: torch.Tensor | None,
+                 name: str) -> BlockLinear:
+    for w in weights:
+        if w.dtype not in _PART_TYPES:
+            raise ValueError(f"{name}: a {w.dtype} weight cannot run as a 16-bit part "
+                             "(float16 or bfloat16)")
+    parts = [(_PART_TYPES[w.dtype], w.contiguous().view(torch.uint8)) for w in weights]
+    layer = BlockLinear.from_stored(parts, weights[0].shape[1], bias)
+    if layer is None:
+        raise ValueError("16-bit linear weights as stored need the native CPU kernels "
+                         "(radixserve env says why they did not load)")
+    return layer
+
+
+def _files(path: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(path, "*.safetensors")))
+
+
+class _Tensors:
+    """The folder's tensors by name, each read when taken (the files stay memory-mapped)."""
+
+    def __init__(self, path: str) -> None:
+        self._handles = [safe_open(file, framework="pt") for file in _files(path)]
+        self._where = {name: h for h in self._handles for name in h.keys()}
+
+    def take(self, *names: str) -> torch.Tensor:
+        """The first of ``names`` present (with or without the ``model.`` prefix), forgotten
+        after; ValueError if none is."""
+        for name in names:
+            handle = self._where.pop(name, None)
+            if handle is not None:
+                return handle.get_tensor(name)
+        raise ValueError(f"weights missing from the checkpoint: [{names[-1]!r}]")
+
+    def peek(self, name: str) -> torch.Tensor:
+        handle = self._where.get(name) or self._where.get(name.removeprefix("model."))
+        if handle is None:
+            raise ValueError(f"weights missing from the checkpoint: [{name!r}]")
+        return handle.get_tensor(name if name in self._where else name.removeprefix("model."))
+
+    def drop(self, name: str) -> None:
+        self._where.pop(name, None)
+
+    def rest(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in list(self._where):
+            yield name, self.take(name)
