@@ -127,6 +127,7 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
     from radixserve.server.app import build_app
     from radixserve.server.metrics import ServerMetrics
     from radixserve.server.serving import ServingContext
+    from radixserve.structured.validator import grammar_validator
 
     tmp = tempfile.mkdtemp(prefix="radixserve-")
     in_addr, out_addr = f"ipc://{tmp}/in", f"ipc://{tmp}/out"
@@ -143,6 +144,7 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
         metrics = ServerMetrics(client, name)
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
+                             grammar_validator=grammar_validator(tokenizer),
                              structured_strict=args.structured_strict == "true")
         app = build_app(ctx, metrics, args.api_key)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
