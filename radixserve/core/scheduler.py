@@ -182,8 +182,8 @@ class Scheduler:
         """Append one token; (finish reason, error). A grammar that has terminated ends the
         request ("stop") whether or not an eos token was sampled."""
         request.append_token(token_id)
-        if not request.grammar.accept(token_id, request.output_token_ids):
-            return "abort", f"token {token_id} broke the request's structured output grammar"
+        if (error := request.grammar.accept(token_id, request.output_token_ids)) is not None:
+            return "abort", error
         if request.grammar.is_terminated:
             return "stop", None
         return check_stop(request, self.max_model_len), None

@@ -45,6 +45,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="split <think> reasoning into reasoning_content "
                              "(think, qwen3, deepseek_r1)")
     parser.add_argument("--max-n", type=int, default=16, help="largest accepted n")
+    parser.add_argument("--structured-strict", default="true", choices=["true", "false"],
+                        help="what a JSON schema without 'strict' gets: true closes its objects "
+                             "(additionalProperties false where unspecified) and fixes its "
+                             "whitespace; false takes it as written. 'strict' in a request wins")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to finish in-flight requests on shutdown")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
@@ -123,6 +127,7 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
     from radixserve.server.app import build_app
     from radixserve.server.metrics import ServerMetrics
     from radixserve.server.serving import ServingContext
+    from radixserve.structured.validator import grammar_validator
 
     tmp = tempfile.mkdtemp(prefix="radixserve-")
     in_addr, out_addr = f"ipc://{tmp}/in", f"ipc://{tmp}/out"
@@ -138,7 +143,9 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
         watcher = asyncio.ensure_future(_watch(proc, client))
         metrics = ServerMetrics(client, name)
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
-        ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning)
+        ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
+                             grammar_validator=grammar_validator(tokenizer),
+                             structured_strict=args.structured_strict == "true")
         app = build_app(ctx, metrics, args.api_key)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 loop="none", http="httptools",

@@ -45,6 +45,7 @@ class StructuredOutputsRequest(OpenAIRequest):
     grammar: str | None = None
     json_object: bool | None = None
     after_reasoning: bool | None = None
+    strict: bool | None = None  # as response_format's; None: the server's --structured-strict
 
 
 def structured_params(response_format: ResponseFormat | None,
@@ -56,16 +57,16 @@ def structured_params(response_format: ResponseFormat | None,
         if structured is not None:
             raise ParamError("structured_outputs", "give either response_format or "
                                                    "structured_outputs, not both")
-        schema = response_format.json_schema.schema_ if response_format.json_schema else None
-        if schema is None:  # json_object, or a json_schema without a schema
+        fmt = response_format.json_schema
+        if fmt is None or fmt.schema_ is None:  # json_object, or a json_schema without a schema
             return StructuredOutputsParams(json_object=True)
-        return StructuredOutputsParams(json=schema)
+        return StructuredOutputsParams(json=fmt.schema_, strict=fmt.strict)
     if structured is None:
         return None
     try:
         return StructuredOutputsParams(
             json=structured.json_, regex=structured.regex, choice=structured.choice,
             grammar=structured.grammar, json_object=bool(structured.json_object),
-            after_reasoning=structured.after_reasoning)
+            after_reasoning=structured.after_reasoning, strict=structured.strict)
     except ValueError as exc:
         raise ParamError("structured_outputs", str(exc)) from None

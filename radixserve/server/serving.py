@@ -43,6 +43,7 @@ class ServingContext:
     tool_parser: ToolCallParser | None = None
     reasoning_parser: ReasoningParser | None = None
     grammar_validator: GrammarValidator = field(default_factory=GrammarValidator)
+    structured_strict: bool = True  # what a JSON schema without "strict" gets
 
     @property
     def tokenizer(self):
@@ -91,9 +92,12 @@ class ServingContext:
 
     async def check_structured(self, param: str, params: list[SamplingParams]) -> None:
         """400 naming ``param`` if a structured-output spec is invalid (checked off the
-        event loop, under a time limit)."""
+        event loop, under a time limit). Sets an unset ``strict`` to the server's default
+        first, so the engine compiles what was checked."""
         for p in params:
             if p.structured_outputs is not None:
+                if p.structured_outputs.strict is None:
+                    p.structured_outputs.strict = self.structured_strict
                 try:
                     await self.grammar_validator.check(p.structured_outputs)
                 except GrammarError as exc:

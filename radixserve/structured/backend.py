@@ -35,6 +35,13 @@ class GrammarMatcher(Protocol):
         """Undo the last ``num_tokens`` accepted tokens."""
         ...
 
+    @property
+    def error(self) -> str | None:
+        """After a failed ``accept_token``: the limit the matcher hit (a grammar too complex
+        for it, whatever the token), as a user-facing sentence; None if the token itself was
+        not allowed."""
+        ...
+
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar forces next, whatever the model would say (may be empty).
         Does not advance the matcher."""

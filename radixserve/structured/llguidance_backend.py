@@ -16,15 +16,21 @@ import torch
 
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.structured.backend import GrammarError
+from radixserve.structured.llguidance_probe import (
+    LIMIT_STOP_REASONS,
+    compile_and_probe,
+    limit_message,
+)
 from radixserve.structured.llguidance_spec import grammar_text, validate_spec
 from radixserve.structured.params import GrammarSpec
 
 
 class LLGuidanceMatcher:
-    __slots__ = ("_matcher",)
+    __slots__ = ("_matcher", "_kind")
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, kind: str = "grammar") -> None:
         self._matcher = matcher
+        self._kind = kind
 
     def accept_token(self, token_id: int) -> bool:
         return self._matcher.consume_token(token_id)
@@ -42,18 +48,26 @@ class LLGuidanceMatcher:
         return self._matcher.is_stopped()
 
     @property
-    def error(self) -> str:
-        return self._matcher.get_error()
+    def error(self) -> str | None:
+        """Why the matcher failed: a limit it hit (a grammar too complex), else None (the
+        last token was not allowed)."""
+        if not self._matcher.is_error():
+            return None
+        if self._matcher.stop_reason() in LIMIT_STOP_REASONS or "too many" in (
+                self._matcher.get_error()):
+            return limit_message(self._kind, self._matcher)
+        return None
 
 
 class LLGuidanceGrammar:
     """A compiled grammar: a pristine matcher that each request deep-copies."""
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, kind: str = "grammar") -> None:
         self._pristine = matcher
+        self._kind = kind
 
     def new_matcher(self) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(self._pristine.deep_copy())
+        return LLGuidanceMatcher(self._pristine.deep_copy(), self._kind)
 
 
 class LLGuidanceBackend:
@@ -66,6 +80,7 @@ class LLGuidanceBackend:
         self.vocab_size = vocab_size
         self._load_tokenizer = tokenizer
         self._lltok: llguidance.LLTokenizer | None = None
+        self._eos_ids: frozenset[int] = frozenset()
         self._lock = threading.Lock()
 
     @classmethod
@@ -77,10 +92,11 @@ class LLGuidanceBackend:
         validate_spec(spec)
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceGrammar:
-        matcher = llguidance.LLMatcher(self._tokenizer(), grammar_text(spec), log_level=0)
-        if matcher.is_error():
-            raise GrammarError(f"invalid {spec.kind}: {matcher.get_error().strip()}")
-        return LLGuidanceGrammar(matcher)
+        """Compile and walk the first tokens (`compile_and_probe`): a grammar beyond the
+        matcher's limits fails here, before its request starts."""
+        tokenizer = self._tokenizer()
+        matcher = compile_and_probe(tokenizer, grammar_text(spec), spec.kind, self._eos_ids)
+        return LLGuidanceGrammar(matcher, spec.kind)
 
     def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
         return torch.full((num_rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
@@ -96,6 +112,7 @@ class LLGuidanceBackend:
         with self._lock:
             if self._lltok is None:
                 tokenizer = self._load_tokenizer()
+                self._eos_ids = frozenset(tokenizer.eos_token_ids)
                 self._lltok = llguidance.LLTokenizer(
                     tokenizer.backend.to_str(), n_vocab=self.vocab_size,
                     eos_token=sorted(tokenizer.eos_token_ids) or None)

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from radixserve.structured.strict_schema import strict_schema
+
 GrammarKind = Literal["json", "regex", "choice", "grammar"]
 
 _ANY_JSON_OBJECT = '{"type": "object"}'
@@ -34,6 +36,11 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     the constraint after it ends (None: on when the server runs a reasoning parser; offline it
     means off). ``reasoning_end_token_ids`` is that end marker as token ids, filled in by the
     frontend; the constraint starts after the first output position where they appear.
+
+    ``strict`` (JSON schemas only): close the schema's objects and fix its whitespace
+    (`strict_schema`), so the answer cannot grow forever; False takes the schema as written
+    (open objects, whitespace bounded to 16 characters per gap). None means True, the
+    library's default; a server replaces None by its ``--structured-strict`` first.
     """
 
     json: str | dict[str, Any] | None = None
@@ -42,6 +49,7 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     grammar: str | None = None
     json_object: bool = False
     after_reasoning: bool | None = None
+    strict: bool | None = None
     reasoning_end_token_ids: list[int] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -56,6 +64,8 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         if self.choice is not None and (not self.choice or not all(
                 isinstance(c, str) for c in self.choice)):
             raise ValueError("structured outputs 'choice' must be a non-empty list of strings")
+        if self.strict is not None and not isinstance(self.strict, bool):
+            raise ValueError("structured outputs 'strict' must be true or false")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -74,6 +84,8 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                     raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
             if not isinstance(schema, dict | bool):
                 raise ValueError("the JSON schema must be a JSON object")
+            if self.strict is not False:
+                schema = strict_schema(schema)
             # NOTE: key order kept: it is the order the properties are generated in.
             return GrammarSpec("json", json.dumps(schema, separators=(",", ":")))
         if self.regex is not None:

@@ -24,8 +24,8 @@ class NoGrammar:
     error: str | None = None
     matcher = None
 
-    def accept(self, token_id: int, output_token_ids: list[int]) -> bool:
-        return True
+    def accept(self, token_id: int, output_token_ids: list[int]) -> str | None:
+        return None
 
     def forced_tokens(self) -> list[int]:
         return []
@@ -84,16 +84,20 @@ class RequestGrammar:
         return (self.matcher is not None and not self._in_reasoning
                 and self.matcher.is_terminated)
 
-    def accept(self, token_id: int, output_token_ids: list[int]) -> bool:
-        """Advance by ``token_id``, already appended to ``output_token_ids``; False if the
-        grammar rejects it."""
+    def accept(self, token_id: int, output_token_ids: list[int]) -> str | None:
+        """Advance by ``token_id``, already appended to ``output_token_ids``; None, or why the
+        request must end: the matcher hit one of its limits, or (never, if the mask was
+        applied) the token is not in the grammar."""
         assert self.matcher is not None, "a request starts only once its grammar is ready"
         if self._in_reasoning:
             end = self._reasoning_end
             if len(output_token_ids) >= len(end) and tuple(output_token_ids[-len(end):]) == end:
                 self._in_reasoning = False
-            return True
-        return self.matcher.accept_token(token_id)
+            return None
+        if self.matcher.accept_token(token_id):
+            return None
+        return (self.matcher.error
+                or f"token {token_id} broke the request's structured output grammar")
 
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar forces next (fast-forward), or [] when that is off."""

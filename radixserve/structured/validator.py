@@ -3,7 +3,9 @@
 An invalid schema, regex or grammar must be a 400 naming the problem, not an error from deep
 in the engine. The check runs on a worker thread (llguidance releases the GIL) under a time
 limit, so a pathological spec neither blocks the event loop nor hangs the request; verdicts
-are remembered per spec, so a repeated schema is checked once.
+are remembered per spec, so a repeated schema is checked once. The server's check compiles
+the spec against the tokenizer and walks its first tokens (`grammar_validator`), so a grammar
+beyond the matcher's limits is refused here, not at some output token.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from radixserve.structured.backend import GrammarError
 from radixserve.structured.params import GrammarSpec, StructuredOutputsParams
@@ -24,12 +27,25 @@ def _llguidance_validate(spec: GrammarSpec) -> None:
     validate_spec(spec)
 
 
+def grammar_validator(tokenizer, timeout_s: float = 10.0) -> GrammarValidator:
+    """The server's validator: each new spec compiled and probed against ``tokenizer`` (as
+    the engine will compile it; `SpecChecker`), whose llguidance view is built now."""
+    from radixserve.structured.llguidance_probe import SpecChecker
+
+    checker = SpecChecker(tokenizer)
+    checker.warm()
+    return GrammarValidator(checker, timeout_s)
+
+
 class GrammarValidator:
     def __init__(self, validate: Callable[[GrammarSpec], None] = _llguidance_validate,
                  timeout_s: float = 10.0) -> None:
         self._validate = validate
         self.timeout_s = timeout_s
         self._verdicts: OrderedDict[GrammarSpec, str] = OrderedDict()  # "" = valid
+        # NOTE: its own threads: a check that overran its time limit runs on (llguidance
+        # cannot be interrupted) and must not hold a thread of the loop's default pool.
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="radixserve-grammar-check")
 
     async def check(self, params: StructuredOutputsParams) -> None:
         """GrammarError (a ValueError) if the spec is invalid or its check overruns."""
@@ -40,7 +56,8 @@ class GrammarValidator:
         verdict = self._verdicts.get(spec)
         if verdict is None:
             try:
-                await asyncio.wait_for(asyncio.to_thread(self._validate, spec), self.timeout_s)
+                work = asyncio.get_running_loop().run_in_executor(self._pool, self._validate, spec)
+                await asyncio.wait_for(work, self.timeout_s)
                 verdict = ""
             except GrammarError as exc:
                 verdict = str(exc)

@@ -267,3 +267,76 @@ def test_apply_bitmask_native_and_torch_paths_agree(monkeypatch):
             bitmask_mod.apply_bitmask(slow, rows, words)
         assert torch.equal(fast, slow)
         assert torch.equal(fast[[1, 3]], logits[[1, 3]])  # rows without a mask untouched
+
+
+# -- row D of issue 17: grammars at the matcher's limits ------------------------------------
+
+CHOICES = [f"option number {i}" for i in range(50_000)]
+
+
+def test_a_choice_of_50000_strings_completes(backend, tokenizer):
+    """It used to end in "token N broke the request's structured output grammar": one grammar
+    rule per string made a parser row of 50,001 items, over llguidance's limit, which the
+    matcher hit on consuming the very token its mask had allowed."""
+    engine = make_engine(backend, FirstAllowedRunner())
+    add(engine, "a", SO(choice=CHOICES))
+    tokens, reason, error = run(engine, limit=2000)["a"]
+    assert (reason, error) == ("stop", None)
+    assert tokenizer.decode(tokens) in CHOICES
+
+
+def test_a_grammar_beyond_the_lexer_limits_fails_before_its_first_token(backend):
+    """``(a{1000}){1000}`` compiles, and its matcher runs out of lexer fuel on the first token
+    consumed: the probe at compile time refuses it with the limit named, and a stream next to
+    it keeps stepping while it compiles (on the compile thread, not the step loop)."""
+    runner = FirstAllowedRunner(script=itertools.repeat(100))
+    engine = make_engine(backend, runner)
+    add(engine, "free", None, max_tokens=100_000)
+    add(engine, "regex", SO(regex="(a{1000}){1000}"))
+    gaps, last, start = [], time.monotonic(), time.monotonic()
+    result = None
+    while result is None:
+        for out in engine.step().outputs:
+            if out.request_id == "regex":
+                result = out
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+    compile_s = time.monotonic() - start
+    assert result.finish_reason == "abort" and result.new_token_ids == []
+    assert "too complex" in result.error and "lexer" in result.error, result.error
+    assert "broke" not in result.error
+    assert compile_s > 0.2 and max(gaps) < 0.15, (compile_s, max(gaps))
+    engine.abort_requests(["free"])
+    engine.step()
+    assert not engine.has_unfinished_requests()
+    engine.scheduler.check_integrity()
+
+
+class LimitMatcher:
+    """A matcher that refuses every token, as if it had hit ``error`` (None: a plain
+    rejection)."""
+
+    def __init__(self, error):
+        self.error = error
+        self.is_terminated = False
+
+    def accept_token(self, token_id):
+        return False
+
+
+@pytest.mark.parametrize("error, message", [
+    ("the regex is too complex for the structured output matcher (x); simplify it",
+     "too complex"),
+    (None, "token 7 broke"),
+])
+def test_a_matcher_failure_mid_output_names_its_cause(error, message):
+    from concurrent.futures import Future
+
+    from radixserve.structured.request_grammar import RequestGrammar
+
+    compiled = Future()
+    compiled.set_result(type("G", (), {"new_matcher": lambda self: LimitMatcher(error)})())
+    grammar = RequestGrammar(compiled)
+    assert grammar.is_ready
+    assert message in grammar.accept(7, [7])
