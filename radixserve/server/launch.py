@@ -50,6 +50,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.add_argument("--log-level", default="warning")
     add_engine_args(parser)
+    from radixserve.server.limits import add_limit_args
+
+    add_limit_args(parser)
 
 
 def _non_negative(text: str) -> float:
@@ -122,6 +125,7 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
     from radixserve.engine.core_proc import run_engine_core
     from radixserve.server.app import build_app
     from radixserve.server.metrics import ServerMetrics
+    from radixserve.server.limits import serve_limits
     from radixserve.server.serving import ServingContext
 
     tmp = tempfile.mkdtemp(prefix="radixserve-")
@@ -139,7 +143,7 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
         metrics = ServerMetrics(client, name)
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning)
-        app = build_app(ctx, metrics, args.api_key)
+        app = build_app(ctx, metrics, args.api_key, serve_limits(args))
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 loop="none", http="httptools",
                                 timeout_graceful_shutdown=args.drain_timeout)
