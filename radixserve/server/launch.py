@@ -39,6 +39,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mock-step-ms", type=_non_negative, default=0.0,
                         help="with --mock-engine: at most one step per this many ms, standing "
                              "in for a model's decode step (default: back to back)")
+    parser.add_argument("--mock-max-seqs", type=int, default=1024,
+                        help="with --mock-engine: requests running at once (others wait)")
     parser.add_argument("--tool-call-parser", default=None,
                         help="parse tool calls from the output (hermes, qwen2_5, qwen3)")
     parser.add_argument("--reasoning-parser", default=None,
@@ -85,10 +87,11 @@ def _log_engine_choices() -> None:
     root.setLevel(logging.INFO)
 
 
-def _build_mock_engine(vocab_size: int, max_model_len: int, step_time: float):
+def _build_mock_engine(vocab_size: int, max_model_len: int, step_time: float,
+                       max_num_seqs: int):
     from radixserve.bench.mock_engine import MockEngine
 
-    return MockEngine(vocab_size, max_model_len, step_time=step_time)
+    return MockEngine(vocab_size, max_model_len, max_num_seqs, step_time=step_time)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -107,7 +110,8 @@ def serve(args: argparse.Namespace) -> int:
     kwargs = engine_kwargs(args)
     if args.mock_engine:
         build = functools.partial(_build_mock_engine, tokenizer.vocab_size,
-                                  args.max_model_len or 8192, args.mock_step_ms / 1000)
+                                  args.max_model_len or 8192, args.mock_step_ms / 1000,
+                                  args.mock_max_seqs)
     else:
         build = functools.partial(_build_real_engine, kwargs, args.model)
     name = args.served_model_name or source.name

@@ -188,10 +188,13 @@ async def _offset(steps: AsyncIterator[StepDelta], base: int):
 
 def request_size(ctx: ServingContext, body: CompletionRequest) -> tuple[int, int]:
     """(sequences, the fewest prompt tokens they can have) of a request, before tokenizing:
-    what admission control checks first."""
+    what admission control checks first. 400 if a prompt is too long by its length alone."""
     prompt = body.prompt
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
+    for p in prompt:
+        if isinstance(p, str):
+            ctx.prep.check_length(len(p), "prompt")
     min_tokens = sum(ctx.prep.min_tokens(len(p)) if isinstance(p, str) else len(p)
                      for p in prompt)
     n = body.n or 1
