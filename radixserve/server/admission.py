@@ -24,7 +24,7 @@ from radixserve.server.serving import OpenAIError
 @dataclass(frozen=True, slots=True)
 class AdmissionLimits:
     max_waiting_requests: int | None = 1024  # sequences (prompts × n) waiting for a first token
-    max_waiting_tokens: int | None = 262_144  # their prompt tokens
+    max_waiting_tokens: int | None = 65_536  # their prompt tokens
     request_timeout: float | None = None  # seconds a request may wait before its first token
 
 

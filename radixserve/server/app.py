@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from radixserve import __version__
 from radixserve.engine.core_client import EngineDeadError
-from radixserve.server import body_reader
+from radixserve.server import body_reader, memory
 from radixserve.server.admission import AdmissionGate
 from radixserve.server.errors import error_headers, error_response, send_error
 from radixserve.server.generation_routes import GenerationRoutes
@@ -78,19 +78,26 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
                   limits.body_read_timeout, metrics)
 
 
-def _tokenize(ctx: ServingContext, body: TokenizeRequest) -> TokenizeResponse:
+def _tokenize(ctx: ServingContext, body: TokenizeRequest) -> Response:
     text = render_messages(ctx, body) if body.messages is not None else body.prompt
     # encode_batch releases the GIL while it runs (encode does not)
     ids = ctx.tokenizer.encode_batch([text], body.effective_add_special_tokens)[0]
     strs = ctx.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
-    return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids,
-                            token_strs=strs)
+    return _json(TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids,
+                                  token_strs=strs))
 
 
-def _detokenize(ctx: ServingContext, body: DetokenizeRequest) -> DetokenizeResponse:
+def _detokenize(ctx: ServingContext, body: DetokenizeRequest) -> Response:
     if body.tokens and max(body.tokens) >= ctx.tokenizer.vocab_size:
         raise OpenAIError("token ids are out of the vocabulary", param="tokens")
-    return DetokenizeResponse(prompt=ctx.tokenizer.decode(body.tokens, skip_special_tokens=False))
+    return _json(DetokenizeResponse(
+        prompt=ctx.tokenizer.decode(body.tokens, skip_special_tokens=False)))
+
+
+def _json(model) -> Response:
+    """The response serialized here, on the worker thread: FastAPI would serialize a returned
+    model on the event loop, item by item (seconds for a million token ids)."""
+    return Response(model.model_dump_json(), media_type="application/json")
 
 
 class _Guard:
@@ -122,13 +129,17 @@ class _Guard:
                     code="invalid_api_key"))
         if not body_reader.has_body(headers):
             return await self.app(scope, receive, send)
+        body = b""
         try:
             body = await body_reader.read_body(receive, self.max_body_bytes, self.body_timeout)
+            await self.app(scope, body_reader.replay(body, receive), send)
         except body_reader.BodyRefused as exc:
             return await self._refuse(send, exc)
         except ClientDisconnected:
             return None
-        await self.app(scope, body_reader.replay(body, receive), send)
+        finally:
+            if len(body) >= memory.TRIM_AFTER_BYTES:
+                memory.trim_soon()
 
     async def _refuse(self, send, exc: body_reader.BodyRefused) -> None:
         if self.metrics is not None:

@@ -49,6 +49,14 @@ class PromptPrep:
                 f"reduce the length of the prompt.", param=param,
                 code="context_length_exceeded")
 
+    def check_messages(self, messages: Sequence) -> None:
+        """The length check on a chat's messages before rendering them (rendering a 30 MB
+        message holds the GIL for a tenth of a second): the last message, and every one not
+        from the assistant (templates may drop earlier turns' reasoning, never these), all
+        appear whole in the prompt."""
+        kept = [m for m in messages[:-1] if m.role != "assistant"] + list(messages[-1:])
+        self.check_length(sum(_text_len(m) for m in kept), "messages")
+
     async def run(self, fn: Callable, *args):
         """``fn(*args)`` on the worker thread."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -70,3 +78,9 @@ class PromptPrep:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _text_len(message) -> int:
+    if isinstance(message.content, str):
+        return len(message.content)
+    return sum(len(part.text) for part in message.content or ())

@@ -120,6 +120,7 @@ class ChatServer:
                 "--tool-call-parser hermes (or force a call with tool_choice)",
                 param="tools",
             )
+        ctx.prep.check_messages(body.messages)
         text, ids = await ctx.prep.chat_prompt(lambda: render_messages(ctx, body))
         params = ctx.sampling_params(body, len(ids))
         tool_parser = ctx.tool_parser if use_tools else None
