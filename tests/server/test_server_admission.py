@@ -169,10 +169,19 @@ def test_large_tokenize_runs_off_the_event_loop(server):
                 time.sleep(0.05)
             return big.result(), health
 
+    rss_before = _rss_mb(server.proc.pid)
     (r, health), gap = _with_streams(url, abuse)
     assert r.status_code == 200 and r.json()["count"] >= 1_000_000
     assert max(health) < GAP_BOUND, max(health)  # was 5 s
     assert gap < GAP_BOUND, gap  # was 7.8 s
+    del r
+    time.sleep(1)  # the memory is trimmed on a thread after the request
+    assert _rss_mb(server.proc.pid) < rss_before + 250  # without the trim: +660 MB
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
 
 
 def test_request_bytes_limit_from_content_length_and_while_reading(server):
