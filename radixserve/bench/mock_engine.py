@@ -3,13 +3,16 @@
 Prefill is instant; each step emits one random token per running request until its
 ``max_tokens`` (EOS is never sampled). It speaks the same ZMQ protocol through core_proc.
 Steps run back to back, or at most one per ``step_time`` seconds to stand in for a model's
-decode step (``radixserve serve --mock-engine --mock-step-ms 20``).
+decode step (``radixserve serve --mock-engine --mock-step-ms 20``). At most ``max_num_seqs``
+requests run; the others wait in arrival order (``--mock-max-seqs``), so queueing and
+admission control can be measured without a model.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections import OrderedDict
 
 from radixserve.engine.messages import (
     EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, SchedulerStats)
@@ -25,7 +28,8 @@ class _MockScheduler:
         self.kv = _MockKV()
 
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(num_running=len(self.engine.running), num_kv_blocks=0)
+        return SchedulerStats(num_running=len(self.engine.running),
+                              num_waiting=len(self.engine.waiting), num_kv_blocks=0)
 
 
 class MockEngine:
@@ -41,6 +45,7 @@ class MockEngine:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.running: dict[str, int] = {}  # request id -> the step that gives its last token
+        self.waiting: OrderedDict[str, int] = OrderedDict()  # request id -> its tokens to make
         self.scheduler = _MockScheduler(self)
         self._rng = random.Random(seed)
         self._tokens = range(min(1000, vocab_size // 2), vocab_size)
@@ -51,15 +56,15 @@ class MockEngine:
         if room < 1:
             raise ValueError("the prompt is longer than the context window")
         asked = req.sampling_params.max_tokens
-        self.running[req.request_id] = self._steps + (room if asked is None
-                                                      else min(asked, room))
+        self.waiting[req.request_id] = room if asked is None else min(asked, room)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             self.running.pop(rid, None)
+            self.waiting.pop(rid, None)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.running)
+        return bool(self.running or self.waiting)
 
     def step(self) -> EngineCoreOutputs:
         if self.step_time:
@@ -68,6 +73,9 @@ class MockEngine:
                 time.sleep(self._next_step - now)
             self._next_step = max(now, self._next_step) + self.step_time
         self._steps = step = self._steps + 1
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            rid, num_tokens = self.waiting.popitem(last=False)
+            self.running[rid] = step - 1 + num_tokens
         tokens = self._rng.choices(self._tokens, k=len(self.running))
         outputs = [EngineCoreOutput(rid, [token], "length" if last == step else None)
                    for (rid, last), token in zip(self.running.items(), tokens)]

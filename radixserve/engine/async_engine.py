@@ -8,6 +8,7 @@ iterating (client gone) aborts whatever is unfinished.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -35,6 +36,24 @@ class StepDelta:
     output: EngineCoreOutput
 
 
+class QueueTicket:
+    """Null ticket: no queue deadline, nothing counted. The server's admission gate hands out
+    a subclass per request (`radixserve.server.admission.Ticket`)."""
+
+    __slots__ = ()
+    deadline: float | None = None  # time.monotonic() by which every sample must have started
+
+    def started(self, num_prompt_tokens: int) -> None:
+        """One sample got its first output (its prompt is prefilled)."""
+
+    def timed_out(self, waited: float) -> Exception:
+        """The error to raise when ``deadline`` passed with a sample not started."""
+        return EngineRequestError(f"the request did not start within {waited:.1f} s")
+
+
+NO_TICKET = QueueTicket()
+
+
 class MetricsSink:
     """Null metrics: the server passes a Prometheus-backed subclass."""
 
@@ -43,6 +62,9 @@ class MetricsSink:
         """The gap since the previous delivery of this request's tokens (one per engine step,
         or several when the consumer fell behind and they were merged)."""
     def on_finish(self, state: RequestState, num_prompt: int, e2e: float) -> None: ...
+    def on_abort(self, num_requests: int) -> None:
+        """Engine requests aborted unfinished (the consumer stopped: client gone, timeout,
+        error)."""
 
 
 class AsyncLLM:
@@ -56,9 +78,12 @@ class AsyncLLM:
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str, priority: int = 0,
-                       arrival_time: float | None = None) -> AsyncIterator[StepDelta]:
+                       arrival_time: float | None = None,
+                       ticket: QueueTicket = NO_TICKET) -> AsyncIterator[StepDelta]:
         """Yield each sample's text deltas as engine steps arrive, until all samples finish.
 
+        ``ticket.started`` is called as each sample gets its first output; a sample not started
+        by ``ticket.deadline`` aborts the request and raises ``ticket.timed_out(...)``.
         Raises EngineRequestError if the engine refused the request, EngineDeadError if the
         engine died.
         """
@@ -74,15 +99,22 @@ class AsyncLLM:
                                     arrival_time=arrival, priority=priority)
             await self.client.add_request(req, buffer)
         unfinished = set(states)
+        not_started = set(states)
         last_token_time = None
         try:
             while unfinished:
                 # NOTE: a consumer that falls behind gets every output waiting for it at once,
                 # merged into one delta per sample: fewer wake-ups and chunks, the same text.
-                pending = await buffer.take()
+                if not_started and ticket.deadline is not None:
+                    pending = await _take_before(buffer, ticket, arrival)
+                else:
+                    pending = await buffer.take()
                 now = time.time()
                 for rid, outs in _by_request(pending).items():
                     state = states[rid]
+                    if rid in not_started:
+                        not_started.discard(rid)
+                        ticket.started(len(prompt_token_ids))
                     if state.finished:
                         continue  # sent before our abort of a stop-string finish arrived
                     text, applied = _process(state, outs)
@@ -100,7 +132,17 @@ class AsyncLLM:
                 last_token_time = now
         finally:
             if unfinished:
+                self.metrics.on_abort(len(unfinished))
                 await self.client.abort(list(unfinished))
+
+
+async def _take_before(buffer: OutputBuffer, ticket: QueueTicket, arrival: float) -> list:
+    """``buffer.take()``, raising ``ticket.timed_out`` once its deadline has passed."""
+    try:
+        async with asyncio.timeout(max(0.0, ticket.deadline - time.monotonic())):
+            return await buffer.take()
+    except TimeoutError:
+        raise ticket.timed_out(time.time() - arrival) from None
 
 
 def _by_request(pending: list) -> dict[str, list[EngineCoreOutput]]:

@@ -12,8 +12,11 @@ from fastapi.responses import JSONResponse, Response
 
 from radixserve import __version__
 from radixserve.engine.core_client import EngineDeadError
-from radixserve.server.errors import error_response, send_error
+from radixserve.server import body_reader, memory
+from radixserve.server.admission import AdmissionGate
+from radixserve.server.errors import error_headers, error_response, send_error
 from radixserve.server.generation_routes import GenerationRoutes
+from radixserve.server.limits import ServeLimits
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.protocol import ModelCard, ModelList, error_body
 from radixserve.server.protocol_chat import (
@@ -22,14 +25,15 @@ from radixserve.server.protocol_chat import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from radixserve.server.serving import OpenAIError, ServingContext
+from radixserve.server.serving import ClientDisconnected, OpenAIError, ServingContext
 from radixserve.server.serving_chat import render_messages
 
 _OPEN_PATHS = {"/health", "/version", "/metrics"}
 
 
 def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None = None,
-              max_body_bytes: int = 32 * 1024 * 1024):
+              limits: ServeLimits | None = None):
+    limits = limits or ServeLimits()
     app = FastAPI(title="radixserve", version=__version__)
     client = ctx.engine.client
     _install_errors(app)
@@ -62,69 +66,85 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         ctx.check_model(body.model)
-        if body.messages is not None:
-            text = render_messages(ctx, body)
-        else:
-            text = body.prompt
-        ids = ctx.tokenizer.encode(text, add_special_tokens=body.effective_add_special_tokens)
-        strs = ctx.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids,
-                                token_strs=strs)
+        return await ctx.prep.run(_tokenize, ctx, body)  # grows with the input: off the loop
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         ctx.check_model(body.model)
-        if any(t >= ctx.tokenizer.vocab_size for t in body.tokens):
-            raise OpenAIError("token ids are out of the vocabulary", param="tokens")
-        return DetokenizeResponse(prompt=ctx.tokenizer.decode(body.tokens,
-                                                              skip_special_tokens=False))
+        return await ctx.prep.run(_detokenize, ctx, body)
 
-    return _Guard(GenerationRoutes(app, ctx), api_key, max_body_bytes)
+    gate = AdmissionGate(limits.admission, metrics.admission)
+    return _Guard(GenerationRoutes(app, ctx, gate), api_key, limits.max_request_bytes,
+                  limits.body_read_timeout, metrics)
+
+
+def _tokenize(ctx: ServingContext, body: TokenizeRequest) -> Response:
+    text = render_messages(ctx, body) if body.messages is not None else body.prompt
+    # encode_batch releases the GIL while it runs (encode does not)
+    ids = ctx.tokenizer.encode_batch([text], body.effective_add_special_tokens)[0]
+    strs = ctx.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+    return _json(TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids,
+                                  token_strs=strs))
+
+
+def _detokenize(ctx: ServingContext, body: DetokenizeRequest) -> Response:
+    if body.tokens and max(body.tokens) >= ctx.tokenizer.vocab_size:
+        raise OpenAIError("token ids are out of the vocabulary", param="tokens")
+    return _json(DetokenizeResponse(
+        prompt=ctx.tokenizer.decode(body.tokens, skip_special_tokens=False)))
+
+
+def _json(model) -> Response:
+    """The response serialized here, on the worker thread: FastAPI would serialize a returned
+    model on the event loop, item by item (seconds for a million token ids)."""
+    return Response(model.model_dump_json(), media_type="application/json")
 
 
 class _Guard:
     """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from streams):
-    rejects oversized bodies (413) and, with an API key, unauthenticated requests (401)."""
+    with an API key, rejects unauthenticated requests (401); reads the body under its size and
+    time limits (413, 408: `body_reader`) before any route sees it."""
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app, api_key: str | None, max_body_bytes: int,
+                 body_timeout: float | None = None, metrics: ServerMetrics | None = None) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode() if api_key else None
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+        self.metrics = metrics
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        length = headers.get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.max_body_bytes:
-            return await send_error(send, OpenAIError(
-                f"request body too large ({int(length)} bytes; limit {self.max_body_bytes})",
-                413))
+        try:
+            body_reader.check_declared_length(headers, self.max_body_bytes)
+        except body_reader.BodyRefused as exc:
+            return await self._refuse(send, exc)
         if self.expected is not None and scope["path"] not in _OPEN_PATHS:
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 return await send_error(send, OpenAIError(
                     "invalid or missing API key", 401, "authentication_error",
                     code="invalid_api_key"))
-        if length.isdigit():
+        if not body_reader.has_body(headers):
             return await self.app(scope, receive, send)
-        return await self._counted(scope, receive, send)
+        body = b""
+        try:
+            body = await body_reader.read_body(receive, self.max_body_bytes, self.body_timeout)
+            await self.app(scope, body_reader.replay(body, receive), send)
+        except body_reader.BodyRefused as exc:
+            return await self._refuse(send, exc)
+        except ClientDisconnected:
+            return None
+        finally:
+            if len(body) >= memory.TRIM_AFTER_BYTES:
+                memory.trim_soon()
 
-    async def _counted(self, scope, receive, send):
-        """A body without Content-Length (chunked): count it as it arrives."""
-        received = 0
-
-        async def counting_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise OpenAIError(f"request body too large (limit {self.max_body_bytes} "
-                                      "bytes)", 413)
-            return message
-
-        await self.app(scope, counting_receive, send)
+    async def _refuse(self, send, exc: body_reader.BodyRefused) -> None:
+        if self.metrics is not None:
+            self.metrics.admission.on_reject(exc.reason)
+        await send_error(send, exc)
 
 
 def _error(message: str, status: int, type: str = "invalid_request_error",
@@ -135,7 +155,9 @@ def _error(message: str, status: int, type: str = "invalid_request_error",
 def _install_errors(app: FastAPI) -> None:
     async def answer(request, exc):
         status, body = error_response(exc)
-        return JSONResponse(body, status_code=status) if body else Response(status_code=status)
+        headers = {k.decode(): v.decode() for k, v in error_headers(exc)}
+        return (JSONResponse(body, status_code=status, headers=headers) if body
+                else Response(status_code=status, headers=headers))
 
     for kind in (RequestValidationError, OpenAIError, ValueError, EngineDeadError, Exception):
         app.add_exception_handler(kind, answer)

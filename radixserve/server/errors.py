@@ -29,15 +29,28 @@ def error_response(exc: Exception) -> tuple[int, dict | None]:
     return 500, error_body(f"internal error: {type(exc).__name__}: {exc}", "internal_error")
 
 
-async def send_json(send, status: int, body: bytes) -> None:
+async def send_json(send, status: int, body: bytes,
+                    headers: list[tuple[bytes, bytes]] | None = None) -> None:
     """A whole JSON response through an ASGI ``send``."""
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+                            (b"content-length", str(len(body)).encode()), *(headers or ())]})
     await send({"type": "http.response.body", "body": body})
+
+
+def error_headers(exc: Exception) -> list[tuple[bytes, bytes]]:
+    """``Retry-After`` for an error that says when to retry (429, queue timeouts);
+    ``Connection: close`` for one answered before its body was read (413, 408)."""
+    headers = []
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
+    if getattr(exc, "close_connection", False):
+        headers.append((b"connection", b"close"))
+    return headers
 
 
 async def send_error(send, exc: Exception) -> None:
     status, body = error_response(exc)
     await send_json(send, status, json.dumps(body, separators=(",", ":")).encode()
-                    if body is not None else b"")
+                    if body is not None else b"", error_headers(exc))

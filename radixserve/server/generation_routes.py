@@ -24,12 +24,14 @@ from pydantic import BaseModel
 
 from radixserve.engine.async_engine import EngineRequestError
 from radixserve.engine.core_client import EngineDeadError
+from radixserve.server.admission import AdmissionGate, AdmissionLimits, Ticket
+from radixserve.server.admission_metrics import NoAdmissionMetrics
 from radixserve.server.errors import send_error, send_json
 from radixserve.server.protocol import CompletionRequest, error_body
 from radixserve.server.protocol_chat import ChatCompletionRequest
 from radixserve.server.serving import SSE_DONE, ClientDisconnected, OpenAIError, ServingContext
 from radixserve.server.serving_chat import ChatServer, render_messages
-from radixserve.server.serving_completion import CompletionServer
+from radixserve.server.serving_completion import CompletionServer, request_size
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache")]
@@ -38,9 +40,11 @@ _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
 class GenerationRoutes:
     """ASGI app: the generation and render endpoints; any other path goes to ``app``."""
 
-    def __init__(self, app, ctx: ServingContext) -> None:
+    def __init__(self, app, ctx: ServingContext, gate: AdmissionGate | None = None) -> None:
         self.app = app
         self.ctx = ctx
+        self.gate = gate or AdmissionGate(AdmissionLimits(None, None, None),
+                                          NoAdmissionMetrics())
         self.completions, self.chat = CompletionServer(ctx), ChatServer(ctx)
         self.routes = {"/v1/completions": self._completion,
                        "/v1/chat/completions": self._chat_completion,
@@ -53,43 +57,59 @@ class GenerationRoutes:
         if scope["method"] != "POST":
             return await send_error(send, OpenAIError(
                 f"method {scope['method']} not allowed on {scope['path']}", 405))
+        admitted: list[Ticket] = []  # released on every exit path, the stream's end included
         try:
-            # a response: (the whole JSON body, None) or (None, the SSE chunks)
-            whole, chunks = await handler(await _read_body(receive), receive)
-        except Exception as exc:  # noqa: BLE001 - every error is answered with a body
-            return await send_error(send, exc)
-        if chunks is not None:
-            return await _stream(chunks, receive, send)
-        return await send_json(send, 200, whole)
+            try:
+                # a response: (the whole JSON body, None) or (None, the SSE chunks)
+                whole, chunks = await handler(await _read_body(receive), receive, admitted)
+            except Exception as exc:  # noqa: BLE001 - every error is answered with a body
+                self._count_refusal(exc)
+                return await send_error(send, exc)
+            if chunks is not None:
+                return await _stream(chunks, receive, send)
+            return await send_json(send, 200, whole)
+        finally:
+            for ticket in admitted:
+                ticket.release()
 
-    async def _completion(self, raw: bytes, receive):
+    def _count_refusal(self, exc: Exception) -> None:
+        if isinstance(exc, OpenAIError) and exc.code == "context_length_exceeded":
+            self.gate.metrics.on_reject("context_length")
+
+    async def _completion(self, raw: bytes, receive, admitted: list):
         arrival = time.time()
         body = _parse(CompletionRequest, raw)
+        self.gate.precheck(*request_size(self.ctx, body))  # before tokenizing
         prompts, params = await self.completions.prepare(body)
         await self.ctx.check_structured(structured_param(body), params)
         self.ctx.check_alive()
+        ticket = self.gate.admit(len(prompts) * params[0].n, sum(len(ids) for _, ids in prompts),
+                                 body.timeout)
+        admitted.append(ticket)
         if body.stream:
-            return None, self.completions.stream(body, prompts, params, arrival)
-        work = self.completions.full(body, prompts, params, arrival)
+            return None, self.completions.stream(body, prompts, params, arrival, ticket)
+        work = self.completions.full(body, prompts, params, arrival, ticket)
         return (await _until_disconnect(receive, work)).model_dump_json().encode(), None
 
-    async def _chat_completion(self, raw: bytes, receive):
+    async def _chat_completion(self, raw: bytes, receive, admitted: list):
         arrival = time.time()
         body = _parse(ChatCompletionRequest, raw)
-        ids, params, tool_parser = self.chat.prepare(body)
+        self.gate.precheck(body.n or 1, 0)
+        ids, params, tool_parser = await self.chat.prepare(body)
         await self.ctx.check_structured(structured_param(body), [params])
         self.ctx.check_alive()
+        ticket = self.gate.admit(params.n, len(ids), body.timeout)
+        admitted.append(ticket)
         if body.stream:
-            return None, self.chat.stream(body, ids, params, tool_parser, arrival)
-        work = self.chat.full(body, ids, params, tool_parser, arrival)
+            return None, self.chat.stream(body, ids, params, tool_parser, arrival, ticket)
+        work = self.chat.full(body, ids, params, tool_parser, arrival, ticket)
         return (await _until_disconnect(receive, work)).model_dump_json().encode(), None
 
-    async def _render(self, raw: bytes, receive):
+    async def _render(self, raw: bytes, receive, admitted: list):
         """The chat template and tokenization alone (no engine)."""
         body = _parse(ChatCompletionRequest, raw)
         self.ctx.check_model(body.model)
-        text = render_messages(self.ctx, body)
-        ids = self.ctx.tokenizer.encode_prompt(text)
+        text, ids = await self.ctx.prep.chat_prompt(lambda: render_messages(self.ctx, body))
         return msgspec.json.encode({"prompt": text, "prompt_token_ids": ids,
                                     "count": len(ids)}), None
 
@@ -171,6 +191,8 @@ async def _stream(chunks: AsyncIterator[str], receive, send) -> None:
                                                "service_unavailable", code=503))
         except EngineRequestError as exc:
             await _send_event(send, error_body(str(exc)))
+        except OpenAIError as exc:  # e.g. a queue timeout before the first token
+            await _send_event(send, error_body(exc.message, exc.type, exc.param, exc.code))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
         if not gone:

@@ -39,6 +39,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mock-step-ms", type=_non_negative, default=0.0,
                         help="with --mock-engine: at most one step per this many ms, standing "
                              "in for a model's decode step (default: back to back)")
+    parser.add_argument("--mock-max-seqs", type=int, default=1024,
+                        help="with --mock-engine: requests running at once (others wait)")
     parser.add_argument("--tool-call-parser", default=None,
                         help="parse tool calls from the output (hermes, qwen2_5, qwen3)")
     parser.add_argument("--reasoning-parser", default=None,
@@ -54,6 +56,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.add_argument("--log-level", default="warning")
     add_engine_args(parser)
+    from radixserve.server.limits import add_limit_args
+
+    add_limit_args(parser)
 
 
 def _non_negative(text: str) -> float:
@@ -86,10 +91,11 @@ def _log_engine_choices() -> None:
     root.setLevel(logging.INFO)
 
 
-def _build_mock_engine(vocab_size: int, max_model_len: int, step_time: float):
+def _build_mock_engine(vocab_size: int, max_model_len: int, step_time: float,
+                       max_num_seqs: int):
     from radixserve.bench.mock_engine import MockEngine
 
-    return MockEngine(vocab_size, max_model_len, step_time=step_time)
+    return MockEngine(vocab_size, max_model_len, max_num_seqs, step_time=step_time)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -108,7 +114,8 @@ def serve(args: argparse.Namespace) -> int:
     kwargs = engine_kwargs(args)
     if args.mock_engine:
         build = functools.partial(_build_mock_engine, tokenizer.vocab_size,
-                                  args.max_model_len or 8192, args.mock_step_ms / 1000)
+                                  args.max_model_len or 8192, args.mock_step_ms / 1000,
+                                  args.mock_max_seqs)
     else:
         build = functools.partial(_build_real_engine, kwargs, args.model)
     name = args.served_model_name or source.name
@@ -126,6 +133,7 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
     from radixserve.engine.core_proc import run_engine_core
     from radixserve.server.app import build_app
     from radixserve.server.metrics import ServerMetrics
+    from radixserve.server.limits import serve_limits
     from radixserve.server.serving import ServingContext
     from radixserve.structured.validator import grammar_validator
 
@@ -146,7 +154,7 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
                              grammar_validator=grammar_validator(tokenizer),
                              structured_strict=args.structured_strict == "true")
-        app = build_app(ctx, metrics, args.api_key)
+        app = build_app(ctx, metrics, args.api_key, serve_limits(args))
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 loop="none", http="httptools",
                                 timeout_graceful_shutdown=args.drain_timeout)

@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from radixserve.engine.async_engine import MetricsSink
 from radixserve.engine.output_processor import RequestState
+from radixserve.server.admission_metrics import AdmissionMetrics
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -70,6 +71,7 @@ class ServerMetrics(MetricsSink):
                                "Time waiting before first scheduled.", labels,
                                buckets=_LATENCY_BUCKETS, registry=r).labels(m)
         self.model = m
+        self.admission = AdmissionMetrics(r, m)
         self.registry.register(_EngineCollector(client, model_name))
 
     def on_first_token(self, ttft: float, queue_time: float | None) -> None:
@@ -86,6 +88,9 @@ class ServerMetrics(MetricsSink):
             self.prompt_tokens.inc(num_prompt)
         self.generation_tokens.inc(len(state.token_ids))
         self.e2e.observe(e2e)
+
+    def on_abort(self, num_requests: int) -> None:
+        self.admission.on_abort(num_requests)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

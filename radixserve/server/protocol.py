@@ -172,6 +172,8 @@ class SamplingRequest(OpenAIRequest):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: int = 0  # scheduling priority (lower first); not part of SamplingParams
+    # seconds the request may wait for its first token (capped by --request-timeout)
+    timeout: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     @field_validator("stream_options")
     @classmethod

@@ -54,6 +54,14 @@ class ServingContext:
         """Prompt tokenization off the event loop (long texts batched on a worker thread)."""
         return BatchEncoder(self.engine.tokenizer)
 
+    @functools.cached_property
+    def prep(self):
+        """Templating and tokenizing large prompts off the event loop, after a length check
+        (a `PromptPrep`)."""
+        from radixserve.server.prompt_prep import PromptPrep
+
+        return PromptPrep(self.engine.tokenizer, self.engine.max_model_len)
+
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len

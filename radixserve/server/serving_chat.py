@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+from radixserve.engine.async_engine import NO_TICKET, QueueTicket
 from radixserve.engine.output_processor import RequestState
 from radixserve.engine.parsers import ForcedToolParser, ToolCallDelta, required_tools_schema
 from radixserve.server.protocol import (
@@ -100,8 +101,9 @@ class ChatServer:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
-    def prepare(self, body: ChatCompletionRequest):
+    async def prepare(self, body: ChatCompletionRequest):
         """(prompt ids, SamplingParams, tool-call parser or None); errors before queueing.
+        The template and the tokenizer run off the event loop (`PromptPrep`).
 
         A forced ``tool_choice`` (``"required"`` or a named function) becomes a JSON-schema
         constraint on the output, read back by a `ForcedToolParser`; ``"auto"`` needs the
@@ -118,8 +120,8 @@ class ChatServer:
                 "--tool-call-parser hermes (or force a call with tool_choice)",
                 param="tools",
             )
-        text = render_messages(ctx, body)
-        ids = ctx.tokenizer.encode_prompt(text)
+        ctx.prep.check_messages(body.messages)
+        text, ids = await ctx.prep.chat_prompt(lambda: render_messages(ctx, body))
         params = ctx.sampling_params(body, len(ids))
         tool_parser = ctx.tool_parser if use_tools else None
         if forced is not None:
@@ -144,13 +146,14 @@ class ChatServer:
             parser.end_tag, add_special_tokens=False)
 
     async def full(
-        self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float
+        self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
+        ticket: QueueTicket = NO_TICKET,
     ) -> ChatCompletionResponse:
         request_id = random_id("chatcmpl-")
         reasoning_parser = self.ctx.reasoning_parser
         finals: dict[int, RequestState] = {}
         async with contextlib.aclosing(
-            self.ctx.engine.generate(ids, params, request_id, body.priority, arrival)
+            self.ctx.engine.generate(ids, params, request_id, body.priority, arrival, ticket)
         ) as steps:
             async for step in steps:
                 if step.state.finished:
@@ -191,7 +194,8 @@ class ChatServer:
         )
 
     async def stream(
-        self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float
+        self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
+        ticket: QueueTicket = NO_TICKET,
     ) -> AsyncIterator[str]:
         request_id = random_id("chatcmpl-")
         created = int(time.time())
@@ -236,7 +240,7 @@ class ChatServer:
         unfinished = params.n
         tail = ""  # the last choice's finish chunk, sent with the end of the stream
         async with contextlib.aclosing(
-            self.ctx.engine.generate(ids, params, request_id, body.priority, arrival)
+            self.ctx.engine.generate(ids, params, request_id, body.priority, arrival, ticket)
         ) as steps:
             async for step in steps:
                 state = states[step.index] = step.state

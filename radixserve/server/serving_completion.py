@@ -7,7 +7,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
-from radixserve.engine.async_engine import StepDelta
+from radixserve.engine.async_engine import NO_TICKET, QueueTicket, StepDelta
 from radixserve.engine.output_processor import RequestState
 from radixserve.server.protocol import (
     CompletionLogprobs,
@@ -30,6 +30,9 @@ from radixserve.server.serving import (
 )
 
 
+_MAX_GATHERED = 8  # a request with more text prompts than this is encoded on its own
+
+
 async def _prompts(ctx: ServingContext,
                    body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
     prompt = body.prompt
@@ -37,8 +40,13 @@ async def _prompts(ctx: ServingContext,
         prompt = [prompt]
     elif prompt and isinstance(prompt[0], int):
         prompt = [prompt]
-    # the texts of one request are encoded together (one batch on the encoder's thread)
-    encoded = await asyncio.gather(*(ctx.encoder.encode(p) for p in prompt if isinstance(p, str)))
+    strings = [p for p in prompt if isinstance(p, str)]
+    for text in strings:  # before any tokenizing: a prompt too long by its length alone
+        ctx.prep.check_length(len(text), "prompt")
+    if len(strings) > _MAX_GATHERED:  # one batch on a worker thread, not a task per prompt
+        encoded = await ctx.prep.encode_batch(strings)
+    else:  # with the texts of concurrent requests, in one batch on the encoder's thread
+        encoded = await asyncio.gather(*(ctx.encoder.encode(p) for p in strings))
     texts = iter(encoded)
     return [(p, next(texts)) if isinstance(p, str) else (None, list(p)) for p in prompt]
 
@@ -56,25 +64,31 @@ class CompletionServer:
         for _, ids in prompts:
             if ids and (min(ids) < 0 or max(ids) >= self.ctx.tokenizer.vocab_size):
                 raise OpenAIError("prompt token ids are out of the vocabulary", param="prompt")
-        params = [self.ctx.sampling_params(body, len(ids), "prompt") for _, ids in prompts]
+        params = []
+        for i, (_, ids) in enumerate(prompts):
+            params.append(self.ctx.sampling_params(body, len(ids), "prompt"))
+            if i % 64 == 63:
+                await asyncio.sleep(0)  # a long prompt list must not hold the loop
         return prompts, params
 
-    def _streams(self, body, prompts, params, request_id, arrival):
+    def _streams(self, body, prompts, params, request_id, arrival, ticket):
         """Every sample's deltas, ``index`` being its choice index (prompt-major)."""
         n = params[0].n
-        streams = [self.ctx.engine.generate(ids, p, f"{request_id}-{i}", body.priority, arrival)
+        streams = [self.ctx.engine.generate(ids, p, f"{request_id}-{i}", body.priority, arrival,
+                                               ticket)
                    for i, ((_, ids), p) in enumerate(zip(prompts, params))]
         if len(streams) == 1:
             return streams[0]
         return merge([_offset(stream, i * n) for i, stream in enumerate(streams)])
 
     async def full(
-        self, body: CompletionRequest, prompts, params, arrival: float
+        self, body: CompletionRequest, prompts, params, arrival: float,
+        ticket: QueueTicket = NO_TICKET,
     ) -> CompletionResponse:
         request_id = random_id("cmpl-")
         finals: dict[int, tuple[RequestState, int]] = {}
         async with contextlib.aclosing(
-            self._streams(body, prompts, params, request_id, arrival)
+            self._streams(body, prompts, params, request_id, arrival, ticket)
         ) as steps:
             async for step in steps:
                 if step.state.finished:
@@ -102,7 +116,8 @@ class CompletionServer:
         )
 
     async def stream(
-        self, body: CompletionRequest, prompts, params, arrival: float
+        self, body: CompletionRequest, prompts, params, arrival: float,
+        ticket: QueueTicket = NO_TICKET,
     ) -> AsyncIterator[str]:
         request_id = random_id("cmpl-")
         created = int(time.time())
@@ -114,7 +129,7 @@ class CompletionServer:
         unfinished = len(prompts) * params[0].n
         tail = ""  # the last choice's finish chunk, sent with the end of the stream
         async with contextlib.aclosing(
-            self._streams(body, prompts, params, request_id, arrival)
+            self._streams(body, prompts, params, request_id, arrival, ticket)
         ) as steps:
             async for step in steps:
                 index, state = step.index, step.state
@@ -169,6 +184,21 @@ async def _offset(steps: AsyncIterator[StepDelta], base: int):
         async for step in deltas:
             step.index += base
             yield step
+
+
+def request_size(ctx: ServingContext, body: CompletionRequest) -> tuple[int, int]:
+    """(sequences, the fewest prompt tokens they can have) of a request, before tokenizing:
+    what admission control checks first. 400 if a prompt is too long by its length alone."""
+    prompt = body.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompt = [prompt]
+    for p in prompt:
+        if isinstance(p, str):
+            ctx.prep.check_length(len(p), "prompt")
+    min_tokens = sum(ctx.prep.min_tokens(len(p)) if isinstance(p, str) else len(p)
+                     for p in prompt)
+    n = body.n or 1
+    return len(prompt) * n, min_tokens  # n samples share their prompt's prefill
 
 
 def _echo_text(ctx: ServingContext, prompt: tuple[str | None, list[int]]) -> str:
