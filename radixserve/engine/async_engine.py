@@ -8,6 +8,7 @@ iterating (client gone) aborts whatever is unfinished.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,9 +20,17 @@ from radixserve.engine.output_processor import RequestState
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.sampling_params import SamplingParams
 
+logger = logging.getLogger(__name__)
+
 
 class EngineRequestError(ValueError):
     """The engine refused a request (message from the engine)."""
+
+
+class EngineStepError(RuntimeError):
+    """A fault while running the request ended it: in the engine's step (the forward, the
+    sampler, its grammar) or in turning its tokens into text here. A server error (500); the
+    engine and the other requests go on."""
 
 
 @dataclass(slots=True)
@@ -59,8 +68,8 @@ class AsyncLLM:
                        arrival_time: float | None = None) -> AsyncIterator[StepDelta]:
         """Yield each sample's text deltas as engine steps arrive, until all samples finish.
 
-        Raises EngineRequestError if the engine refused the request, EngineDeadError if the
-        engine died.
+        Raises EngineRequestError if the engine refused the request, EngineStepError if a
+        fault while running it ended it, EngineDeadError if the engine died.
         """
         arrival = arrival_time or time.time()
         buffer = OutputBuffer()
@@ -85,7 +94,13 @@ class AsyncLLM:
                     state = states[rid]
                     if state.finished:
                         continue  # sent before our abort of a stop-string finish arrived
-                    text, applied = _process(state, outs)
+                    try:
+                        text, applied = _process(state, outs)
+                    except Exception as exc:  # noqa: BLE001 - this request's fault alone
+                        logger.error("request %s: processing its output failed", rid,
+                                     exc_info=exc)
+                        raise EngineStepError(f"processing the request's output failed: "
+                                              f"{type(exc).__name__}: {exc}") from exc
                     if state.finished:
                         unfinished.discard(rid)
                         if applied.finish_reason is None:  # a stop string ended it here
@@ -111,6 +126,8 @@ def _by_request(pending: list) -> dict[str, list[EngineCoreOutput]]:
         if isinstance(out, EngineDeadError):
             raise out
         if out.error is not None:
+            if out.finish_reason == "error":
+                raise EngineStepError(out.error)
             raise EngineRequestError(out.error)
         outs = grouped.get(out.request_id)
         if outs is None:
