@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 import time
 
 from radixserve.config import SchedulerConfig
@@ -28,6 +29,8 @@ def _next_page(request: Request, computed: int, page: int) -> tuple | None:
         return None
     return (start, *request.prompt_token_ids[start:start + page])
 
+
+logger = logging.getLogger(__name__)
 
 _LPM_MAX_WAITING = 256  # beyond this, matching every waiting request costs more than it saves
 
@@ -63,7 +66,7 @@ class Scheduler:
                                                 next(self._order))
         self._enqueue(request)
 
-    def abort_requests(self, request_ids: list[str]) -> list[Request]:
+    def abort_requests(self, request_ids: list[str], reason: str = "abort") -> list[Request]:
         """Finish the given requests wherever they are, freeing their blocks."""
         aborted = []
         for rid in request_ids:
@@ -74,9 +77,14 @@ class Scheduler:
                 self.running.remove(request)
             else:
                 self.waiting.remove(request)
-            self._finish(request, "abort")
+            self._finish(request, reason)
             aborted.append(request)
         return aborted
+
+    def fail_requests(self, request_ids: list[str]) -> list[Request]:
+        """Finish the given requests with reason "error" (a fault while running them),
+        freeing their blocks; the KV of a failed step was never marked computed or cached."""
+        return self.abort_requests(request_ids, "error")
 
     def schedule(self) -> SchedulerOutput:
         if self.config.policy == "lpm" and 1 < len(self.waiting) <= _LPM_MAX_WAITING:
@@ -162,9 +170,7 @@ class Scheduler:
         for i, rid in enumerate(result.request_ids):
             request = self.requests[rid]
             num_before = request.num_output_tokens
-            reason, error = self._append(request, result.token_ids[i])
-            if reason is None and request.sampling_params.logprobs is None:
-                reason, error = self._fast_forward(request)
+            reason, error = self._advance(request, result.token_ids[i])
             logprob = result.logprobs[i]
             out = EngineCoreOutput(
                 rid, request.output_token_ids[num_before:], reason,
@@ -177,6 +183,19 @@ class Scheduler:
                 self.running.remove(request)
                 self._finish(request, reason)
         return outputs
+
+    def _advance(self, request: Request, token_id: int) -> tuple[str | None, str | None]:
+        """Append the sampled token and what the grammar forces after it; (finish reason,
+        error). NOTE: a grammar that raises fails its own request only (reason "error")."""
+        try:
+            reason, error = self._append(request, token_id)
+            if reason is None and request.sampling_params.logprobs is None:
+                reason, error = self._fast_forward(request)
+            return reason, error
+        except Exception as exc:  # noqa: BLE001 - one request's grammar, not the engine
+            logger.error("request %s: its grammar failed", request.request_id, exc_info=exc)
+            return "error", (f"the request's structured output grammar failed: "
+                             f"{type(exc).__name__}: {exc}")
 
     def _append(self, request: Request, token_id: int) -> tuple[str | None, str | None]:
         """Append one token; (finish reason, error). A grammar that has terminated ends the

@@ -9,6 +9,7 @@ iterating (client gone) aborts whatever is unfinished.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,9 +21,17 @@ from radixserve.engine.output_processor import RequestState
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.sampling_params import SamplingParams
 
+logger = logging.getLogger(__name__)
+
 
 class EngineRequestError(ValueError):
     """The engine refused a request (message from the engine)."""
+
+
+class EngineStepError(RuntimeError):
+    """A fault while running the request ended it: in the engine's step (the forward, the
+    sampler, its grammar) or in turning its tokens into text here. A server error (500); the
+    engine and the other requests go on."""
 
 
 @dataclass(slots=True)
@@ -84,8 +93,8 @@ class AsyncLLM:
 
         ``ticket.started`` is called as each sample gets its first output; a sample not started
         by ``ticket.deadline`` aborts the request and raises ``ticket.timed_out(...)``.
-        Raises EngineRequestError if the engine refused the request, EngineDeadError if the
-        engine died.
+        Raises EngineRequestError if the engine refused the request, EngineStepError if a
+        fault while running it ended it, EngineDeadError if the engine died.
         """
         arrival = arrival_time or time.time()
         buffer = OutputBuffer()
@@ -117,7 +126,13 @@ class AsyncLLM:
                         ticket.started(len(prompt_token_ids))
                     if state.finished:
                         continue  # sent before our abort of a stop-string finish arrived
-                    text, applied = _process(state, outs)
+                    try:
+                        text, applied = _process(state, outs)
+                    except Exception as exc:  # noqa: BLE001 - this request's fault alone
+                        logger.error("request %s: processing its output failed", rid,
+                                     exc_info=exc)
+                        raise EngineStepError(f"processing the request's output failed: "
+                                              f"{type(exc).__name__}: {exc}") from exc
                     if state.finished:
                         unfinished.discard(rid)
                         if applied.finish_reason is None:  # a stop string ended it here
@@ -153,6 +168,8 @@ def _by_request(pending: list) -> dict[str, list[EngineCoreOutput]]:
         if isinstance(out, EngineDeadError):
             raise out
         if out.error is not None:
+            if out.finish_reason == "error":
+                raise EngineStepError(out.error)
             raise EngineRequestError(out.error)
         outs = grouped.get(out.request_id)
         if outs is None:

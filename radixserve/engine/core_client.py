@@ -2,7 +2,8 @@
 
 One background task reads ``EngineCoreOutputs`` (one message per engine step) and routes each
 request's output to the ``OutputBuffer`` registered for it. If the engine dies, every pending
-queue receives an ``EngineDeadError`` so no request hangs.
+queue receives an ``EngineDeadError`` so no request hangs; ``rebind`` then readies the client
+for a replacement engine process (the API process's `EngineSupervisor` drives that).
 """
 
 from __future__ import annotations
@@ -37,14 +38,6 @@ class EngineDeadError(RuntimeError):
 class EngineCoreClient:
     def __init__(self, input_addr: str, output_addr: str) -> None:
         self.ctx = zmq.asyncio.Context()
-        self.push = self.ctx.socket(zmq.PUSH)
-        self.push.bind(input_addr)
-        # the same socket through the blocking API: a send that fits the queue is done at once
-        # (no future per message); only a full queue falls back to awaiting
-        self._push_now = zmq.Socket.shadow(self.push.underlying)
-        self._waiting_sends = 0
-        self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.bind(output_addr)
         self.encoder = msgspec.msgpack.Encoder()
         self.decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
         self.queues: dict[str, OutputBuffer] = {}  # request id -> where its outputs go
@@ -53,6 +46,31 @@ class EngineCoreClient:
         self.dead: str | None = None
         self.last_output_time = time.time()
         self._task: asyncio.Task | None = None
+        self._bind(input_addr, output_addr)
+
+    def _bind(self, input_addr: str, output_addr: str) -> None:
+        self.input_addr, self.output_addr = input_addr, output_addr
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.bind(input_addr)
+        # the same socket through the blocking API: a send that fits the queue is done at once
+        # (no future per message); only a full queue falls back to awaiting
+        self._push_now = zmq.Socket.shadow(self.push.underlying)
+        self._waiting_sends = 0
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.bind(output_addr)
+
+    def rebind(self, input_addr: str, output_addr: str) -> None:
+        """After ``mark_dead``: drop the dead engine's sockets (and whatever it left queued in
+        them) and bind fresh ones for its replacement, which connects to the new addresses.
+        ``dead`` stays set until ``start()``."""
+        assert self.dead is not None, "rebind() replaces a dead engine only"
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self.push.close(linger=0)
+        self.pull.close(linger=0)
+        self.ready = None
+        self._bind(input_addr, output_addr)
 
     async def wait_ready(self, is_alive, timeout: float) -> EngineReady:
         """Wait for the engine's EngineReady; RuntimeError if it fails, dies or times out."""
@@ -69,6 +87,9 @@ class EngineCoreClient:
         raise RuntimeError(f"the engine did not start within {timeout:.0f} s")
 
     def start(self) -> None:
+        """Route the ready engine's outputs from now on: it takes requests."""
+        self.stats = SchedulerStats(num_kv_blocks=self.ready.num_kv_blocks)
+        self.dead = None
         self._task = asyncio.get_running_loop().create_task(self._output_loop())
 
     async def add_request(self, request: EngineCoreRequest, queue: OutputBuffer) -> None:
@@ -97,11 +118,13 @@ class EngineCoreClient:
             self._waiting_sends -= 1
 
     def mark_dead(self, reason: str) -> None:
-        """The engine is gone: fail every pending request."""
+        """The engine is gone: fail every pending request (their engine state went with it,
+        so the stats start from zero too)."""
         self.dead = reason
         for queue in self.queues.values():
             queue.put(EngineDeadError(reason))
         self.queues.clear()
+        self.stats = SchedulerStats(num_kv_blocks=self.stats.num_kv_blocks)
 
     async def shutdown(self, is_alive: Callable[[], bool] | None = None,
                        timeout: float = 10.0) -> None:

@@ -6,6 +6,8 @@
 The loop drains every pending input message, runs one step if any request is unfinished, and
 sends one ``EngineCoreOutputs`` per step carrying all requests' new tokens plus scheduler stats.
 Idle, it blocks on the input socket (waking every second to notice an orphaned process).
+A fault while stepping fails the requests it belongs to inside ``engine.step()``; one that
+escapes it ends this process, and the API process starts a new one.
 """
 
 from __future__ import annotations
@@ -94,6 +96,11 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
                 except ValueError as exc:
                     errors.append(EngineCoreOutput(msg.request.request_id, [], "abort",
                                                    error=str(exc)))
+                except Exception as exc:  # noqa: BLE001 - a bug: this request's, not ours
+                    traceback.print_exc()
+                    errors.append(EngineCoreOutput(
+                        msg.request.request_id, [], "error",
+                        error=f"queueing the request failed: {type(exc).__name__}: {exc}"))
             if errors or not engine.has_unfinished_requests():
                 # no step follows: report refusals and fresh stats (e.g. after an abort) now
                 _send(out, encoder.encode(EngineCoreOutputs(errors, time.time(),

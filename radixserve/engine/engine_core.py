@@ -7,9 +7,9 @@ It works on token ids only: text (detokenization, stop strings) lives in the fro
 from __future__ import annotations
 
 import logging
-
 import random
 import time
+from concurrent import futures
 from collections.abc import Callable
 
 import torch
@@ -30,6 +30,7 @@ from radixserve.models.half_stored import checkpoint_dtype
 from radixserve.models.loader import load_model, load_model_config, open_gguf
 from radixserve.models.quantization import resolve_quantization
 from radixserve.models.source import ModelSource
+from radixserve.runner.fault_injection import inject_faults_from_env
 from radixserve.runner.kv_cache import num_blocks_for_budget, resolve_kv_dtype
 from radixserve.runner.model_runner import ModelRunner
 from radixserve.sampling_params import SamplingParams
@@ -91,6 +92,7 @@ class EngineCore:
                                     model_config.vocab_size)
         structured = StructuredOutputManager(backend, config.structured.fast_forward,
                                              config.structured.compile_timeout_s)
+        runner = inject_faults_from_env(runner)  # tests only: unset, the runner as is
         return cls(scheduler, runner, model_config.vocab_size, config.seed, structured)
 
     @property
@@ -138,6 +140,17 @@ class EngineCore:
         return self.scheduler.num_unfinished > 0
 
     def step(self) -> EngineCoreOutputs:
+        """One scheduling step. An exception fails the requests it belongs to and the engine
+        goes on: a forward or sampling error fails the step's batch, a grammar error its
+        request (in the scheduler), anything else every unfinished request. Only an error
+        while failing them escapes (the process then dies and the API process replaces it)."""
+        try:
+            return self._step()
+        except Exception as exc:  # noqa: BLE001 - a bug outside the runner: fail everything
+            outputs = self._fail(list(self.scheduler.requests), "the engine step", exc)
+            return EngineCoreOutputs(outputs, time.time())
+
+    def _step(self) -> EngineCoreOutputs:
         failed = self._fail_broken_grammars()
         sched = self.scheduler.schedule()
         if sched.is_empty:
@@ -145,11 +158,28 @@ class EngineCore:
                 self.structured.wait_for_compiles(
                     (r.grammar for r in self.scheduler.waiting), _COMPILE_WAIT_S)
             return EngineCoreOutputs(failed, time.time())
-        bitmask = (None if self.structured is None
-                   else self.structured.bitmask(sched, self.scheduler.requests))
-        result = self.runner.execute(sched, bitmask)
+        bitmask = None
+        try:
+            if self.structured is not None:
+                bitmask = self.structured.bitmask(sched, self.scheduler.requests)
+            result = self.runner.execute(sched, bitmask)
+        except Exception as exc:  # noqa: BLE001 - the batch's fault, not the engine's
+            if bitmask is not None:  # its matchers may still be read by the mask thread
+                futures.wait([bitmask.bitmask])
+            batch = [seq.request_id for seq in sched.seqs]
+            return EngineCoreOutputs(failed + self._fail(batch, "the model step", exc),
+                                     time.time())
         outputs = self.scheduler.update_from_output(sched, result)
         return EngineCoreOutputs(failed + outputs, time.time())
+
+    def _fail(self, request_ids: list[str], where: str,
+              exc: Exception) -> list[EngineCoreOutput]:
+        """End ``request_ids`` with finish reason "error" (their KV blocks freed); log why."""
+        logger.error("%s failed; failing %d request(s): %s", where, len(request_ids),
+                     request_ids[:8], exc_info=exc)
+        self.scheduler.fail_requests(request_ids)
+        error = f"{where} failed: {type(exc).__name__}: {exc}"
+        return [EngineCoreOutput(rid, [], "error", error=error) for rid in request_ids]
 
     def _fail_broken_grammars(self) -> list[EngineCoreOutput]:
         """Abort waiting requests whose grammar failed to compile (or overran its time)."""

@@ -27,7 +27,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     """New tokens of one request from one step. ``top_logprobs`` rows are [(id, logprob), ...].
 
     ``queue_time`` (seconds from arrival to first scheduling) rides on the first output only.
-    ``error`` is set, with finish_reason "abort", when the engine refused the request.
+    ``error`` is set, with finish_reason "abort", when the engine refused the request, and
+    with finish_reason "error" when a fault while running it ended it (a server error).
     """
 
     request_id: str

@@ -8,6 +8,7 @@ import json
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from radixserve.engine.async_engine import EngineStepError
 from radixserve.engine.core_client import EngineDeadError
 from radixserve.server.protocol import error_body, validation_error_body, value_error_body
 from radixserve.server.serving import ClientDisconnected, OpenAIError
@@ -22,6 +23,8 @@ def error_response(exc: Exception) -> tuple[int, dict | None]:
         return exc.status, error_body(exc.message, exc.type, exc.param, exc.code)
     if isinstance(exc, EngineDeadError):
         return 503, error_body(f"engine unavailable: {exc}", "service_unavailable")
+    if isinstance(exc, EngineStepError):
+        return 500, error_body(str(exc), "internal_error")
     if isinstance(exc, ClientDisconnected):
         return 499, None
     if isinstance(exc, ValueError):  # SamplingParams checks, grammar errors, engine refusals

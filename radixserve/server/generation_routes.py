@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable
 import msgspec
 from pydantic import BaseModel
 
-from radixserve.engine.async_engine import EngineRequestError
+from radixserve.engine.async_engine import EngineRequestError, EngineStepError
 from radixserve.engine.core_client import EngineDeadError
 from radixserve.server.admission import AdmissionGate, AdmissionLimits, Ticket
 from radixserve.server.admission_metrics import NoAdmissionMetrics
@@ -165,7 +165,7 @@ async def _until_disconnect(receive, work: Awaitable):
 async def _stream(chunks: AsyncIterator[str], receive, send) -> None:
     """Send ``chunks`` as an SSE response; stop (closing ``chunks``, which aborts the engine
     requests) as soon as the client leaves. An engine error after the response has started
-    becomes a last ``data:`` event carrying an error body."""
+    becomes a last ``data:`` event carrying an error body, then ``[DONE]``."""
     this = asyncio.current_task()
     gone = False
 
@@ -189,11 +189,15 @@ async def _stream(chunks: AsyncIterator[str], receive, send) -> None:
         except EngineDeadError as exc:
             await _send_event(send, error_body(f"engine unavailable: {exc}",
                                                "service_unavailable", code=503))
+        except EngineStepError as exc:
+            await _send_event(send, error_body(str(exc), "internal_error", code=500))
         except EngineRequestError as exc:
             await _send_event(send, error_body(str(exc)))
         except OpenAIError as exc:  # e.g. a queue timeout before the first token
             await _send_event(send, error_body(exc.message, exc.type, exc.param, exc.code))
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        # after an error event too: clients stop reading at [DONE]
+        await send({"type": "http.response.body", "body": SSE_DONE.encode(),
+                    "more_body": False})
     except asyncio.CancelledError:
         if not gone:
             raise  # the server is stopping, not the client leaving

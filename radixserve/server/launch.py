@@ -2,8 +2,10 @@
 
 The API process binds two ipc:// sockets in a private temp folder and spawns the engine-core
 process, which connects, loads the model and answers EngineReady; only then does the port open.
-A watcher marks the engine dead if its process exits (/health → 503, pending requests end with
-a 503-style error). SIGINT/SIGTERM: uvicorn stops accepting, drains in-flight requests for up
+If the engine process dies, pending requests end at once with a 503-style error and the
+`EngineSupervisor` starts a new one (bounded attempts with back-off; /health is 503 until it is
+ready); with ``--no-engine-restart``, or when the attempts are used up, the server exits
+non-zero instead. SIGINT/SIGTERM: uvicorn stops accepting, drains in-flight requests for up
 to ``--drain-timeout`` seconds, then the engine is told to shut down and is joined (killed if
 it does not exit), so no orphan process is left.
 """
@@ -16,7 +18,6 @@ import contextlib
 import functools
 import gc
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
@@ -54,6 +55,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to finish in-flight requests on shutdown")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
+    parser.add_argument("--no-engine-restart", action="store_true",
+                        help="if the engine process dies, exit non-zero (for an outside "
+                             "supervisor) instead of starting a new one")
+    parser.add_argument("--engine-restart-attempts", type=_positive_int, default=5,
+                        help="consecutive failed engine restarts (with back-off) before the "
+                             "server gives up and exits non-zero")
     parser.add_argument("--log-level", default="warning")
     add_engine_args(parser)
     from radixserve.server.limits import add_limit_args
@@ -65,6 +72,13 @@ def _non_negative(text: str) -> float:
     value = float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
 
 
@@ -130,25 +144,20 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
     _Server = _server_class()
     from radixserve.engine.async_engine import AsyncLLM
     from radixserve.engine.core_client import EngineCoreClient
-    from radixserve.engine.core_proc import run_engine_core
     from radixserve.server.app import build_app
+    from radixserve.server.engine_supervisor import EngineSupervisor
     from radixserve.server.metrics import ServerMetrics
     from radixserve.server.limits import serve_limits
     from radixserve.server.serving import ServingContext
     from radixserve.structured.validator import grammar_validator
 
     tmp = tempfile.mkdtemp(prefix="radixserve-")
-    in_addr, out_addr = f"ipc://{tmp}/in", f"ipc://{tmp}/out"
-    client = EngineCoreClient(in_addr, out_addr)
-    proc = multiprocessing.get_context("spawn").Process(
-        target=run_engine_core, args=(build, in_addr, out_addr), name="radixserve-engine",
-        daemon=True)
-    proc.start()
-    watcher = None
+    client = EngineCoreClient(f"ipc://{tmp}/in", f"ipc://{tmp}/out")
+    supervisor = EngineSupervisor(client, build, tmp, args.startup_timeout,
+                                  _restart_policy(args))
+    fatal: list[str] = []
     try:
-        ready = await client.wait_ready(proc.is_alive, args.startup_timeout)
-        client.start()
-        watcher = asyncio.ensure_future(_watch(proc, client))
+        ready = await supervisor.start()
         metrics = ServerMetrics(client, name)
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
@@ -159,6 +168,12 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
                                 loop="none", http="httptools",
                                 timeout_graceful_shutdown=args.drain_timeout)
         server = _Server(config)
+
+        def on_fatal(reason: str) -> None:  # no engine and none coming: exit non-zero
+            fatal.append(reason)
+            server.should_exit = True
+
+        supervisor.watch(on_fatal, metrics.engine_restarts.inc)
         _settle_gc()
         print(f"radixserve: serving {name} on http://{args.host}:{args.port} "
               f"(context {ready.max_model_len}, {ready.num_kv_blocks} KV blocks)",
@@ -168,15 +183,19 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
         print(f"radixserve: error: {exc}", file=sys.stderr)
         return 1
     finally:
-        if watcher:
-            watcher.cancel()
-        await client.shutdown(proc.is_alive, timeout=10)
-        proc.join(timeout=1)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        await supervisor.close(timeout=10)
         shutil.rmtree(tmp, ignore_errors=True)
+    if fatal:
+        print(f"radixserve: error: {fatal[0]}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _restart_policy(args):
+    from radixserve.server.engine_supervisor import RestartPolicy
+
+    return RestartPolicy(enabled=not args.no_engine_restart,
+                         max_attempts=args.engine_restart_attempts)
 
 
 def _settle_gc() -> None:
@@ -211,10 +230,3 @@ def _server_class():
                     loop.remove_signal_handler(sig)
 
     return Server
-
-
-async def _watch(proc, client) -> None:
-    while proc.is_alive():
-        await asyncio.sleep(0.25)
-    client.mark_dead(f"the engine process exited with code {proc.exitcode}")
-

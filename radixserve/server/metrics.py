@@ -70,6 +70,9 @@ class ServerMetrics(MetricsSink):
         self.queue = Histogram("radixserve:request_queue_time_seconds",
                                "Time waiting before first scheduled.", labels,
                                buckets=_LATENCY_BUCKETS, registry=r).labels(m)
+        self.engine_restarts = Counter(
+            "radixserve:engine_restarts", "Engine processes started to replace a dead one.",
+            labels, registry=r).labels(m)
         self.model = m
         self.admission = AdmissionMetrics(r, m)
         self.registry.register(_EngineCollector(client, model_name))

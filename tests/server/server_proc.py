@@ -47,6 +47,13 @@ class ServerProc:
                              text=True).stdout
         return [int(p) for p in out.split()]
 
+    def engine_pid(self) -> int | None:
+        """The engine-core child (not multiprocessing's resource tracker, nor a dead engine
+        not reaped yet), or None while there is none."""
+        pids = [p for p in self.engine_pids() if b"spawn_main" in _cmdline(p)]
+        assert len(pids) <= 1, pids
+        return pids[0] if pids else None
+
     def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -56,3 +63,11 @@ class ServerProc:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return b""
