@@ -109,10 +109,11 @@ class RaisingGrammar:
     def __init__(self, fail_at: int) -> None:
         self.fail_at = fail_at
 
-    def accept(self, token_id: int, output_token_ids: list[int]) -> bool:
+    def accept(self, token_id: int, output_token_ids: list[int]) -> str | None:
+        """None: accepted (RequestGrammar's interface: an error message otherwise)."""
         if len(output_token_ids) == self.fail_at:
             raise KeyError("matcher state lost")
-        return True
+        return None
 
     def forced_tokens(self) -> list[int]:
         return []

@@ -311,7 +311,8 @@ def test_queue_timeout_ends_waiting_requests_and_frees_them(server):
                 "messages": [{"role": "user", "content": "hi"}], "stream": True,
                 "timeout": 0.3}) as r:
             events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
-        assert json.loads(events[-1])["error"]["code"] == "queue_timeout", events
+        assert events[-1] == "[DONE]", events  # clients stop reading at [DONE]
+        assert json.loads(events[-2])["error"]["code"] == "queue_timeout", events
         assert _metric(url, "radixserve:request_queue_timeouts_total") == before + 2
         assert _metric(url, "radixserve:request_aborts_total") >= aborts + 2
         load = httpx.get(f"{url}/load").json()
