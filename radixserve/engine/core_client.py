@@ -74,8 +74,9 @@ class EngineCoreClient:
     async def add_request(self, request: EngineCoreRequest, queue: OutputBuffer) -> None:
         if self.dead:
             raise EngineDeadError(self.dead)
+        data = self.encoder.encode(AddRequest(request))  # before registering: it may raise
         self.queues[request.request_id] = queue
-        await self._send(self.encoder.encode(AddRequest(request)))
+        await self._send(data)
 
     async def abort(self, request_ids: list[str]) -> None:
         ids = [rid for rid in request_ids if self.queues.pop(rid, None) is not None]

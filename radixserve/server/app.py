@@ -12,9 +12,11 @@ from fastapi.responses import JSONResponse, Response
 
 from radixserve import __version__
 from radixserve.engine.core_client import EngineDeadError
+from radixserve.server.content_type import unsupported_media_type
 from radixserve.server.errors import error_response, send_error
 from radixserve.server.generation_routes import GenerationRoutes
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.openapi_routes import describe_generation_routes
 from radixserve.server.protocol import ModelCard, ModelList, error_body
 from radixserve.server.protocol_chat import (
     DetokenizeRequest,
@@ -79,12 +81,14 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
         return DetokenizeResponse(prompt=ctx.tokenizer.decode(body.tokens,
                                                               skip_special_tokens=False))
 
+    describe_generation_routes(app)
     return _Guard(GenerationRoutes(app, ctx), api_key, max_body_bytes)
 
 
 class _Guard:
     """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from streams):
-    rejects oversized bodies (413) and, with an API key, unauthenticated requests (401)."""
+    rejects oversized bodies (413), with an API key unauthenticated requests (401), and POST
+    bodies that are not JSON (415, `content_type`)."""
 
     def __init__(self, app, api_key: str | None, max_body_bytes: int) -> None:
         self.app = app
@@ -106,6 +110,8 @@ class _Guard:
                 return await send_error(send, OpenAIError(
                     "invalid or missing API key", 401, "authentication_error",
                     code="invalid_api_key"))
+        if (refusal := unsupported_media_type(scope["method"], headers)) is not None:
+            return await send_error(send, refusal)
         if length.isdigit():
             return await self.app(scope, receive, send)
         return await self._counted(scope, receive, send)

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from radixserve.engine.async_engine import EngineRequestError
 from radixserve.engine.core_client import EngineDeadError
-from radixserve.server.errors import send_error, send_json
+from radixserve.server.errors import error_response, send_error, send_json
 from radixserve.server.protocol import CompletionRequest, error_body
 from radixserve.server.protocol_chat import ChatCompletionRequest
 from radixserve.server.serving import SSE_DONE, ClientDisconnected, OpenAIError, ServingContext
@@ -145,7 +145,8 @@ async def _until_disconnect(receive, work: Awaitable):
 async def _stream(chunks: AsyncIterator[str], receive, send) -> None:
     """Send ``chunks`` as an SSE response; stop (closing ``chunks``, which aborts the engine
     requests) as soon as the client leaves. An engine error after the response has started
-    becomes a last ``data:`` event carrying an error body."""
+    becomes a last ``data:`` event carrying an error body; any other exception (a bug) an
+    error event as `errors.error_response` describes it, then ``[DONE]``."""
     this = asyncio.current_task()
     gone = False
 
@@ -171,6 +172,11 @@ async def _stream(chunks: AsyncIterator[str], receive, send) -> None:
                                                "service_unavailable", code=503))
         except EngineRequestError as exc:
             await _send_event(send, error_body(str(exc)))
+        except Exception as exc:  # noqa: BLE001 - a bug: the client still gets an error event
+            await _send_event(send, error_response(exc)[1])
+            await send({"type": "http.response.body", "body": SSE_DONE.encode(),
+                        "more_body": False})
+            return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
         if not gone:

@@ -45,6 +45,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="split <think> reasoning into reasoning_content "
                              "(think, qwen3, deepseek_r1)")
     parser.add_argument("--max-n", type=int, default=16, help="largest accepted n")
+    parser.add_argument("--max-prompts-per-request", type=int, default=128,
+                        help="most prompts one /v1/completions request may list (each is an "
+                             "engine request of its own, times n)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to finish in-flight requests on shutdown")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
@@ -138,7 +141,8 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
         watcher = asyncio.ensure_future(_watch(proc, client))
         metrics = ServerMetrics(client, name)
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
-        ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning)
+        ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
+                             max_prompts_per_request=args.max_prompts_per_request)
         app = build_app(ctx, metrics, args.api_key)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 loop="none", http="httptools",

@@ -43,6 +43,7 @@ class ServingContext:
     tool_parser: ToolCallParser | None = None
     reasoning_parser: ReasoningParser | None = None
     grammar_validator: GrammarValidator = field(default_factory=GrammarValidator)
+    max_prompts_per_request: int = 128  # a /v1/completions prompt list's longest length
 
     @property
     def tokenizer(self):

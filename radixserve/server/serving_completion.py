@@ -37,6 +37,10 @@ async def _prompts(ctx: ServingContext,
         prompt = [prompt]
     elif prompt and isinstance(prompt[0], int):
         prompt = [prompt]
+    if len(prompt) > ctx.max_prompts_per_request:  # counted before any is tokenized
+        raise OpenAIError(f"prompt lists {len(prompt)} prompts; this server accepts at most "
+                          f"{ctx.max_prompts_per_request} per request "
+                          "(--max-prompts-per-request)", param="prompt")
     # the texts of one request are encoded together (one batch on the encoder's thread)
     encoded = await asyncio.gather(*(ctx.encoder.encode(p) for p in prompt if isinstance(p, str)))
     texts = iter(encoded)
