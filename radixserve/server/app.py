@@ -9,6 +9,7 @@ import hmac
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from radixserve import __version__
 from radixserve.engine.core_client import EngineDeadError
@@ -143,7 +144,8 @@ def _install_errors(app: FastAPI) -> None:
         status, body = error_response(exc)
         return JSONResponse(body, status_code=status) if body else Response(status_code=status)
 
-    for kind in (RequestValidationError, OpenAIError, ValueError, EngineDeadError, Exception):
+    for kind in (RequestValidationError, HTTPException, OpenAIError, ValueError,
+                 EngineDeadError, Exception):
         app.add_exception_handler(kind, answer)
 
     @app.exception_handler(404)
