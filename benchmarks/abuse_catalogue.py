@@ -19,7 +19,8 @@ import time
 
 import httpx
 
-from radixserve.bench.abuse_cases import catalogue, format_table, run_catalogue
+from radixserve.bench.abuse_cases import catalogue
+from radixserve.bench.abuse_runner import format_table, run_catalogue
 
 
 def _start(mock: bool) -> tuple[subprocess.Popen, str]:
