@@ -104,8 +104,14 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         """The ``index``-th of ``n`` samples: n=1 and a distinct, reproducible seed."""
         if self.n == 1:
             return self
-        seed = None if self.seed is None else self.seed * 1_000_003 + index
+        seed = None if self.seed is None else _wrap_int64(self.seed * 1_000_003 + index)
         return self.clone(n=1, seed=seed)
+
+
+def _wrap_int64(value: int) -> int:
+    """``value`` modulo 2**64 as a signed 64-bit integer: a derived seed stays encodable (the
+    sampler reads seeds modulo 2**64, so the samples do not change)."""
+    return (value + 2**63) % 2**64 - 2**63
 
 
 def _is_int(value) -> bool:

@@ -95,22 +95,29 @@ class AsyncLLM:
         by ``ticket.deadline`` aborts the request and raises ``ticket.timed_out(...)``.
         Raises EngineRequestError if the engine refused the request, EngineStepError if a
         fault while running it ended it, EngineDeadError if the engine died.
+
+        NOTE: however it ends (finished, refused, an exception here or in the consumer, the
+        consumer closing it), every sample it registered with the client is unregistered:
+        the ``finally`` aborts whatever is unfinished, including samples whose registration
+        raised half-way.
         """
         arrival = arrival_time or time.time()
         buffer = OutputBuffer()
         states: dict[str, RequestState] = {}
-        for i in range(params.n):
-            child = params.for_sample(i)
-            rid = f"{request_id}-{i}" if params.n > 1 else request_id
-            states[rid] = RequestState(i, prompt_token_ids, child, self.tokenizer)
-            req = EngineCoreRequest(request_id=rid, prompt_token_ids=prompt_token_ids,
-                                    sampling_params=child, eos_token_ids=self.eos_token_ids,
-                                    arrival_time=arrival, priority=priority)
-            await self.client.add_request(req, buffer)
-        unfinished = set(states)
-        not_started = set(states)
+        unfinished: set[str] = set()
+        not_started: set[str] = set()
         last_token_time = None
         try:
+            for i in range(params.n):
+                child = params.for_sample(i)
+                rid = f"{request_id}-{i}" if params.n > 1 else request_id
+                states[rid] = RequestState(i, prompt_token_ids, child, self.tokenizer)
+                req = EngineCoreRequest(request_id=rid, prompt_token_ids=prompt_token_ids,
+                                        sampling_params=child, eos_token_ids=self.eos_token_ids,
+                                        arrival_time=arrival, priority=priority)
+                unfinished.add(rid)
+                not_started.add(rid)
+                await self.client.add_request(req, buffer)
             while unfinished:
                 # NOTE: a consumer that falls behind gets every output waiting for it at once,
                 # merged into one delta per sample: fewer wake-ups and chunks, the same text.

@@ -95,8 +95,9 @@ class EngineCoreClient:
     async def add_request(self, request: EngineCoreRequest, queue: OutputBuffer) -> None:
         if self.dead:
             raise EngineDeadError(self.dead)
+        data = self.encoder.encode(AddRequest(request))  # before registering: it may raise
         self.queues[request.request_id] = queue
-        await self._send(self.encoder.encode(AddRequest(request)))
+        await self._send(data)
 
     async def abort(self, request_ids: list[str]) -> None:
         ids = [rid for rid in request_ids if self.queues.pop(rid, None) is not None]
@@ -141,7 +142,13 @@ class EngineCoreClient:
                     await self.pull.recv()
         if self._task:
             self._task.cancel()
-        self.push.close(linger=500)
+        self.close_sockets(linger_ms=500)
+
+    def close_sockets(self, linger_ms: int = 0) -> None:
+        """Close both sockets and the context, with no message to the engine (``shutdown``
+        sends its Shutdown first). A client dropped without this leaves its context to the
+        garbage collector, whose term() can block the process."""
+        self.push.close(linger=linger_ms)
         self.pull.close(linger=0)
         self.ctx.term()
 

@@ -9,15 +9,18 @@ import hmac
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from radixserve import __version__
 from radixserve.engine.core_client import EngineDeadError
 from radixserve.server import body_reader, memory
 from radixserve.server.admission import AdmissionGate
+from radixserve.server.content_type import unsupported_media_type
 from radixserve.server.errors import error_headers, error_response, send_error
 from radixserve.server.generation_routes import GenerationRoutes
 from radixserve.server.limits import ServeLimits
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.openapi_routes import describe_generation_routes
 from radixserve.server.protocol import ModelCard, ModelList, error_body
 from radixserve.server.protocol_chat import (
     DetokenizeRequest,
@@ -73,6 +76,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
         ctx.check_model(body.model)
         return await ctx.prep.run(_detokenize, ctx, body)
 
+    describe_generation_routes(app)
     gate = AdmissionGate(limits.admission, metrics.admission)
     return _Guard(GenerationRoutes(app, ctx, gate), api_key, limits.max_request_bytes,
                   limits.body_read_timeout, metrics)
@@ -102,8 +106,9 @@ def _json(model) -> Response:
 
 class _Guard:
     """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from streams):
-    with an API key, rejects unauthenticated requests (401); reads the body under its size and
-    time limits (413, 408: `body_reader`) before any route sees it."""
+    with an API key, rejects unauthenticated requests (401); POST bodies that are not JSON
+    (415, `content_type`); reads the body under its size and time limits (413, 408:
+    `body_reader`) before any route sees it."""
 
     def __init__(self, app, api_key: str | None, max_body_bytes: int,
                  body_timeout: float | None = None, metrics: ServerMetrics | None = None) -> None:
@@ -127,6 +132,8 @@ class _Guard:
                 return await send_error(send, OpenAIError(
                     "invalid or missing API key", 401, "authentication_error",
                     code="invalid_api_key"))
+        if (refusal := unsupported_media_type(scope["method"], headers)) is not None:
+            return await send_error(send, refusal)
         if not body_reader.has_body(headers):
             return await self.app(scope, receive, send)
         body = b""
@@ -159,7 +166,8 @@ def _install_errors(app: FastAPI) -> None:
         return (JSONResponse(body, status_code=status, headers=headers) if body
                 else Response(status_code=status, headers=headers))
 
-    for kind in (RequestValidationError, OpenAIError, ValueError, EngineDeadError, Exception):
+    for kind in (RequestValidationError, HTTPException, OpenAIError, ValueError,
+                 EngineDeadError, Exception):
         app.add_exception_handler(kind, answer)
 
     @app.exception_handler(404)

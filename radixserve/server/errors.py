@@ -7,6 +7,7 @@ import json
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
 from radixserve.engine.async_engine import EngineStepError
 from radixserve.engine.core_client import EngineDeadError
@@ -25,6 +26,8 @@ def error_response(exc: Exception) -> tuple[int, dict | None]:
         return 503, error_body(f"engine unavailable: {exc}", "service_unavailable")
     if isinstance(exc, EngineStepError):
         return 500, error_body(str(exc), "internal_error")
+    if isinstance(exc, HTTPException):  # FastAPI's own refusals, e.g. a body it cannot parse
+        return exc.status_code, error_body(str(exc.detail))
     if isinstance(exc, ClientDisconnected):
         return 499, None
     if isinstance(exc, ValueError):  # SamplingParams checks, grammar errors, engine refusals

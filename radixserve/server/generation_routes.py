@@ -26,7 +26,7 @@ from radixserve.engine.async_engine import EngineRequestError, EngineStepError
 from radixserve.engine.core_client import EngineDeadError
 from radixserve.server.admission import AdmissionGate, AdmissionLimits, Ticket
 from radixserve.server.admission_metrics import NoAdmissionMetrics
-from radixserve.server.errors import send_error, send_json
+from radixserve.server.errors import error_response, send_error, send_json
 from radixserve.server.protocol import CompletionRequest, error_body
 from radixserve.server.protocol_chat import ChatCompletionRequest
 from radixserve.server.serving import SSE_DONE, ClientDisconnected, OpenAIError, ServingContext
@@ -165,7 +165,8 @@ async def _until_disconnect(receive, work: Awaitable):
 async def _stream(chunks: AsyncIterator[str], receive, send) -> None:
     """Send ``chunks`` as an SSE response; stop (closing ``chunks``, which aborts the engine
     requests) as soon as the client leaves. An engine error after the response has started
-    becomes a last ``data:`` event carrying an error body, then ``[DONE]``."""
+    becomes a last ``data:`` event carrying an error body; any other exception (a bug) an
+    error event as `errors.error_response` describes it, then ``[DONE]``."""
     this = asyncio.current_task()
     gone = False
 
@@ -195,6 +196,10 @@ async def _stream(chunks: AsyncIterator[str], receive, send) -> None:
             await _send_event(send, error_body(str(exc)))
         except OpenAIError as exc:  # e.g. a queue timeout before the first token
             await _send_event(send, error_body(exc.message, exc.type, exc.param, exc.code))
+        except Exception as exc:  # noqa: BLE001 - a bug: the client still gets an error event
+            status, body = error_response(exc)
+            if body is not None:
+                await _send_event(send, body)
         # after an error event too: clients stop reading at [DONE]
         await send({"type": "http.response.body", "body": SSE_DONE.encode(),
                     "more_body": False})

@@ -52,6 +52,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="what a JSON schema without 'strict' gets: true closes its objects "
                              "(additionalProperties false where unspecified) and fixes its "
                              "whitespace; false takes it as written. 'strict' in a request wins")
+    parser.add_argument("--max-prompts-per-request", type=int, default=128,
+                        help="most prompts one /v1/completions request may list (each is an "
+                             "engine request of its own, times n)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to finish in-flight requests on shutdown")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
@@ -162,7 +165,8 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
                              grammar_validator=grammar_validator(tokenizer),
-                             structured_strict=args.structured_strict == "true")
+                             structured_strict=args.structured_strict == "true",
+                             max_prompts_per_request=args.max_prompts_per_request)
         app = build_app(ctx, metrics, args.api_key, serve_limits(args))
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 loop="none", http="httptools",

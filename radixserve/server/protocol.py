@@ -3,7 +3,9 @@
 Chat completions and tokenize/detokenize live in `protocol_chat`; their names are also importable
 from here (lazily, since `protocol_chat` builds on this module).
 
-Requests forbid unknown fields, so an unsupported parameter is rejected by name. Range checks on
+Requests forbid unknown fields, are parsed strictly and refuse non-finite floats (see
+`protocol_base`); integers that reach the engine unchecked by `SamplingParams` (``seed``,
+``priority``, ``top_k``) are bounded to 64 bits here. Other range checks on
 sampling values are left to `SamplingParams` (one source of truth); `to_sampling_params` lets
 its ``ValueError("SamplingParams.<field> ...")`` propagate and `value_error_body` turns that into
 an OpenAI error naming the parameter.
@@ -21,10 +23,11 @@ import time
 import uuid
 from typing import Any, ClassVar, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler,
-                      ValidationInfo, field_validator, model_serializer)
+from pydantic import (BaseModel, Field, SerializerFunctionWrapHandler, ValidationInfo,
+                      field_validator, model_serializer)
 
 from radixserve.sampling_params import SamplingParams
+from radixserve.server.protocol_base import INT64_MAX, Int64, OpenAIRequest
 from radixserve.server.protocol_structured import (
     ResponseFormat,
     StructuredOutputsRequest,
@@ -119,12 +122,6 @@ def validation_error_body(exc) -> dict:
 # ----------------------------------------------------------------------------- bases
 
 
-class OpenAIRequest(BaseModel):
-    """Base of request models: unknown fields are errors."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
 class OpenAIResponse(BaseModel):
     """Base of response models: ``None`` fields are omitted when dumped, except ``_keep_none``."""
 
@@ -155,7 +152,7 @@ class SamplingRequest(OpenAIRequest):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
@@ -163,7 +160,7 @@ class SamplingRequest(OpenAIRequest):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
     # vLLM extensions
-    top_k: int | None = None
+    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)  # -1 or 0: disabled
     min_p: float | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
@@ -171,7 +168,7 @@ class SamplingRequest(OpenAIRequest):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    priority: int = 0  # scheduling priority (lower first); not part of SamplingParams
+    priority: Int64 = 0  # scheduling priority (lower first); not part of SamplingParams
     # seconds the request may wait for its first token (capped by --request-timeout)
     timeout: float | None = Field(None, gt=0, allow_inf_nan=False)
 

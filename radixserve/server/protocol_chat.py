@@ -90,6 +90,14 @@ class NamedToolChoice(OpenAIRequest):
 # ----------------------------------------------------------------------------- requests
 
 
+@classmethod
+def _continue_or_generate(cls, value, info: ValidationInfo):
+    """``continue_final_message`` validator of the requests that render a chat template."""
+    if value and info.data.get("add_generation_prompt"):
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+    return value
+
+
 class ChatCompletionRequest(SamplingRequest):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` wins over ``max_tokens``."""
 
@@ -123,13 +131,7 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError(f"tool_choice names {value.function.name!r}, which is not in tools")
         return value
 
-    @field_validator("continue_final_message")
-    @classmethod
-    def _not_both(cls, value, info: ValidationInfo):
-        if value and info.data.get("add_generation_prompt"):
-            raise ValueError("continue_final_message and add_generation_prompt cannot both be "
-                             "true")
-        return value
+    _not_both = field_validator("continue_final_message")(_continue_or_generate)
 
     def requested_max_tokens(self) -> int | None:
         return _or(self.max_completion_tokens, self.max_tokens)
@@ -147,13 +149,15 @@ class TokenizeRequest(OpenAIRequest):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Tool] | None = None
     return_token_strs: bool | None = False
+
+    _not_both = field_validator("continue_final_message")(_continue_or_generate)
 
     @model_validator(mode="after")
     def _one_form(self) -> TokenizeRequest:
@@ -268,3 +272,11 @@ class TokenizeResponse(OpenAIResponse):
 
 class DetokenizeResponse(OpenAIResponse):
     prompt: str
+
+
+class RenderResponse(OpenAIResponse):
+    """``POST /v1/chat/completions/render``: the rendered template and its token ids."""
+
+    prompt: str
+    prompt_token_ids: list[int]
+    count: int

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from radixserve.server.protocol_base import OpenAIRequest
 from radixserve.structured.params import StructuredOutputsParams
-
-
-class OpenAIRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # as protocol.OpenAIRequest (which imports us)
 
 
 class JsonSchemaFormat(OpenAIRequest):

@@ -44,6 +44,7 @@ class ServingContext:
     reasoning_parser: ReasoningParser | None = None
     grammar_validator: GrammarValidator = field(default_factory=GrammarValidator)
     structured_strict: bool = True  # what a JSON schema without "strict" gets
+    max_prompts_per_request: int = 128  # a /v1/completions prompt list's longest length
 
     @property
     def tokenizer(self):

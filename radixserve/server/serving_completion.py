@@ -40,6 +40,10 @@ async def _prompts(ctx: ServingContext,
         prompt = [prompt]
     elif prompt and isinstance(prompt[0], int):
         prompt = [prompt]
+    if len(prompt) > ctx.max_prompts_per_request:  # counted before any is tokenized
+        raise OpenAIError(f"prompt lists {len(prompt)} prompts; this server accepts at most "
+                          f"{ctx.max_prompts_per_request} per request "
+                          "(--max-prompts-per-request)", param="prompt")
     strings = [p for p in prompt if isinstance(p, str)]
     for text in strings:  # before any tokenizing: a prompt too long by its length alone
         ctx.prep.check_length(len(text), "prompt")
