@@ -169,19 +169,6 @@ def greedy(x: Tensor) -> Tensor:
     return best * chunk + blocks[rows, best].argmax(dim=-1)
 
 
-def target_probs(logits: Tensor, batch: SamplingBatch) -> Tensor:
-    """The distribution each row samples from, [B, V] float32: processed logits, temperature,
-    softmax, the truncation threshold, renormalised (what ``_sample`` draws from; greedy rows
-    get their softmax at temperature 1, unused). For speculative verification."""
-    x = _process_logits(logits, batch)
-    t = batch.temperature
-    probs = torch.softmax(x / torch.where(t > 0, t, 1.0).unsqueeze(1), dim=-1)
-    thr = _truncation_threshold(probs, _candidates(probs, batch.topk_width), batch)
-    if thr is not None:
-        probs = probs * (probs >= thr.unsqueeze(1))
-    return probs / probs.sum(dim=-1, keepdim=True)
-
-
 def _process_logits(logits: Tensor, batch: SamplingBatch) -> Tensor:
     """Bias, min_tokens ban, penalties and grammar mask on a float32 copy (the input itself
     if none apply).
