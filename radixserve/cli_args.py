@@ -53,6 +53,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-structured-fast-forward", action="store_true",
                    help="sample every token of a structured output, even those its grammar "
                         "forces (default: forced tokens are emitted without a forward each)")
+    g.add_argument("--speculative", default="off", choices=["off", "ngram", "suffix", "auto"],
+                   help="speculative decoding: draft tokens and verify them in the same batched "
+                        "forward. ngram: prompt lookup in the request's own prompt and output; "
+                        "suffix: suffix trees over the request's context and earlier outputs; "
+                        "auto: suffix. Greedy output is unchanged, sampling keeps its "
+                        "distribution; each draft's length adapts to its acceptance and the "
+                        "measured step cost (0 under load)")
+    g.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
+                   help="most tokens drafted per request and step (1..7)")
+    g.add_argument("--no-speculative-adaptive", action="store_true",
+                   help="always draft K tokens when the proposer has them (measurements)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -64,7 +75,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 kv_cache_dtype=args.kv_cache_dtype,
                 seed=args.seed, enable_prefix_caching=not args.no_prefix_cache,
                 scheduling_policy=args.scheduling_policy,
-                structured_fast_forward=not args.no_structured_fast_forward)
+                structured_fast_forward=not args.no_structured_fast_forward,
+                speculative=args.speculative,
+                num_speculative_tokens=args.num_speculative_tokens,
+                speculative_adaptive=not args.no_speculative_adaptive)
 
 
 def _positive_int(text: str) -> int:

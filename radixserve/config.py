@@ -171,6 +171,31 @@ class StructuredConfig:
             raise ValueError(f"compile_timeout_s must be > 0, got {self.compile_timeout_s}")
 
 
+MAX_SPECULATIVE_TOKENS = 7  # 1 + 7 fed tokens still run as decode rows (attention backends)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding: ``method`` (radixserve/spec/proposer.py: off, ngram, suffix,
+    auto) drafts up to ``num_speculative_tokens`` per request and step, verified in the same
+    forward; ``adaptive`` sizes each draft from the request's acceptance and the measured step
+    cost (spec/policy.py), else every draft is as long as the proposer allows."""
+
+    method: str = "off"
+    num_speculative_tokens: int = 4
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        from radixserve.spec.proposer import PROPOSERS
+
+        if self.method not in PROPOSERS:
+            raise ValueError(f"unknown speculative method {self.method!r}; supported: "
+                             f"{', '.join(PROPOSERS)}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, "
+                             f"got {self.num_speculative_tokens}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine core needs; ``model`` is None for the embedded default model."""
@@ -181,6 +206,7 @@ class EngineConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     structured: StructuredConfig = field(default_factory=StructuredConfig)
     seed: int = 0
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
 
 def engine_config(model: str | None = None, *, block_size: int = 16,
@@ -190,7 +216,9 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                   scheduling_policy: str = "fcfs", device: str = "cpu", dtype: str | None = None,
                   quantization: str = "auto", threads: int | None = None,
                   kv_cache_dtype: str = "auto", seed: int = 0,
-                  structured_fast_forward: bool = True) -> EngineConfig:
+                  structured_fast_forward: bool = True, speculative: str = "off",
+                  num_speculative_tokens: int = 4,
+                  speculative_adaptive: bool = True) -> EngineConfig:
     """The EngineConfig for the flat engine options the CLI and ``LLM(...)`` take."""
     return EngineConfig(
         model=model,
@@ -199,4 +227,5 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
         scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
                                   scheduling_policy),
         device=DeviceConfig(device, dtype, quantization, threads),
-        structured=StructuredConfig(fast_forward=structured_fast_forward), seed=seed)
+        structured=StructuredConfig(fast_forward=structured_fast_forward), seed=seed,
+        speculative=SpeculativeConfig(speculative, num_speculative_tokens, speculative_adaptive))

@@ -12,6 +12,8 @@ see `radixserve.bench.serve`) rescales the word counts when exactness matters.
 
 from __future__ import annotations
 
+import builtins
+import keyword
 import math
 import random
 from dataclasses import dataclass, field
@@ -124,6 +126,68 @@ def mixed_dataset(num_prompts: int, input_len: int, short: float = 0.3, normal: 
     return _indexed(convs)
 
 
+_OPS = ("+", "-", "*")
+_IDENTS = tuple(w for w in VOCAB if not keyword.iskeyword(w) and w not in dir(builtins))
+
+
+def _function(rng: random.Random, num_lines: int) -> tuple[str, str]:
+    """A small Python function of about ``num_lines`` statements, and its name."""
+    name = "_".join(rng.choices(_IDENTS, k=2))
+    args = rng.sample(_IDENTS, 3)
+    lines = [f"def {name}({', '.join(args)}):"]
+    names = list(args)
+    for _ in range(max(1, num_lines)):
+        target = rng.choice(_IDENTS) + "_value"
+        a, b = rng.choice(names), rng.choice(names)
+        if rng.random() < 0.3:
+            lines.append(f"    if {a} > {b}:")
+            lines.append(f"        {target} = {a} {rng.choice(_OPS)} {rng.randint(1, 9)}")
+            lines.append("    else:")
+            lines.append(f"        {target} = {b} {rng.choice(_OPS)} {a}")
+        else:
+            lines.append(f"    {target} = {a} {rng.choice(_OPS)} {b}")
+        names.append(target)
+    lines.append(f"    return {names[-1]}")
+    return "\n".join(lines), name
+
+
+def code_edit_dataset(num_prompts: int, input_len: int, output_len: int, seed: int = 0,
+                      words_per_token: float = 1.0) -> list[Conversation]:
+    """Edit a function: the prompt holds a Python function of about ``input_len`` tokens and
+    asks for it back with one small change (a rename), so most of the answer repeats the
+    prompt (the case for prompt-lookup drafts)."""
+    _positive(num_prompts=num_prompts, input_len=input_len, output_len=output_len)
+    rng = random.Random(seed)
+    convs = []
+    for _ in range(num_prompts):
+        code, name = _function(rng, max(1, round(input_len * words_per_token / 12)))
+        new_name = "_".join(rng.choices(_IDENTS, k=2))
+        text = (f"Rename the function {name} to {new_name} and return the whole function, "
+                f"otherwise unchanged.\n\n```python\n{code}\n```\n\nHere is the edited "
+                f"function:\n\n```python\ndef {new_name}(")
+        convs.append(Conversation([Turn(text, output_len)], "code-edit"))
+    return _indexed(convs)
+
+
+def summarise_dataset(num_prompts: int, input_len: int, output_len: int, seed: int = 0,
+                      words_per_token: float = 1.0) -> list[Conversation]:
+    """Summarise a document: the prompt holds a document of about ``input_len`` tokens (a few
+    repeated-topic sentences) and asks for a summary that quotes it."""
+    _positive(num_prompts=num_prompts, input_len=input_len, output_len=output_len)
+    rng = random.Random(seed)
+    convs = []
+    for _ in range(num_prompts):
+        sentences = []
+        while sum(len(x.split()) for x in sentences) < _n_words(input_len, words_per_token):
+            sentences.append(f"The {rng.choice(VOCAB)} of the {rng.choice(VOCAB)} is "
+                             f"{words(rng, rng.randint(4, 10))}.")
+        doc = " ".join(sentences)
+        text = (f"Document:\n{doc}\n\nSummarise the document above, quoting its key "
+                f"sentences word for word.\n\nSummary: \"{sentences[0].split()[0]}")
+        convs.append(Conversation([Turn(text, output_len)], "summarise"))
+    return _indexed(convs)
+
+
 def from_args(args, words_per_token: float = 1.0) -> list[Conversation]:
     """The conversations that ``bench serve``'s ``args`` ask for (ValueError on bad sizes)."""
     w, seed = words_per_token, args.seed
@@ -132,6 +196,10 @@ def from_args(args, words_per_token: float = 1.0) -> list[Conversation]:
     if args.dataset == "shared-prefix":
         return shared_prefix_dataset(args.num_groups, args.prompts_per_group, args.prefix_len,
                                      args.suffix_len, args.output_len, seed, w)
+    if args.dataset == "code-edit":
+        return code_edit_dataset(args.num_prompts, args.input_len, args.output_len, seed, w)
+    if args.dataset == "summarise":
+        return summarise_dataset(args.num_prompts, args.input_len, args.output_len, seed, w)
     if args.dataset == "multi-turn":
         return multi_turn_dataset(args.num_conversations, args.turns, args.input_len,
                                   args.output_len, seed, w)

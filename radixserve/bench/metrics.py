@@ -75,9 +75,12 @@ def stats_ms(values: list[float]) -> dict[str, float]:
 
 
 def summarize(records: list[RequestRecord], duration: float,
-              cache: tuple[float, float] | None = None) -> dict:
+              cache: tuple[float, float] | None = None,
+              spec: tuple[float, float, float] | None = None) -> dict:
     """The summary figures of a run that took ``duration`` seconds. ``cache``: the server's
-    prefix-cache (queries, hits) deltas over the run, when it exposes them."""
+    prefix-cache (queries, hits) deltas over the run, when it exposes them; ``spec``: its
+    speculative decoding (drafts, drafted tokens, accepted tokens) deltas. The mean accepted
+    length is the tokens a drafting step emits: 1 + accepted / drafts."""
     done = [r for r in records if r.ok]
     out_tokens = sum(r.output_tokens for r in done)
     in_tokens = sum(r.prompt_tokens for r in done)
@@ -104,6 +107,9 @@ def summarize(records: list[RequestRecord], duration: float,
     if cache is not None and cache[0] > 0:
         summary["cache_hit_rate_server"] = cache[1] / cache[0]
         summary["cache_queries_tokens"], summary["cache_hits_tokens"] = cache
+    if spec is not None and spec[0] > 0:
+        summary["spec_acceptance_rate"] = spec[2] / spec[1] if spec[1] else 0.0
+        summary["spec_mean_accepted_len"] = 1.0 + spec[2] / spec[0]
     if cached and cached_prompt > 0:
         summary["cache_hit_rate_usage"] = sum(r.cached_tokens for r in cached) / cached_prompt
     return summary
@@ -125,6 +131,9 @@ def format_table(summary: dict, title: str = "bench serve") -> str:
         rows.append(("Prefix cache hits (server)", hits))
     if summary.get("cache_hit_rate_usage") is not None:
         rows.append(("Cached prompt tokens (usage)", f"{summary['cache_hit_rate_usage']:.1%}"))
+    if summary.get("spec_mean_accepted_len") is not None:
+        rows.append(("Spec. acceptance rate", f"{summary['spec_acceptance_rate']:.1%}"))
+        rows.append(("Spec. mean accepted length", f"{summary['spec_mean_accepted_len']:.2f}"))
     width = 30
     lines = [f"{'=' * 18} {title} {'=' * max(3, 40 - len(title))}"]
     lines += [f"{name:<{width}}{value:>20}" for name, value in rows]
@@ -154,6 +163,17 @@ def parse_prometheus(text: str) -> dict[str, float]:
             except ValueError:
                 continue
     return out
+
+
+_SPEC_COUNTERS = tuple(f"radixserve:spec_decode_num_{n}_total"
+                       for n in ("drafts", "draft_tokens", "accepted_tokens"))
+
+
+def spec_counters(metrics: dict[str, float]) -> tuple[float, float, float] | None:
+    """(drafts, drafted tokens, accepted tokens) from parsed /metrics; None if not exposed."""
+    if all(name in metrics for name in _SPEC_COUNTERS):
+        return tuple(metrics[name] for name in _SPEC_COUNTERS)
+    return None
 
 
 def cache_counters(metrics: dict[str, float]) -> tuple[float, float] | None:

@@ -24,9 +24,10 @@ from dataclasses import asdict
 
 from radixserve.bench import datasets as ds
 from radixserve.bench.metrics import (
-    RequestRecord, cache_counters, format_table, json_safe, parse_prometheus, summarize)
+    RequestRecord, cache_counters, format_table, json_safe, parse_prometheus, spec_counters,
+    summarize)
 
-DATASETS = ("random", "shared-prefix", "multi-turn", "mixed")
+DATASETS = ("random", "shared-prefix", "multi-turn", "mixed", "code-edit", "summarise")
 MIXED_RATE, MIXED_BURSTINESS = 4.0, 0.5
 
 
@@ -36,7 +37,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--dataset", choices=DATASETS, default="random")
-    p.add_argument("--num-prompts", type=int, default=200, help="random and mixed")
+    p.add_argument("--num-prompts", type=int, default=200, help="random, mixed, code-edit, summarise")
     p.add_argument("--input-len", type=int, default=128, help="prompt (or user turn) tokens")
     p.add_argument("--output-len", type=int, default=128, help="max_tokens (not for mixed)")
     p.add_argument("--concurrency", type=int, default=None, help="most requests in flight")
@@ -123,14 +124,15 @@ async def _bench(args: argparse.Namespace) -> dict:
         duration = time.perf_counter() - t0
         bar.close()
         after = await _cache_counters(session, base)
-    cache = None
+    cache = spec = None
     if before is not None and after is not None:
-        cache = (after[0] - before[0], after[1] - before[1])
+        cache = _delta(cache_counters(before), cache_counters(after))
+        spec = _delta(spec_counters(before), spec_counters(after))
     records.sort(key=lambda r: (r.conversation, r.turn))
     config = {k: v for k, v in vars(args).items() if not callable(v)}
     config.update(model=model, words_per_token=words_per_token, num_requests=total)
     return {"label": args.label or args.base_url, "base_url": args.base_url, "config": config,
-            "summary": summarize(records, duration, cache),
+            "summary": summarize(records, duration, cache, spec),
             "records": [asdict(r) for r in records]}
 
 
@@ -308,12 +310,19 @@ async def _words_per_token(session, base: str, model: str | None) -> float:
         return 1.0
 
 
-async def _cache_counters(session, base: str) -> tuple[float, float] | None:
+def _delta(before: tuple | None, after: tuple | None) -> tuple | None:
+    if before is None or after is None:
+        return None
+    return tuple(a - b for a, b in zip(after, before))
+
+
+async def _cache_counters(session, base: str) -> dict[str, float] | None:
+    """The server's parsed /metrics (None when it has none)."""
     try:
         async with session.get(f"{base}/metrics", timeout=_short_timeout()) as resp:
             if resp.status != 200:
                 return None
-            return cache_counters(parse_prometheus(await resp.text()))
+            return parse_prometheus(await resp.text())
     except _probe_errors():
         return None
 

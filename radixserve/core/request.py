@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from radixserve.sampling_params import SamplingParams
+from radixserve.spec.policy import SpecState
 from radixserve.structured.request_grammar import NO_GRAMMAR, NoGrammar, RequestGrammar
 
 
@@ -44,6 +45,7 @@ class Request:
     num_preemptions: int = 0
     queue_time: float | None = None
     grammar: RequestGrammar | NoGrammar = NO_GRAMMAR
+    spec: SpecState = field(default_factory=SpecState)  # speculative decoding's estimate
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

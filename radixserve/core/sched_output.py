@@ -15,6 +15,9 @@ class ScheduledSeq:
     ``block_ids`` is the sequence's whole block table (read-only for the runner). When
     ``sample`` is set, the last fed position produces the next token; the sampling fields
     are then filled (references to the request's lists: the runner only reads them).
+    ``num_draft``: the last ``num_draft`` fed tokens are a speculative draft (not yet in the
+    request's tokens); the runner then produces a token at each of the last ``num_draft + 1``
+    positions and keeps the verified ones (runner/spec_verify.py).
     """
 
     request_id: str
@@ -27,6 +30,11 @@ class ScheduledSeq:
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None
     stop_token_ids: frozenset[int] = frozenset()
+    num_draft: int = 0
+
+    @property
+    def draft_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.token_ids) - self.num_draft:] if self.num_draft else []
 
     @property
     def num_tokens(self) -> int:
@@ -54,9 +62,25 @@ class ModelRunnerOutput:
 
     ``logprobs[i]`` is the sampled token's logprob and ``top_logprobs[i]`` a list of
     (token_id, logprob) pairs; both are None for rows that did not ask for logprobs.
+    ``drafts``: for the sequences that fed a draft, what verification kept after the first
+    token (``token_ids[i]``).
     """
 
     request_ids: list[str]
+    token_ids: list[int]
+    logprobs: list[float | None]
+    top_logprobs: list[list[tuple[int, float]] | None]
+    drafts: dict[str, DraftResult] | None = None
+
+
+@dataclass(slots=True)
+class DraftResult:
+    """A verified draft of ``num_drafted`` tokens: the accepted ones matched the target, and
+    the tokens emitted after the first are ``token_ids`` (all accepted drafts but the first,
+    then the correction or bonus token), with their logprobs as in ModelRunnerOutput."""
+
+    num_drafted: int
+    num_accepted: int
     token_ids: list[int]
     logprobs: list[float | None]
     top_logprobs: list[list[tuple[int, float]] | None]
@@ -66,7 +90,8 @@ class ModelRunnerOutput:
 class GrammarBitmask:
     """The allowed-token bitmask of the step's constrained rows: row i of ``bitmask`` (an int32
     tensor ``[len(request_ids), ceil(vocab / 32)]``, a Future while it is being filled) belongs
-    to ``request_ids[i]``; other sampling rows are unconstrained."""
+    to ``request_ids[i]``; other sampling rows are unconstrained. A request with a draft of k
+    tokens has k + 1 rows in a row, one per verified position (after 0..k draft tokens)."""
 
     request_ids: list[str]
     bitmask: Future

@@ -19,6 +19,7 @@ from radixserve.core.request import Request, RequestStatus
 from radixserve.core.sched_output import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from radixserve.core.stop import check_stop
 from radixserve.engine.messages import EngineCoreOutput, SchedulerStats
+from radixserve.spec.drafter import NO_SPEC, NoSpec, SpecDecoding
 
 
 def _next_page(request: Request, computed: int, page: int) -> tuple | None:
@@ -36,8 +37,11 @@ _LPM_MAX_WAITING = 256  # beyond this, matching every waiting request costs more
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int,
+                 spec: SpecDecoding | NoSpec = NO_SPEC) -> None:
+        """``spec``: speculative decoding (drafts added after each step's real work)."""
         self.config = config
+        self.spec = spec
         self.kv = kv
         self.max_model_len = max_model_len
         self.requests: dict[str, Request] = {}
@@ -154,6 +158,9 @@ class Scheduler:
             seqs.append(self._scheduled_seq(request, num_new))
             budget -= num_new
 
+        if not preempted:
+            budget -= self.spec.add_drafts(seqs, self.requests, budget, self.kv,
+                                           self.max_model_len)
         num_batched = self.config.max_num_batched_tokens - budget
         return SchedulerOutput(seqs, num_batched, preempted)
 
@@ -161,8 +168,13 @@ class Scheduler:
                            result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Advance computed tokens, append sampled tokens, finish stopped requests."""
         block_size = self.kv.block_size
+        drafts = result.drafts or {}
+        computed_before = {}
         for seq in sched.seqs:
             request = self.requests[seq.request_id]
+            if seq.num_draft:  # advanced by what verification kept, below
+                computed_before[seq.request_id] = request.num_computed_tokens
+                continue
             request.num_computed_tokens += seq.num_tokens
             if seq.num_tokens > 1 or request.num_computed_tokens % block_size == 0:
                 self.kv.cache_computed(request)  # a prefill chunk done or a block filled
@@ -170,12 +182,21 @@ class Scheduler:
         for i, rid in enumerate(result.request_ids):
             request = self.requests[rid]
             num_before = request.num_output_tokens
-            reason, error = self._advance(request, result.token_ids[i])
-            logprob = result.logprobs[i]
+            tokens, logprobs, tops = [result.token_ids[i]], [result.logprobs[i]], [
+                result.top_logprobs[i]]
+            draft = drafts.get(rid)
+            if draft is not None:
+                tokens += draft.token_ids
+                logprobs += draft.logprobs
+                tops += draft.top_logprobs
+            reason, error = self._advance(request, tokens)
+            if draft is not None:
+                self._apply_draft(request, computed_before[rid], draft)
+            n_new = request.num_output_tokens - num_before
+            lps = None if logprobs[0] is None else logprobs[:min(n_new, len(tokens))]
             out = EngineCoreOutput(
-                rid, request.output_token_ids[num_before:], reason,
-                None if logprob is None else [logprob],
-                None if logprob is None else [result.top_logprobs[i] or []],
+                rid, request.output_token_ids[num_before:], reason, lps,
+                None if lps is None else [t or [] for t in tops[:len(lps)]],
                 request.num_cached_tokens,
                 request.queue_time if num_before == 0 else None, error)
             outputs.append(out)
@@ -184,14 +205,28 @@ class Scheduler:
                 self._finish(request, reason)
         return outputs
 
-    def _advance(self, request: Request, token_id: int) -> tuple[str | None, str | None]:
-        """Append the sampled token and what the grammar forces after it; (finish reason,
-        error). NOTE: a grammar that raises fails its own request only (reason "error")."""
+    def _apply_draft(self, request: Request, computed: int, draft) -> None:
+        """After a verified draft: the fed last token and the accepted drafts are computed (at
+        most the request's tokens, if it stopped inside the draft); the rejected drafts' KV
+        is garbage that nothing indexes, and the blocks past the request's tokens go back."""
+        request.num_computed_tokens = min(computed + 1 + draft.num_accepted, request.num_tokens)
+        self.kv.trim(request)
+        if request.num_computed_tokens // self.kv.block_size > computed // self.kv.block_size:
+            self.kv.cache_computed(request)  # the draft filled a block
+        self.spec.record(request, draft)
+
+    def _advance(self, request: Request, token_ids: list[int]) -> tuple[str | None, str | None]:
+        """Append the sampled token(s) (a verified draft gives several) and what the grammar
+        forces after them; (finish reason, error). NOTE: a grammar that raises fails its own
+        request only (reason "error")."""
         try:
-            reason, error = self._append(request, token_id)
-            if reason is None and request.sampling_params.logprobs is None:
-                reason, error = self._fast_forward(request)
-            return reason, error
+            for token_id in token_ids:
+                reason, error = self._append(request, token_id)
+                if reason is not None:
+                    return reason, error
+            if request.sampling_params.logprobs is None:
+                return self._fast_forward(request)
+            return None, None
         except Exception as exc:  # noqa: BLE001 - one request's grammar, not the engine
             logger.error("request %s: its grammar failed", request.request_id, exc_info=exc)
             return "error", (f"the request's structured output grammar failed: "
@@ -222,9 +257,12 @@ class Scheduler:
         return None, None
 
     def stats(self) -> SchedulerStats:
+        spec = self.spec
         return SchedulerStats(len(self.running), len(self.waiting), self.kv.usage,
                               self.kv.block_pool.num_blocks, self.kv.num_query_tokens,
-                              self.kv.num_hit_tokens, self.num_preemptions)
+                              self.kv.num_hit_tokens, self.num_preemptions, spec.num_drafts,
+                              spec.num_draft_tokens, spec.num_accepted_tokens,
+                              list(spec.accepted_per_pos))
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
@@ -277,6 +315,7 @@ class Scheduler:
         bisect.insort(self.waiting, request, key=lambda r: key(r.request_id))
 
     def _finish(self, request: Request, reason: str) -> None:
+        self.spec.on_finished(request)
         if request.block_ids:
             self.kv.free(request)
         request.status = RequestStatus.FINISHED

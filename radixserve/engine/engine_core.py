@@ -34,6 +34,7 @@ from radixserve.runner.fault_injection import inject_faults_from_env
 from radixserve.runner.kv_cache import num_blocks_for_budget, resolve_kv_dtype
 from radixserve.runner.model_runner import ModelRunner
 from radixserve.sampling_params import SamplingParams
+from radixserve.spec.drafter import make_spec
 from radixserve.structured.llguidance_backend import LLGuidanceBackend
 from radixserve.structured.manager import StructuredOutputManager
 
@@ -87,7 +88,7 @@ class EngineCore:
         max_len = resolve_max_model_len(config.scheduler.max_model_len, model_config,
                                         num_blocks, block_size)
         model.rotary.set_context_len(max_len)  # the rope fixed for this context (rotary.py)
-        scheduler = Scheduler(config.scheduler, kv, max_len)
+        scheduler = Scheduler(config.scheduler, kv, max_len, make_spec(config.speculative))
         backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source)),
                                     model_config.vocab_size)
         structured = StructuredOutputManager(backend, config.structured.fast_forward,
@@ -162,7 +163,10 @@ class EngineCore:
         try:
             if self.structured is not None:
                 bitmask = self.structured.bitmask(sched, self.scheduler.requests)
+            start = time.perf_counter()
             result = self.runner.execute(sched, bitmask)
+            self.scheduler.spec.observe_step(sched.num_batched_tokens,
+                                             time.perf_counter() - start)
         except Exception as exc:  # noqa: BLE001 - the batch's fault, not the engine's
             if bitmask is not None:  # its matchers may still be read by the mask thread
                 futures.wait([bitmask.bitmask])

@@ -40,7 +40,8 @@ class LLM:
                  threads: int | None = None, kv_cache_dtype: str = "auto", seed: int = 0,
                  enable_prefix_caching: bool = True,
                  scheduling_policy: str = "fcfs", structured_fast_forward: bool = True,
-                 show_progress: bool = True) -> None:
+                 speculative: str = "off", num_speculative_tokens: int = 4,
+                 speculative_adaptive: bool = True, show_progress: bool = True) -> None:
         self.config = engine_config(
             model, block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
             num_kv_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
@@ -48,7 +49,9 @@ class LLM:
             max_model_len=max_model_len, scheduling_policy=scheduling_policy, device=device,
             dtype=dtype, quantization=quantization, threads=threads,
             kv_cache_dtype=kv_cache_dtype, seed=seed,
-            structured_fast_forward=structured_fast_forward)
+            structured_fast_forward=structured_fast_forward, speculative=speculative,
+            num_speculative_tokens=num_speculative_tokens,
+            speculative_adaptive=speculative_adaptive)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
         self.engine = EngineCore.from_config(self.config, self.source, show_progress, reader,

@@ -49,6 +49,10 @@ class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
     prefix_query_tokens: int = 0
     prefix_hit_tokens: int = 0
     num_preemptions: int = 0
+    spec_num_drafts: int = 0  # speculative decoding: verified drafts, their tokens, accepted
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = []  # drafts whose i-th token was accepted
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, gc=False):

@@ -24,6 +24,7 @@ from radixserve.layers.attn_backends import get_attn_backend, resolve_attn_backe
 from radixserve.runner.forward_context import ForwardContext, forward_context
 from radixserve.runner.kv_cache import allocate_kv_cache
 from radixserve.runner.sampler import Sampler, SamplingBatch
+from radixserve.runner.spec_verify import verify_drafts
 
 
 class ModelRunner:
@@ -60,6 +61,9 @@ class ModelRunner:
         if not sampling:
             return ModelRunnerOutput([], [], [], [])
         logits = self.model.compute_logits(hidden[sample_idx])
+        if any(s.num_draft for s in sampling):
+            return verify_drafts(self.sampler, sampling, logits,
+                                 self._grammar_rows(sampling, grammar), self.device)
         return self._sample(sampling, logits, grammar)
 
     @torch.inference_mode()
@@ -98,6 +102,10 @@ class ModelRunner:
         input_ids = np.fromiter(chain.from_iterable(s.token_ids for s in seqs), np.int64,
                                 int(cu[-1]))
         sample_idx = (cu - 1)[np.fromiter((s.sample for s in seqs), bool, n)]
+        if any(s.num_draft for s in seqs):  # every draft position yields logits too
+            ends = [int(c) for c, s in zip(cu, seqs) if s.sample]
+            drafts = [s.num_draft for s in seqs if s.sample]
+            sample_idx = np.concatenate([np.arange(e - 1 - k, e) for e, k in zip(ends, drafts)])
         input_ids, positions, slot_mapping, block_table, sample_idx = (
             torch.from_numpy(a).to(dev)
             for a in (input_ids, positions, slot_mapping, table, sample_idx))
@@ -107,13 +115,26 @@ class ModelRunner:
             start_pos=starts.tolist(), block_size=bs, dtype=self.kv_caches[0][0].dtype)
         return input_ids, positions, meta, sample_idx
 
+    def _grammar_rows(self, seqs: list[ScheduledSeq],
+                      grammar: GrammarBitmask | None) -> tuple | None:
+        """(logit rows, bitmask) of the constrained rows; a sequence's rows are its
+        ``num_draft + 1`` consecutive ones, in the order the bitmask lists them."""
+        if grammar is None:
+            return None
+        row_of, row = {}, 0
+        for s in seqs:
+            row_of[s.request_id] = row
+            row += s.num_draft + 1
+        seen: dict[str, int] = {}
+        rows = []
+        for rid in grammar.request_ids:
+            rows.append(row_of[rid] + seen.get(rid, 0))
+            seen[rid] = seen.get(rid, 0) + 1
+        return torch.tensor(rows, device=self.device), grammar.bitmask.result()
+
     def _sample(self, seqs: list[ScheduledSeq], logits: torch.Tensor,
                 grammar: GrammarBitmask | None) -> ModelRunnerOutput:
-        mask = None
-        if grammar is not None:
-            row_of = {s.request_id: i for i, s in enumerate(seqs)}
-            rows = torch.tensor([row_of[rid] for rid in grammar.request_ids], device=self.device)
-            mask = (rows, grammar.bitmask.result())
+        mask = self._grammar_rows(seqs, grammar)
         batch = SamplingBatch.build(
             params=[s.sampling_params for s in seqs], seeds=[s.seed for s in seqs],
             output_token_ids=[s.output_token_ids for s in seqs],

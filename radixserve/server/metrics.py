@@ -45,10 +45,32 @@ class _EngineCollector:
                 ("radixserve:prefix_cache_hits", "Prefix-cache hits, in tokens.",
                  s.prefix_hit_tokens),
                 ("radixserve:num_preemptions", "Requests preempted (recomputed).",
-                 s.num_preemptions)):
+                 s.num_preemptions),
+                ("radixserve:spec_decode_num_drafts", "Speculative drafts verified.",
+                 s.spec_num_drafts),
+                ("radixserve:spec_decode_num_draft_tokens", "Speculative tokens drafted.",
+                 s.spec_draft_tokens),
+                ("radixserve:spec_decode_num_accepted_tokens", "Speculative tokens accepted.",
+                 s.spec_accepted_tokens)):
             c = CounterMetricFamily(name, doc, labels=labels)
             c.add_metric([self.model], value)
             yield c
+        yield from self._spec_per_position(s)
+
+    def _spec_per_position(self, s):
+        """Accepted drafts and the acceptance rate at each draft position (0 = first)."""
+        labels = ["model_name", "position"]
+        c = CounterMetricFamily("radixserve:spec_decode_num_accepted_tokens_per_pos",
+                                "Drafts whose token at this position was accepted.",
+                                labels=labels)
+        g = GaugeMetricFamily("radixserve:spec_decode_acceptance_rate_per_pos",
+                              "Fraction of verified drafts accepted up to this position.",
+                              labels=labels)
+        for i, n in enumerate(s.spec_accepted_per_pos):
+            c.add_metric([self.model, str(i)], n)
+            g.add_metric([self.model, str(i)], n / s.spec_num_drafts if s.spec_num_drafts else 0.0)
+        yield c
+        yield g
 
 
 class ServerMetrics(MetricsSink):

@@ -35,6 +35,11 @@ class GrammarMatcher(Protocol):
         """Undo the last ``num_tokens`` accepted tokens."""
         ...
 
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        """How many of ``token_ids`` the grammar accepts in a row from here (a speculative
+        draft's check); does not advance the matcher."""
+        ...
+
     @property
     def error(self) -> str | None:
         """After a failed ``accept_token``: the limit the matcher hit (a grammar too complex

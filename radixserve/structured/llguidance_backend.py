@@ -40,6 +40,9 @@ class LLGuidanceMatcher:
             raise RuntimeError(f"grammar rollback of {num_tokens} tokens failed: "
                                f"{self._matcher.get_error()}")
 
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        return self._matcher.validate_tokens(token_ids) if token_ids else 0
+
     def forced_tokens(self) -> list[int]:
         return self._matcher.compute_ff_tokens()
 

@@ -64,17 +64,30 @@ class StructuredOutputManager:
                 requests: Mapping[str, Request]) -> GrammarBitmask | None:
         """Start filling the bitmask of the step's constrained sampling rows (None: no row is
         constrained). The matchers must not advance until the runner has taken the result."""
-        rows = [(seq.request_id, g) for seq in sched.seqs
+        rows = [(seq, g) for seq in sched.seqs
                 if seq.sample and (g := requests[seq.request_id].grammar).is_active]
         if not rows:
             return None
-        bitmask = self.backend.allocate_bitmask(len(rows))
-        matchers = [g.matcher for _, g in rows]
-        future = self._mask_pool.submit(self._fill, matchers, bitmask)
-        return GrammarBitmask([rid for rid, _ in rows], future)
+        plan = [(g.matcher, seq.draft_token_ids) for seq, g in rows]
+        bitmask = self.backend.allocate_bitmask(sum(len(d) + 1 for _, d in plan))
+        future = self._mask_pool.submit(self._fill, plan, bitmask)
+        return GrammarBitmask([seq.request_id for seq, _ in rows
+                               for _ in range(seq.num_draft + 1)], future)
 
-    def _fill(self, matchers, bitmask):
-        self.backend.fill_bitmask(matchers, bitmask)
+    def _fill(self, plan, bitmask):
+        """One row per matcher; a drafting request's rows follow its draft (the matcher
+        accepts each drafted token after its row, then rolls them all back)."""
+        if not any(draft for _, draft in plan):
+            self.backend.fill_bitmask([m for m, _ in plan], bitmask)
+            return bitmask
+        row = 0
+        for matcher, draft in plan:
+            for i in range(len(draft) + 1):
+                self.backend.fill_bitmask([matcher], bitmask[row:row + 1])
+                row += 1
+                if i < len(draft) and not matcher.accept_token(draft[i]):
+                    raise RuntimeError(f"a checked draft token {draft[i]} broke the grammar")
+            matcher.rollback(len(draft))
         return bitmask
 
     def shutdown(self) -> None:

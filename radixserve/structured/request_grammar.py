@@ -30,6 +30,11 @@ class NoGrammar:
     def forced_tokens(self) -> list[int]:
         return []
 
+    can_draft = True
+
+    def draftable(self, token_ids: list[int]) -> list[int]:
+        return token_ids
+
 
 NO_GRAMMAR = NoGrammar()
 
@@ -104,6 +109,27 @@ class RequestGrammar:
         if not self._fast_forward or not self.is_active:
             return []
         return self.matcher.forced_tokens()
+
+    @property
+    def can_draft(self) -> bool:
+        """Speculation may draft for it: constrained now (not in its reasoning part, where
+        the constraint may start inside a draft)."""
+        return self.is_active
+
+    def draftable(self, token_ids: list[int]) -> list[int]:
+        """The longest prefix of a draft the grammar accepts and that does not complete it
+        (the matcher is left as it was)."""
+        n = self.matcher.valid_prefix(token_ids)
+        kept = 0
+        for t in token_ids[:n]:
+            self.matcher.accept_token(t)
+            kept += 1
+            if self.matcher.is_terminated:
+                kept -= 1
+                self.matcher.rollback(1)
+                break
+        self.matcher.rollback(kept)
+        return token_ids[:kept]
 
     def rollback(self, num_tokens: int) -> None:
         """Undo accepted tokens (all within the constrained part of the output)."""

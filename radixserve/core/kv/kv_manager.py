@@ -71,6 +71,14 @@ class KVCacheManager:
         request.block_ids.extend(self.block_pool.allocate(need))
         return True
 
+    def trim(self, request: Request) -> None:
+        """Return the blocks past the request's tokens (a rejected draft's lookahead slots;
+        owned by the request alone: nothing indexes tokens that were never computed)."""
+        keep = self.num_blocks_for(request.num_tokens)
+        if len(request.block_ids) > keep:
+            self.block_pool.free(request.block_ids[keep:])
+            del request.block_ids[keep:]
+
     def cache_computed(self, request: Request) -> None:
         """Make the request's computed full pages findable by other requests now (after a
         prefill chunk, or when decoding fills a block), not only when it finishes."""

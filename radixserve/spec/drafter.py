@@ -1,0 +1,113 @@
+"""The scheduler's side of speculative decoding: drafts as lookahead tokens of a step, and
+the bookkeeping of what verification kept (plain Python, no torch).
+
+After a step's decodes, prefill chunks and admissions are scheduled, each decoding request
+may feed up to k drafted tokens after its last one, out of the budget left (drafts never
+displace real work, and a draft whose KV slots cannot be had without eviction of running work
+is dropped, never a cause of preemption). A constrained request drafts only the prefix its
+grammar accepts. The verified result is applied by the scheduler (core/scheduler.py):
+accepted tokens become computed, rejected ones never do, so the radix cache never indexes them,
+and the blocks past the request's tokens are returned.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from radixserve.core.sched_output import DraftResult, ScheduledSeq
+from radixserve.spec.policy import SpecPolicy
+from radixserve.spec.proposer import Proposer
+
+logger = logging.getLogger(__name__)
+
+
+class NoSpec:
+    """Null object: speculation off."""
+
+    enabled = False
+    num_drafts = num_draft_tokens = num_accepted_tokens = 0
+    accepted_per_pos: list[int] = []
+
+    def add_drafts(self, seqs, requests, budget, kv, max_model_len) -> int:
+        return 0
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        pass
+
+    def record(self, request, result: DraftResult) -> None:
+        pass
+
+    def on_finished(self, request) -> None:
+        pass
+
+
+NO_SPEC = NoSpec()
+
+
+class SpecDecoding:
+    enabled = True
+
+    def __init__(self, proposer: Proposer, policy: SpecPolicy) -> None:
+        self.proposer = proposer
+        self.policy = policy
+        self.num_drafts = 0  # verified drafts (steps of requests that drafted)
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_pos = [0] * policy.k_max  # drafts whose token i was accepted
+        logger.info("speculative decoding: %s proposer, up to %d tokens per step%s",
+                    proposer.name, policy.k_max, " (adaptive)" if policy.adaptive else "")
+
+    def add_drafts(self, seqs: list[ScheduledSeq], requests: dict, budget: int, kv,
+                   max_model_len: int) -> int:
+        """Extend the decoding ``seqs`` with drafts, within ``budget`` tokens; return how many
+        tokens were added."""
+        if budget <= 0:
+            return 0
+        decodes = [(s, requests[s.request_id]) for s in seqs if s.sample and s.num_tokens == 1]
+        if not decodes:
+            return 0
+        num_tokens = sum(s.num_tokens for s in seqs)
+        num_rows = sum(1 for s in seqs if s.sample)
+        lens = self.policy.draft_lens([r.spec for _, r in decodes], num_tokens, num_rows)
+        added = 0
+        for (seq, request), k in zip(decodes, lens):
+            room = min(request.max_tokens - request.num_output_tokens,
+                       max_model_len - request.num_tokens) - 1  # the bonus token needs room
+            k = min(k, room, budget - added)
+            if k <= 0 or not request.grammar.can_draft:
+                request.spec.idle()
+                continue
+            draft = self.proposer.propose(request.request_id, request.all_token_ids,
+                                          request.num_prompt_tokens, k)
+            draft = request.grammar.draftable(draft)
+            if not draft or not kv.allocate_slots(request, 1 + len(draft)):
+                continue
+            seq.token_ids.extend(draft)
+            seq.num_draft = len(draft)
+            added += len(draft)
+        return added
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        self.policy.cost.observe(num_tokens, seconds)
+
+    def record(self, request, result: DraftResult) -> None:
+        request.spec.record(result.num_drafted, result.num_accepted)
+        self.num_drafts += 1
+        self.num_draft_tokens += result.num_drafted
+        self.num_accepted_tokens += result.num_accepted
+        for i in range(result.num_accepted):
+            self.accepted_per_pos[i] += 1
+
+    def on_finished(self, request) -> None:
+        self.proposer.on_finished(request.request_id, request.all_token_ids,
+                                  request.num_prompt_tokens)
+
+
+def make_spec(config) -> SpecDecoding | NoSpec:
+    """From a SpeculativeConfig."""
+    from radixserve.spec.proposer import make_proposer
+
+    if config.method == "off":
+        return NO_SPEC
+    return SpecDecoding(make_proposer(config.method),
+                        SpecPolicy(config.num_speculative_tokens, config.adaptive))

@@ -1,0 +1,61 @@
+"""The proposer interface, its null object, and the factory that picks one by name.
+
+A proposer drafts the tokens a request will probably generate next, from plain token ids (no
+model, no torch). The scheduler asks it once per decode step for at most ``k`` tokens and
+tells it when a request finishes, so a proposer that learns from outputs can index them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+PROPOSERS = ("off", "ngram", "suffix", "auto")
+
+
+class Proposer(Protocol):
+    name: str
+    # Every drafted token is a point mass (q(d) = 1): the proposer is deterministic.
+
+    def propose(self, request_id: str, token_ids: list[int], num_prompt: int,
+                k: int) -> list[int]:
+        """Up to ``k`` tokens likely to follow ``token_ids`` (prompt + output so far, the
+        first ``num_prompt`` of them the prompt); [] when it has no guess."""
+        ...
+
+    def on_finished(self, request_id: str, token_ids: list[int], num_prompt: int) -> None:
+        """The request is done (or aborted); forget its state, learn from its output."""
+        ...
+
+
+class NoProposer:
+    """Null object: speculation off; never drafts."""
+
+    name = "off"
+    enabled = False
+
+    def propose(self, request_id: str, token_ids: list[int], num_prompt: int,
+                k: int) -> list[int]:
+        return []
+
+    def on_finished(self, request_id: str, token_ids: list[int], num_prompt: int) -> None:
+        pass
+
+
+NO_PROPOSER = NoProposer()
+
+
+def make_proposer(name: str, max_ngram: int = 4, min_ngram: int = 1,
+                  suffix_max_tokens: int = 1 << 20) -> Proposer | NoProposer:
+    """The proposer called ``name`` (one of PROPOSERS). ``auto`` is ``suffix``: it covers the
+    prompt lookup of ``ngram`` and adds what earlier requests generated."""
+    from radixserve.spec.ngram import NgramProposer
+    from radixserve.spec.suffix import SuffixProposer
+
+    if name == "off":
+        return NO_PROPOSER
+    if name == "ngram":
+        return NgramProposer(max_ngram, min_ngram)
+    if name in ("suffix", "auto"):
+        return SuffixProposer(max_tokens=suffix_max_tokens)
+    raise ValueError(f"unknown speculative method {name!r}; supported: {', '.join(PROPOSERS)}"
+                     " (the draft-model proposer is not implemented)")

@@ -1,0 +1,65 @@
+"""The ngram and suffix proposers on plain token lists; the suffix tree's memory bound; the
+adaptive policy's draft lengths."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixserve.spec.policy import SpecPolicy, SpecState
+from radixserve.spec.proposer import NO_PROPOSER, make_proposer
+from radixserve.spec.suffix import SuffixProposer, SuffixTree
+
+
+def test_ngram_latest_longest_match_and_incremental():
+    p = make_proposer("ngram")
+    ctx = [1, 2, 3, 9, 1, 2, 3, 4, 5, 7, 1, 2, 3]
+    assert p.propose("a", ctx, 5, 3) == [4, 5, 7]  # the latest occurrence of 1 2 3
+    ctx += [4]
+    assert p.propose("a", ctx, 5, 2) == [5, 7]
+    assert p.propose("c", [8, 8, 6, 8], 4, 2) == [6, 8]  # the latest 8 with a successor
+    assert p.propose("b", [5, 6, 7], 3, 4) == []
+    p.on_finished("a", ctx, 5)
+    assert "a" not in p._index
+
+
+def test_suffix_own_context_and_other_requests_outputs():
+    p = make_proposer("suffix")
+    assert p.propose("a", [1, 2, 3, 4, 1, 2], 6, 2) == [3, 4]
+    p.on_finished("a", [1, 2, 3, 4, 1, 2, 3, 4], 6)
+    p.on_finished("b", [9, 9, 50, 51, 52, 53, 54], 2)  # an output another request may repeat
+    assert p.propose("c", [7, 50, 51], 3, 3) == [52, 53, 54]
+    assert p.propose("c", [7, 50, 51, 52, 53, 54], 3, 3) == []  # nothing followed it
+
+
+def test_suffix_tree_is_bounded_and_remove_undoes_add():
+    t = SuffixTree(depth=6)
+    t.add([1, 2, 3, 4])
+    n = t.num_nodes
+    t.add([5, 6, 1, 2])
+    t.remove([5, 6, 1, 2])
+    assert t.num_nodes == n and set(t.root.children) == {1, 2, 3, 4}
+    p = SuffixProposer(depth=8, max_nodes=300)
+    for i in range(100):
+        p.on_finished(f"r{i}", [0] + list(range(i * 20, i * 20 + 20)), 1)
+    assert p.global_tree.num_nodes <= 300
+    assert p.propose("x", [99 * 20, 99 * 20 + 1], 2, 2) == [99 * 20 + 2, 99 * 20 + 3]
+    assert p.propose("y", [0, 1], 2, 2) == []  # the oldest outputs were forgotten
+
+
+def test_unknown_method_is_refused():
+    assert make_proposer("off") is NO_PROPOSER
+    with pytest.raises(ValueError, match="supported: off, ngram, suffix, auto"):
+        make_proposer("eagle")
+
+
+def test_policy_drafts_more_when_accepting_and_none_under_load():
+    policy = SpecPolicy(k_max=6)
+    good, bad = SpecState(alpha=0.9), SpecState(alpha=0.005)
+    for n in (1, 2, 4, 8):  # a CPU-like cost: 10 ms + 0.1 ms per token
+        policy.cost.observe(n, 0.010 + 0.0001 * n)
+    k_good, k_bad = policy.draft_lens([good, bad], num_tokens=1, num_rows=1)
+    assert k_good == 6 and k_bad == 0
+    assert policy.draft_lens([SpecState()] * 64, 512, 512) == [0] * 64  # b·R/T = 0.84
+    for _ in range(40):
+        good.record(4, 0)  # every draft rejected at once
+    assert policy.draft_lens([good], 1, 1) == [0]
