@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from radixserve.pooling_params import PoolingParams
 from radixserve.sampling_params import SamplingParams
 
 
@@ -15,6 +16,9 @@ class ScheduledSeq:
     ``block_ids`` is the sequence's whole block table (read-only for the runner). When
     ``sample`` is set, the last fed position produces the next token; the sampling fields
     are then filled (references to the request's lists: the runner only reads them).
+    ``pooling`` is set on every chunk of an embedding request (which never samples): mean
+    pooling returns each chunk's sum of hidden states, last pooling the last prompt token's
+    hidden state on the chunk that ends the prompt (``is_last_chunk``).
     """
 
     request_id: str
@@ -27,6 +31,8 @@ class ScheduledSeq:
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None
     stop_token_ids: frozenset[int] = frozenset()
+    pooling: PoolingParams | None = None
+    is_last_chunk: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -54,12 +60,16 @@ class ModelRunnerOutput:
 
     ``logprobs[i]`` is the sampled token's logprob and ``top_logprobs[i]`` a list of
     (token_id, logprob) pairs; both are None for rows that did not ask for logprobs.
+    ``pooled`` maps each embedding request of the step that pooled something to its vector
+    (float32 values: a chunk's hidden-state sum for mean pooling, the last hidden state for
+    last pooling; see `ScheduledSeq`).
     """
 
     request_ids: list[str]
     token_ids: list[int]
     logprobs: list[float | None]
     top_logprobs: list[list[tuple[int, float]] | None]
+    pooled: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

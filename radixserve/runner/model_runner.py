@@ -23,6 +23,7 @@ from radixserve.core.sched_output import (
 from radixserve.layers.attn_backends import get_attn_backend, resolve_attn_backend
 from radixserve.runner.forward_context import ForwardContext, forward_context
 from radixserve.runner.kv_cache import allocate_kv_cache
+from radixserve.runner.pooler import pool_hidden
 from radixserve.runner.sampler import Sampler, SamplingBatch
 
 
@@ -56,11 +57,14 @@ class ModelRunner:
         ctx = ForwardContext(meta, self.kv_caches, self.backend)
         with forward_context(ctx):
             hidden = self.model(input_ids, positions)
+        pooled = pool_hidden(seqs, hidden)
         sampling = [s for s in seqs if s.sample]
         if not sampling:
-            return ModelRunnerOutput([], [], [], [])
+            return ModelRunnerOutput([], [], [], [], pooled)
         logits = self.model.compute_logits(hidden[sample_idx])
-        return self._sample(sampling, logits, grammar)
+        out = self._sample(sampling, logits, grammar)
+        out.pooled = pooled
+        return out
 
     @torch.inference_mode()
     def all_logits(self, seqs: list[ScheduledSeq]) -> list[torch.Tensor]:
