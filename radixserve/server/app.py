@@ -17,6 +17,7 @@ from radixserve.server.admission import AdmissionGate
 from radixserve.server.errors import error_headers, error_response, send_error
 from radixserve.server.generation_routes import GenerationRoutes
 from radixserve.server.limits import ServeLimits
+from radixserve.server.ollama_routes import OllamaRoutes
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.protocol import ModelCard, ModelList, error_body
 from radixserve.server.protocol_chat import (
@@ -74,8 +75,8 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
         return await ctx.prep.run(_detokenize, ctx, body)
 
     gate = AdmissionGate(limits.admission, metrics.admission)
-    return _Guard(GenerationRoutes(app, ctx, gate), api_key, limits.max_request_bytes,
-                  limits.body_read_timeout, metrics)
+    routes = OllamaRoutes(GenerationRoutes(app, ctx, gate))
+    return _Guard(routes, api_key, limits.max_request_bytes, limits.body_read_timeout, metrics)
 
 
 def _tokenize(ctx: ServingContext, body: TokenizeRequest) -> Response:
