@@ -164,7 +164,10 @@ class OllamaRoutes:
     async def _through(self, handler, openai: bytes, shape: Shape, receive, admitted):
         """Run the OpenAI ``handler`` on the translated request; its answer in Ollama's
         shape."""
-        answer, chunks = await handler(openai, receive, admitted)
+        try:
+            answer, chunks = await handler(openai, receive, admitted)
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the Ollama field
+            raise _ollama_named(exc) from exc
         if chunks is None:
             return whole(shape, answer), None
         return None, stream(shape, chunks)
@@ -198,6 +201,28 @@ class OllamaRoutes:
     async def _embeddings(self, raw, receive, admitted):
         body, vectors, _, _ = await self._embed_vectors(raw, receive, admitted)
         return _ENCODE({"embedding": vectors[0].tolist()}), None
+
+
+# the OpenAI request fields an error may name -> the Ollama fields they came from
+_OLLAMA_FIELD = {"response_format": "format", "max_tokens": "options.num_predict",
+                 "repetition_penalty": "options.repeat_penalty", "stop": "options.stop",
+                 "chat_template_kwargs": "think"}
+
+
+def _ollama_named(exc: Exception) -> Exception:
+    """An error from the OpenAI handler, its message prefixed with the Ollama field it is
+    about (``format: ...``, ``options.temperature: ...``)."""
+    status, body = error_response(exc)
+    if body is None:
+        return exc
+    param = body["error"].get("param")
+    if not param:
+        return exc
+    field = _OLLAMA_FIELD.get(param.split(".")[0])
+    if field is None:
+        head = param.split(".")[0]
+        field = param if head in ("messages", "tools", "prompt") else f"options.{param}"
+    return OpenAIError(f"{field}: {body['error']['message']}", status)
 
 
 def _parse(model: type[BaseModel], raw: bytes):

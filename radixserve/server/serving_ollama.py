@@ -92,7 +92,7 @@ def whole(shape: Shape, answer: bytes) -> bytes:
     """A whole OpenAI chat or completion answer in Ollama's shape."""
     data = json.loads(answer)
     choice = data["choices"][0]
-    if shape.is_chat:
+    if "message" in choice:  # a chat answer (for /api/chat, or /api/generate's prompt)
         msg = choice["message"]
         calls = [{"function": {"name": c["function"]["name"],
                                "arguments": _arguments(c["function"]["arguments"])}}
@@ -125,8 +125,8 @@ async def stream(shape: Shape, chunks: AsyncIterator[str]) -> AsyncIterator[byte
                 usage = data["usage"]
             for choice in data.get("choices") or ():
                 reason = choice.get("finish_reason") or reason
-                if shape.is_chat:
-                    delta = choice.get("delta") or {}
+                if "delta" in choice:  # a chat stream
+                    delta = choice["delta"]
                     text, thinking = delta.get("content") or "", delta.get("reasoning_content")
                     for tc in delta.get("tool_calls") or ():
                         call = calls.setdefault(tc["index"], {"name": "", "arguments": ""})
@@ -138,6 +138,8 @@ async def stream(shape: Shape, chunks: AsyncIterator[str]) -> AsyncIterator[byte
                 if text or thinking:
                     first = first or time.time()
                     lines.append(shape.part(text, thinking))
+                if calls and not shape.is_chat:
+                    raise OllamaStreamError("tool calls need /api/chat")
         if lines:
             yield b"".join(msgspec.json.encode(line) + b"\n" for line in lines)
     if calls:
