@@ -4,7 +4,7 @@ tokenizer, parsers, structured output and engine).
 
 ``options`` map to sampling parameters: temperature, top_p, top_k, min_p, seed, stop,
 num_predict (max tokens; -1 or -2: until the context is full), repeat_penalty,
-presence_penalty, frequency_penalty. Options that choose how a model is loaded or run (num_ctx,
+presence_penalty, frequency_penalty (and ``ignore_eos``, this server's extension). Options that choose how a model is loaded or run (num_ctx,
 num_batch, num_gpu, num_thread, use_mmap, ...) do not change what is generated and are
 accepted and ignored, as is ``keep_alive`` (the model stays loaded while the server runs).
 Options that would change the output in a way this engine does not implement (mirostat,
@@ -24,7 +24,8 @@ from radixserve.server.protocol import ParamError
 
 _MAPPED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
            "seed": "seed", "stop": "stop", "repeat_penalty": "repetition_penalty",
-           "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+           "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+           "ignore_eos": "ignore_eos"}  # ignore_eos: our extension, as on the OpenAI routes
 _NO_EFFECT = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv",
               "logits_all", "vocab_only", "use_mmap", "use_mlock", "embedding_only",
               "num_thread", "num_keep", "numa", "penalize_newline"}
