@@ -52,6 +52,8 @@ class MockEngine:
         self._steps = 0
 
     def add_request(self, req: EngineCoreRequest) -> None:
+        if req.pooling_params is not None:
+            raise ValueError("the mock engine computes no embeddings (it has no model)")
         room = self.max_model_len - len(req.prompt_token_ids)
         if room < 1:
             raise ValueError("the prompt is longer than the context window")

@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import asdict
 
+from radixserve.bench import api_ollama
 from radixserve.bench import datasets as ds
 from radixserve.bench.metrics import (
     RequestRecord, cache_counters, format_table, json_safe, parse_prometheus, spec_counters,
@@ -35,6 +36,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="default: the first of GET /v1/models")
     p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    p.add_argument("--api", choices=sorted(_APIS), default="openai",
+                   help="the route family the workload goes through (ollama: /api/chat, "
+                        "or /api/generate raw for --endpoint completions)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--dataset", choices=DATASETS, default="random")
     p.add_argument("--num-prompts", type=int, default=200, help="random, mixed, code-edit, summarise")
@@ -142,7 +146,8 @@ class _Client:
     def __init__(self, session, base: str, args: argparse.Namespace, model: str | None) -> None:
         self.session, self.args, self.model = session, args, model
         self.chat = args.endpoint == "chat"
-        self.url = f"{base}/v1/chat/completions" if self.chat else f"{base}/v1/completions"
+        self.api = _APIS[getattr(args, "api", "openai")]
+        self.url = base + self.api.path(self.chat)
 
     async def conversation(self, conv: ds.Conversation, t0: float, at: float, sem,
                            records: list[RequestRecord], bar) -> None:
@@ -188,12 +193,12 @@ class _Client:
         server or network failures: they end up in ``record.error``."""
         import aiohttp
 
-        stream = _Stream(self.chat)
+        stream = _Stream(self.chat, self.api.event)
         rec = stream.record
         start = time.perf_counter()
         rec.start = start - t0
         try:
-            async with self.session.post(self.url, json=body) as resp:
+            async with self.session.post(self.url, json=self.api.payload(body)) as resp:
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}: {_short(await resp.text())}"
                     rec.e2e = time.perf_counter() - start
@@ -215,8 +220,9 @@ class _Client:
 class _Stream:
     """Parse state of one SSE response."""
 
-    def __init__(self, chat: bool) -> None:
+    def __init__(self, chat: bool, parse=None) -> None:
         self.chat = chat
+        self.parse = parse or _sse_event  # a response line -> its OpenAI event (or None)
         self.record = RequestRecord()
         self.parts: list[str] = []
         self.chunks = 0
@@ -225,14 +231,12 @@ class _Stream:
         self.finished = False  # a finish_reason seen
 
     def line(self, raw: bytes, start: float, now: float) -> None:
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            return  # blank separators, comments, event: lines
-        data = line[5:].strip()
-        if data == b"[DONE]":
+        event = self.parse(raw)
+        if event is None:
+            return
+        if event == "[DONE]":
             self.done = True
             return
-        event = json.loads(data)
         if event.get("error"):
             err = event["error"]
             self.record.error = str(err.get("message", err) if isinstance(err, dict) else err)
@@ -247,7 +251,7 @@ class _Stream:
         for choice in event.get("choices") or ():
             if choice.get("finish_reason"):
                 self.finished = True
-            if self.chat:
+            if "delta" in choice:
                 delta = choice.get("delta") or {}
                 text = delta.get("content") or ""
                 other = delta.get("reasoning_content") or delta.get("reasoning") or ""
@@ -271,6 +275,28 @@ class _Stream:
         r.ok = not r.error
         if not r.usage:
             r.output_tokens = self.chunks
+
+
+def _sse_event(raw: bytes) -> dict | str | None:
+    """An OpenAI SSE line: its event, "[DONE]", or None (separators, comments)."""
+    line = raw.strip()
+    if not line.startswith(b"data:"):
+        return None
+    data = line[5:].strip()
+    return "[DONE]" if data == b"[DONE]" else json.loads(data)
+
+
+class _OpenAIRoutes:
+    @staticmethod
+    def path(chat: bool) -> str:
+        return "/v1/chat/completions" if chat else "/v1/completions"
+
+    payload = staticmethod(lambda body: body)
+    event = staticmethod(_sse_event)
+
+
+# --api: the route family -> (path(chat), payload(OpenAI body), event(line)); one entry each
+_APIS = {"openai": _OpenAIRoutes, "ollama": api_ollama}
 
 
 def _probe_errors() -> tuple:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from radixserve.pooling_params import PoolingParams
 from radixserve.sampling_params import SamplingParams
 from radixserve.spec.policy import SpecState
 from radixserve.structured.request_grammar import NO_GRAMMAR, NoGrammar, RequestGrammar
@@ -46,6 +47,10 @@ class Request:
     queue_time: float | None = None
     grammar: RequestGrammar | NoGrammar = NO_GRAMMAR
     spec: SpecState = field(default_factory=SpecState)  # speculative decoding's estimate
+    # an embedding request: prefill-only, pooled instead of sampled (``max_tokens`` 0);
+    # ``pooled_sum`` adds up its chunks' hidden-state sums (mean pooling)
+    pooling: PoolingParams | None = None
+    pooled_sum: list[float] | None = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

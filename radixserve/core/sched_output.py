@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from radixserve.pooling_params import PoolingParams
 from radixserve.sampling_params import SamplingParams
 
 
@@ -18,6 +19,9 @@ class ScheduledSeq:
     ``num_draft``: the last ``num_draft`` fed tokens are a speculative draft (not yet in the
     request's tokens); the runner then produces a token at each of the last ``num_draft + 1``
     positions and keeps the verified ones (runner/spec_verify.py).
+    ``pooling`` is set on every chunk of an embedding request (which never samples): mean
+    pooling returns each chunk's sum of hidden states, last pooling the last prompt token's
+    hidden state on the chunk that ends the prompt (``is_last_chunk``).
     """
 
     request_id: str
@@ -35,6 +39,8 @@ class ScheduledSeq:
     @property
     def draft_token_ids(self) -> list[int]:
         return self.token_ids[len(self.token_ids) - self.num_draft:] if self.num_draft else []
+    pooling: PoolingParams | None = None
+    is_last_chunk: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -64,6 +70,9 @@ class ModelRunnerOutput:
     (token_id, logprob) pairs; both are None for rows that did not ask for logprobs.
     ``drafts``: for the sequences that fed a draft, what verification kept after the first
     token (``token_ids[i]``).
+    ``pooled`` maps each embedding request of the step that pooled something to its vector
+    (float32 values: a chunk's hidden-state sum for mean pooling, the last hidden state for
+    last pooling; see `ScheduledSeq`).
     """
 
     request_ids: list[str]
@@ -71,6 +80,7 @@ class ModelRunnerOutput:
     logprobs: list[float | None]
     top_logprobs: list[list[tuple[int, float]] | None]
     drafts: dict[str, DraftResult] | None = None
+    pooled: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ import logging
 import time
 
 from radixserve.config import SchedulerConfig
+from radixserve.core import pooled
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.request import Request, RequestStatus
 from radixserve.core.sched_output import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
@@ -132,13 +133,14 @@ class Scheduler:
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[i]
             key = None
-            if share and not request.block_ids:
+            reads_cache = not (request.pooling and request.pooling.needs_every_token)
+            if share and not request.block_ids and reads_cache:
                 cached = self.kv.prefix_cache.cached_len(request.all_token_ids)
                 key = _next_page(request, cached, page)
             if (key is not None and key in prefilling) or not request.grammar.is_ready:
                 i += 1  # (a constrained request waits for its grammar's compile)
                 continue
-            if not request.block_ids:
+            if not request.block_ids and reads_cache:
                 cached = self.kv.match_and_lock(request)
                 request.num_computed_tokens = cached
                 if request.num_preemptions == 0:
@@ -178,7 +180,7 @@ class Scheduler:
             request.num_computed_tokens += seq.num_tokens
             if seq.num_tokens > 1 or request.num_computed_tokens % block_size == 0:
                 self.kv.cache_computed(request)  # a prefill chunk done or a block filled
-        outputs = []
+        outputs = self._pooled_outputs(result.pooled)
         for i, rid in enumerate(result.request_ids):
             request = self.requests[rid]
             num_before = request.num_output_tokens
@@ -214,6 +216,22 @@ class Scheduler:
         if request.num_computed_tokens // self.kv.block_size > computed // self.kv.block_size:
             self.kv.cache_computed(request)  # the draft filled a block
         self.spec.record(request, draft)
+
+    def _pooled_outputs(self, vectors: dict[str, list[float]]) -> list[EngineCoreOutput]:
+        """Finish the embedding requests whose prompt this step completed, each with its
+        pooled vector (finish reason "stop", no tokens); their KV goes to the prefix cache."""
+        outputs = []
+        for rid, vector in vectors.items():
+            request = self.requests[rid]
+            final = pooled.add_chunk(request, vector)
+            if final is None:
+                continue
+            outputs.append(EngineCoreOutput(rid, [], "stop", None, None,
+                                            request.num_cached_tokens, request.queue_time,
+                                            None, final))
+            self.running.remove(request)
+            self._finish(request, "stop")
+        return outputs
 
     def _advance(self, request: Request, token_ids: list[int]) -> tuple[str | None, str | None]:
         """Append the sampled token(s) (a verified draft gives several) and what the grammar
@@ -275,9 +293,11 @@ class Scheduler:
 
     def _scheduled_seq(self, request: Request, num_new: int) -> ScheduledSeq:
         start = request.num_computed_tokens
-        sample = start + num_new == request.num_tokens
+        is_last = start + num_new == request.num_tokens
+        sample = is_last and request.pooling is None
         seq = ScheduledSeq(request.request_id, request.all_token_ids[start:start + num_new],
-                           start, request.block_ids, sample)
+                           start, request.block_ids, sample, pooling=request.pooling,
+                           is_last_chunk=is_last)
         if sample:
             seq.sampling_params = request.sampling_params
             seq.seed = request.seed
@@ -296,6 +316,7 @@ class Scheduler:
         self.running.remove(request)
         self.kv.free(request)
         request.num_computed_tokens = 0
+        pooled.restart(request)
         request.num_preemptions += 1
         self.num_preemptions += 1
         request.status = RequestStatus.WAITING

@@ -19,9 +19,12 @@ from radixserve.engine.messages import EngineCoreOutput, EngineCoreRequest
 from radixserve.engine.output_buffer import OutputBuffer
 from radixserve.engine.output_processor import RequestState
 from radixserve.engine.tokenizer import Tokenizer
+from radixserve.pooling_params import PoolingParams
 from radixserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+_NO_SAMPLING = SamplingParams(max_tokens=1)  # what an embedding request carries (never read)
 
 
 class EngineRequestError(ValueError):
@@ -156,6 +159,33 @@ class AsyncLLM:
             if unfinished:
                 self.metrics.on_abort(len(unfinished))
                 await self.client.abort(list(unfinished))
+
+
+    async def embed(self, prompt_token_ids: list[int], pooling: PoolingParams,
+                    request_id: str, priority: int = 0, arrival_time: float | None = None,
+                    ticket: QueueTicket = NO_TICKET) -> EngineCoreOutput:
+        """Prefill ``prompt_token_ids`` as an embedding request; its one output, whose
+        ``pooled`` holds the raw pooled vector. Raises as `generate` does; a consumer that is
+        cancelled meanwhile aborts the request."""
+        arrival = arrival_time or time.time()
+        buffer = OutputBuffer()
+        req = EngineCoreRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
+                                sampling_params=_NO_SAMPLING, arrival_time=arrival,
+                                priority=priority, pooling_params=pooling)
+        await self.client.add_request(req, buffer)
+        finished = False
+        try:
+            while True:
+                pending = (await _take_before(buffer, ticket, arrival)
+                           if ticket.deadline is not None else await buffer.take())
+                for out in _by_request(pending).get(request_id, ()):
+                    if out.finish_reason is not None:
+                        finished = True
+                        ticket.started(len(prompt_token_ids))
+                        return out
+        finally:
+            if not finished:
+                await self.client.abort([request_id])
 
 
 async def _take_before(buffer: OutputBuffer, ticket: QueueTicket, arrival: float) -> list:

@@ -118,6 +118,8 @@ class EngineCore:
 
     def add_request(self, req: EngineCoreRequest) -> None:
         """Queue a request. ValueError (nothing queued) on a prompt the engine cannot take."""
+        if req.pooling_params is not None:
+            return self._add_pooling_request(req)
         params = req.sampling_params
         self.check_request(req.prompt_token_ids, params)
         num_prompt = len(req.prompt_token_ids)
@@ -132,6 +134,22 @@ class EngineCore:
                           req.priority, max_tokens)
         if params.structured_outputs is not None:
             request.grammar = self.structured.grammar_for(params.structured_outputs)
+        self.scheduler.add_request(request)
+
+    def _add_pooling_request(self, req: EngineCoreRequest) -> None:
+        """An embedding request: prefill-only (no token is generated, so the prompt may fill
+        the whole context window), pooled instead of sampled."""
+        ids = req.prompt_token_ids
+        if not ids:
+            raise ValueError("the input is empty")
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"the input has {len(ids)} tokens; the context window is "
+                             f"{self.max_model_len}")
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            raise ValueError(f"input token ids must be in [0, {self.vocab_size})")
+        request = Request(req.request_id, list(ids), req.sampling_params, frozenset(), 0,
+                          req.arrival_time or time.time(), req.priority, 0,
+                          pooling=req.pooling_params)
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
+from radixserve.pooling_params import PoolingParams
 from radixserve.sampling_params import SamplingParams
 
 
@@ -21,6 +22,7 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
     eos_token_ids: list[int] = []
     arrival_time: float = 0.0
     priority: int = 0
+    pooling_params: PoolingParams | None = None  # set: an embedding (prefill-only) request
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -29,6 +31,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     ``queue_time`` (seconds from arrival to first scheduling) rides on the first output only.
     ``error`` is set, with finish_reason "abort", when the engine refused the request, and
     with finish_reason "error" when a fault while running it ended it (a server error).
+    ``pooled`` is an embedding request's pooled hidden state (its one, finishing output).
     """
 
     request_id: str
@@ -39,6 +42,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     num_cached_tokens: int = 0
     queue_time: float | None = None
     error: str | None = None
+    pooled: list[float] | None = None
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, gc=False):

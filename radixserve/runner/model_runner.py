@@ -23,6 +23,7 @@ from radixserve.core.sched_output import (
 from radixserve.layers.attn_backends import get_attn_backend, resolve_attn_backend
 from radixserve.runner.forward_context import ForwardContext, forward_context
 from radixserve.runner.kv_cache import allocate_kv_cache
+from radixserve.runner.pooler import pool_hidden
 from radixserve.runner.sampler import Sampler, SamplingBatch
 from radixserve.runner.spec_verify import verify_drafts
 
@@ -57,14 +58,18 @@ class ModelRunner:
         ctx = ForwardContext(meta, self.kv_caches, self.backend)
         with forward_context(ctx):
             hidden = self.model(input_ids, positions)
+        pooled = pool_hidden(seqs, hidden)
         sampling = [s for s in seqs if s.sample]
         if not sampling:
-            return ModelRunnerOutput([], [], [], [])
+            return ModelRunnerOutput([], [], [], [], pooled=pooled)
         logits = self.model.compute_logits(hidden[sample_idx])
         if any(s.num_draft for s in sampling):
-            return verify_drafts(self.sampler, sampling, logits,
-                                 self._grammar_rows(sampling, grammar), self.device)
-        return self._sample(sampling, logits, grammar)
+            out = verify_drafts(self.sampler, sampling, logits,
+                                self._grammar_rows(sampling, grammar), self.device)
+        else:
+            out = self._sample(sampling, logits, grammar)
+        out.pooled = pooled
+        return out
 
     @torch.inference_mode()
     def all_logits(self, seqs: list[ScheduledSeq]) -> list[torch.Tensor]:

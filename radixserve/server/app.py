@@ -19,6 +19,7 @@ from radixserve.server.content_type import unsupported_media_type
 from radixserve.server.errors import error_headers, error_response, send_error
 from radixserve.server.generation_routes import GenerationRoutes
 from radixserve.server.limits import ServeLimits
+from radixserve.server.ollama_routes import OllamaRoutes
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.openapi_routes import describe_generation_routes
 from radixserve.server.protocol import ModelCard, ModelList, error_body
@@ -78,8 +79,8 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
 
     describe_generation_routes(app)
     gate = AdmissionGate(limits.admission, metrics.admission)
-    return _Guard(GenerationRoutes(app, ctx, gate), api_key, limits.max_request_bytes,
-                  limits.body_read_timeout, metrics)
+    routes = OllamaRoutes(GenerationRoutes(app, ctx, gate))
+    return _Guard(routes, api_key, limits.max_request_bytes, limits.body_read_timeout, metrics)
 
 
 def _tokenize(ctx: ServingContext, body: TokenizeRequest) -> Response:

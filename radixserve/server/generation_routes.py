@@ -29,9 +29,11 @@ from radixserve.server.admission_metrics import NoAdmissionMetrics
 from radixserve.server.errors import error_response, send_error, send_json
 from radixserve.server.protocol import CompletionRequest, error_body
 from radixserve.server.protocol_chat import ChatCompletionRequest
+from radixserve.server.protocol_embedding import EmbeddingRequest
 from radixserve.server.serving import SSE_DONE, ClientDisconnected, OpenAIError, ServingContext
 from radixserve.server.serving_chat import ChatServer, render_messages
 from radixserve.server.serving_completion import CompletionServer, request_size
+from radixserve.server.serving_embedding import EmbeddingServer
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache")]
@@ -46,9 +48,11 @@ class GenerationRoutes:
         self.gate = gate or AdmissionGate(AdmissionLimits(None, None, None),
                                           NoAdmissionMetrics())
         self.completions, self.chat = CompletionServer(ctx), ChatServer(ctx)
+        self.embeddings = EmbeddingServer(ctx)
         self.routes = {"/v1/completions": self._completion,
                        "/v1/chat/completions": self._chat_completion,
-                       "/v1/chat/completions/render": self._render}
+                       "/v1/chat/completions/render": self._render,
+                       "/v1/embeddings": self._embeddings}
 
     async def __call__(self, scope, receive, send) -> None:
         handler = self.routes.get(scope["path"]) if scope["type"] == "http" else None
@@ -104,6 +108,21 @@ class GenerationRoutes:
             return None, self.chat.stream(body, ids, params, tool_parser, arrival, ticket)
         work = self.chat.full(body, ids, params, tool_parser, arrival, ticket)
         return (await _until_disconnect(receive, work)).model_dump_json().encode(), None
+
+    async def _embeddings(self, raw: bytes, receive, admitted: list):
+        body = _parse(EmbeddingRequest, raw)
+        work = self.embeddings.openai(body, self.admitter(admitted))
+        return (await _until_disconnect(receive, work)).model_dump_json().encode(), None
+
+    def admitter(self, admitted: list):
+        """``admit(num_seqs, num_tokens, timeout)`` through the gate, the ticket kept in
+        ``admitted`` (released when the response ends)."""
+        def admit(num_seqs: int, num_tokens: int, timeout: float | None):
+            ticket = self.gate.admit(num_seqs, num_tokens, timeout)
+            admitted.append(ticket)
+            return ticket
+
+        return admit
 
     async def _render(self, raw: bytes, receive, admitted: list):
         """The chat template and tokenization alone (no engine)."""

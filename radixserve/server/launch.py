@@ -48,6 +48,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="split <think> reasoning into reasoning_content "
                              "(think, qwen3, deepseek_r1)")
     parser.add_argument("--max-n", type=int, default=16, help="largest accepted n")
+    parser.add_argument("--task", default="auto", choices=["auto", "embed"],
+                        help="embed: serve /v1/embeddings (pooled final hidden states) even "
+                             "for a model whose files name no pooling (auto: embedding "
+                             "models only)")
+    parser.add_argument("--pooling", default=None, choices=["last", "mean"],
+                        help="how embeddings pool the tokens' hidden states (default: the "
+                             "model's pooling_type, else last)")
     parser.add_argument("--structured-strict", default="true", choices=["true", "false"],
                         help="what a JSON schema without 'strict' gets: true closes its objects "
                              "(additionalProperties false where unspecified) and fixes its "
@@ -128,6 +135,7 @@ def serve(args: argparse.Namespace) -> int:
     reasoning = get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None
     tokenizer = load_tokenizer(source)
     tokenizer.detokenizer([])  # builds the token → bytes table now, not on the first request
+    embedding = _embedding_setup(source, args)
     kwargs = engine_kwargs(args)
     if args.mock_engine:
         build = functools.partial(_build_mock_engine, tokenizer.vocab_size,
@@ -138,10 +146,25 @@ def serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or source.name
     import uvloop
 
-    return uvloop.run(_serve(args, build, tokenizer, name, tool_parser, reasoning))
+    return uvloop.run(_serve(args, build, tokenizer, name, tool_parser, reasoning, embedding))
 
 
-async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
+def _model_path(args) -> str | None:
+    from radixserve.models.source import ModelSource
+
+    return ModelSource.resolve(args.model).path
+
+
+def _embedding_setup(source, args):
+    from radixserve.engine.pooling import resolve_embedding
+
+    try:
+        return resolve_embedding(source, args.pooling, args.task)
+    except ValueError as exc:
+        raise SystemExit(f"radixserve: error: {exc}") from None
+
+
+async def _serve(args, build, tokenizer, name, tool_parser, reasoning, embedding) -> int:
     import uvicorn
 
     _Server = _server_class()
@@ -166,7 +189,8 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
                              grammar_validator=grammar_validator(tokenizer),
                              structured_strict=args.structured_strict == "true",
-                             max_prompts_per_request=args.max_prompts_per_request)
+                             max_prompts_per_request=args.max_prompts_per_request,
+                             embedding=embedding, model_path=_model_path(args))
         app = build_app(ctx, metrics, args.api_key, serve_limits(args))
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 loop="none", http="httptools",
@@ -180,7 +204,8 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
         supervisor.watch(on_fatal, metrics.engine_restarts.inc)
         _settle_gc()
         print(f"radixserve: serving {name} on http://{args.host}:{args.port} "
-              f"(context {ready.max_model_len}, {ready.num_kv_blocks} KV blocks)",
+              f"(context {ready.max_model_len}, {ready.num_kv_blocks} KV blocks; embeddings: "
+              f"{embedding.pooling + ' pooling' if embedding.pooling else 'off'})",
               file=sys.stderr, flush=True)
         await server.serve()
     except RuntimeError as exc:

@@ -15,6 +15,7 @@ from radixserve.engine.async_engine import AsyncLLM
 from radixserve.engine.batch_encoder import BatchEncoder
 from radixserve.engine.core_client import EngineDeadError
 from radixserve.engine.parsers import ReasoningParser, ToolCallParser
+from radixserve.engine.pooling import EmbeddingSetup
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.protocol import ParamError, SamplingRequest
 from radixserve.structured.backend import GrammarError
@@ -45,6 +46,8 @@ class ServingContext:
     grammar_validator: GrammarValidator = field(default_factory=GrammarValidator)
     structured_strict: bool = True  # what a JSON schema without "strict" gets
     max_prompts_per_request: int = 128  # a /v1/completions prompt list's longest length
+    embedding: EmbeddingSetup = EmbeddingSetup(None, "this server does not serve embeddings")
+    model_path: str | None = None  # the GGUF file or model folder (Ollama's model routes)
 
     @property
     def tokenizer(self):

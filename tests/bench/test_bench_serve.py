@@ -203,3 +203,17 @@ def test_bench_render(mock_server, tmp_path, capsys):
     tokens = {r["shape"]: r["tokens"] for r in rows}
     assert tokens["long"] > 2000 > tokens["short"]
     assert "short" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_bench_serve_through_ollama_routes(mock_server, tmp_path, endpoint):
+    """--api ollama: the same workload through /api/chat (or raw /api/generate), its NDJSON
+    lines counted like SSE chunks, its final line's counts as usage."""
+    out = tmp_path / f"ollama-{endpoint}.json"
+    assert _bench(mock_server, "--api", "ollama", "--endpoint", endpoint, "--num-prompts", "6",
+                  "--concurrency", "3", "--input-len", "32", "--output-len", "8",
+                  "--result-json", str(out)) == 0
+    result = json.loads(out.read_text())
+    s = result["summary"]
+    assert (s["completed"], s["failed"]) == (6, 0) and s["output_tokens"] == 6 * 8
+    assert all(r["usage"] and r["ttft"] > 0 for r in result["records"])

@@ -1,0 +1,130 @@
+"""The official ollama client against a real ``radixserve serve`` on the embedded model:
+chat and generate (whole and streamed agree), options, format, list/show/ps/version, greedy
+/api/chat = /v1/chat/completions, bad input answered as {"error": ...} with a 4xx."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import ollama
+import openai
+import pytest
+from server_proc import ServerProc
+
+GREEDY = {"temperature": 0, "num_predict": 16}
+MESSAGES = [{"role": "user", "content": "Name three primary colors."}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = ServerProc()
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def oc(server):
+    return ollama.Client(host=server.url)
+
+
+@pytest.fixture(scope="module")
+def model(oc):
+    return oc.list().models[0].model
+
+
+def test_list_show_ps_version(oc, model, server):
+    listed = oc.list().models[0]
+    assert model.endswith(":latest") and listed.details.format == "gguf"
+    assert listed.details.family == "llama" and listed.size > 1_000_000
+    shown = oc.show(model)
+    assert "completion" in shown.capabilities and "embedding" not in shown.capabilities
+    assert "im_start" in shown.template
+    assert shown.modelinfo["general.architecture"] == "llama"
+    assert oc.ps().models[0].model == model
+    assert httpx.get(f"{server.url}/api/version").json()["version"]
+    assert httpx.get(f"{server.url}/").text == "Ollama is running"
+
+
+def test_chat_whole_and_streamed_agree(oc, model):
+    full = oc.chat(model=model, messages=MESSAGES, options=GREEDY)
+    assert full.done and full.done_reason == "length" and full.eval_count == 16
+    assert full.message.role == "assistant" and "Red" in full.message.content
+    parts = list(oc.chat(model=model, messages=MESSAGES, options=GREEDY, stream=True))
+    assert all(not p.done for p in parts[:-1]) and parts[-1].done
+    assert "".join(p.message.content for p in parts) == full.message.content
+    assert parts[-1].eval_count == 16 and parts[-1].prompt_eval_count == full.prompt_eval_count
+
+
+def test_generate_whole_streamed_and_raw(oc, model):
+    full = oc.generate(model=model, prompt="Name three primary colors.", options=GREEDY)
+    parts = list(oc.generate(model=model, prompt="Name three primary colors.",
+                             options=GREEDY, stream=True))
+    assert "".join(p.response for p in parts) == full.response and parts[-1].done
+    chat = oc.chat(model=model, messages=MESSAGES, options=GREEDY)
+    assert full.response == chat.message.content  # the prompt as a user message
+    raw = oc.generate(model=model, prompt="The capital of France is", raw=True,
+                      options={"temperature": 0, "num_predict": 8})
+    assert "Paris" in raw.response and raw.eval_count == 8
+    loaded = oc.generate(model=model, prompt="")
+    assert loaded.done and loaded.done_reason == "load"
+
+
+def test_greedy_api_chat_equals_chat_completions(oc, model, server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    msgs = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "What is 2 + 2?"}]
+    ref = client.chat.completions.create(model=client.models.list().data[0].id, messages=msgs,
+                                         temperature=0, max_tokens=24)
+    got = oc.chat(model=model, messages=msgs, options={"temperature": 0, "num_predict": 24})
+    assert got.message.content == ref.choices[0].message.content
+    assert got.eval_count == ref.usage.completion_tokens
+    assert got.prompt_eval_count == ref.usage.prompt_tokens
+
+
+def test_options_and_format(oc, model):
+    stopped = oc.chat(model=model, messages=MESSAGES,
+                      options={"temperature": 0, "num_predict": 40, "stop": ["Blue", "blue"]})
+    assert "lue" not in stopped.message.content and stopped.done_reason == "stop"
+    seeded = [oc.generate(model=model, prompt="Tell me a story.", options={
+        "temperature": 1.0, "top_k": 20, "top_p": 0.9, "seed": 7, "num_predict": 12,
+        "repeat_penalty": 1.1, "num_ctx": 2048}).response for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    schema = {"type": "object", "properties": {"color": {"type": "string"}},
+              "required": ["color"]}
+    shaped = oc.chat(model=model, messages=[{"role": "user", "content": "A color as JSON."}],
+                     format=schema, options={"temperature": 0, "num_predict": 40})
+    assert isinstance(json.loads(shaped.message.content)["color"], str)
+    as_json = oc.generate(model=model, prompt="A color as JSON.", format="json",
+                          options={"temperature": 0, "num_predict": 40}, keep_alive="5m")
+    assert as_json.response.startswith("{")  # constrained from the first token
+    if as_json.done_reason == "stop":  # not cut by num_predict: a whole object
+        assert isinstance(json.loads(as_json.response), dict)
+
+
+@pytest.mark.parametrize("path, body, status, words", [
+    ("/api/chat", {"model": "nope", "messages": MESSAGES}, 404, "not found"),
+    ("/api/chat", {"model": "M", "messages": MESSAGES, "options": {"mirostat": 2}}, 400,
+     "mirostat"),
+    ("/api/chat", {"model": "M", "messages": MESSAGES, "options": {"bogus": 1}}, 400,
+     "supported:"),
+    ("/api/chat", {"model": "M", "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
+    ("/api/generate", {"model": "M", "prompt": "x", "context": [1, 2]}, 400, "/api/chat"),
+    ("/api/generate", {"model": "M", "prompt": "x", "options": {"num_predict": 0}}, 400,
+     "num_predict"),
+    ("/api/chat", {"model": "M", "messages": MESSAGES, "format": {"type": "nonsense"}}, 400,
+     "format"),
+    ("/api/embed", {"model": "M", "input": "x"}, 400, "--task embed"),
+    ("/api/show", {"model": "nope"}, 404, "not found"),
+    ("/api/pull", {"model": "M"}, 404, "not supported"),
+])
+def test_bad_input_answers_in_ollama_shape(server, model, path, body, status, words):
+    body = {k: (model if v == "M" else v) for k, v in body.items()}
+    if path in ("/api/chat", "/api/generate"):
+        body["stream"] = False
+    r = httpx.post(f"{server.url}{path}", json=body)
+    assert r.status_code == status, r.text
+    assert list(r.json()) == ["error"] and words in r.json()["error"], r.text
+    ok = httpx.post(f"{server.url}/api/generate", json={
+        "model": model, "prompt": "Hi", "stream": False, "options": {"num_predict": 2}})
+    assert ok.status_code == 200 and ok.json()["done"]
