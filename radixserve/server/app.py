@@ -19,6 +19,7 @@ from radixserve.server.generation_routes import GenerationRoutes
 from radixserve.server.limits import ServeLimits
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.protocol import ModelCard, ModelList, error_body
+from radixserve.server.responses_routes import add_response_routes
 from radixserve.server.protocol_chat import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -73,6 +74,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
         ctx.check_model(body.model)
         return await ctx.prep.run(_detokenize, ctx, body)
 
+    add_response_routes(app, ctx)
     gate = AdmissionGate(limits.admission, metrics.admission)
     return _Guard(GenerationRoutes(app, ctx, gate), api_key, limits.max_request_bytes,
                   limits.body_read_timeout, metrics)

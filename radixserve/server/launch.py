@@ -52,6 +52,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="what a JSON schema without 'strict' gets: true closes its objects "
                              "(additionalProperties false where unspecified) and fixes its "
                              "whitespace; false takes it as written. 'strict' in a request wins")
+    parser.add_argument("--response-store", default=None, metavar="PATH",
+                        help="SQLite file keeping /v1/responses responses across restarts "
+                             "(default: in memory)")
+    parser.add_argument("--response-store-max", type=_positive_int, default=10_000,
+                        metavar="N", help="responses kept; the oldest are evicted first")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to finish in-flight requests on shutdown")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
@@ -148,9 +153,15 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
     from radixserve.server.engine_supervisor import EngineSupervisor
     from radixserve.server.metrics import ServerMetrics
     from radixserve.server.limits import serve_limits
+    from radixserve.server.response_store import ResponseStore
     from radixserve.server.serving import ServingContext
     from radixserve.structured.validator import grammar_validator
 
+    try:
+        store = ResponseStore(args.response_store, args.response_store_max)
+    except ValueError as exc:
+        print(f"radixserve: error: {exc}", file=sys.stderr)
+        return 1
     tmp = tempfile.mkdtemp(prefix="radixserve-")
     client = EngineCoreClient(f"ipc://{tmp}/in", f"ipc://{tmp}/out")
     supervisor = EngineSupervisor(client, build, tmp, args.startup_timeout,
@@ -162,7 +173,8 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
                              grammar_validator=grammar_validator(tokenizer),
-                             structured_strict=args.structured_strict == "true")
+                             structured_strict=args.structured_strict == "true",
+                             response_store=store)
         app = build_app(ctx, metrics, args.api_key, serve_limits(args))
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 loop="none", http="httptools",
@@ -184,6 +196,7 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
         return 1
     finally:
         await supervisor.close(timeout=10)
+        store.close()
         shutil.rmtree(tmp, ignore_errors=True)
     if fatal:
         print(f"radixserve: error: {fatal[0]}", file=sys.stderr)

@@ -17,6 +17,7 @@ from radixserve.engine.core_client import EngineDeadError
 from radixserve.engine.parsers import ReasoningParser, ToolCallParser
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.protocol import ParamError, SamplingRequest
+from radixserve.server.response_store import ResponseStore
 from radixserve.structured.backend import GrammarError
 from radixserve.structured.validator import GrammarValidator
 
@@ -44,6 +45,7 @@ class ServingContext:
     reasoning_parser: ReasoningParser | None = None
     grammar_validator: GrammarValidator = field(default_factory=GrammarValidator)
     structured_strict: bool = True  # what a JSON schema without "strict" gets
+    response_store: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses
 
     @property
     def tokenizer(self):
