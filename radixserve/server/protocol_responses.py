@@ -87,17 +87,23 @@ class ReasoningItem(OpenAIRequest):
     status: str | None = None
 
 
+_ITEM_TAGS = {"message": "MessageItem", "function_call": "FunctionCallItem",
+              "function_call_output": "FunctionCallOutputItem", "reasoning": "ReasoningItem"}
+
+
 def _item_kind(value) -> str | None:
-    if isinstance(value, dict):
-        return value.get("type", "message")  # an easy message ({"role", "content"})
-    return getattr(value, "type", None)
+    """The item's model: by ``type``; an easy message ({"role", "content"}) has none. Tags are
+    class names, which error locations leave out (``input.0.content``, not ``...message...``)."""
+    kind = value.get("type", "message") if isinstance(value, dict) else getattr(
+        value, "type", None)
+    return _ITEM_TAGS.get(kind)
 
 
 InputItem = Annotated[
-    Annotated[MessageItem, Tag("message")]
-    | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
-    | Annotated[ReasoningItem, Tag("reasoning")],
+    Annotated[MessageItem, Tag("MessageItem")]
+    | Annotated[FunctionCallItem, Tag("FunctionCallItem")]
+    | Annotated[FunctionCallOutputItem, Tag("FunctionCallOutputItem")]
+    | Annotated[ReasoningItem, Tag("ReasoningItem")],
     Discriminator(_item_kind, custom_error_type="invalid_item",
                   custom_error_message="an input item's type is one of message, function_call, "
                                        "function_call_output, reasoning"),
@@ -150,7 +156,8 @@ class ResponsesRequest(OpenAIRequest):
     ``ignore_eos`` and ``priority`` are vLLM-style extensions."""
 
     model: str | None = None
-    input: str | list[InputItem]
+    input: Annotated[Annotated[str, Tag("str")] | Annotated[list[InputItem], Tag("list")],
+                     Discriminator(lambda v: "str" if isinstance(v, str) else "list")]
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
@@ -253,7 +260,8 @@ def chat_messages(instructions: str | None, items: list[dict]) -> list[dict]:
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                # "" not None: templates without tool support index message.content
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item["call_id"],
                              "content": _text(item["output"])})
