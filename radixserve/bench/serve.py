@@ -23,17 +23,23 @@ import time
 from dataclasses import asdict
 
 from radixserve.bench import datasets as ds
+from radixserve.bench.apis import OpenAIApi, ResponsesApi
 from radixserve.bench.metrics import (
     RequestRecord, cache_counters, format_table, json_safe, parse_prometheus, summarize)
 
 DATASETS = ("random", "shared-prefix", "multi-turn", "mixed")
+APIS = {"openai": OpenAIApi, "responses": ResponsesApi}
+"""--api name -> the request and stream format (`radixserve.bench.apis`)."""
 MIXED_RATE, MIXED_BURSTINESS = 4.0, 0.5
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="default: the first of GET /v1/models")
-    p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    p.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
+                   help="with --api openai: which OpenAI endpoint")
+    p.add_argument("--api", choices=sorted(APIS), default="openai",
+                   help="the API the requests speak (the same workload through each route)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--dataset", choices=DATASETS, default="random")
     p.add_argument("--num-prompts", type=int, default=200, help="random and mixed")
@@ -139,8 +145,8 @@ class _Client:
 
     def __init__(self, session, base: str, args: argparse.Namespace, model: str | None) -> None:
         self.session, self.args, self.model = session, args, model
-        self.chat = args.endpoint == "chat"
-        self.url = f"{base}/v1/chat/completions" if self.chat else f"{base}/v1/completions"
+        self.api = APIS[args.api](args)
+        self.url = base + self.api.path
 
     async def conversation(self, conv: ds.Conversation, t0: float, at: float, sem,
                            records: list[RequestRecord], bar) -> None:
@@ -164,15 +170,7 @@ class _Client:
             bar.update(1)
 
     def payload(self, history: list[dict], max_tokens: int) -> dict:
-        body: dict = {"max_tokens": max_tokens, "stream": True,
-                      "stream_options": {"include_usage": True}}
-        if self.chat:
-            body["messages"] = list(history)
-        elif len(history) == 1:
-            body["prompt"] = history[0]["content"]
-        else:
-            body["prompt"] = "".join(f"{m['role'].capitalize()}: {m['content']}\n"
-                                     for m in history) + "Assistant:"
+        body = self.api.payload(history, max_tokens)
         if self.model:
             body["model"] = self.model
         if self.args.ignore_eos:
@@ -186,7 +184,7 @@ class _Client:
         server or network failures: they end up in ``record.error``."""
         import aiohttp
 
-        stream = _Stream(self.chat)
+        stream = _Stream(self.api)
         rec = stream.record
         start = time.perf_counter()
         rec.start = start - t0
@@ -211,16 +209,16 @@ class _Client:
 
 
 class _Stream:
-    """Parse state of one SSE response."""
+    """Parse state of one SSE response; ``api.read`` interprets each event."""
 
-    def __init__(self, chat: bool) -> None:
-        self.chat = chat
+    def __init__(self, api) -> None:
+        self.api = api
         self.record = RequestRecord()
         self.parts: list[str] = []
         self.chunks = 0
         self.last: float | None = None
         self.done = False  # [DONE] seen
-        self.finished = False  # a finish_reason seen
+        self.finished = False  # the end of the answer seen (a finish_reason, ...)
 
     def line(self, raw: bytes, start: float, now: float) -> None:
         line = raw.strip()
@@ -230,36 +228,28 @@ class _Stream:
         if data == b"[DONE]":
             self.done = True
             return
-        event = json.loads(data)
-        if event.get("error"):
-            err = event["error"]
-            self.record.error = str(err.get("message", err) if isinstance(err, dict) else err)
+        self.api.read(json.loads(data), self, start, now)
+
+    def error(self, err) -> None:
+        self.record.error = str(err.get("message", err) if isinstance(err, dict) else err)
+
+    def usage(self, prompt: int, output: int, cached: int | None) -> None:
+        self.record.usage = True
+        self.record.prompt_tokens, self.record.output_tokens = prompt, output
+        if cached is not None:
+            self.record.cached_tokens = cached
+
+    def text(self, text: str, other: str, start: float, now: float) -> None:
+        """A chunk of the answer (``other``: reasoning, not kept in the history)."""
+        if not (text or other):
             return
-        if usage := event.get("usage"):
-            self.record.usage = True
-            self.record.output_tokens = usage.get("completion_tokens") or 0
-            self.record.prompt_tokens = usage.get("prompt_tokens") or 0
-            details = usage.get("prompt_tokens_details") or {}
-            if details.get("cached_tokens") is not None:
-                self.record.cached_tokens = details["cached_tokens"]
-        for choice in event.get("choices") or ():
-            if choice.get("finish_reason"):
-                self.finished = True
-            if self.chat:
-                delta = choice.get("delta") or {}
-                text = delta.get("content") or ""
-                other = delta.get("reasoning_content") or delta.get("reasoning") or ""
-            else:
-                text, other = choice.get("text") or "", ""
-            if not (text or other):
-                continue
-            if self.last is None:
-                self.record.ttft = now - start
-            else:
-                self.record.itl.append(now - self.last)  # several tokens in one chunk: one gap
-            self.last = now
-            self.chunks += 1
-            self.parts.append(text)
+        if self.last is None:
+            self.record.ttft = now - start
+        else:
+            self.record.itl.append(now - self.last)  # several tokens in one chunk: one gap
+        self.last = now
+        self.chunks += 1
+        self.parts.append(text)
 
     def finish(self, start: float) -> None:
         r = self.record
