@@ -22,23 +22,25 @@ import sys
 import time
 from dataclasses import asdict
 
-from radixserve.bench import api_ollama
 from radixserve.bench import datasets as ds
+from radixserve.bench.apis import OllamaApi, OpenAIApi, ResponsesApi
 from radixserve.bench.metrics import (
     RequestRecord, cache_counters, format_table, json_safe, parse_prometheus, spec_counters,
     summarize)
 
 DATASETS = ("random", "shared-prefix", "multi-turn", "mixed", "code-edit", "summarise")
+APIS = {"openai": OpenAIApi, "responses": ResponsesApi, "ollama": OllamaApi}
+"""--api name -> the request and stream format (`radixserve.bench.apis`)."""
 MIXED_RATE, MIXED_BURSTINESS = 4.0, 0.5
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="default: the first of GET /v1/models")
-    p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
-    p.add_argument("--api", choices=sorted(_APIS), default="openai",
-                   help="the route family the workload goes through (ollama: /api/chat, "
-                        "or /api/generate raw for --endpoint completions)")
+    p.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
+                   help="with --api openai: which OpenAI endpoint; with ollama, /api/chat or raw /api/generate")
+    p.add_argument("--api", choices=sorted(APIS), default="openai",
+                   help="the API the requests speak (the same workload through each route)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--dataset", choices=DATASETS, default="random")
     p.add_argument("--num-prompts", type=int, default=200, help="random, mixed, code-edit, summarise")
@@ -145,9 +147,8 @@ class _Client:
 
     def __init__(self, session, base: str, args: argparse.Namespace, model: str | None) -> None:
         self.session, self.args, self.model = session, args, model
-        self.chat = args.endpoint == "chat"
-        self.api = _APIS[getattr(args, "api", "openai")]
-        self.url = base + self.api.path(self.chat)
+        self.api = APIS[args.api](args)
+        self.url = base + self.api.path
 
     async def conversation(self, conv: ds.Conversation, t0: float, at: float, sem,
                            records: list[RequestRecord], bar) -> None:
@@ -171,15 +172,7 @@ class _Client:
             bar.update(1)
 
     def payload(self, history: list[dict], max_tokens: int) -> dict:
-        body: dict = {"max_tokens": max_tokens, "stream": True,
-                      "stream_options": {"include_usage": True}}
-        if self.chat:
-            body["messages"] = list(history)
-        elif len(history) == 1:
-            body["prompt"] = history[0]["content"]
-        else:
-            body["prompt"] = "".join(f"{m['role'].capitalize()}: {m['content']}\n"
-                                     for m in history) + "Assistant:"
+        body = self.api.payload(history, max_tokens)
         if self.model:
             body["model"] = self.model
         if self.args.ignore_eos:
@@ -193,12 +186,12 @@ class _Client:
         server or network failures: they end up in ``record.error``."""
         import aiohttp
 
-        stream = _Stream(self.chat, self.api.event)
+        stream = _Stream(self.api)
         rec = stream.record
         start = time.perf_counter()
         rec.start = start - t0
         try:
-            async with self.session.post(self.url, json=self.api.payload(body)) as resp:
+            async with self.session.post(self.url, json=self.api.finalize(body)) as resp:
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}: {_short(await resp.text())}"
                     rec.e2e = time.perf_counter() - start
@@ -218,54 +211,46 @@ class _Client:
 
 
 class _Stream:
-    """Parse state of one SSE response."""
+    """Parse state of one SSE response; ``api.read`` interprets each event."""
 
-    def __init__(self, chat: bool, parse=None) -> None:
-        self.chat = chat
-        self.parse = parse or _sse_event  # a response line -> its OpenAI event (or None)
+    def __init__(self, api) -> None:
+        self.api = api
         self.record = RequestRecord()
         self.parts: list[str] = []
         self.chunks = 0
         self.last: float | None = None
         self.done = False  # [DONE] seen
-        self.finished = False  # a finish_reason seen
+        self.finished = False  # the end of the answer seen (a finish_reason, ...)
 
     def line(self, raw: bytes, start: float, now: float) -> None:
-        event = self.parse(raw)
+        event = self.api.parse(raw)
         if event is None:
             return
         if event == "[DONE]":
             self.done = True
             return
-        if event.get("error"):
-            err = event["error"]
-            self.record.error = str(err.get("message", err) if isinstance(err, dict) else err)
+        self.api.read(event, self, start, now)
+
+    def error(self, err) -> None:
+        self.record.error = str(err.get("message", err) if isinstance(err, dict) else err)
+
+    def usage(self, prompt: int, output: int, cached: int | None) -> None:
+        self.record.usage = True
+        self.record.prompt_tokens, self.record.output_tokens = prompt, output
+        if cached is not None:
+            self.record.cached_tokens = cached
+
+    def text(self, text: str, other: str, start: float, now: float) -> None:
+        """A chunk of the answer (``other``: reasoning, not kept in the history)."""
+        if not (text or other):
             return
-        if usage := event.get("usage"):
-            self.record.usage = True
-            self.record.output_tokens = usage.get("completion_tokens") or 0
-            self.record.prompt_tokens = usage.get("prompt_tokens") or 0
-            details = usage.get("prompt_tokens_details") or {}
-            if details.get("cached_tokens") is not None:
-                self.record.cached_tokens = details["cached_tokens"]
-        for choice in event.get("choices") or ():
-            if choice.get("finish_reason"):
-                self.finished = True
-            if "delta" in choice:
-                delta = choice.get("delta") or {}
-                text = delta.get("content") or ""
-                other = delta.get("reasoning_content") or delta.get("reasoning") or ""
-            else:
-                text, other = choice.get("text") or "", ""
-            if not (text or other):
-                continue
-            if self.last is None:
-                self.record.ttft = now - start
-            else:
-                self.record.itl.append(now - self.last)  # several tokens in one chunk: one gap
-            self.last = now
-            self.chunks += 1
-            self.parts.append(text)
+        if self.last is None:
+            self.record.ttft = now - start
+        else:
+            self.record.itl.append(now - self.last)  # several tokens in one chunk: one gap
+        self.last = now
+        self.chunks += 1
+        self.parts.append(text)
 
     def finish(self, start: float) -> None:
         r = self.record
@@ -275,28 +260,6 @@ class _Stream:
         r.ok = not r.error
         if not r.usage:
             r.output_tokens = self.chunks
-
-
-def _sse_event(raw: bytes) -> dict | str | None:
-    """An OpenAI SSE line: its event, "[DONE]", or None (separators, comments)."""
-    line = raw.strip()
-    if not line.startswith(b"data:"):
-        return None
-    data = line[5:].strip()
-    return "[DONE]" if data == b"[DONE]" else json.loads(data)
-
-
-class _OpenAIRoutes:
-    @staticmethod
-    def path(chat: bool) -> str:
-        return "/v1/chat/completions" if chat else "/v1/completions"
-
-    payload = staticmethod(lambda body: body)
-    event = staticmethod(_sse_event)
-
-
-# --api: the route family -> (path(chat), payload(OpenAI body), event(line)); one entry each
-_APIS = {"openai": _OpenAIRoutes, "ollama": api_ollama}
 
 
 def _probe_errors() -> tuple:

@@ -23,6 +23,7 @@ from radixserve.server.ollama_routes import OllamaRoutes
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.openapi_routes import describe_generation_routes
 from radixserve.server.protocol import ModelCard, ModelList, error_body
+from radixserve.server.responses_routes import add_response_routes
 from radixserve.server.protocol_chat import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -78,6 +79,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
         return await ctx.prep.run(_detokenize, ctx, body)
 
     describe_generation_routes(app)
+    add_response_routes(app, ctx)
     gate = AdmissionGate(limits.admission, metrics.admission)
     routes = OllamaRoutes(GenerationRoutes(app, ctx, gate))
     return _Guard(routes, api_key, limits.max_request_bytes, limits.body_read_timeout, metrics)

@@ -30,10 +30,12 @@ from radixserve.server.errors import error_response, send_error, send_json
 from radixserve.server.protocol import CompletionRequest, error_body
 from radixserve.server.protocol_chat import ChatCompletionRequest
 from radixserve.server.protocol_embedding import EmbeddingRequest
+from radixserve.server.protocol_responses import ResponsesRequest, format_param
 from radixserve.server.serving import SSE_DONE, ClientDisconnected, OpenAIError, ServingContext
 from radixserve.server.serving_chat import ChatServer, render_messages
 from radixserve.server.serving_completion import CompletionServer, request_size
 from radixserve.server.serving_embedding import EmbeddingServer
+from radixserve.server.serving_responses import ResponsesServer
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache")]
@@ -49,10 +51,14 @@ class GenerationRoutes:
                                           NoAdmissionMetrics())
         self.completions, self.chat = CompletionServer(ctx), ChatServer(ctx)
         self.embeddings = EmbeddingServer(ctx)
+        self.responses = ResponsesServer(ctx, self.chat)
         self.routes = {"/v1/completions": self._completion,
                        "/v1/chat/completions": self._chat_completion,
                        "/v1/chat/completions/render": self._render,
-                       "/v1/embeddings": self._embeddings}
+                       "/v1/embeddings": self._embeddings,
+                       "/v1/responses": self._response}
+        # the SSE terminator of a route's stream (Responses streams end without [DONE])
+        self.stream_ends = {"/v1/responses": ""}
 
     async def __call__(self, scope, receive, send) -> None:
         handler = self.routes.get(scope["path"]) if scope["type"] == "http" else None
@@ -70,7 +76,8 @@ class GenerationRoutes:
                 self._count_refusal(exc)
                 return await send_error(send, exc)
             if chunks is not None:
-                return await _stream(chunks, receive, send)
+                return await _stream(chunks, receive, send,
+                                     self.stream_ends.get(scope["path"], SSE_DONE))
             return await send_json(send, 200, whole)
         finally:
             for ticket in admitted:
@@ -108,6 +115,19 @@ class GenerationRoutes:
             return None, self.chat.stream(body, ids, params, tool_parser, arrival, ticket)
         work = self.chat.full(body, ids, params, tool_parser, arrival, ticket)
         return (await _until_disconnect(receive, work)).model_dump_json().encode(), None
+
+    async def _response(self, raw: bytes, receive, admitted: list):
+        arrival = time.time()
+        body = _parse(ResponsesRequest, raw)
+        self.gate.precheck(1, 0)
+        plan = await self.responses.prepare(body)
+        await self.ctx.check_structured(format_param(body), [plan.params])
+        self.ctx.check_alive()
+        ticket = self.gate.admit(1, len(plan.ids), None)
+        admitted.append(ticket)
+        if body.stream:
+            return None, self.responses.stream(plan, arrival, ticket)
+        return await _until_disconnect(receive, self.responses.full(plan, arrival, ticket)), None
 
     async def _embeddings(self, raw: bytes, receive, admitted: list):
         body = _parse(EmbeddingRequest, raw)
@@ -181,11 +201,12 @@ async def _until_disconnect(receive, work: Awaitable):
     return task.result()
 
 
-async def _stream(chunks: AsyncIterator[str], receive, send) -> None:
-    """Send ``chunks`` as an SSE response; stop (closing ``chunks``, which aborts the engine
-    requests) as soon as the client leaves. An engine error after the response has started
-    becomes a last ``data:`` event carrying an error body; any other exception (a bug) an
-    error event as `errors.error_response` describes it, then ``[DONE]``."""
+async def _stream(chunks: AsyncIterator[str], receive, send, done: str = SSE_DONE) -> None:
+    """Send ``chunks`` as an SSE response ended by ``done``; stop (closing ``chunks``, which
+    aborts the engine requests) as soon as the client leaves. An engine error after the
+    response has started becomes a last ``data:`` event carrying an error body (any other
+    exception, a bug, an error event as `errors.error_response` describes it), then ``done``
+    (a route whose stream reports its own errors, in its own events, has none left)."""
     this = asyncio.current_task()
     gone = False
 
@@ -201,7 +222,7 @@ async def _stream(chunks: AsyncIterator[str], receive, send) -> None:
         try:
             async for chunk in chunks:
                 # the chunk carrying [DONE] also ends the response: one write, not two
-                last = chunk.endswith(SSE_DONE)
+                last = bool(done) and chunk.endswith(done)
                 await send({"type": "http.response.body", "body": chunk.encode(),
                             "more_body": not last})
                 if last:
@@ -220,7 +241,7 @@ async def _stream(chunks: AsyncIterator[str], receive, send) -> None:
             if body is not None:
                 await _send_event(send, body)
         # after an error event too: clients stop reading at [DONE]
-        await send({"type": "http.response.body", "body": SSE_DONE.encode(),
+        await send({"type": "http.response.body", "body": done.encode(),
                     "more_body": False})
     except asyncio.CancelledError:
         if not gone:

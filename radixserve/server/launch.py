@@ -62,6 +62,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompts-per-request", type=int, default=128,
                         help="most prompts one /v1/completions request may list (each is an "
                              "engine request of its own, times n)")
+    parser.add_argument("--response-store", default=None, metavar="PATH",
+                        help="SQLite file keeping /v1/responses responses across restarts "
+                             "(default: in memory)")
+    parser.add_argument("--response-store-max", type=_positive_int, default=10_000,
+                        metavar="N", help="responses kept; the oldest are evicted first")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to finish in-flight requests on shutdown")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
@@ -174,9 +179,15 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning, embedding
     from radixserve.server.engine_supervisor import EngineSupervisor
     from radixserve.server.metrics import ServerMetrics
     from radixserve.server.limits import serve_limits
+    from radixserve.server.response_store import ResponseStore
     from radixserve.server.serving import ServingContext
     from radixserve.structured.validator import grammar_validator
 
+    try:
+        store = ResponseStore(args.response_store, args.response_store_max)
+    except ValueError as exc:
+        print(f"radixserve: error: {exc}", file=sys.stderr)
+        return 1
     tmp = tempfile.mkdtemp(prefix="radixserve-")
     client = EngineCoreClient(f"ipc://{tmp}/in", f"ipc://{tmp}/out")
     supervisor = EngineSupervisor(client, build, tmp, args.startup_timeout,
@@ -190,7 +201,8 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning, embedding
                              grammar_validator=grammar_validator(tokenizer),
                              structured_strict=args.structured_strict == "true",
                              max_prompts_per_request=args.max_prompts_per_request,
-                             embedding=embedding, model_path=_model_path(args))
+                             embedding=embedding, model_path=_model_path(args),
+                             response_store=store)
         app = build_app(ctx, metrics, args.api_key, serve_limits(args))
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 loop="none", http="httptools",
@@ -213,6 +225,7 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning, embedding
         return 1
     finally:
         await supervisor.close(timeout=10)
+        store.close()
         shutil.rmtree(tmp, ignore_errors=True)
     if fatal:
         print(f"radixserve: error: {fatal[0]}", file=sys.stderr)

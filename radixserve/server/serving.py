@@ -18,6 +18,7 @@ from radixserve.engine.parsers import ReasoningParser, ToolCallParser
 from radixserve.engine.pooling import EmbeddingSetup
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.protocol import ParamError, SamplingRequest
+from radixserve.server.response_store import ResponseStore
 from radixserve.structured.backend import GrammarError
 from radixserve.structured.validator import GrammarValidator
 
@@ -48,6 +49,7 @@ class ServingContext:
     max_prompts_per_request: int = 128  # a /v1/completions prompt list's longest length
     embedding: EmbeddingSetup = EmbeddingSetup(None, "this server does not serve embeddings")
     model_path: str | None = None  # the GGUF file or model folder (Ollama's model routes)
+    response_store: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses
 
     @property
     def tokenizer(self):

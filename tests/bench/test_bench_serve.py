@@ -217,3 +217,22 @@ def test_bench_serve_through_ollama_routes(mock_server, tmp_path, endpoint):
     s = result["summary"]
     assert (s["completed"], s["failed"]) == (6, 0) and s["output_tokens"] == 6 * 8
     assert all(r["usage"] and r["ttft"] > 0 for r in result["records"])
+
+
+@pytest.mark.parametrize("api", ["responses"])
+def test_bench_serve_through_another_api(mock_server, tmp_path, api):
+    out = tmp_path / f"{api}.json"
+    assert _bench(mock_server, "--api", api, "--dataset", "multi-turn",
+                  "--num-conversations", "3", "--turns", "2", "--input-len", "16",
+                  "--output-len", "6", "--concurrency", "3", "--result-json", str(out)) == 0
+    result = json.loads(out.read_text())
+    s = result["summary"]
+    assert (s["completed"], s["failed"]) == (6, 0)
+    assert s["output_tokens"] == 6 * 6
+    records = result["records"]
+    assert all(r["usage"] and r["ttft"] > 0 for r in records)
+    # a second turn's prompt holds the first turn and its answer
+    by_conv = {}
+    for r in records:
+        by_conv.setdefault(r["conversation"], []).append(r["prompt_tokens"])
+    assert all(second > first + 6 for first, second in by_conv.values())
