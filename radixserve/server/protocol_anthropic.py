@@ -2,8 +2,10 @@
 and their mapping onto a `ChatCompletionRequest`, so a Messages request runs through the chat
 pipeline (template, tool-call and reasoning parsers, structured output) unchanged.
 
-Requests forbid unknown fields, as the OpenAI models do; ``cache_control`` is accepted on blocks
-and tools and ignored (the prefix cache is automatic). Content blocks are ``text``, ``tool_use``,
+Requests forbid unknown top-level fields, as the OpenAI models do (an unsupported parameter is
+refused by name); content blocks and tools ignore fields they do not use (``cache_control``:
+the prefix cache is automatic; ``citations``, ``caller``...), so a client may send back the
+blocks it received as they are. Content blocks are ``text``, ``tool_use``,
 ``tool_result``, ``thinking`` and ``redacted_thinking``; any other block type (images,
 documents) is refused by name.
 
@@ -43,27 +45,27 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TextBlock(_Strict):
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextBlock(_Block):
     type: Literal["text"]
     text: str
-    cache_control: dict[str, Any] | None = None
-    citations: list[dict[str, Any]] | None = None
 
 
-class ToolUseBlock(_Strict):
+class ToolUseBlock(_Block):
     type: Literal["tool_use"]
     id: str
     name: str
     input: dict[str, Any]
-    cache_control: dict[str, Any] | None = None
 
 
-class ToolResultBlock(_Strict):
+class ToolResultBlock(_Block):
     type: Literal["tool_result"]
     tool_use_id: str
     content: str | list[TextBlock] | None = None
     is_error: bool | None = None
-    cache_control: dict[str, Any] | None = None
 
     def text(self) -> str:
         """The result as one string; an error result is marked as such for the model."""
@@ -74,13 +76,13 @@ class ToolResultBlock(_Strict):
         return f"Error: {text}" if self.is_error else text
 
 
-class ThinkingBlock(_Strict):
+class ThinkingBlock(_Block):
     type: Literal["thinking"]
     thinking: str
     signature: str | None = None
 
 
-class RedactedThinkingBlock(_Strict):
+class RedactedThinkingBlock(_Block):
     type: Literal["redacted_thinking"]
     data: str
 
@@ -124,14 +126,13 @@ class Message(_Strict):
                             tool_calls=calls or None, reasoning_content=thinking or None)]
 
 
-class ToolDefinition(_Strict):
+class ToolDefinition(_Block):
     """A client tool; Anthropic's server tools (web search, bash...) are not served here."""
 
     name: str = Field(min_length=1)
     description: str | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
-    cache_control: dict[str, Any] | None = None
 
 
 class ToolChoice(_Strict):
