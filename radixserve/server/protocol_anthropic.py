@@ -122,7 +122,8 @@ class Message(_Strict):
                      name=b.name, arguments=json.dumps(b.input, ensure_ascii=False)))
                  for b in self.content if b.type == "tool_use"]
         thinking = "".join(b.thinking for b in self.content if b.type == "thinking")
-        return [ChatMessage(role="assistant", content="\n".join(texts) if texts else None,
+        # NOTE: content "" (not None) without text: simple templates concatenate it
+        return [ChatMessage(role="assistant", content="\n".join(texts),
                             tool_calls=calls or None, reasoning_content=thinking or None)]
 
 
@@ -152,6 +153,19 @@ class ThinkingConfig(_Strict):
     budget_tokens: int | None = Field(None, ge=1)
 
 
+class OutputFormat(_Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Strict):
+    """``format`` constrains the text to a JSON schema (the structured-output path);
+    ``effort`` goes to the chat template as ``reasoning_effort``."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: OutputFormat | None = None
+
+
 class Metadata(_Strict):
     user_id: str | None = None
 
@@ -165,6 +179,8 @@ class CountTokensRequest(_Strict):
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    cache_control: dict[str, Any] | None = None  # accepted: the prefix cache is automatic
 
     @model_validator(mode="after")
     def _choice_names_a_tool(self):
@@ -190,11 +206,17 @@ class CountTokensRequest(_Strict):
         choice = self.tool_choice
         kwargs = ({"enable_thinking": self.thinking.type == "enabled"}
                   if self.thinking is not None else None)
+        output = self.output_config or OutputConfig()
+        response_format = None
+        if output.format is not None:
+            response_format = {"type": "json_schema",
+                               "json_schema": {"name": "output", "schema": output.format.schema_}}
         return ChatCompletionRequest(
             model=self.model, messages=messages, tools=tools,
             tool_choice=_chat_tool_choice(choice) if tools else None,
             parallel_tool_calls=not (choice and choice.disable_parallel_tool_use),
-            chat_template_kwargs=kwargs, **self._sampling())
+            chat_template_kwargs=kwargs, reasoning_effort=output.effort,
+            response_format=response_format, **self._sampling())
 
     def _sampling(self) -> dict[str, Any]:
         """The chat request's sampling fields (none for counting tokens)."""
