@@ -22,11 +22,15 @@ import sys
 import time
 from dataclasses import asdict
 
+from radixserve.bench import api_messages
 from radixserve.bench import datasets as ds
 from radixserve.bench.metrics import (
     RequestRecord, cache_counters, format_table, json_safe, parse_prometheus, summarize)
 
 DATASETS = ("random", "shared-prefix", "multi-turn", "mixed")
+APIS = {"openai": None, "messages": api_messages}
+"""--api name -> the module speaking that route (its PATH, payload, on_event); None: the OpenAI
+route chosen by --endpoint."""
 MIXED_RATE, MIXED_BURSTINESS = 4.0, 0.5
 
 
@@ -34,6 +38,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="default: the first of GET /v1/models")
     p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    p.add_argument("--api", choices=tuple(APIS), default="openai",
+                   help="the API the workload goes through: openai (--endpoint's route), "
+                        "messages (Anthropic's /v1/messages)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--dataset", choices=DATASETS, default="random")
     p.add_argument("--num-prompts", type=int, default=200, help="random and mixed")
@@ -140,7 +147,10 @@ class _Client:
     def __init__(self, session, base: str, args: argparse.Namespace, model: str | None) -> None:
         self.session, self.args, self.model = session, args, model
         self.chat = args.endpoint == "chat"
+        self.api = APIS[args.api]
         self.url = f"{base}/v1/chat/completions" if self.chat else f"{base}/v1/completions"
+        if self.api is not None:
+            self.url = base + self.api.PATH
 
     async def conversation(self, conv: ds.Conversation, t0: float, at: float, sem,
                            records: list[RequestRecord], bar) -> None:
@@ -164,6 +174,8 @@ class _Client:
             bar.update(1)
 
     def payload(self, history: list[dict], max_tokens: int) -> dict:
+        if self.api is not None:
+            return self.api.payload(history, max_tokens, self.model, self.args)
         body: dict = {"max_tokens": max_tokens, "stream": True,
                       "stream_options": {"include_usage": True}}
         if self.chat:
@@ -186,7 +198,7 @@ class _Client:
         server or network failures: they end up in ``record.error``."""
         import aiohttp
 
-        stream = _Stream(self.chat)
+        stream = _Stream(self.chat, self.api)
         rec = stream.record
         start = time.perf_counter()
         rec.start = start - t0
@@ -213,8 +225,8 @@ class _Client:
 class _Stream:
     """Parse state of one SSE response."""
 
-    def __init__(self, chat: bool) -> None:
-        self.chat = chat
+    def __init__(self, chat: bool, api=None) -> None:
+        self.chat, self.api = chat, api
         self.record = RequestRecord()
         self.parts: list[str] = []
         self.chunks = 0
@@ -231,6 +243,8 @@ class _Stream:
             self.done = True
             return
         event = json.loads(data)
+        if self.api is not None:
+            return self.api.on_event(event, self, now, start)
         if event.get("error"):
             err = event["error"]
             self.record.error = str(err.get("message", err) if isinstance(err, dict) else err)
@@ -251,15 +265,19 @@ class _Stream:
                 other = delta.get("reasoning_content") or delta.get("reasoning") or ""
             else:
                 text, other = choice.get("text") or "", ""
-            if not (text or other):
-                continue
-            if self.last is None:
-                self.record.ttft = now - start
-            else:
-                self.record.itl.append(now - self.last)  # several tokens in one chunk: one gap
-            self.last = now
-            self.chunks += 1
-            self.parts.append(text)
+            self.text(text, other, now, start)
+
+    def text(self, text: str, other: str, now: float, start: float) -> None:
+        """Time a chunk of answer ``text`` (or ``other`` text, e.g. reasoning); empty: no-op."""
+        if not (text or other):
+            return
+        if self.last is None:
+            self.record.ttft = now - start
+        else:
+            self.record.itl.append(now - self.last)  # several tokens in one chunk: one gap
+        self.last = now
+        self.chunks += 1
+        self.parts.append(text)
 
     def finish(self, start: float) -> None:
         r = self.record

@@ -242,8 +242,10 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(None, ge=0)
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None  # accepted, one tier here
+    ignore_eos: bool = False  # radixserve's extension (as vLLM's on chat): for benchmarks
 
     def _sampling(self) -> dict[str, Any]:
         return dict(max_tokens=self.max_tokens, stop=list(self.stop_sequences or []),
                     temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                    user=self.metadata.user_id if self.metadata else None, stream=self.stream)
+                    user=self.metadata.user_id if self.metadata else None, stream=self.stream,
+                    ignore_eos=self.ignore_eos)
