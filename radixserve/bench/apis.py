@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from radixserve.bench import api_ollama
+from radixserve.bench import api_messages, api_ollama
 
 
 def sse_event(raw: bytes) -> dict | str | None:
@@ -109,3 +109,21 @@ class OllamaApi(OpenAIApi):
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
         self.path = api_ollama.path(self.chat)
+
+
+class MessagesApi:
+    """Anthropic's ``/v1/messages`` (`api_messages`): typed SSE events, usage in
+    ``message_start`` / ``message_delta``, the end at ``message_stop``."""
+
+    path = api_messages.PATH
+    parse = staticmethod(sse_event)
+    finalize = staticmethod(lambda body: body)
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    def payload(self, history: list[dict], max_tokens: int) -> dict:
+        return api_messages.payload(history, max_tokens, None, self.args)
+
+    def read(self, event: dict, stream, start: float, now: float) -> None:
+        api_messages.on_event(event, stream, now, start)

@@ -23,13 +23,14 @@ import time
 from dataclasses import asdict
 
 from radixserve.bench import datasets as ds
-from radixserve.bench.apis import OllamaApi, OpenAIApi, ResponsesApi
+from radixserve.bench.apis import MessagesApi, OllamaApi, OpenAIApi, ResponsesApi
 from radixserve.bench.metrics import (
     RequestRecord, cache_counters, format_table, json_safe, parse_prometheus, spec_counters,
     summarize)
 
 DATASETS = ("random", "shared-prefix", "multi-turn", "mixed", "code-edit", "summarise")
-APIS = {"openai": OpenAIApi, "responses": ResponsesApi, "ollama": OllamaApi}
+APIS = {"openai": OpenAIApi, "responses": ResponsesApi, "ollama": OllamaApi,
+        "messages": MessagesApi}
 """--api name -> the request and stream format (`radixserve.bench.apis`)."""
 MIXED_RATE, MIXED_BURSTINESS = 4.0, 0.5
 
@@ -38,12 +39,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="default: the first of GET /v1/models")
     p.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
-                   help="with --api openai: which OpenAI endpoint; with ollama, /api/chat or raw /api/generate")
+                   help="with --api openai: which OpenAI endpoint; with ollama, "
+                        "/api/chat or raw /api/generate")
     p.add_argument("--api", choices=sorted(APIS), default="openai",
                    help="the API the requests speak (the same workload through each route)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--dataset", choices=DATASETS, default="random")
-    p.add_argument("--num-prompts", type=int, default=200, help="random, mixed, code-edit, summarise")
+    p.add_argument("--num-prompts", type=int, default=200,
+                   help="random, mixed, code-edit, summarise")
     p.add_argument("--input-len", type=int, default=128, help="prompt (or user turn) tokens")
     p.add_argument("--output-len", type=int, default=128, help="max_tokens (not for mixed)")
     p.add_argument("--concurrency", type=int, default=None, help="most requests in flight")

@@ -15,6 +15,7 @@ from radixserve import __version__
 from radixserve.engine.core_client import EngineDeadError
 from radixserve.server import body_reader, memory
 from radixserve.server.admission import AdmissionGate
+from radixserve.server.anthropic_routes import AnthropicRoutes
 from radixserve.server.content_type import unsupported_media_type
 from radixserve.server.errors import error_headers, error_response, send_error
 from radixserve.server.generation_routes import GenerationRoutes
@@ -31,6 +32,7 @@ from radixserve.server.protocol_chat import (
     TokenizeResponse,
 )
 from radixserve.server.serving import ClientDisconnected, OpenAIError, ServingContext
+from radixserve.server.serving_anthropic import ANTHROPIC_PATHS, send_anthropic_error
 from radixserve.server.serving_chat import render_messages
 
 _OPEN_PATHS = {"/health", "/version", "/metrics"}
@@ -81,7 +83,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     describe_generation_routes(app)
     add_response_routes(app, ctx)
     gate = AdmissionGate(limits.admission, metrics.admission)
-    routes = OllamaRoutes(GenerationRoutes(app, ctx, gate))
+    routes = AnthropicRoutes(OllamaRoutes(GenerationRoutes(app, ctx, gate)), ctx, gate)
     return _Guard(routes, api_key, limits.max_request_bytes, limits.body_read_timeout, metrics)
 
 
@@ -109,9 +111,10 @@ def _json(model) -> Response:
 
 class _Guard:
     """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from streams):
-    with an API key, rejects unauthenticated requests (401); POST bodies that are not JSON
-    (415, `content_type`); reads the body under its size and time limits (413, 408:
-    `body_reader`) before any route sees it."""
+    with an API key, rejects requests without it (401) in ``Authorization: Bearer KEY`` or
+    (as Anthropic's clients send it) ``x-api-key: KEY``; POST bodies that are not JSON (415,
+    `content_type`); reads the body under its size and time limits (413, 408: `body_reader`)
+    before any route sees it. Refusals take the error shape of the route asked for."""
 
     def __init__(self, app, api_key: str | None, max_body_bytes: int,
                  body_timeout: float | None = None, metrics: ServerMetrics | None = None) -> None:
@@ -128,15 +131,16 @@ class _Guard:
         try:
             body_reader.check_declared_length(headers, self.max_body_bytes)
         except body_reader.BodyRefused as exc:
-            return await self._refuse(send, exc)
+            return await self._refuse(scope, send, exc)
         if self.expected is not None and scope["path"] not in _OPEN_PATHS:
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                return await send_error(send, OpenAIError(
+            given = (headers.get(b"authorization", b""),
+                     b"Bearer " + headers.get(b"x-api-key", b""))
+            if not any(hmac.compare_digest(key, self.expected) for key in given):
+                return await _send_error(scope, send, OpenAIError(
                     "invalid or missing API key", 401, "authentication_error",
                     code="invalid_api_key"))
         if (refusal := unsupported_media_type(scope["method"], headers)) is not None:
-            return await send_error(send, refusal)
+            return await _send_error(scope, send, refusal)
         if not body_reader.has_body(headers):
             return await self.app(scope, receive, send)
         body = b""
@@ -144,17 +148,24 @@ class _Guard:
             body = await body_reader.read_body(receive, self.max_body_bytes, self.body_timeout)
             await self.app(scope, body_reader.replay(body, receive), send)
         except body_reader.BodyRefused as exc:
-            return await self._refuse(send, exc)
+            return await self._refuse(scope, send, exc)
         except ClientDisconnected:
             return None
         finally:
             if len(body) >= memory.TRIM_AFTER_BYTES:
                 memory.trim_soon()
 
-    async def _refuse(self, send, exc: body_reader.BodyRefused) -> None:
+    async def _refuse(self, scope, send, exc: body_reader.BodyRefused) -> None:
         if self.metrics is not None:
             self.metrics.admission.on_reject(exc.reason)
-        await send_error(send, exc)
+        await _send_error(scope, send, exc)
+
+
+async def _send_error(scope, send, exc: Exception) -> None:
+    """The error in the shape of the route asked for (Anthropic's on its routes)."""
+    if scope["path"] in ANTHROPIC_PATHS:
+        return await send_anthropic_error(send, exc)
+    return await send_error(send, exc)
 
 
 def _error(message: str, status: int, type: str = "invalid_request_error",

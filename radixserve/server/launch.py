@@ -31,7 +31,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", default=os.environ.get("RADIXSERVE_API_KEY"),
-                        help="require 'Authorization: Bearer KEY' (env RADIXSERVE_API_KEY)")
+                        help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' "
+                             "(env RADIXSERVE_API_KEY)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients use (default: the model file's name)")
     parser.add_argument("--mock-engine", action="store_true",

@@ -22,7 +22,16 @@ from radixserve.server.protocol import (
     CompletionResponse,
     ErrorResponse,
 )
+from radixserve.server.protocol_anthropic import CountTokensRequest, MessagesRequest
 from radixserve.server.protocol_chat import RenderResponse
+from radixserve.server.protocol_embedding import EmbeddingRequest, EmbeddingResponse
+from radixserve.server.protocol_ollama import (
+    OllamaChatRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+    OllamaShowRequest,
+)
+from radixserve.server.protocol_responses import ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
 _ERRORS = {"400": "invalid request (an OpenAI error body names the parameter)",
@@ -32,14 +41,29 @@ _ERRORS = {"400": "invalid request (an OpenAI error body names the parameter)",
            "415": "the body is not declared as application/json",
            "503": "the engine is unavailable"}
 
-# path -> (summary, request model, response model, whether it can stream)
-_GENERATION: dict[str, tuple[str, type[BaseModel], type[BaseModel], bool]] = {
+# path -> (summary, request model, response model (None: a JSON object described in the
+# route's own docs), whether it can stream)
+_GENERATION: dict[str, tuple[str, type[BaseModel], type[BaseModel] | None, bool]] = {
     "/v1/completions": ("Completions", CompletionRequest, CompletionResponse, True),
     "/v1/chat/completions": ("Chat completions", ChatCompletionRequest, ChatCompletionResponse,
                              True),
     "/v1/chat/completions/render": ("The chat template and tokenization alone",
                                     ChatCompletionRequest, RenderResponse, False),
+    "/v1/embeddings": ("Embeddings", EmbeddingRequest, EmbeddingResponse, False),
+    "/v1/responses": ("OpenAI Responses (typed server-sent events when streamed)",
+                      ResponsesRequest, None, True),
+    "/v1/messages": ("Anthropic Messages (its error shape on this route)", MessagesRequest,
+                     None, True),
+    "/v1/messages/count_tokens": ("Anthropic token count", CountTokensRequest, None, False),
+    "/api/chat": ("Ollama chat (NDJSON lines when streamed)", OllamaChatRequest, None, False),
+    "/api/generate": ("Ollama generate (NDJSON lines when streamed)", OllamaGenerateRequest,
+                      None, False),
+    "/api/embed": ("Ollama embeddings", OllamaEmbedRequest, None, False),
+    "/api/show": ("Ollama model details", OllamaShowRequest, None, False),
 }
+# Ollama's GET routes (plain ASGI too): path -> summary
+_GETS = {"/api/tags": "Ollama: the models served", "/api/ps": "Ollama: the models loaded",
+         "/api/version": "Ollama: the version"}
 
 
 def describe_generation_routes(app: FastAPI) -> None:
@@ -59,7 +83,7 @@ def describe_generation_routes(app: FastAPI) -> None:
 
 def _add_generation_paths(schema: dict[str, Any]) -> None:
     models = [(m, "validation") for _, m, _, _ in _GENERATION.values()]
-    models += [(m, "serialization") for _, _, m, _ in _GENERATION.values()]
+    models += [(m, "serialization") for _, _, m, _ in _GENERATION.values() if m is not None]
     models.append((ErrorResponse, "serialization"))
     refs, defs = models_json_schema(models, ref_template=_REF)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
@@ -69,7 +93,8 @@ def _add_generation_paths(schema: dict[str, Any]) -> None:
         assert known.get("properties", {}).keys() == definition.get("properties", {}).keys(), (
             f"two different models named {name}")
     for path, (summary, request, response, can_stream) in _GENERATION.items():
-        ok = {"application/json": {"schema": refs[(response, "serialization")]}}
+        ok = {"application/json": {"schema": {"type": "object"} if response is None
+                                   else refs[(response, "serialization")]}}
         if can_stream:
             ok["text/event-stream"] = {"schema": {"type": "string", "description": (
                 "with stream: true, server-sent events: one JSON chunk per data: line, then "
@@ -81,6 +106,11 @@ def _add_generation_paths(schema: dict[str, Any]) -> None:
             "requestBody": {"required": True, "content": {
                 "application/json": {"schema": refs[(request, "validation")]}}},
             "responses": responses}}
+    for path, summary in _GETS.items():
+        schema["paths"][path] = {"get": {
+            "summary": summary, "operationId": path.strip("/").replace("/", "_"),
+            "responses": {"200": {"description": "a JSON object", "content": {
+                "application/json": {"schema": {"type": "object"}}}}}}}
 
 
 def _error_responses() -> dict[str, Any]:

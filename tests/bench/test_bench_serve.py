@@ -236,3 +236,18 @@ def test_bench_serve_through_another_api(mock_server, tmp_path, api):
     for r in records:
         by_conv.setdefault(r["conversation"], []).append(r["prompt_tokens"])
     assert all(second > first + 6 for first, second in by_conv.values())
+
+
+def test_bench_serve_through_the_messages_api(mock_server, tmp_path):
+    out = tmp_path / "messages.json"
+    assert _bench(mock_server, "--api", "messages", "--dataset", "multi-turn",
+                  "--num-conversations", "3", "--turns", "2", "--input-len", "8",
+                  "--output-len", "5", "--ignore-eos", "--result-json", str(out)) == 0
+    result = json.loads(out.read_text())
+    s = result["summary"]
+    assert (s["completed"], s["failed"]) == (6, 0) and s["output_tokens"] == 6 * 5
+    records = result["records"]
+    assert all(r["usage"] and r["ttft"] > 0 and r["prompt_tokens"] > 0 for r in records)
+    # the second turn carries the first's answer: a longer prompt
+    assert all(b["prompt_tokens"] > a["prompt_tokens"] for a, b in zip(records, records[1:])
+               if a["conversation"] == b["conversation"])
