@@ -96,7 +96,8 @@ def test_model_html_is_shown_as_text(page, server):
     assert page.eval_on_selector_all("#messages img, #messages script", "e => e.length") == 0
     body = page.inner_text(".msg.assistant .msg-body")
     assert "<script>window.__pwned = 1</script>" in body and "<img src=x onerror" in body
-    assert page.inner_text(".msg.assistant .code-block code") == "<script>window.__pwned = 4</script>"
+    code = page.inner_text(".msg.assistant .code-block code")
+    assert code == "<script>window.__pwned = 4</script>"
     assert page.eval_on_selector_all("#messages a", "e => e.map(a => a.href)") == []
     assert "<img src=x" in page.inner_text(".msg.user .msg-body")
     assert not page.errors, page.errors

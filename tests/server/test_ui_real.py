@@ -166,7 +166,8 @@ def test_forced_tool_call_is_a_card(page):
 SYSTEM = ("You are a meticulous assistant for a company that builds bridges. " * 12).strip()
 
 
-def test_engine_view_lists_streams_then_shows_the_shared_prefix(browser, server, shots):  # noqa: F811
+def test_engine_view_lists_streams_then_shows_the_shared_prefix(
+        browser, server, shots):  # noqa: F811
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     model = client.models.list().data[0].id
     stop = threading.Event()

@@ -145,7 +145,7 @@ function tree(s) {
     g.append(svg("rect", { width: W, height: H, rx: 6 }));
     const preview = n.preview.replace(/\s+/g, " ").trim();
     g.append(svg("text", { x: 8, y: 17 }, preview.length > 26 ? preview.slice(0, 25) + "…" : preview || "·"));
-    const lock = n.lock_ref > 0 ? ` · 🔒${n.lock_ref}` : "";
+    const lock = n.lock_ref > 0 ? ` · locked ×${n.lock_ref}` : "";
     g.append(svg("text", { x: 8, y: 35, class: "sub" }, `${n.num_tokens} tok · ${n.hits} hits${lock}`));
     g.append(svg("title", {}, `${n.preview}\n${n.num_tokens} tokens in ${n.num_blocks} blocks, ${n.hits} hits, ${n.lock_ref} locks, ${n.num_children} children`));
     el.append(g);
