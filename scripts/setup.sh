@@ -3,6 +3,9 @@
 # Idempotent: re-running on an up-to-date venv only checks a stamp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The browser tests (tests/server/test_ui_*.py) drive Debian's chromium through Playwright
+# (never `playwright install`: no browser download).
+command -v chromium >/dev/null 2>&1 || (apt-get update -q && apt-get install -y -q chromium)
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then

@@ -15,7 +15,8 @@ import time
 from collections import OrderedDict
 
 from radixserve.engine.messages import (
-    EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, SchedulerStats)
+    EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineState, EngineStateQuery,
+    RequestInfo, SchedulerStats)
 
 
 class _MockKV:
@@ -50,6 +51,22 @@ class MockEngine:
         self._rng = random.Random(seed)
         self._tokens = range(min(1000, vocab_size // 2), vocab_size)
         self._steps = 0
+        self._info: dict[str, tuple[int, int, float]] = {}  # id -> (prompt len, priority, arrival)
+        self._total: dict[str, int] = {}  # running id -> its output tokens in all
+
+    def state(self, query: EngineStateQuery) -> EngineState:
+        """The requests with their progress; no KV pool and no prefix cache."""
+        def info(rid: str, status: str, done: int, total: int) -> RequestInfo:
+            prompt, priority, arrival = self._info[rid]
+            return RequestInfo(rid, status, prompt + done, prompt + done, prompt, total,
+                               priority, arrival)
+
+        limit = query.max_requests
+        running = [info(rid, "running", self._total[rid] - (last - self._steps),
+                        self._total[rid]) for rid, last in list(self.running.items())[:limit]]
+        waiting = [info(rid, "waiting", 0, n) for rid, n in list(self.waiting.items())[:limit]]
+        return EngineState(running, waiting, len(self.running), len(self.waiting), 0, 0, 0, 0,
+                           _MockKV.block_size, [], 0, 0, 0, 0)
 
     def add_request(self, req: EngineCoreRequest) -> None:
         if req.pooling_params is not None:
@@ -59,11 +76,14 @@ class MockEngine:
             raise ValueError("the prompt is longer than the context window")
         asked = req.sampling_params.max_tokens
         self.waiting[req.request_id] = room if asked is None else min(asked, room)
+        self._info[req.request_id] = (len(req.prompt_token_ids), req.priority,
+                                      req.arrival_time or time.time())
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             self.running.pop(rid, None)
             self.waiting.pop(rid, None)
+            self._info.pop(rid, None)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running or self.waiting)
@@ -78,10 +98,13 @@ class MockEngine:
         while self.waiting and len(self.running) < self.max_num_seqs:
             rid, num_tokens = self.waiting.popitem(last=False)
             self.running[rid] = step - 1 + num_tokens
+            self._total[rid] = num_tokens
         tokens = self._rng.choices(self._tokens, k=len(self.running))
         outputs = [EngineCoreOutput(rid, [token], "length" if last == step else None)
                    for (rid, last), token in zip(self.running.items(), tokens)]
         for out in outputs:
             if out.finish_reason is not None:
                 del self.running[out.request_id]
+                del self._total[out.request_id]
+                del self._info[out.request_id]
         return EngineCoreOutputs(outputs, time.time())

@@ -23,12 +23,15 @@ from radixserve.engine.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineReady,
+    EngineState,
+    EngineStateQuery,
     SchedulerStats,
     Shutdown,
 )
 from radixserve.engine.output_buffer import OutputBuffer
 
 _MAX_DRAIN = 256  # messages read per wake-up of the output loop
+STATE_FRESH_S = 0.25  # an EngineState this young is reused: at most 4 queries a second
 
 
 class EngineDeadError(RuntimeError):
@@ -46,6 +49,9 @@ class EngineCoreClient:
         self.dead: str | None = None
         self.last_output_time = time.time()
         self._task: asyncio.Task | None = None
+        self._state_waiter: asyncio.Future | None = None  # the EngineStateQuery in flight
+        self._last_state: tuple[float, EngineState] | None = None
+        self._state_asked = 0.0
         self._bind(input_addr, output_addr)
 
     def _bind(self, input_addr: str, output_addr: str) -> None:
@@ -104,6 +110,23 @@ class EngineCoreClient:
         if ids and not self.dead and not self.push.closed:  # closed: shut down already
             await self._send(self.encoder.encode(AbortRequests(ids)))
 
+    async def engine_state(self, timeout: float = 5.0,
+                           fresh_for: float = STATE_FRESH_S) -> EngineState:
+        """The engine's `EngineState`, asked for on demand. Bounded cost whatever the number of
+        pollers: an answer younger than ``fresh_for`` seconds is reused, and callers that
+        come while a query is in flight share its answer. EngineDeadError when the engine is
+        gone; TimeoutError when it does not answer within ``timeout`` (a long step)."""
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        if self._last_state is not None and time.monotonic() - self._last_state[0] < fresh_for:
+            return self._last_state[1]
+        waiter = self._state_waiter
+        if waiter is None or waiter.done() or time.monotonic() - self._state_asked > timeout:
+            self._state_waiter = asyncio.get_running_loop().create_future()
+            self._state_asked = time.monotonic()
+            await self._send(self.encoder.encode(EngineStateQuery()))
+        return await asyncio.wait_for(asyncio.shield(self._state_waiter), timeout)
+
     async def _send(self, data: bytes) -> None:
         """Send in order: at once when the queue has room and no earlier send is waiting."""
         if not self._waiting_sends:
@@ -126,6 +149,10 @@ class EngineCoreClient:
             queue.put(EngineDeadError(reason))
         self.queues.clear()
         self.stats = SchedulerStats(num_kv_blocks=self.stats.num_kv_blocks)
+        self._last_state = None
+        if self._state_waiter is not None and not self._state_waiter.done():
+            self._state_waiter.set_exception(EngineDeadError(reason))
+            self._state_waiter.exception()  # retrieved: no warning when nobody awaits it
 
     async def shutdown(self, is_alive: Callable[[], bool] | None = None,
                        timeout: float = 10.0) -> None:
@@ -173,6 +200,10 @@ class EngineCoreClient:
         self.last_output_time = time.time()
         if outputs.stats is not None:
             self.stats = outputs.stats
+        if outputs.state is not None:
+            self._last_state = (time.monotonic(), outputs.state)
+            if self._state_waiter is not None and not self._state_waiter.done():
+                self._state_waiter.set_result(outputs.state)
         queues = self.queues
         for out in outputs.outputs:
             queue = queues.get(out.request_id)

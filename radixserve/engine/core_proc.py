@@ -1,10 +1,13 @@
 """The engine-core process: EngineCore behind two ZMQ sockets.
 
     API process  ──PUSH ipc://…/in──▶  engine core  ──PUSH ipc://…/out──▶  API process
-                  AddRequest | AbortRequests | Shutdown      EngineReady, then EngineCoreOutputs
+       AddRequest | AbortRequests | EngineStateQuery | Shutdown
+                                                  EngineReady, then EngineCoreOutputs
 
 The loop drains every pending input message, runs one step if any request is unfinished, and
 sends one ``EngineCoreOutputs`` per step carrying all requests' new tokens plus scheduler stats.
+An ``EngineStateQuery`` is answered by an ``EngineCoreOutputs`` sent right after the inputs
+are drained (its ``state`` set; every other message carries None there, one byte).
 Idle, it blocks on the input socket (waking every second to notice an orphaned process).
 A fault while stepping fails the requests it belongs to inside ``engine.step()``; one that
 escapes it ends this process, and the API process starts a new one.
@@ -22,7 +25,7 @@ import zmq
 
 from radixserve.engine.messages import (
     AbortRequests, EngineCoreOutput, EngineCoreOutputs, EngineInput, EngineReady,
-    Shutdown)
+    EngineStateQuery, Shutdown)
 
 _IDLE_POLL_MS = 1000
 _SEND_TIMEOUT_MS = 1000
@@ -45,7 +48,7 @@ def _send(out: zmq.Socket, data: bytes, parent: int) -> None:
 
 def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
     """Process entry point. ``build_engine()`` returns an object with EngineCore's interface
-    (``add_request``, ``abort_requests``, ``has_unfinished_requests``, ``step``,
+    (``add_request``, ``abort_requests``, ``has_unfinished_requests``, ``step``, ``state``,
     ``max_model_len``, ``vocab_size``, ``scheduler``), e.g. the real engine or the mock."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when we stop
     parent = os.getppid()
@@ -80,7 +83,7 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
     while True:
         busy = engine.has_unfinished_requests()
         if inp.poll(0 if busy else _IDLE_POLL_MS):
-            errors = []
+            errors, state = [], None
             while True:
                 try:
                     msg = decoder.decode(inp.recv(zmq.NOBLOCK))
@@ -90,6 +93,9 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
                     return
                 if isinstance(msg, AbortRequests):
                     engine.abort_requests(msg.request_ids)
+                    continue
+                if isinstance(msg, EngineStateQuery):
+                    state = msg  # answered once, after this batch of inputs is applied
                     continue
                 try:
                     engine.add_request(msg.request)
@@ -101,10 +107,12 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
                     errors.append(EngineCoreOutput(
                         msg.request.request_id, [], "error",
                         error=f"queueing the request failed: {type(exc).__name__}: {exc}"))
-            if errors or not engine.has_unfinished_requests():
-                # no step follows: report refusals and fresh stats (e.g. after an abort) now
-                _send(out, encoder.encode(EngineCoreOutputs(errors, time.time(),
-                                                            engine.scheduler.stats())), parent)
+            if errors or state is not None or not engine.has_unfinished_requests():
+                # report refusals, the asked-for state and fresh stats (e.g. after an abort)
+                # now, not after the next step
+                answer = None if state is None else engine.state(state)
+                _send(out, encoder.encode(EngineCoreOutputs(
+                    errors, time.time(), engine.scheduler.stats(), answer)), parent)
         elif not busy and os.getppid() != parent:
             return  # orphaned: the API process is gone
         if engine.has_unfinished_requests():

@@ -24,7 +24,9 @@ from radixserve.core.scheduler import Scheduler
 from radixserve.cpu_threads import apply_engine_threads
 from radixserve.env_report import python_only_layers, startup_line, stored_types
 from radixserve.engine.context_len import resolve_max_model_len
-from radixserve.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from radixserve.core.state_summary import engine_state
+from radixserve.engine.messages import (
+    EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineState, EngineStateQuery)
 from radixserve.engine.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.half_stored import checkpoint_dtype
 from radixserve.models.loader import load_model, load_model_config, open_gguf
@@ -157,6 +159,10 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0
+
+    def state(self, query: EngineStateQuery) -> EngineState:
+        """A bounded summary of the requests, the KV pool and the prefix cache (read-only)."""
+        return engine_state(self.scheduler, query)
 
     def step(self) -> EngineCoreOutputs:
         """One scheduling step. An exception fails the requests it belongs to and the engine

@@ -59,10 +59,64 @@ class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
     spec_accepted_per_pos: list[int] = []  # drafts whose i-th token was accepted
 
 
+class RequestInfo(msgspec.Struct, array_like=True, gc=False):
+    """One running or waiting request as the engine view shows it."""
+
+    request_id: str
+    status: str  # "running" | "waiting"
+    num_computed_tokens: int
+    num_tokens: int
+    num_prompt_tokens: int
+    max_tokens: int  # output tokens it may make
+    priority: int
+    arrival_time: float  # wall clock (time.time())
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+
+
+class CacheNodeInfo(msgspec.Struct, array_like=True, gc=False):
+    """One radix-tree node of the summary; ``parent`` indexes the summary's node list (-1:
+    a child of the root). ``head`` is its first few token ids (for a preview);
+    ``num_hidden_children`` counts the children left out of the summary."""
+
+    parent: int
+    depth: int
+    num_tokens: int
+    num_blocks: int
+    hits: int
+    lock_ref: int
+    num_children: int
+    num_hidden_children: int
+    head: list[int]
+
+
+class EngineState(msgspec.Struct, array_like=True, gc=False):
+    """A bounded summary of what the engine holds, answered to an ``EngineStateQuery``:
+    at most ``max_requests`` requests of each kind and ``max_nodes`` tree nodes; the ``num_*``
+    totals count everything."""
+
+    running: list[RequestInfo]
+    waiting: list[RequestInfo]
+    num_running: int
+    num_waiting: int
+    num_kv_blocks: int
+    num_free_blocks: int
+    num_evictable_blocks: int  # cached, referenced by no request
+    num_cached_blocks: int  # all blocks the prefix cache holds (evictable + protected)
+    block_size: int
+    cache_nodes: list[CacheNodeInfo]
+    num_cache_nodes: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    num_preemptions: int
+    summary_us: float = 0.0  # what building this summary cost the engine
+
+
 class EngineCoreOutputs(msgspec.Struct, array_like=True, gc=False):
     outputs: list[EngineCoreOutput]
     timestamp: float = 0.0
     stats: SchedulerStats | None = None
+    state: EngineState | None = None  # only in the answer to an EngineStateQuery
 
 
 # -- frontend → engine-core process -------------------------------------------------------
@@ -79,7 +133,16 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
     pass
 
 
-EngineInput = AddRequest | AbortRequests | Shutdown
+class EngineStateQuery(msgspec.Struct, tag="state", array_like=True):
+    """Ask for an ``EngineState``; answered by the next ``EngineCoreOutputs`` sent (on
+    demand only: nothing is summarized per step)."""
+
+    max_requests: int = 64
+    max_nodes: int = 48
+    max_depth: int = 4
+
+
+EngineInput = AddRequest | AbortRequests | EngineStateQuery | Shutdown
 
 
 class EngineReady(msgspec.Struct):

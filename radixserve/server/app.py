@@ -1,6 +1,7 @@
 """The OpenAI-compatible server's ASGI app: the API-key and body-size guard, then the two
 generation endpoints and the render endpoint as plain ASGI (`generation_routes`), then FastAPI
-for every other route (models, tokenize, health, metrics). Handlers live in serving_*.py."""
+for every other route (models, tokenize, health, metrics, the engine state, the browser pages:
+`engine_view`, `ui_routes`). Handlers live in serving_*.py."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from radixserve.server import body_reader, memory
 from radixserve.server.admission import AdmissionGate
 from radixserve.server.anthropic_routes import AnthropicRoutes
 from radixserve.server.content_type import unsupported_media_type
+from radixserve.server.engine_view import install_engine_view
 from radixserve.server.errors import error_headers, error_response, send_error
 from radixserve.server.generation_routes import GenerationRoutes
 from radixserve.server.limits import ServeLimits
@@ -34,6 +36,7 @@ from radixserve.server.protocol_chat import (
 from radixserve.server.serving import ClientDisconnected, OpenAIError, ServingContext
 from radixserve.server.serving_anthropic import ANTHROPIC_PATHS, send_anthropic_error
 from radixserve.server.serving_chat import render_messages
+from radixserve.server.ui_routes import UI_PAGES, UI_STATIC, install_ui
 
 _OPEN_PATHS = {"/health", "/version", "/metrics"}
 
@@ -82,6 +85,8 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
 
     describe_generation_routes(app)
     add_response_routes(app, ctx)
+    install_engine_view(app, ctx, metrics)
+    install_ui(app)
     gate = AdmissionGate(limits.admission, metrics.admission)
     routes = AnthropicRoutes(OllamaRoutes(GenerationRoutes(app, ctx, gate)), ctx, gate)
     return _Guard(routes, api_key, limits.max_request_bytes, limits.body_read_timeout, metrics)
@@ -132,7 +137,7 @@ class _Guard:
             body_reader.check_declared_length(headers, self.max_body_bytes)
         except body_reader.BodyRefused as exc:
             return await self._refuse(scope, send, exc)
-        if self.expected is not None and scope["path"] not in _OPEN_PATHS:
+        if self.expected is not None and not _is_open(scope["path"]):
             given = (headers.get(b"authorization", b""),
                      b"Bearer " + headers.get(b"x-api-key", b""))
             if not any(hmac.compare_digest(key, self.expected) for key in given):
@@ -166,6 +171,12 @@ async def _send_error(scope, send, exc: Exception) -> None:
     if scope["path"] in ANTHROPIC_PATHS:
         return await send_anthropic_error(send, exc)
     return await send_error(send, exc)
+
+
+def _is_open(path: str) -> bool:
+    """Paths served without the API key: probes, and the pages (which hold no secret)."""
+    return (path in _OPEN_PATHS or path in UI_PAGES
+            or path.startswith(UI_STATIC) and ".." not in path)
 
 
 def _error(message: str, status: int, type: str = "invalid_request_error",

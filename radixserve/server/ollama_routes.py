@@ -72,7 +72,10 @@ class OllamaRoutes:
             return await self.inner(scope, receive, send)
         method = scope["method"]
         if path == "/":
-            if method not in ("GET", "HEAD"):
+            # a browser (Accept: text/html) gets the playground (ui_routes); Ollama's clients
+            # and probes get its liveness answer
+            accept = dict(scope.get("headers") or ()).get(b"accept", b"")
+            if method not in ("GET", "HEAD") or b"text/html" in accept:
                 return await self.inner(scope, receive, send)
             return await _send_text(send, b"Ollama is running")
         handler = self.routes.get((method, path))

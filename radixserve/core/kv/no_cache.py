@@ -38,5 +38,16 @@ class NoPrefixCache:
     def num_evictable_blocks(self) -> int:
         return 0
 
+    @property
+    def num_cached_blocks(self) -> int:
+        return 0
+
+    @property
+    def num_nodes(self) -> int:
+        return 0
+
+    def summary(self, max_nodes: int, max_depth: int) -> list:
+        return []
+
     def check_integrity(self) -> None:
         pass

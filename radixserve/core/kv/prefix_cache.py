@@ -54,4 +54,16 @@ class PrefixCache(Protocol):
     @property
     def num_evictable_blocks(self) -> int: ...
 
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks the cache holds a reference to (evictable or locked by a request)."""
+
+    @property
+    def num_nodes(self) -> int: ...
+
+    def summary(self, max_nodes: int, max_depth: int) -> list:
+        """At most ``max_nodes`` `CacheNodeInfo`s of the top ``max_depth`` levels, parents
+        first; read-only (no LRU touch, no hit counted). Its cost is bounded by the nodes it
+        lists and their children, never the whole cache."""
+
     def check_integrity(self) -> None: ...

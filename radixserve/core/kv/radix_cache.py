@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.prefix_cache import PrefixMatch
+from radixserve.core.kv.radix_summary import summarize
+from radixserve.engine.messages import CacheNodeInfo
 
 
 @dataclass(slots=True, eq=False)
@@ -52,6 +54,7 @@ class _Node:
     uid: int
     children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
     lock_ref: int = 0
+    hits: int = 0  # prefix matches that used this node (for the engine view)
 
 
 class RadixCache:
@@ -86,6 +89,10 @@ class RadixCache:
         node, num_tokens = self._walk(token_ids, n, blocks)
         self.num_queries_tokens += len(token_ids)
         self.num_hit_tokens += num_tokens
+        hit = node
+        while hit.parent is not None:
+            hit.hits += 1
+            hit = hit.parent
         return PrefixMatch(blocks, num_tokens, node)
 
     def cached_len(self, token_ids: list[int]) -> int:
@@ -187,6 +194,14 @@ class RadixCache:
     def num_cached_blocks(self) -> int:
         return self._evictable + self._protected
 
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    def summary(self, max_nodes: int, max_depth: int) -> list[CacheNodeInfo]:
+        """The top of the tree, read-only and bounded (`radix_summary.summarize`)."""
+        return summarize(self.root, max_nodes, max_depth)
+
     def check_integrity(self) -> None:
         """Walk the whole tree; assert the invariants and the incremental counters."""
         bs, ref_counts = self.block_size, self.block_pool.ref_counts
@@ -271,7 +286,7 @@ class RadixCache:
         bs, cut, parent = self.block_size, pages * self.block_size, child.parent
         assert parent is not None and 0 < pages < len(child.blocks)
         upper = _Node(child.key[:cut], child.blocks[:pages], parent, child.last_access,
-                      next(self._uids), lock_ref=child.lock_ref)
+                      next(self._uids), lock_ref=child.lock_ref, hits=child.hits)
         parent.children[tuple(child.key[:bs])] = upper
         child.key = child.key[cut:]
         child.blocks = child.blocks[pages:]
