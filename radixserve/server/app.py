@@ -27,8 +27,9 @@ from radixserve.server.protocol_chat import (
 )
 from radixserve.server.serving import ClientDisconnected, OpenAIError, ServingContext
 from radixserve.server.serving_chat import render_messages
+from radixserve.server.worker_routes import WORKER_PATHS, add_worker_routes
 
-_OPEN_PATHS = {"/health", "/version", "/metrics"}
+_OPEN_PATHS = {"/health", "/version", "/metrics", *WORKER_PATHS}
 
 
 def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None = None,
@@ -50,10 +51,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
 
     @app.get("/load")
     async def load():
-        s = client.stats
-        return {"num_requests_running": s.num_running, "num_requests_waiting": s.num_waiting,
-                "kv_cache_usage": s.kv_usage, "num_kv_blocks": s.num_kv_blocks,
-                "num_pending_requests": len(client.queues)}
+        return client.load()  # summed over the replicas, then each one
 
     @app.get("/metrics")
     async def prometheus():
@@ -73,6 +71,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
         ctx.check_model(body.model)
         return await ctx.prep.run(_detokenize, ctx, body)
 
+    add_worker_routes(app, ctx)
     gate = AdmissionGate(limits.admission, metrics.admission)
     return _Guard(GenerationRoutes(app, ctx, gate), api_key, limits.max_request_bytes,
                   limits.body_read_timeout, metrics)

@@ -63,8 +63,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "server gives up and exits non-zero")
     parser.add_argument("--log-level", default="warning")
     add_engine_args(parser)
+    from radixserve.distributed.dp_args import add_dp_args
     from radixserve.server.limits import add_limit_args
 
+    add_dp_args(parser)
     add_limit_args(parser)
 
 
@@ -127,38 +129,46 @@ def serve(args: argparse.Namespace) -> int:
     tokenizer.detokenizer([])  # builds the token → bytes table now, not on the first request
     kwargs = engine_kwargs(args)
     if args.mock_engine:
-        build = functools.partial(_build_mock_engine, tokenizer.vocab_size,
-                                  args.max_model_len or 8192, args.mock_step_ms / 1000,
-                                  args.mock_max_seqs)
+        def make_build(threads):
+            return functools.partial(_build_mock_engine, tokenizer.vocab_size,
+                                     args.max_model_len or 8192, args.mock_step_ms / 1000,
+                                     args.mock_max_seqs)
     else:
-        build = functools.partial(_build_real_engine, kwargs, args.model)
+        def make_build(threads):
+            return functools.partial(_build_real_engine, {**kwargs, "threads": threads},
+                                     args.model)
+    from radixserve.distributed.dp_args import replica_builds
+
+    builds = replica_builds(args.data_parallel_size, make_build, args.threads)
     name = args.served_model_name or source.name
     import uvloop
 
-    return uvloop.run(_serve(args, build, tokenizer, name, tool_parser, reasoning))
+    return uvloop.run(_serve(args, builds, tokenizer, name, tool_parser, reasoning))
 
 
-async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
+async def _serve(args, builds, tokenizer, name, tool_parser, reasoning) -> int:
     import uvicorn
 
     _Server = _server_class()
+    from radixserve.distributed.dp_args import routing_config
+    from radixserve.distributed.dp_metrics import ReplicaCollector
+    from radixserve.distributed.replica_set import ReplicaSet
     from radixserve.engine.async_engine import AsyncLLM
-    from radixserve.engine.core_client import EngineCoreClient
     from radixserve.server.app import build_app
-    from radixserve.server.engine_supervisor import EngineSupervisor
     from radixserve.server.metrics import ServerMetrics
     from radixserve.server.limits import serve_limits
     from radixserve.server.serving import ServingContext
     from radixserve.structured.validator import grammar_validator
 
     tmp = tempfile.mkdtemp(prefix="radixserve-")
-    client = EngineCoreClient(f"ipc://{tmp}/in", f"ipc://{tmp}/out")
-    supervisor = EngineSupervisor(client, build, tmp, args.startup_timeout,
-                                  _restart_policy(args))
+    supervisor = ReplicaSet(builds, tmp, args.startup_timeout, _restart_policy(args),
+                            routing_config(args))
     fatal: list[str] = []
     try:
         ready = await supervisor.start()
+        client = supervisor.client
         metrics = ServerMetrics(client, name)
+        metrics.registry.register(ReplicaCollector(supervisor, name))
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
                              grammar_validator=grammar_validator(tokenizer),
@@ -175,8 +185,10 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning) -> int:
 
         supervisor.watch(on_fatal, metrics.engine_restarts.inc)
         _settle_gc()
+        replicas = (f", {len(builds)} replicas, {args.dp_routing} routing" if len(builds) > 1
+                    else "")
         print(f"radixserve: serving {name} on http://{args.host}:{args.port} "
-              f"(context {ready.max_model_len}, {ready.num_kv_blocks} KV blocks)",
+              f"(context {ready.max_model_len}, {ready.num_kv_blocks} KV blocks{replicas})",
               file=sys.stderr, flush=True)
         await server.serve()
     except RuntimeError as exc:
