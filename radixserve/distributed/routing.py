@@ -8,9 +8,11 @@ cache_aware (the default):
     1. eligible = replicas up whose load ≤ min(load) + balance_threshold
        (a replica more than the threshold busier than the least busy loses the request)
     2. among them the longest prefix match in its `PrefixIndex`, then the lowest load, then the
-       lowest index
+       smallest index (the most room left in its cache), then the lowest index number
     3. the prompt's blocks are recorded in the chosen replica's index
-A request with no match anywhere therefore goes to the least busy replica.
+A request with no match anywhere therefore goes to the least busy replica, and between idle
+ones to the one holding the least: new prefixes spread over the replicas even when requests
+come one at a time.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ class CacheAwareRouter(LeastLoadRouter):
         hashes = block_hashes(prompt_ids, self.block_size,
                               max(index.capacity for index in self.indexes))
         matches = {r: self.indexes[r].match(hashes) for r in eligible}
-        i = min(eligible, key=lambda r: (-matches[r], loads[r], r))
+        i = min(eligible, key=lambda r: (-matches[r], loads[r], len(self.indexes[r]), r))
         self.indexes[i].insert(hashes[:self.indexes[i].capacity])
         self.num_matched_tokens += matches[i] * self.block_size
         self.num_routed[i] += 1
