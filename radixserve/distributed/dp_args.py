@@ -24,10 +24,14 @@ def add_dp_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-balance-threshold", type=_non_negative_int, default=16, metavar="N",
                    help="cache_aware: a replica with more than N requests in flight beyond "
                         "the least busy one loses the request to a less busy one")
+    g.add_argument("--dp-cache-threshold", type=_fraction, default=0.5, metavar="F",
+                   help="cache_aware: a replica's prefix match counts only if it covers at "
+                        "least this fraction of the prompt (a short preamble all prompts "
+                        "share does not decide)")
 
 
 def routing_config(args: argparse.Namespace) -> RoutingConfig:
-    return RoutingConfig(args.dp_routing, args.dp_balance_threshold)
+    return RoutingConfig(args.dp_routing, args.dp_balance_threshold, args.dp_cache_threshold)
 
 
 def replica_builds(num_replicas: int, make_build: Callable[[int | None], object],
@@ -62,6 +66,13 @@ def _cpu_ranges(cpus: list[int]) -> str:
         else:
             runs.append([cpu])
     return ",".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:

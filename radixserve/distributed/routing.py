@@ -7,12 +7,15 @@ are down.
 cache_aware (the default):
     1. eligible = replicas up whose load ≤ min(load) + balance_threshold
        (a replica more than the threshold busier than the least busy loses the request)
-    2. among them the longest prefix match in its `PrefixIndex`, then the lowest load, then the
-       smallest index (the most room left in its cache), then the lowest index number
-    3. the prompt's blocks are recorded in the chosen replica's index
-A request with no match anywhere therefore goes to the least busy replica, and between idle
-ones to the one holding the least: new prefixes spread over the replicas even when requests
-come one at a time.
+    2. a replica's prefix match (blocks in its `PrefixIndex`) counts only if it covers at least
+       ``cache_threshold`` of the prompt's full blocks: a short preamble every prompt shares
+       (a chat template's default system prompt) must not pull every request to one replica
+    3. among them the longest counted match, then the lowest load, then the smallest index
+       (the most room left in its cache), then the lowest index number
+    4. the prompt's blocks are recorded in the chosen replica's index
+A request with no counted match anywhere therefore goes to the least busy replica, and between
+idle ones to the one holding the least: new prefixes spread over the replicas even when
+requests come one at a time.
 """
 
 from __future__ import annotations
@@ -34,8 +37,12 @@ class NoReplicaError(RuntimeError):
 class RoutingConfig:
     policy: str = "cache_aware"
     balance_threshold: int = 16  # in-flight requests
+    cache_threshold: float = 0.5  # the fraction of a prompt's blocks a match must cover
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError(f"the cache threshold must be within [0, 1], got "
+                             f"{self.cache_threshold}")
         if self.policy not in ROUTING_POLICIES:
             raise ValueError(f"unknown routing policy {self.policy!r}; supported: "
                              f"{', '.join(ROUTING_POLICIES)}")
@@ -88,10 +95,12 @@ class CacheAwareRouter(LeastLoadRouter):
     """Longest recorded prefix match among the replicas not too busy (see the module
     docstring). ``capacities``: each replica's index size in blocks (its KV blocks)."""
 
-    def __init__(self, block_size: int, capacities: list[int], balance_threshold: int) -> None:
+    def __init__(self, block_size: int, capacities: list[int], balance_threshold: int,
+                 cache_threshold: float = 0.5) -> None:
         super().__init__(len(capacities))
         self.block_size = block_size
         self.balance_threshold = balance_threshold
+        self.cache_threshold = cache_threshold
         self.indexes = [PrefixIndex(c if c > 0 else _NO_KV_POOL_CAPACITY) for c in capacities]
         self.num_matched_tokens = 0  # prompt tokens routed onto a recorded prefix
 
@@ -102,6 +111,9 @@ class CacheAwareRouter(LeastLoadRouter):
         hashes = block_hashes(prompt_ids, self.block_size,
                               max(index.capacity for index in self.indexes))
         matches = {r: self.indexes[r].match(hashes) for r in eligible}
+        for r, n in matches.items():
+            if n < self.cache_threshold * len(hashes):
+                matches[r] = 0
         i = min(eligible, key=lambda r: (-matches[r], loads[r], len(self.indexes[r]), r))
         self.indexes[i].insert(hashes[:self.indexes[i].capacity])
         self.num_matched_tokens += matches[i] * self.block_size
@@ -115,7 +127,8 @@ class CacheAwareRouter(LeastLoadRouter):
 def make_router(config: RoutingConfig, block_size: int, capacities: list[int]):
     """The router ``config.policy`` names, for replicas with these KV block counts."""
     if config.policy == "cache_aware":
-        return CacheAwareRouter(block_size, capacities, config.balance_threshold)
+        return CacheAwareRouter(block_size, capacities, config.balance_threshold,
+                                config.cache_threshold)
     if config.policy == "round_robin":
         return RoundRobinRouter(len(capacities))
     return LeastLoadRouter(len(capacities))

@@ -88,6 +88,17 @@ def test_cache_aware_skips_a_dead_replica_and_forgets_what_a_restarted_one_held(
         router.choose(_prompt(1, 8), [None, None])
 
 
+def test_a_short_shared_preamble_does_not_pull_every_prompt_to_one_replica():
+    router = CacheAwareRouter(BS, [100, 100], balance_threshold=4, cache_threshold=0.5)
+    preamble = _prompt(0, 2)  # 2 blocks every prompt starts with
+    prompts = [preamble + _prompt(k, 6) for k in (1, 2, 3, 4)]  # 8 blocks each
+    assert [router.choose(p, [0, 0]) for p in prompts] == [0, 1, 0, 1]
+    # a prompt sharing 4 of its 8 blocks (50 %) counts as a match
+    assert router.choose(prompts[1][:4 * BS] + _prompt(9, 4), [0, 0]) == 1
+    loose = CacheAwareRouter(BS, [100, 100], balance_threshold=4, cache_threshold=0.0)
+    assert [loose.choose(p, [0, 0]) for p in prompts] == [0, 0, 0, 0]
+
+
 def test_a_replica_without_a_kv_pool_gets_a_default_index_size():
     router = CacheAwareRouter(BS, [0, 0], balance_threshold=4)
     assert all(index.capacity > 1000 for index in router.indexes)
@@ -112,6 +123,8 @@ def test_least_load_picks_the_fewest_in_flight():
 def test_the_routing_config_names_what_is_supported():
     with pytest.raises(ValueError, match="cache_aware, round_robin, least_load"):
         RoutingConfig("random")
+    with pytest.raises(ValueError, match="within"):
+        RoutingConfig(cache_threshold=1.5)
     assert isinstance(make_router(RoutingConfig("least_load"), 16, [1, 1]), LeastLoadRouter)
     assert isinstance(make_router(RoutingConfig(), 16, [1, 1]), CacheAwareRouter)
 

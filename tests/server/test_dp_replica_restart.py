@@ -37,6 +37,15 @@ def _replica_metric(url: str, name: str, replica: int) -> float:
     raise AssertionError(f"no {name} for replica {replica} in /metrics")
 
 
+def test_each_replica_is_pinned_to_its_own_cpus(server):
+    pids = [r["pid"] for r in httpx.get(f"{server.url}/load").json()["replicas"]]
+    sets = [os.sched_getaffinity(pid) for pid in pids]
+    api = os.sched_getaffinity(server.proc.pid)
+    if len(api) >= 2:
+        assert not sets[0] & sets[1], sets
+    assert set().union(*sets) == api, (sets, api)
+
+
 def test_a_killed_replica_fails_only_its_own_requests_and_comes_back(server):
     load = httpx.get(f"{server.url}/load").json()
     assert load["data_parallel_size"] == 2 and [r["up"] for r in load["replicas"]] == [True, True]
