@@ -37,8 +37,9 @@ from radixserve.server.serving import ClientDisconnected, OpenAIError, ServingCo
 from radixserve.server.serving_anthropic import ANTHROPIC_PATHS, send_anthropic_error
 from radixserve.server.serving_chat import render_messages
 from radixserve.server.ui_routes import UI_PAGES, UI_STATIC, install_ui
+from radixserve.server.worker_routes import WORKER_PATHS, add_worker_routes
 
-_OPEN_PATHS = {"/health", "/version", "/metrics"}
+_OPEN_PATHS = {"/health", "/version", "/metrics", *WORKER_PATHS}
 
 
 def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None = None,
@@ -60,10 +61,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
 
     @app.get("/load")
     async def load():
-        s = client.stats
-        return {"num_requests_running": s.num_running, "num_requests_waiting": s.num_waiting,
-                "kv_cache_usage": s.kv_usage, "num_kv_blocks": s.num_kv_blocks,
-                "num_pending_requests": len(client.queues)}
+        return client.load()  # summed over the replicas, then each one
 
     @app.get("/metrics")
     async def prometheus():
@@ -87,6 +85,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     add_response_routes(app, ctx)
     install_engine_view(app, ctx, metrics)
     install_ui(app)
+    add_worker_routes(app, ctx)
     gate = AdmissionGate(limits.admission, metrics.admission)
     routes = AnthropicRoutes(OllamaRoutes(GenerationRoutes(app, ctx, gate)), ctx, gate)
     return _Guard(routes, api_key, limits.max_request_bytes, limits.body_read_timeout, metrics)

@@ -49,11 +49,13 @@ def _log(message: str) -> None:
 
 class EngineSupervisor:
     """Owns the engine process behind ``client``; ``build`` is what the process builds
-    (picklable: each start spawns a fresh interpreter); ``folder`` holds its ipc sockets."""
+    (picklable: each start spawns a fresh interpreter); ``folder`` holds its ipc sockets;
+    ``label`` starts its log lines and death reasons (a data-parallel replica's "replica 1: ")."""
 
     def __init__(self, client: EngineCoreClient, build, folder: str,
-                 startup_timeout: float, policy: RestartPolicy) -> None:
+                 startup_timeout: float, policy: RestartPolicy, label: str = "") -> None:
         self.client = client
+        self.label = label
         self.build = build
         self.folder = folder
         self.startup_timeout = startup_timeout
@@ -98,7 +100,7 @@ class EngineSupervisor:
     async def _supervise(self, on_fatal, on_restart) -> None:
         while True:
             await _exited(self._proc)
-            reason = f"the engine process exited with code {self._proc.exitcode}"
+            reason = f"{self.label}the engine process exited with code {self._proc.exitcode}"
             _log(reason)
             if time.monotonic() - self._ready_at >= self.policy.stable_after_s:
                 self._num_failures = 0
@@ -118,17 +120,17 @@ class EngineSupervisor:
             await asyncio.sleep(self.policy.delay(self._num_failures))
             self._num_failures += 1
             attempt = f"restart attempt {self._num_failures} of {self.policy.max_attempts}"
-            _log(f"starting a new engine ({attempt})")
+            _log(f"{self.label}starting a new engine ({attempt})")
             self.num_restarts += 1
             on_restart()
             self.client.rebind(*self._addresses())
             try:
                 ready = await self._spawn()
             except RuntimeError as exc:
-                _log(f"{attempt} failed: {exc}")
+                _log(f"{self.label}{attempt} failed: {exc}")
                 self.client.dead = f"{reason}; {attempt} failed: {exc}"
                 continue
-            _log(f"the new engine is ready (pid {self._proc.pid}, {ready.num_kv_blocks} KV "
+            _log(f"{self.label}the new engine is ready (pid {self._proc.pid}, {ready.num_kv_blocks} KV "
                  "blocks)")
             return True
         return False

@@ -79,8 +79,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "server gives up and exits non-zero")
     parser.add_argument("--log-level", default="warning")
     add_engine_args(parser)
+    from radixserve.distributed.dp_args import add_dp_args
     from radixserve.server.limits import add_limit_args
 
+    add_dp_args(parser)
     add_limit_args(parser)
 
 
@@ -144,15 +146,21 @@ def serve(args: argparse.Namespace) -> int:
     embedding = _embedding_setup(source, args)
     kwargs = engine_kwargs(args)
     if args.mock_engine:
-        build = functools.partial(_build_mock_engine, tokenizer.vocab_size,
-                                  args.max_model_len or 8192, args.mock_step_ms / 1000,
-                                  args.mock_max_seqs)
+        def make_build(threads):
+            return functools.partial(_build_mock_engine, tokenizer.vocab_size,
+                                     args.max_model_len or 8192, args.mock_step_ms / 1000,
+                                     args.mock_max_seqs)
     else:
-        build = functools.partial(_build_real_engine, kwargs, args.model)
+        def make_build(threads):
+            return functools.partial(_build_real_engine, {**kwargs, "threads": threads},
+                                     args.model)
+    from radixserve.distributed.dp_args import replica_builds
+
+    builds = replica_builds(args.data_parallel_size, make_build, args.threads)
     name = args.served_model_name or source.name
     import uvloop
 
-    return uvloop.run(_serve(args, build, tokenizer, name, tool_parser, reasoning, embedding))
+    return uvloop.run(_serve(args, builds, tokenizer, name, tool_parser, reasoning, embedding))
 
 
 def _model_path(args) -> str | None:
@@ -170,14 +178,15 @@ def _embedding_setup(source, args):
         raise SystemExit(f"radixserve: error: {exc}") from None
 
 
-async def _serve(args, build, tokenizer, name, tool_parser, reasoning, embedding) -> int:
+async def _serve(args, builds, tokenizer, name, tool_parser, reasoning, embedding) -> int:
     import uvicorn
 
     _Server = _server_class()
+    from radixserve.distributed.dp_args import routing_config
+    from radixserve.distributed.dp_metrics import ReplicaCollector
+    from radixserve.distributed.replica_set import ReplicaSet
     from radixserve.engine.async_engine import AsyncLLM
-    from radixserve.engine.core_client import EngineCoreClient
     from radixserve.server.app import build_app
-    from radixserve.server.engine_supervisor import EngineSupervisor
     from radixserve.server.metrics import ServerMetrics
     from radixserve.server.limits import serve_limits
     from radixserve.server.response_store import ResponseStore
@@ -190,13 +199,14 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning, embedding
         print(f"radixserve: error: {exc}", file=sys.stderr)
         return 1
     tmp = tempfile.mkdtemp(prefix="radixserve-")
-    client = EngineCoreClient(f"ipc://{tmp}/in", f"ipc://{tmp}/out")
-    supervisor = EngineSupervisor(client, build, tmp, args.startup_timeout,
-                                  _restart_policy(args))
+    supervisor = ReplicaSet(builds, tmp, args.startup_timeout, _restart_policy(args),
+                            routing_config(args))
     fatal: list[str] = []
     try:
         ready = await supervisor.start()
+        client = supervisor.client
         metrics = ServerMetrics(client, name)
+        metrics.registry.register(ReplicaCollector(supervisor, name))
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
                              grammar_validator=grammar_validator(tokenizer),
@@ -216,9 +226,11 @@ async def _serve(args, build, tokenizer, name, tool_parser, reasoning, embedding
 
         supervisor.watch(on_fatal, metrics.engine_restarts.inc)
         _settle_gc()
+        replicas = (f", {len(builds)} replicas, {args.dp_routing} routing" if len(builds) > 1
+                    else "")
         print(f"radixserve: serving {name} on http://{args.host}:{args.port} "
-              f"(context {ready.max_model_len}, {ready.num_kv_blocks} KV blocks; embeddings: "
-              f"{embedding.pooling + ' pooling' if embedding.pooling else 'off'})",
+              f"(context {ready.max_model_len}, {ready.num_kv_blocks} KV blocks{replicas}; "
+              f"embeddings: {embedding.pooling + ' pooling' if embedding.pooling else 'off'})",
               file=sys.stderr, flush=True)
         await server.serve()
     except RuntimeError as exc:

@@ -28,6 +28,7 @@ from pydantic import (BaseModel, Field, SerializerFunctionWrapHandler, Validatio
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.protocol_base import INT64_MAX, Int64, OpenAIRequest
+from radixserve.server.protocol_router import RouterFields
 from radixserve.server.protocol_structured import (
     ResponseFormat,
     StructuredOutputsRequest,
@@ -138,7 +139,7 @@ class StreamOptions(OpenAIRequest):
     continuous_usage_stats: bool | None = False
 
 
-class SamplingRequest(OpenAIRequest):
+class SamplingRequest(RouterFields, OpenAIRequest):
     """Fields shared by completion and chat requests, and their mapping to `SamplingParams`.
 
     OpenAI's optional parameters accept ``null`` (meaning the default); vLLM's extensions follow.

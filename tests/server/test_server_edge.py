@@ -126,7 +126,9 @@ def test_openapi_describes_every_route(server):
         "/api/embed": ["post"], "/api/show": ["post"], "/api/tags": ["get"],
         "/api/ps": ["get"], "/api/version": ["get"]}
     assert {p: described.get(p) for p in served} == served
-    assert set(described) - set(served) <= {"/v1/engine/state", "/", "/ui/engine"}
+    assert set(described) - set(served) <= {"/v1/engine/state", "/", "/ui/engine",
+                                            "/get_model_info", "/get_server_info",
+                                            "/get_load", "/health_generate"}
     schemas = schema["components"]["schemas"]
     for path, model in (("/v1/completions", "CompletionRequest"),
                         ("/v1/chat/completions", "ChatCompletionRequest")):

@@ -1,0 +1,89 @@
+"""``radixserve serve`` flags for data parallel, and the per-replica builds they make."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+
+from radixserve.distributed.cpu_split import affinity_list, pin_to, replica_threads, split_cpus
+from radixserve.distributed.routing import ROUTING_POLICIES, RoutingConfig
+
+
+def add_dp_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("data parallel")
+    g.add_argument("--data-parallel-size", type=_positive_int, default=1, metavar="N",
+                   help="engine replicas, each its own process, KV pool (--num-kv-blocks / "
+                        "--kv-cache-memory-gb are per replica) and prefix cache, pinned to "
+                        "its share of the CPUs, behind this one API process")
+    g.add_argument("--dp-routing", default="cache_aware", choices=ROUTING_POLICIES,
+                   help="which replica gets a request: the longest prefix it was sent before "
+                        "(unless it is too busy: --dp-balance-threshold), each in turn, or "
+                        "the fewest requests in flight")
+    g.add_argument("--dp-balance-threshold", type=_non_negative_int, default=16, metavar="N",
+                   help="cache_aware: a replica with more than N requests in flight beyond "
+                        "the least busy one loses the request to a less busy one")
+    g.add_argument("--dp-cache-threshold", type=_fraction, default=0.5, metavar="F",
+                   help="cache_aware: a replica's prefix match counts only if it covers at "
+                        "least this fraction of the prompt (a short preamble all prompts "
+                        "share does not decide)")
+
+
+def routing_config(args: argparse.Namespace) -> RoutingConfig:
+    return RoutingConfig(args.dp_routing, args.dp_balance_threshold, args.dp_cache_threshold)
+
+
+def replica_builds(num_replicas: int, make_build: Callable[[int | None], object],
+                   requested_threads: int | None) -> list:
+    """One picklable build per replica. ``make_build(threads)`` is the engine build with that
+    thread count. One replica is built as before (no pinning); several are each pinned to
+    their run of CPUs (see `cpu_split`)."""
+    if num_replicas == 1:
+        return [make_build(requested_threads)]
+    runs = split_cpus(affinity_list(), num_replicas)
+    builds = []
+    for i, cpus in enumerate(runs):
+        threads = replica_threads(num_replicas, cpus, requested_threads)
+        print(f"radixserve: replica {i}: CPUs {_cpu_ranges(cpus)}, {threads} threads",
+              file=sys.stderr, flush=True)
+        builds.append(functools.partial(build_pinned, cpus, make_build(threads)))
+    return builds
+
+
+def build_pinned(cpus: list[int], build):
+    """In the replica's process: pin it, then build its engine (torch loads after this)."""
+    pin_to(cpus)
+    return build()
+
+
+def _cpu_ranges(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] → "0-2,5" (as taskset and /proc write them)."""
+    runs: list[list[int]] = []
+    for cpu in cpus:
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ",".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
