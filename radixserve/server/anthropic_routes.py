@@ -4,16 +4,14 @@ disconnect handling), answering errors in Anthropic's shape. Any other path goes
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator
 
 from radixserve.server.admission import AdmissionGate, Ticket
+from radixserve.server.asgi_io import SSE_HEADERS, read_body, send_stream, until_disconnect
 from radixserve.server.errors import send_json
-from radixserve.server.generation_routes import (
-    _SSE_HEADERS, _parse, _read_body, _until_disconnect, _wait_disconnect)
+from radixserve.server.generation_routes import _parse
 from radixserve.server.protocol_anthropic import CountTokensRequest, MessagesRequest
-from radixserve.server.serving import ClientDisconnected, OpenAIError, ServingContext
+from radixserve.server.serving import OpenAIError, ServingContext
 from radixserve.server.anthropic_blocks import MESSAGE_STOP
 from radixserve.server.serving_anthropic import (
     MessagesServer, send_anthropic_error, stream_error_event)
@@ -36,11 +34,13 @@ class AnthropicRoutes:
         admitted: list[Ticket] = []
         try:
             try:
-                whole, chunks = await handler(await _read_body(receive), receive, admitted)
+                whole, chunks = await handler(await read_body(receive), receive, admitted)
             except Exception as exc:  # noqa: BLE001 - every error is answered with a body
                 return await send_anthropic_error(send, exc)
             if chunks is not None:
-                return await _stream(chunks, receive, send)
+                return await send_stream(chunks, receive, send, SSE_HEADERS,
+                                         lambda exc: stream_error_event(exc).encode(),
+                                         ends=MESSAGE_STOP.encode())
             return await send_json(send, 200, whole)
         finally:
             for ticket in admitted:
@@ -58,45 +58,7 @@ class AnthropicRoutes:
         if body.stream:
             return None, self.messages.stream(ids, params, tool_parser, arrival, ticket)
         work = self.messages.full(ids, params, tool_parser, arrival, ticket)
-        return await _until_disconnect(receive, work), None
+        return await until_disconnect(receive, work), None
 
     async def _count_tokens(self, raw: bytes, receive, admitted: list):
         return await self.messages.count_tokens(_parse(CountTokensRequest, raw)), None
-
-
-async def _stream(chunks: AsyncIterator[str], receive, send) -> None:
-    """Send ``chunks`` as SSE; stop (closing ``chunks``, which aborts the engine request) when
-    the client leaves. A failure after the response started ends it with an ``error`` event."""
-    this = asyncio.current_task()
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        await _wait_disconnect(receive)
-        gone = True
-        this.cancel()
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        try:
-            async for chunk in chunks:
-                # the chunk carrying message_stop also ends the response: one write, not two
-                last = chunk.endswith(MESSAGE_STOP)
-                await send({"type": "http.response.body", "body": chunk.encode(),
-                            "more_body": not last})
-                if last:
-                    return
-        except (ClientDisconnected, asyncio.CancelledError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the engine's and queue errors, as an event
-            await send({"type": "http.response.body", "body": stream_error_event(exc).encode(),
-                        "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except asyncio.CancelledError:
-        if not gone:
-            raise  # the server is stopping, not the client leaving
-        this.uncancel()
-    finally:
-        watcher.cancel()
-        await asyncio.shield(chunks.aclose())

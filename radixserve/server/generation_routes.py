@@ -13,11 +13,8 @@ aborts its engine requests). Errors get the same OpenAI bodies as every other ro
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable
 
 import msgspec
 from pydantic import BaseModel
@@ -26,20 +23,17 @@ from radixserve.engine.async_engine import EngineRequestError, EngineStepError
 from radixserve.engine.core_client import EngineDeadError
 from radixserve.server.admission import AdmissionGate, AdmissionLimits, Ticket
 from radixserve.server.admission_metrics import NoAdmissionMetrics
+from radixserve.server.asgi_io import SSE_HEADERS, read_body, send_stream, until_disconnect
 from radixserve.server.errors import error_response, send_error, send_json
 from radixserve.server.protocol import CompletionRequest, error_body
 from radixserve.server.protocol_chat import ChatCompletionRequest
 from radixserve.server.protocol_embedding import EmbeddingRequest
 from radixserve.server.protocol_responses import ResponsesRequest, format_param
-from radixserve.server.serving import SSE_DONE, ClientDisconnected, OpenAIError, ServingContext
+from radixserve.server.serving import SSE_DONE, OpenAIError, ServingContext
 from radixserve.server.serving_chat import ChatServer, render_messages
 from radixserve.server.serving_completion import CompletionServer, request_size
 from radixserve.server.serving_embedding import EmbeddingServer
 from radixserve.server.serving_responses import ResponsesServer
-
-_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                (b"cache-control", b"no-cache")]
-
 
 class GenerationRoutes:
     """ASGI app: the generation and render endpoints; any other path goes to ``app``."""
@@ -71,13 +65,15 @@ class GenerationRoutes:
         try:
             try:
                 # a response: (the whole JSON body, None) or (None, the SSE chunks)
-                whole, chunks = await handler(await _read_body(receive), receive, admitted)
+                whole, chunks = await handler(await read_body(receive), receive, admitted)
             except Exception as exc:  # noqa: BLE001 - every error is answered with a body
                 self._count_refusal(exc)
                 return await send_error(send, exc)
             if chunks is not None:
-                return await _stream(chunks, receive, send,
-                                     self.stream_ends.get(scope["path"], SSE_DONE))
+                # after an error event too: clients stop reading at [DONE]
+                done = self.stream_ends.get(scope["path"], SSE_DONE).encode()
+                return await send_stream(chunks, receive, send, SSE_HEADERS, _error_chunk,
+                                         done, done or None)
             return await send_json(send, 200, whole)
         finally:
             for ticket in admitted:
@@ -100,7 +96,7 @@ class GenerationRoutes:
         if body.stream:
             return None, self.completions.stream(body, prompts, params, arrival, ticket)
         work = self.completions.full(body, prompts, params, arrival, ticket)
-        return (await _until_disconnect(receive, work)).model_dump_json().encode(), None
+        return (await until_disconnect(receive, work)).model_dump_json().encode(), None
 
     async def _chat_completion(self, raw: bytes, receive, admitted: list):
         arrival = time.time()
@@ -114,7 +110,7 @@ class GenerationRoutes:
         if body.stream:
             return None, self.chat.stream(body, ids, params, tool_parser, arrival, ticket)
         work = self.chat.full(body, ids, params, tool_parser, arrival, ticket)
-        return (await _until_disconnect(receive, work)).model_dump_json().encode(), None
+        return (await until_disconnect(receive, work)).model_dump_json().encode(), None
 
     async def _response(self, raw: bytes, receive, admitted: list):
         arrival = time.time()
@@ -127,12 +123,12 @@ class GenerationRoutes:
         admitted.append(ticket)
         if body.stream:
             return None, self.responses.stream(plan, arrival, ticket)
-        return await _until_disconnect(receive, self.responses.full(plan, arrival, ticket)), None
+        return await until_disconnect(receive, self.responses.full(plan, arrival, ticket)), None
 
     async def _embeddings(self, raw: bytes, receive, admitted: list):
         body = _parse(EmbeddingRequest, raw)
         work = self.embeddings.openai(body, self.admitter(admitted))
-        return (await _until_disconnect(receive, work)).model_dump_json().encode(), None
+        return (await until_disconnect(receive, work)).model_dump_json().encode(), None
 
     def admitter(self, admitted: list):
         """``admit(num_seqs, num_tokens, timeout)`` through the gate, the ticket kept in
@@ -168,91 +164,17 @@ def _parse(model: type[BaseModel], raw: bytes):
     return model.model_validate_json(raw)
 
 
-async def _read_body(receive) -> bytes:
-    parts = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected()
-        parts.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-async def _wait_disconnect(receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _until_disconnect(receive, work: Awaitable):
-    """Await ``work`` unless the client disconnects first; then cancel it (which aborts the
-    engine requests it started) and raise ClientDisconnected."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        raise ClientDisconnected()
-    return task.result()
-
-
-async def _stream(chunks: AsyncIterator[str], receive, send, done: str = SSE_DONE) -> None:
-    """Send ``chunks`` as an SSE response ended by ``done``; stop (closing ``chunks``, which
-    aborts the engine requests) as soon as the client leaves. An engine error after the
-    response has started becomes a last ``data:`` event carrying an error body (any other
-    exception, a bug, an error event as `errors.error_response` describes it), then ``done``
-    (a route whose stream reports its own errors, in its own events, has none left)."""
-    this = asyncio.current_task()
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        await _wait_disconnect(receive)
-        gone = True
-        this.cancel()
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        try:
-            async for chunk in chunks:
-                # the chunk carrying [DONE] also ends the response: one write, not two
-                last = bool(done) and chunk.endswith(done)
-                await send({"type": "http.response.body", "body": chunk.encode(),
-                            "more_body": not last})
-                if last:
-                    return
-        except EngineDeadError as exc:
-            await _send_event(send, error_body(f"engine unavailable: {exc}",
-                                               "service_unavailable", code=503))
-        except EngineStepError as exc:
-            await _send_event(send, error_body(str(exc), "internal_error", code=500))
-        except EngineRequestError as exc:
-            await _send_event(send, error_body(str(exc)))
-        except OpenAIError as exc:  # e.g. a queue timeout before the first token
-            await _send_event(send, error_body(exc.message, exc.type, exc.param, exc.code))
-        except Exception as exc:  # noqa: BLE001 - a bug: the client still gets an error event
-            status, body = error_response(exc)
-            if body is not None:
-                await _send_event(send, body)
-        # after an error event too: clients stop reading at [DONE]
-        await send({"type": "http.response.body", "body": done.encode(),
-                    "more_body": False})
-    except asyncio.CancelledError:
-        if not gone:
-            raise  # the server is stopping, not the client leaving
-        this.uncancel()
-    finally:
-        watcher.cancel()
-        # shielded: a response cancelled again while closing must still abort its requests
-        await asyncio.shield(chunks.aclose())
-
-
-async def _send_event(send, payload: dict) -> None:
-    data = f"data: {json.dumps(payload)}\n\n".encode()
-    await send({"type": "http.response.body", "body": data, "more_body": True})
+def _error_chunk(exc: Exception) -> bytes | None:
+    """An engine error after the stream started, as a last ``data:`` event carrying an error
+    body (any other exception, a bug, the event `errors.error_response` describes)."""
+    if isinstance(exc, EngineDeadError):
+        body = error_body(f"engine unavailable: {exc}", "service_unavailable", code=503)
+    elif isinstance(exc, EngineStepError):
+        body = error_body(str(exc), "internal_error", code=500)
+    elif isinstance(exc, EngineRequestError):
+        body = error_body(str(exc))
+    elif isinstance(exc, OpenAIError):  # e.g. a queue timeout before the first token
+        body = error_body(exc.message, exc.type, exc.param, exc.code)
+    else:
+        body = error_response(exc)[1]
+    return None if body is None else f"data: {json.dumps(body)}\n\n".encode()

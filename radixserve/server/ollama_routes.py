@@ -13,8 +13,6 @@ routes would give. Every other path goes to the app behind.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import time
 
@@ -23,12 +21,8 @@ from pydantic import BaseModel
 
 from radixserve import __version__
 from radixserve.server.errors import error_response, send_json
-from radixserve.server.generation_routes import (
-    GenerationRoutes,
-    _read_body,
-    _until_disconnect,
-    _wait_disconnect,
-)
+from radixserve.server.asgi_io import read_body, send_stream, until_disconnect
+from radixserve.server.generation_routes import GenerationRoutes
 from radixserve.server.ollama_models import OllamaModelInfo, read_model_info
 from radixserve.server.protocol_ollama import (
     OllamaChatRequest,
@@ -84,13 +78,13 @@ class OllamaRoutes:
                 known = sorted(f"{m} {p}" for m, p in self.routes)
                 raise OpenAIError(f"{method} {path} is not supported; this server answers "
                                   f"{', '.join(known)}", 404)
-            raw = await _read_body(receive) if method == "POST" else b""
+            raw = await read_body(receive) if method == "POST" else b""
             admitted: list = []
             try:
                 whole_body, lines = await handler(raw, receive, admitted)
                 if lines is None:
                     return await send_json(send, 200, whole_body)
-                return await _stream(lines, receive, send)
+                return await send_stream(lines, receive, send, _NDJSON, _error_line)
             finally:
                 for ticket in admitted:
                     ticket.release()
@@ -192,7 +186,7 @@ class OllamaRoutes:
         self.ctx.check_alive()
         ticket = self.inner.admitter(admitted)(len(ids), sum(map(len, ids)), None)
         work = server.embed(ids, pooling, body.dimensions, 0, arrival, ticket)
-        vectors = await _until_disconnect(receive, work)
+        vectors = await until_disconnect(receive, work)
         return body, vectors, sum(map(len, ids)), arrival
 
     async def _embed(self, raw, receive, admitted):
@@ -249,39 +243,13 @@ async def _send_text(send, text: bytes) -> None:
     await send({"type": "http.response.body", "body": text})
 
 
-async def _stream(lines, receive, send) -> None:
-    """Send NDJSON ``lines``; stop (closing them, which aborts the engine requests) when the
-    client leaves. An error after the response started is a last ``{"error": ...}`` line."""
-    this = asyncio.current_task()
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        await _wait_disconnect(receive)
-        gone = True
-        this.cancel()
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        await send({"type": "http.response.start", "status": 200, "headers": _NDJSON})
-        try:
-            async for data in lines:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-        except OllamaStreamError as exc:
-            await _send_line(send, str(exc))
-        except Exception as exc:  # noqa: BLE001 - the engine's errors, as a last line
-            status, body = error_response(exc)
-            await _send_line(send, body["error"]["message"] if body else str(exc))
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except asyncio.CancelledError:
-        if not gone:
-            raise
-        this.uncancel()
-    finally:
-        watcher.cancel()
-        await asyncio.shield(lines.aclose())
+def _error_line(exc: Exception) -> bytes:
+    """An error after the stream started, as a last ``{"error": ...}`` line."""
+    if isinstance(exc, OllamaStreamError):
+        return _error_bytes(str(exc))
+    status, body = error_response(exc)
+    return _error_bytes(body["error"]["message"] if body else str(exc))
 
 
-async def _send_line(send, message: str) -> None:
-    await send({"type": "http.response.body", "body": _ENCODE({"error": message}) + b"\n",
-                "more_body": True})
+def _error_bytes(message: str) -> bytes:
+    return _ENCODE({"error": message}) + b"\n"

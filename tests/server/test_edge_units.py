@@ -15,7 +15,8 @@ from radixserve.engine.messages import AddRequest, EngineCoreRequest
 from radixserve.engine.output_buffer import OutputBuffer
 from radixserve.sampling_params import SamplingParams
 from radixserve.server.content_type import unsupported_media_type
-from radixserve.server.generation_routes import _stream
+from radixserve.server.asgi_io import SSE_HEADERS, send_stream
+from radixserve.server.generation_routes import _error_chunk
 
 
 class _Tokenizer:
@@ -103,15 +104,40 @@ def test_an_exception_inside_a_stream_ends_it_with_an_error_event_and_done():
     async def receive():  # a client that stays
         await asyncio.Event().wait()
 
-    asyncio.run(_stream(chunks(), receive, send))
+    done = b"data: [DONE]\n\n"
+    asyncio.run(send_stream(chunks(), receive, send, SSE_HEADERS, _error_chunk, done, done))
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
     body = b"".join(m.get("body", b"") for m in sent[1:]).decode()
     events = [line[6:] for line in body.splitlines() if line.startswith("data: ")]
     assert events[0] == '{"n": 1}' and events[-1] == "[DONE]" and len(events) == 3
     error = json.loads(events[1])["error"]
     assert error["type"] == "internal_error" and "RuntimeError: a bug" in error["message"]
-    assert sent[-1]["more_body"] is False
+    assert sent[-1]["more_body"] is False and closed == [True]
+
+
+def test_a_client_leaving_mid_stream_closes_the_chunks_and_sends_nothing_more():
+    closed, sent = [], []
+    left = asyncio.Event()
+
+    async def chunks():
+        try:
+            yield "data: 1\n\n"
+            left.set()
+            await asyncio.Event().wait()  # the engine still working when the client goes
+            yield "data: never\n\n"
+        finally:
+            closed.append(True)
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    asyncio.run(send_stream(chunks(), receive, send, SSE_HEADERS, _error_chunk, b"", None))
     assert closed == [True]
+    assert [m.get("body") for m in sent[1:]] == [b"data: 1\n\n"]
 
 
 @pytest.mark.parametrize(("method", "content_type", "refused"), [
