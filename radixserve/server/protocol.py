@@ -231,6 +231,19 @@ def _is_token(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def check_text_or_tokens(value, field: str):
+    """``value`` if it is a prompt-shaped input: a string, a non-empty list of strings, a
+    non-empty list of token ids, or a list of non-empty token id lists; else ValueError."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and (
+            all(isinstance(p, str) for p in value) or all(_is_token(t) for t in value)
+            or all(isinstance(p, list) and p and all(_is_token(t) for t in p) for p in value)):
+        return value
+    raise ValueError(f"{field} must be a string, a non-empty list of strings, a non-empty "
+                     "list of token ids, or a list of non-empty token id lists")
+
+
 class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``."""
 
@@ -244,15 +257,7 @@ class CompletionRequest(SamplingRequest):
     @field_validator("prompt", mode="before")
     @classmethod
     def _check_prompt(cls, value):
-        if isinstance(value, str):
-            return value
-        if isinstance(value, list) and value and (
-                all(isinstance(p, str) for p in value) or all(_is_token(t) for t in value)
-                or all(isinstance(p, list) and p and all(_is_token(t) for t in p)
-                       for p in value)):
-            return value
-        raise ValueError("prompt must be a string, a non-empty list of strings, a non-empty "
-                         "list of token ids, or a list of non-empty token id lists")
+        return check_text_or_tokens(value, "prompt")
 
     @field_validator("suffix")
     @classmethod

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from radixserve.server.protocol import OpenAIRequest, OpenAIResponse, _is_token
+from radixserve.server.protocol import OpenAIRequest, OpenAIResponse, check_text_or_tokens
 
 
 class EmbeddingRequest(OpenAIRequest):
@@ -25,15 +25,7 @@ class EmbeddingRequest(OpenAIRequest):
     @field_validator("input", mode="before")
     @classmethod
     def _check_input(cls, value):
-        if isinstance(value, str):
-            return value
-        if isinstance(value, list) and value and (
-                all(isinstance(p, str) for p in value) or all(_is_token(t) for t in value)
-                or all(isinstance(p, list) and p and all(_is_token(t) for t in p)
-                       for p in value)):
-            return value
-        raise ValueError("input must be a string, a non-empty list of strings, a non-empty "
-                         "list of token ids, or a list of non-empty token id lists")
+        return check_text_or_tokens(value, "input")
 
     def inputs(self) -> tuple[list[str] | None, list[list[int]] | None]:
         """(texts to tokenize, token-id lists): exactly one is set."""
