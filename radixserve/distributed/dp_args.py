@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 
 from radixserve.distributed.cpu_split import affinity_list, pin_to, replica_threads, split_cpus
+from radixserve.distributed.cpu_topology import CpuTopology
 from radixserve.distributed.ray_executor import PLACEMENT_STRATEGIES, RayConfig
 from radixserve.distributed.routing import ROUTING_POLICIES, RoutingConfig
 
@@ -70,7 +71,10 @@ def replica_builds(num_replicas: int, make_build: Callable[[int | None], object]
         return [make_build(requested_threads or ray.cpus_per_replica)] * num_replicas
     if num_replicas == 1:
         return [make_build(requested_threads)]
-    runs = split_cpus(affinity_list(), num_replicas)
+    cpus, topology = affinity_list(), CpuTopology.read()
+    runs = split_cpus(cpus, num_replicas, topology)
+    print(f"radixserve: {topology.describe(cpus)} for {num_replicas} replicas",
+          file=sys.stderr, flush=True)
     builds = []
     for i, cpus in enumerate(runs):
         threads = replica_threads(num_replicas, cpus, requested_threads)
