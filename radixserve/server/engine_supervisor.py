@@ -131,8 +131,8 @@ class EngineSupervisor:
                 _log(f"{self.label}{attempt} failed: {exc}")
                 self.client.dead = f"{reason}; {attempt} failed: {exc}"
                 continue
-            _log(f"{self.label}the new engine is ready (pid {self._proc.pid}, {ready.num_kv_blocks} KV "
-                 "blocks)")
+            _log(f"{self.label}the new engine is ready (pid {self._proc.pid}, "
+                 f"{ready.num_kv_blocks} KV blocks)")
             return True
         return False
 

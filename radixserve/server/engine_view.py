@@ -3,8 +3,8 @@
 The engine part comes from each data-parallel replica's engine process on demand
 (`EngineCoreClient.engine_state`, all replicas asked at once, each answer shared by concurrent
 pollers and reused for a quarter second), per replica and summed (`state_json`); the API
-process adds what only it knows: each request's age, the cache nodes' token previews (decoded here: the engine works
-on ids) and the metrics' running totals, from which the page draws throughput and latency
+process adds what only it knows: each request's age, the cache nodes' token previews (decoded
+here: the engine works on ids) and the metrics' running totals, from which the page draws throughput and latency
 sparklines by differencing successive polls.
 """
 
@@ -135,8 +135,8 @@ def _rate(hits: int, queries: int) -> float:
 
 
 def _request(r: RequestInfo, replica: int, now: float) -> dict:
-    return {"id": r.request_id, "replica": replica, "status": r.status, "computed": r.num_computed_tokens,
-            "tokens": r.num_tokens, "prompt_tokens": r.num_prompt_tokens,
+    return {"id": r.request_id, "replica": replica, "status": r.status,
+            "computed": r.num_computed_tokens, "tokens": r.num_tokens, "prompt_tokens": r.num_prompt_tokens,
             "output_tokens": r.num_tokens - r.num_prompt_tokens, "max_tokens": r.max_tokens,
             "priority": r.priority, "age_s": round(max(0.0, now - r.arrival_time), 3),
             "cached_tokens": r.num_cached_tokens, "preemptions": r.num_preemptions}

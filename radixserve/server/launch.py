@@ -2,6 +2,8 @@
 
 The API process binds two ipc:// sockets in a private temp folder and spawns the engine-core
 process, which connects, loads the model and answers EngineReady; only then does the port open.
+(``--distributed-executor-backend ray``: tcp:// sockets, and each engine a Ray actor in a
+placement group, `radixserve.distributed.ray_executor`.)
 If the engine process dies, pending requests end at once with a 503-style error and the
 `EngineSupervisor` starts a new one (bounded attempts with back-off; /health is 503 until it is
 ready); with ``--no-engine-restart``, or when the attempts are used up, the server exits

@@ -132,7 +132,8 @@ def dp_server():
     assert s.stop() == 0
 
 
-def test_engine_view_of_two_replicas_sums_them_or_shows_one(browser, dp_server, shots):  # noqa: F811
+def test_engine_view_of_two_replicas_sums_them_or_shows_one(browser, dp_server,  # noqa: F811
+                                                           shots):  # noqa: F811
     auth = {"Authorization": f"Bearer {KEY}"}
 
     def complete():  # ~10 s at one token per 20 ms step
