@@ -180,12 +180,15 @@ class RayActorHandle:
         return not self._done.done()
 
     async def exited(self) -> str:
-        """Return once the actor's engine loop has ended, saying how."""
+        """Return once the actor's engine loop has ended, saying how; the actor is killed if
+        it still lives (a loop that returned leaves it holding its bundle's CPUs, which its
+        replacement needs)."""
         try:
             await asyncio.shield(self._done)
         except self.ray.exceptions.RayError as exc:
             return f"the engine actor (pid {self.pid} on {self.node_ip}) died: " \
                    f"{_first_line(exc)}"
+        self.ray.kill(self.actor, no_restart=True)
         return f"the engine actor (pid {self.pid} on {self.node_ip}) ended its loop"
 
     async def stop(self, grace_s: float = 1.0) -> None:
