@@ -64,10 +64,15 @@ def test_a_killed_replica_fails_only_its_own_requests_and_comes_back(server):
     assert sorted({r["replica"] for r in state["running"]}) == [0, 1]
     dead_pid = load["replicas"][0]["pid"]
     os.kill(dead_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    # a request sent before the API process has seen the death could still be routed there
+    while (r := httpx.get(f"{server.url}/load").json()["replicas"][0])["up"] \
+            and r["pid"] == dead_pid:
+        assert time.monotonic() < deadline, "replica 0's death went unnoticed"
+        time.sleep(0.01)
 
     # while replica 0 restarts: healthy, and new requests are answered (by replica 1)
     statuses = set()
-    deadline = time.monotonic() + 60
     answered = 0
     views = []
     while True:
