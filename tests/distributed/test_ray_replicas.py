@@ -31,9 +31,12 @@ ROOT = Path(__file__).parents[2]
 
 @pytest.fixture(scope="module")
 def cluster():
-    os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    info = ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
-                    object_store_memory=80 * 1024**2, _node_ip_address="127.0.0.1")
+    """A Ray head of 2 CPUs owned by this process; its workers import radixserve from this
+    tree (they inherit PYTHONPATH from the head)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        info = ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
+                        object_store_memory=80 * 1024**2, _node_ip_address="127.0.0.1")
     yield info.address_info["gcs_address"]
     ray.shutdown()
 

@@ -118,7 +118,10 @@ def test_a_shared_prefix_workload_lands_on_one_worker(router, workers):
 
 
 def test_the_router_routes_on_the_token_ids_the_workers_render(router, router_log):
+    # NOTE: counted from here on: a worker's first render (its chat template compiled) may
+    # outlast the router's probe on a loaded machine, which then routes that one on text
     before = len(_router_lines(router_log, "Cache prefix decision"))
+    fallbacks = len(_router_lines(router_log, "preparation unavailable"))
     chat = {"model": "tiny", "max_tokens": 2,
             "messages": [{"role": "user", "content": "Which token ids?"}]}
     assert httpx.post(f"{router}/v1/chat/completions", json=chat, timeout=30).status_code == 200
@@ -127,4 +130,4 @@ def test_the_router_routes_on_the_token_ids_the_workers_render(router, router_lo
                       timeout=30).status_code == 200
     time.sleep(0.5)  # the log line is written as the request is routed; let it reach the file
     assert len(_router_lines(router_log, "Cache prefix decision")) >= before + 2
-    assert _router_lines(router_log, "preparation unavailable") == []
+    assert len(_router_lines(router_log, "preparation unavailable")) == fallbacks
