@@ -14,7 +14,7 @@ from radixserve import cpu_threads
 from radixserve.kernels import native
 
 _PACKAGES = ("radixserve", "torch", "numpy", "gguf", "tokenizers", "safetensors", "llguidance",
-             "fastapi", "uvicorn", "msgspec", "pyzmq")
+             "fastapi", "uvicorn", "msgspec", "pyzmq", "ray")
 
 
 def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: bool,

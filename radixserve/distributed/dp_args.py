@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from collections.abc import Callable
 
 from radixserve.distributed.cpu_split import affinity_list, pin_to, replica_threads, split_cpus
+from radixserve.distributed.cpu_topology import CpuTopology
+from radixserve.distributed.ray_executor import PLACEMENT_STRATEGIES, RayConfig
 from radixserve.distributed.routing import ROUTING_POLICIES, RoutingConfig
 
 
@@ -24,6 +27,22 @@ def add_dp_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-balance-threshold", type=_non_negative_int, default=16, metavar="N",
                    help="cache_aware: a replica with more than N requests in flight beyond "
                         "the least busy one loses the request to a less busy one")
+    g.add_argument("--distributed-executor-backend", default="mp", choices=("mp", "ray"),
+                   help="where the replicas run: mp, child processes of this one; ray, "
+                        "actors on an existing Ray cluster (ray start --head; needs "
+                        "pip install 'radixserve[ray]')")
+    g.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS", "auto"),
+                   metavar="ADDR", help="ray: the cluster to join, host:port of its head or "
+                                        "auto (env RAY_ADDRESS; default auto: the one "
+                                        "running on this machine)")
+    g.add_argument("--ray-placement-strategy", default="SPREAD", choices=PLACEMENT_STRATEGIES,
+                   help="ray: how the replicas' bundles go on the nodes (SPREAD: one per "
+                        "node while there are enough, else shared; STRICT_SPREAD: never "
+                        "shared; PACK: as few nodes as fit)")
+    g.add_argument("--ray-cpus-per-replica", type=_positive_int, default=None, metavar="N",
+                   help="ray: CPUs each replica's bundle reserves, and its threads unless "
+                        "--threads says (default: --threads, else 1; on real nodes, a "
+                        "node's or a NUMA node's cores)")
     g.add_argument("--dp-cache-threshold", type=_fraction, default=0.5, metavar="F",
                    help="cache_aware: a replica's prefix match counts only if it covers at "
                         "least this fraction of the prompt (a short preamble all prompts "
@@ -34,14 +53,28 @@ def routing_config(args: argparse.Namespace) -> RoutingConfig:
     return RoutingConfig(args.dp_routing, args.dp_balance_threshold, args.dp_cache_threshold)
 
 
+def ray_config(args: argparse.Namespace) -> RayConfig | None:
+    """The Ray placement ``--distributed-executor-backend ray`` asks for (None: mp)."""
+    if args.distributed_executor_backend != "ray":
+        return None
+    return RayConfig(args.ray_address, args.ray_placement_strategy,
+                     args.ray_cpus_per_replica or args.threads or 1)
+
+
 def replica_builds(num_replicas: int, make_build: Callable[[int | None], object],
-                   requested_threads: int | None) -> list:
+                   requested_threads: int | None, ray: RayConfig | None = None) -> list:
     """One picklable build per replica. ``make_build(threads)`` is the engine build with that
     thread count. One replica is built as before (no pinning); several are each pinned to
-    their run of CPUs (see `cpu_split`)."""
+    their run of CPUs (see `cpu_split`). Ray replicas run on other machines: no local CPUs
+    to pin, each runs its bundle's CPUs as threads (unless ``requested_threads``)."""
+    if ray is not None:
+        return [make_build(requested_threads or ray.cpus_per_replica)] * num_replicas
     if num_replicas == 1:
         return [make_build(requested_threads)]
-    runs = split_cpus(affinity_list(), num_replicas)
+    cpus, topology = affinity_list(), CpuTopology.read()
+    runs = split_cpus(cpus, num_replicas, topology)
+    print(f"radixserve: {topology.describe(cpus)} for {num_replicas} replicas",
+          file=sys.stderr, flush=True)
     builds = []
     for i, cpus in enumerate(runs):
         threads = replica_threads(num_replicas, cpus, requested_threads)

@@ -9,6 +9,7 @@ every replica is.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from radixserve.engine.core_client import EngineCoreClient, EngineDeadError
@@ -44,12 +45,12 @@ class DataParallelClient:
         """The replicas' scheduler stats summed (KV usage: of all their blocks together)."""
         return sum_stats([c.stats for c in self.replicas])
 
-    async def engine_state(self, timeout: float = 5.0):
-        """The engine view's `EngineState` (``/v1/engine/state``): the first live replica's.
-        NOTE: with several replicas the view shows that one only (a view per replica and
-        their sum are not built yet)."""
-        live = [c for c in self.replicas if c.dead is None] or self.replicas
-        return await live[0].engine_state(timeout)
+    async def engine_states(self, timeout: float = 5.0) -> list:
+        """Each replica's `EngineState` for the engine view (``/v1/engine/state``), asked for
+        at once; in place of a state, the exception that replica answered (EngineDeadError
+        while it is down, TimeoutError in a long step)."""
+        return await asyncio.gather(*(c.engine_state(timeout) for c in self.replicas),
+                                    return_exceptions=True)
 
     def loads(self) -> list[int | None]:
         """Requests in flight at each replica; None for one that is down."""

@@ -16,24 +16,28 @@ from radixserve.distributed.dp_client import DataParallelClient
 from radixserve.distributed.routing import RoutingConfig, make_router
 from radixserve.engine.core_client import EngineCoreClient
 from radixserve.engine.messages import EngineReady
+from radixserve.server.engine_launcher import LocalLauncher
 from radixserve.server.engine_supervisor import EngineSupervisor, RestartPolicy
 
 
 class ReplicaSet:
     """``builds[i]`` is what replica i's process builds (picklable); ``folder`` holds one
-    sub-folder of ipc sockets per replica."""
+    sub-folder of ipc sockets per replica; ``launchers[i]`` starts replica i's engines
+    (default: local child processes; `ray_executor`'s for Ray actors)."""
 
     def __init__(self, builds: list, folder: str, startup_timeout: float,
-                 policy: RestartPolicy, routing: RoutingConfig) -> None:
+                 policy: RestartPolicy, routing: RoutingConfig,
+                 launchers: list | None = None) -> None:
         self.routing = routing
         self.supervisors: list[EngineSupervisor] = []
-        for i, build in enumerate(builds):
+        launchers = launchers or [LocalLauncher()] * len(builds)
+        for i, (build, launcher) in enumerate(zip(builds, launchers, strict=True)):
             sub = os.path.join(folder, f"r{i}")
             os.makedirs(sub, exist_ok=True)
-            client = EngineCoreClient(f"ipc://{sub}/in", f"ipc://{sub}/out")
+            client = EngineCoreClient(*launcher.addresses(sub, 0))
             label = f"replica {i}: " if len(builds) > 1 else ""
             self.supervisors.append(EngineSupervisor(client, build, sub, startup_timeout,
-                                                     policy, label=label))
+                                                     policy, label=label, launcher=launcher))
         self.client: DataParallelClient | None = None
 
     async def start(self) -> EngineReady:

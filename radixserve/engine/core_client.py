@@ -55,7 +55,8 @@ class EngineCoreClient:
         self._bind(input_addr, output_addr)
 
     def _bind(self, input_addr: str, output_addr: str) -> None:
-        self.input_addr, self.output_addr = input_addr, output_addr
+        """Bind both sockets; ``input_addr`` / ``output_addr`` become the addresses bound, which
+        the engine connects to (``tcp://host:*`` picks a free port: the address names it)."""
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.bind(input_addr)
         # the same socket through the blocking API: a send that fits the queue is done at once
@@ -64,6 +65,8 @@ class EngineCoreClient:
         self._waiting_sends = 0
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.bind(output_addr)
+        self.input_addr = self.push.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.output_addr = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def rebind(self, input_addr: str, output_addr: str) -> None:
         """After ``mark_dead``: drop the dead engine's sockets (and whatever it left queued in

@@ -8,7 +8,9 @@
                                       ▼ restarts disabled, or attempts used up
                                on_fatal(reason): the API process exits non-zero
 
-Deaths are noticed through the process's sentinel (no polling delay). Consecutive failures
+Where the engine runs is its launcher's business (`engine_launcher`: a child process by default,
+a Ray actor with ``--distributed-executor-backend ray``); deaths are noticed through its handle
+(a process sentinel, an actor's task ending) with no polling delay. Consecutive failures
 (a start that failed, or an engine that died within ``stable_after_s`` of starting) share one
 back-off sequence and one attempt budget; an engine that stayed up that long resets them.
 """
@@ -16,15 +18,14 @@ back-off sequence and one attempt budget; an engine that stayed up that long res
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from radixserve.engine.core_client import EngineCoreClient
-from radixserve.engine.core_proc import run_engine_core
 from radixserve.engine.messages import EngineReady
+from radixserve.server.engine_launcher import LocalLauncher
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,15 @@ def _log(message: str) -> None:
 class EngineSupervisor:
     """Owns the engine process behind ``client``; ``build`` is what the process builds
     (picklable: each start spawns a fresh interpreter); ``folder`` holds its ipc sockets;
-    ``label`` starts its log lines and death reasons (a data-parallel replica's "replica 1: ")."""
+    ``label`` starts its log lines and death reasons (a data-parallel replica's "replica 1: ");
+    ``launcher`` starts each engine (`engine_launcher`; the client was bound to its
+    generation-0 addresses)."""
 
     def __init__(self, client: EngineCoreClient, build, folder: str,
-                 startup_timeout: float, policy: RestartPolicy, label: str = "") -> None:
+                 startup_timeout: float, policy: RestartPolicy, label: str = "",
+                 launcher=None) -> None:
         self.client = client
+        self.launcher = launcher or LocalLauncher()
         self.label = label
         self.build = build
         self.folder = folder
@@ -64,7 +69,7 @@ class EngineSupervisor:
         self._generation = 0
         self._num_failures = 0
         self._ready_at = 0.0
-        self._proc: multiprocessing.Process | None = None
+        self._proc = None  # the engine's handle (engine_launcher)
         self._task: asyncio.Task | None = None
 
     @property
@@ -92,15 +97,11 @@ class EngineSupervisor:
         alive = proc.is_alive if proc is not None else None
         await self.client.shutdown(alive, timeout=timeout)
         if proc is not None:
-            proc.join(timeout=1)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+            await proc.stop(grace_s=1.0)
 
     async def _supervise(self, on_fatal, on_restart) -> None:
         while True:
-            await _exited(self._proc)
-            reason = f"{self.label}the engine process exited with code {self._proc.exitcode}"
+            reason = f"{self.label}{await self._proc.exited()}"
             _log(reason)
             if time.monotonic() - self._ready_at >= self.policy.stable_after_s:
                 self._num_failures = 0
@@ -130,45 +131,32 @@ class EngineSupervisor:
                 _log(f"{self.label}{attempt} failed: {exc}")
                 self.client.dead = f"{reason}; {attempt} failed: {exc}"
                 continue
-            _log(f"{self.label}the new engine is ready (pid {self._proc.pid}, {ready.num_kv_blocks} KV "
-                 "blocks)")
+            _log(f"{self.label}the new engine is ready (pid {self._proc.pid}, "
+                 f"{ready.num_kv_blocks} KV blocks)")
             return True
         return False
 
     def _addresses(self) -> tuple[str, str]:
         self._generation += 1
-        g = self._generation
-        return f"ipc://{self.folder}/in-{g}", f"ipc://{self.folder}/out-{g}"
+        return self.launcher.addresses(self.folder, self._generation)
 
     async def _spawn(self) -> EngineReady:
-        """Start an engine process on the client's current sockets and wait until it is
-        ready; on failure it is gone (killed if need be) and RuntimeError says why."""
-        proc = multiprocessing.get_context("spawn").Process(
-            target=run_engine_core, args=(self.build, self.client.input_addr,
-                                          self.client.output_addr),
-            name="radixserve-engine", daemon=True)
-        proc.start()
+        """Start an engine on the client's current sockets and wait until it is ready; on
+        failure it is gone (killed if need be) and RuntimeError says why."""
+        try:
+            proc = await asyncio.wait_for(
+                self.launcher.start(self.build, self.client.input_addr,
+                                    self.client.output_addr), self.startup_timeout)
+        except TimeoutError:
+            raise RuntimeError(f"the engine was not placed within {self.startup_timeout:.0f} "
+                               "s") from None
         self._proc = proc
         try:
             ready = await self.client.wait_ready(proc.is_alive, self.startup_timeout)
         except BaseException:
-            if proc.is_alive():
-                proc.kill()
-            proc.join()
+            await proc.stop(grace_s=0)
             raise
         self.client.start()
         self._ready_at = time.monotonic()
         return ready
 
-
-async def _exited(proc: multiprocessing.Process) -> None:
-    """Return once ``proc`` has exited (its sentinel becomes readable), reaped."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    loop.add_reader(proc.sentinel, lambda: done.done() or done.set_result(None))
-    try:
-        if proc.is_alive():
-            await done
-    finally:
-        loop.remove_reader(proc.sentinel)
-    proc.join()

@@ -31,6 +31,7 @@ from radixserve.server.protocol_embedding import EmbeddingRequest
 from radixserve.server.protocol_responses import ResponsesRequest, format_param
 from radixserve.server.serving import SSE_DONE, OpenAIError, ServingContext
 from radixserve.server.serving_chat import ChatServer, render_messages
+from radixserve.server.worker_routes import rendered_prompt
 from radixserve.server.serving_completion import CompletionServer, request_size
 from radixserve.server.serving_embedding import EmbeddingServer
 from radixserve.server.serving_responses import ResponsesServer
@@ -49,6 +50,7 @@ class GenerationRoutes:
         self.routes = {"/v1/completions": self._completion,
                        "/v1/chat/completions": self._chat_completion,
                        "/v1/chat/completions/render": self._render,
+                       "/v1/completions/render": self._render_completion,
                        "/v1/embeddings": self._embeddings,
                        "/v1/responses": self._response}
         # the SSE terminator of a route's stream (Responses streams end without [DONE])
@@ -145,8 +147,14 @@ class GenerationRoutes:
         body = _parse(ChatCompletionRequest, raw)
         self.ctx.check_model(body.model)
         text, ids = await self.ctx.prep.chat_prompt(lambda: render_messages(self.ctx, body))
-        return msgspec.json.encode({"prompt": text, "prompt_token_ids": ids,
-                                    "count": len(ids)}), None
+        return msgspec.json.encode(rendered_prompt(self.ctx.model_name, text, ids)), None
+
+    async def _render_completion(self, raw: bytes, receive, admitted: list):
+        """The completion's prompts tokenized alone (no engine): one entry per prompt."""
+        body = _parse(CompletionRequest, raw)
+        prompts, _ = await self.completions.prepare(body)
+        return msgspec.json.encode([rendered_prompt(self.ctx.model_name, text, ids)
+                                    for text, ids in prompts]), None
 
 
 def structured_param(body) -> str:

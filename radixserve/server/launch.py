@@ -2,6 +2,8 @@
 
 The API process binds two ipc:// sockets in a private temp folder and spawns the engine-core
 process, which connects, loads the model and answers EngineReady; only then does the port open.
+(``--distributed-executor-backend ray``: tcp:// sockets, and each engine a Ray actor in a
+placement group, `radixserve.distributed.ray_executor`.)
 If the engine process dies, pending requests end at once with a 503-style error and the
 `EngineSupervisor` starts a new one (bounded attempts with back-off; /health is 503 until it is
 ready); with ``--no-engine-restart``, or when the attempts are used up, the server exits
@@ -134,6 +136,10 @@ def serve(args: argparse.Namespace) -> int:
     from radixserve.cpu_threads import limit_api_threads
 
     limit_api_threads()  # before the tokenizer's imports load numpy (and OpenBLAS)
+    if args.distributed_executor_backend == "ray":
+        from radixserve.distributed.ray_executor import require_ray
+
+        require_ray()  # at once, not after the tokenizer has loaded
     from radixserve.engine.parsers import get_reasoning_parser, get_tool_parser
     from radixserve.engine.tokenizer import load_tokenizer
     from radixserve.models.source import ModelSource
@@ -154,9 +160,10 @@ def serve(args: argparse.Namespace) -> int:
         def make_build(threads):
             return functools.partial(_build_real_engine, {**kwargs, "threads": threads},
                                      args.model)
-    from radixserve.distributed.dp_args import replica_builds
+    from radixserve.distributed.dp_args import ray_config, replica_builds
 
-    builds = replica_builds(args.data_parallel_size, make_build, args.threads)
+    builds = replica_builds(args.data_parallel_size, make_build, args.threads,
+                            ray_config(args))
     name = args.served_model_name or source.name
     import uvloop
 
@@ -199,8 +206,13 @@ async def _serve(args, builds, tokenizer, name, tool_parser, reasoning, embeddin
         print(f"radixserve: error: {exc}", file=sys.stderr)
         return 1
     tmp = tempfile.mkdtemp(prefix="radixserve-")
+    try:
+        placement, launchers = await _placement(args, len(builds))
+    except RuntimeError as exc:
+        print(f"radixserve: error: {exc}", file=sys.stderr)
+        return 1
     supervisor = ReplicaSet(builds, tmp, args.startup_timeout, _restart_policy(args),
-                            routing_config(args))
+                            routing_config(args), launchers)
     fatal: list[str] = []
     try:
         ready = await supervisor.start()
@@ -238,12 +250,28 @@ async def _serve(args, builds, tokenizer, name, tool_parser, reasoning, embeddin
         return 1
     finally:
         await supervisor.close(timeout=10)
+        if placement is not None:
+            placement.close()
         store.close()
         shutil.rmtree(tmp, ignore_errors=True)
     if fatal:
         print(f"radixserve: error: {fatal[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+async def _placement(args, num_replicas: int):
+    """``(RayPlacement, its launchers)`` with ``--distributed-executor-backend ray``, else
+    ``(None, None)``: the replicas are local processes."""
+    from radixserve.distributed.dp_args import ray_config
+
+    config = ray_config(args)
+    if config is None:
+        return None, None
+    from radixserve.distributed.ray_executor import RayPlacement
+
+    placement = await RayPlacement.connect(config, num_replicas)
+    return placement, [placement.launcher(i) for i in range(num_replicas)]
 
 
 def _restart_policy(args):

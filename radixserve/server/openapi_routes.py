@@ -49,6 +49,8 @@ _GENERATION: dict[str, tuple[str, type[BaseModel], type[BaseModel] | None, bool]
                              True),
     "/v1/chat/completions/render": ("The chat template and tokenization alone",
                                     ChatCompletionRequest, RenderResponse, False),
+    "/v1/completions/render": ("The completion's prompts tokenized alone (a list of render "
+                               "answers, one per prompt)", CompletionRequest, None, False),
     "/v1/embeddings": ("Embeddings", EmbeddingRequest, EmbeddingResponse, False),
     "/v1/responses": ("OpenAI Responses (typed server-sent events when streamed)",
                       ResponsesRequest, None, True),

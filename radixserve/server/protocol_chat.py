@@ -275,8 +275,12 @@ class DetokenizeResponse(OpenAIResponse):
 
 
 class RenderResponse(OpenAIResponse):
-    """``POST /v1/chat/completions/render``: the rendered template and its token ids."""
+    """``POST /v1/chat/completions/render``: the rendered template and its token ids (also
+    as vLLM's ``token_ids``, which routers read; ``/v1/completions/render``: a list of
+    these, one per prompt)."""
 
+    model: str
+    token_ids: list[int]
     prompt: str
     prompt_token_ids: list[int]
     count: int

@@ -8,7 +8,12 @@ sglang-router / smg): its model, its load, whether it can generate.
     GET /health_generate   200 once one token was generated (within 30 s), else 503
 
 ``/health``, ``/v1/models`` and the OpenAI generation routes are the server's own. A router
-with a cache-aware policy needs nothing more: it keeps its own tree of what it sent where.
+with a cache-aware policy keeps its own tree of what it sent where, of token ids when the
+worker renders them: vllm-router asks ``POST /v1/chat/completions/render`` (or
+``/v1/completions/render``) with the request it is about to forward and reads ``token_ids``
+(vLLM's field) from the answer, an object for a chat and a list (one per prompt) for a
+completion; an answer without them makes it fall back to routing on the text
+("Prefix input preparation unavailable" in its debug log). `rendered_prompt` is that shape.
 """
 
 from __future__ import annotations
@@ -69,6 +74,14 @@ def add_worker_routes(app, ctx) -> None:
         except Exception as exc:  # noqa: BLE001 - whatever failed, the answer is "unhealthy"
             return _unavailable(f"generation failed: {exc}")
         return JSONResponse({"status": "ok"})
+
+
+def rendered_prompt(model: str, text: str, ids: list[int]) -> dict:
+    """One rendered prompt as the render endpoints answer it: vLLM's ``token_ids`` and
+    ``model`` (what routers read), our ``prompt`` (the text), ``prompt_token_ids`` and
+    ``count``."""
+    return {"model": model, "token_ids": ids, "prompt": text, "prompt_token_ids": ids,
+            "count": len(ids)}
 
 
 def _unavailable(message: str) -> JSONResponse:

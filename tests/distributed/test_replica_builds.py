@@ -7,6 +7,7 @@ import functools
 import os
 
 from radixserve.distributed import dp_args
+from radixserve.distributed.cpu_topology import CpuTopology
 from radixserve.distributed.dp_args import build_pinned, replica_builds
 
 
@@ -21,6 +22,7 @@ def test_one_replica_is_built_unpinned_with_the_requested_threads():
 
 def test_replicas_get_disjoint_cpu_runs_and_their_share_of_threads(monkeypatch):
     monkeypatch.setattr(dp_args, "affinity_list", lambda: [0, 1, 2, 3, 4])
+    monkeypatch.setattr(dp_args.CpuTopology, "read", CpuTopology)  # one node, no siblings
     monkeypatch.setattr("radixserve.distributed.cpu_split.available_cpus", lambda: 5)
     builds = replica_builds(2, _make_build, None)
     assert [b.func for b in builds] == [build_pinned, build_pinned]

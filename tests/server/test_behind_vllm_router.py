@@ -2,12 +2,15 @@
 cache_aware policy) on loopback: the router finds them healthy, lists the model, streams a chat
 request through, and a workload sharing one long system prompt lands on one worker; the
 endpoints a router asks a worker for (/get_model_info, /get_server_info, /get_load,
-/health_generate) answer. Skipped, saying so, where the router package is not installed."""
+/health_generate) answer; the router routes on the token ids our render endpoints give it
+(its debug log: a prefix decision for each request, never "preparation unavailable", its
+fallback to text). Skipped, saying so, where the router package is not installed."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,18 +35,24 @@ def workers():
 
 
 @pytest.fixture(scope="module")
-def router(workers):
+def router_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("router") / "router.log"
+
+
+@pytest.fixture(scope="module")
+def router(workers, router_log):
     port = free_port()
+    log = open(router_log, "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm_router.launch_router", "--host", "127.0.0.1",
          "--port", str(port), "--policy", "cache_aware", "--prometheus-port",
-         str(free_port()), "--worker-urls", *[w.url for w in workers]],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
+         str(free_port()), "--log-level", "debug", "--worker-urls", *[w.url for w in workers]],
+        stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     try:
         while True:
-            assert proc.poll() is None, proc.stdout.read()
+            assert proc.poll() is None, router_log.read_text()
             try:
                 if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
                     break
@@ -59,6 +68,12 @@ def router(workers):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()
+
+
+def _router_lines(router_log, text: str) -> list[str]:
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", router_log.read_text())
+    return [line for line in plain.splitlines() if text in line]
 
 
 def _routed(worker: ServerProc) -> int:
@@ -100,3 +115,19 @@ def test_a_shared_prefix_workload_lands_on_one_worker(router, workers):
         assert r.status_code == 200, r.text
     added = sorted(_routed(w) - b for w, b in zip(workers, before))
     assert added == [0, 8], added
+
+
+def test_the_router_routes_on_the_token_ids_the_workers_render(router, router_log):
+    # NOTE: counted from here on: a worker's first render (its chat template compiled) may
+    # outlast the router's probe on a loaded machine, which then routes that one on text
+    before = len(_router_lines(router_log, "Cache prefix decision"))
+    fallbacks = len(_router_lines(router_log, "preparation unavailable"))
+    chat = {"model": "tiny", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "Which token ids?"}]}
+    assert httpx.post(f"{router}/v1/chat/completions", json=chat, timeout=30).status_code == 200
+    completion = {"model": "tiny", "max_tokens": 2, "prompt": "Which token ids?"}
+    assert httpx.post(f"{router}/v1/completions", json=completion,
+                      timeout=30).status_code == 200
+    time.sleep(0.5)  # the log line is written as the request is routed; let it reach the file
+    assert len(_router_lines(router_log, "Cache prefix decision")) >= before + 2
+    assert len(_router_lines(router_log, "preparation unavailable")) == fallbacks

@@ -57,15 +57,27 @@ def test_a_killed_replica_fails_only_its_own_requests_and_comes_back(server):
     load = httpx.get(f"{server.url}/load").json()
     assert [r["num_pending_requests"] for r in load["replicas"]] == [4, 4], load
     assert load["num_pending_requests"] == NUM_STREAMS
+    state = httpx.get(f"{server.url}/v1/engine/state").json()  # the engine view, per replica
+    assert state["data_parallel_size"] == 2
+    assert [r["num_running"] for r in state["replicas"]] == [4, 4]
+    assert state["num_running"] == NUM_STREAMS
+    assert sorted({r["replica"] for r in state["running"]}) == [0, 1]
     dead_pid = load["replicas"][0]["pid"]
     os.kill(dead_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    # a request sent before the API process has seen the death could still be routed there
+    while (r := httpx.get(f"{server.url}/load").json()["replicas"][0])["up"] \
+            and r["pid"] == dead_pid:
+        assert time.monotonic() < deadline, "replica 0's death went unnoticed"
+        time.sleep(0.01)
 
     # while replica 0 restarts: healthy, and new requests are answered (by replica 1)
     statuses = set()
-    deadline = time.monotonic() + 60
     answered = 0
+    views = []
     while True:
         statuses.add(httpx.get(f"{server.url}/health").status_code)
+        views.append(httpx.get(f"{server.url}/v1/engine/state").json()["replicas"])
         r = httpx.post(f"{server.url}/v1/completions",
                        json={"prompt": "hi", "max_tokens": 3}, timeout=30)
         assert r.status_code == 200, r.text
@@ -76,6 +88,8 @@ def test_a_killed_replica_fails_only_its_own_requests_and_comes_back(server):
         assert time.monotonic() < deadline, "replica 0 was not restarted"
         time.sleep(0.05)
     assert statuses == {200} and answered >= 1
+    down = [v for v in views if not v[0]["up"]]  # the view showed replica 0 down meanwhile
+    assert down and "exited with code -9" in down[0][0]["error"] and down[0][1]["up"]
 
     for t in streams:
         t.join(60)

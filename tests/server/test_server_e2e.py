@@ -152,6 +152,10 @@ def test_tokenize_detokenize_render(server, client, model):
     rendered = httpx.post(f"{server.url}/v1/chat/completions/render",
                           json={"messages": messages}).json()
     assert rendered["prompt"].endswith("<|im_start|>assistant\n")
+    assert rendered["token_ids"] == rendered["prompt_token_ids"]  # vLLM's name, for routers
+    [one] = httpx.post(f"{server.url}/v1/completions/render",
+                       json={"prompt": "Hello world"}).json()
+    assert one["token_ids"] == r["tokens"] and one["prompt"] == "Hello world"
     chat = client.chat.completions.create(model=model, messages=messages, max_tokens=1)
     assert chat.usage.prompt_tokens == rendered["count"]
 

@@ -1,9 +1,11 @@
 """The pages against a ``--mock-engine`` server with ``--api-key``: the key prompt, safe
-rendering of hostile model output, load time and phone width (no model needed for these)."""
+rendering of hostile model output, load time and phone width, and the engine view of two
+data-parallel replicas (all of them summed, or one picked) (no model needed for these)."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -120,3 +122,55 @@ def test_loads_fast_and_fits_a_phone(browser, server, shots):  # noqa: F811
     assert page.is_visible("#settings-form") and page.is_hidden("#sidebar")
     page.screenshot(path=str(shots / "playground_phone.png"))
     context.close()
+
+
+@pytest.fixture(scope="module")
+def dp_server():
+    s = ServerProc("--mock-engine", "--mock-step-ms", "20", "--api-key", KEY,
+                   "--data-parallel-size", "2", "--dp-routing", "round_robin", timeout=120)
+    yield s
+    assert s.stop() == 0
+
+
+def test_engine_view_of_two_replicas_sums_them_or_shows_one(browser, dp_server,  # noqa: F811
+                                                           shots):  # noqa: F811
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    def complete():  # ~10 s at one token per 20 ms step
+        httpx.post(dp_server.url + "/v1/completions", headers=auth, timeout=60,
+                   json={"prompt": "hi", "max_tokens": 500, "ignore_eos": True})
+
+    threads = [threading.Thread(target=complete) for _ in range(3)]  # round robin: 2 + 1
+    for t in threads:
+        t.start()
+        time.sleep(0.2)  # in order: replica 0, 1, 0
+    context = browser.new_context()
+    page = context.new_page()
+    page.errors = watch_errors(page)
+    try:
+        page.goto(dp_server.url + "/ui/engine")
+        page.wait_for_selector("#key-dialog:not([hidden])")
+        _enter_key(page, KEY)
+        page.wait_for_selector("#status:has-text('live')")
+        state = httpx.get(dp_server.url + "/v1/engine/state", headers=auth).json()
+        assert [r["num_running"] for r in state["replicas"]] == [2, 1]
+        assert state["num_running"] == 3
+        assert page.is_visible("#replica-pick")
+        assert page.eval_on_selector_all("#replica option", "o => o.map(e => e.textContent)") \
+            == ["all (2)", "replica 0", "replica 1"]
+        page.wait_for_function("document.querySelector('#num-running').textContent === '3'")
+        assert page.eval_on_selector_all("#req-rows td.dp-only",
+                                         "c => c.map(e => e.textContent).sort()") \
+            == ["r0", "r0", "r1"]
+        page.screenshot(path=str(shots / "engine_dp_all.png"), full_page=True)
+        page.select_option("#replica", "0")
+        page.wait_for_function("document.querySelector('#num-running').textContent === '2'")
+        page.select_option("#replica", "1")
+        page.wait_for_function("document.querySelector('#num-running').textContent === '1'")
+        assert page.eval_on_selector_all("#req-rows tr", "r => r.length") == 1
+        page.screenshot(path=str(shots / "engine_dp_replica1.png"), full_page=True)
+        assert not page.errors, page.errors
+    finally:
+        context.close()
+        for t in threads:
+            t.join(60)

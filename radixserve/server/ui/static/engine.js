@@ -1,5 +1,6 @@
 // The engine view: polls /v1/engine/state once a second and draws it. Throughput and
-// latency come from differencing the metrics' running totals between polls.
+// latency come from differencing the metrics' running totals between polls. Under data
+// parallel a selector shows all replicas (their sum, every request and tree) or one of them.
 
 import { getJSON, withKey } from "./api.js";
 
@@ -8,6 +9,7 @@ const SVG = "http://www.w3.org/2000/svg";
 const HISTORY = 60;
 const history = { tok: [], ttft: [], itl: [] };
 let previous = null;
+let chosen = "all"; // "all" or a replica's index, as the selector's value
 
 function text(sel, value) { $(sel).textContent = value; }
 
@@ -67,6 +69,7 @@ function requests(s) {
     tr.className = `req-row ${r.status}`;
     tr.dataset.id = r.id;
     cell(tr, r.id, "id");
+    cell(tr, `r${r.replica}`, "dp-only");
     cell(tr, r.status);
     const wrap = document.createElement("span");
     const bar = document.createElement("span");
@@ -147,7 +150,8 @@ function tree(s) {
     g.append(svg("text", { x: 8, y: 17 }, preview.length > 26 ? preview.slice(0, 25) + "…" : preview || "·"));
     const lock = n.lock_ref > 0 ? ` · locked ×${n.lock_ref}` : "";
     g.append(svg("text", { x: 8, y: 35, class: "sub" }, `${n.num_tokens} tok · ${n.hits} hits${lock}`));
-    g.append(svg("title", {}, `${n.preview}\n${n.num_tokens} tokens in ${n.num_blocks} blocks, ${n.hits} hits, ${n.lock_ref} locks, ${n.num_children} children`));
+    const where = s.data_parallel_size > 1 ? `replica ${n.replica}: ` : "";
+    g.append(svg("title", {}, `${where}${n.preview}\n${n.num_tokens} tokens in ${n.num_blocks} blocks, ${n.hits} hits, ${n.lock_ref} locks, ${n.num_children} children`));
     el.append(g);
     if (n.num_hidden_children > 0) {
       el.append(svg("text", { x: x(i) + W + 8, y: y(i) + H + GY + 14, class: "sub" },
@@ -156,8 +160,38 @@ function tree(s) {
   });
 }
 
+// The selector's options follow the replicas (one marked while it is down); the view drawn is
+// the chosen replica's, or null while it is down.
+function pick(s) {
+  const multi = s.data_parallel_size > 1;
+  $("#replica-pick").hidden = !multi;
+  $("#reqs").classList.toggle("dp", multi);
+  if (!multi) return s;
+  const select = $("#replica");
+  const labels = [`all (${s.replicas.length})`,
+                  ...s.replicas.map((r) => `replica ${r.replica}${r.up ? "" : " (down)"}`)];
+  if (select.options.length !== labels.length) {
+    select.replaceChildren(...labels.map((label, i) => new Option(label, i ? String(i - 1) : "all")));
+    select.value = chosen;
+  }
+  labels.forEach((label, i) => { select.options[i].textContent = label; });
+  if (chosen === "all") return s;
+  const r = s.replicas[Number(chosen)];
+  return r.up ? { ...r, model: s.model, data_parallel_size: s.data_parallel_size } : null;
+}
+
 function draw(s) {
   text("#model-name", s.model);
+  rates(s);
+  const v = pick(s);
+  if (v === null) {
+    text("#status", `replica ${chosen} is down: ${s.replicas[Number(chosen)].error}`);
+    return;
+  }
+  drawView(v);
+}
+
+function drawView(s) {
   text("#num-running", s.num_running);
   text("#num-waiting", s.num_waiting);
   text("#num-preemptions", s.num_preemptions);
@@ -165,7 +199,6 @@ function draw(s) {
   kv(s);
   requests(s);
   tree(s);
-  rates(s);
   text("#status", `live · summary ${Math.round(s.summary_us)} µs`);
 }
 
@@ -183,6 +216,12 @@ async function loop() {
     await new Promise((r) => setTimeout(r, Math.max(100, 1000 - (Date.now() - started))));
   }
 }
+
+$("#replica").addEventListener("change", (e) => {
+  chosen = e.target.value;
+  const v = previous && pick(previous); // redraw the last poll's data at once
+  if (v) drawView(v);
+});
 
 withKey(poll).then((s) => { draw(s); setTimeout(loop, 1000); },
                    (e) => text("#status", `error: ${e.message}`));
