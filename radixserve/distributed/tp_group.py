@@ -54,6 +54,7 @@ class TensorParallelGroup:
     threads: int
     procs: list = field(default_factory=list)
     parent_pid: int = 0  # ranks > 0: rank 0's process (their parent)
+    prior_cpus: list[int] | None = None  # rank 0: its CPUs before it pinned itself
     shm_path: str | None = None
     _runner: object = None
     _closed: bool = False
@@ -135,6 +136,10 @@ class TensorParallelGroup:
             os.unlink(self.shm_path)
             self.shm_path = None
         _leave_process_group()
+        if self.prior_cpus is not None:  # an offline LLM's process goes on after it
+            from radixserve.distributed.tp_ranks import pin_process
+
+            pin_process(self.prior_cpus)
 
 
 def _leave_process_group() -> None:

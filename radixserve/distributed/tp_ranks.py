@@ -73,11 +73,7 @@ def start_tensor_parallel(config: EngineConfig, source: ModelSource, model_confi
     if config.device.device != "cpu":
         raise ValueError(f"tensor parallel runs on CPU ranks here, not {config.device.device!r}")
     all_reduce = resolve_all_reduce(config.parallel.all_reduce)
-    runs = split_cpus(affinity_list(), world)
-    if len(runs[0]) == 1 and len(set(c for run in runs for c in run)) < world:
-        logger.warning("tensor parallel: %d ranks on %d CPUs share them (slower; the ranks "
-                       "times the data-parallel replicas should not exceed the CPUs)", world,
-                       len(set(c for run in runs for c in run)))
+    runs = rank_cpus(affinity_list(), world)
     threads = [replica_threads(world, run, config.device.threads) for run in runs]
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
     from torch.distributed import TCPStore
@@ -92,20 +88,34 @@ def start_tensor_parallel(config: EngineConfig, source: ModelSource, model_confi
                       slot_elems, message_bytes, tuple(runs[r]), threads[r])
              for r in range(world)]
     procs = start_tp_ranks(specs[1:])
+    prior = affinity_list()
     try:
         pin_process(runs[0])
         group = join(specs[0], store, procs)
+        group.prior_cpus = prior
     except BaseException:
         for proc in procs:
             proc.kill()
         if shm_path is not None:
             os.unlink(shm_path)
+        pin_process(prior)
         raise
     atexit.register(group.close)  # an engine never closed still stops its ranks at exit
     logger.info("tensor parallel: %d ranks (CPUs %s, %s threads), all-reduce %s", world,
                 " | ".join(",".join(map(str, run)) for run in runs),
                 "/".join(map(str, threads)), describe_all_reduce(all_reduce))
     return group
+
+
+def rank_cpus(cpus: list[int], world: int) -> list[list[int]]:
+    """Each rank's CPUs: contiguous runs of this process's (``cpu_split``); with fewer CPUs
+    than ranks they share them round-robin, with a WARNING (correct, but the ranks wait on
+    each other's time slices)."""
+    if world <= len(cpus):
+        return split_cpus(cpus, world)
+    logger.warning("tensor parallel: %d ranks on %d CPU(s) share them (slower; ranks times "
+                   "data-parallel replicas should not exceed the CPUs)", world, len(cpus))
+    return [[cpus[r % len(cpus)]] for r in range(world)]
 
 
 def start_tp_ranks(specs: list[RankSpec]) -> list[subprocess.Popen]:
@@ -129,7 +139,8 @@ def join(spec: RankSpec, store, procs: list | None = None) -> TensorParallelGrou
     dist.init_process_group("gloo", store=store, rank=spec.rank, world_size=spec.world,
                             timeout=_PG_TIMEOUT)
     group = TensorParallelGroup(spec.rank, spec.world, None, store, spec.threads,
-                                procs or [], os.getppid(), spec.shm_path)
+                                procs=procs or [], parent_pid=os.getppid(),
+                                shm_path=spec.shm_path)
     if spec.all_reduce == "shm":
         group.comm = ShmComm(spec.shm_path, spec.rank, spec.world, spec.slot_elems,
                              spec.message_bytes, group.alive)

@@ -1,0 +1,129 @@
+"""Tensor parallel (distributed/tp_*.py) against one rank, on tiny random models whose heads
+divide by 2: a Llama float folder (torch linears, Python layers) and a Qwen2 GGUF in Q4_0 (its
+blocks as stored, split by rows and by whole blocks of columns; qkv biases split with their
+rows; the native decoder layer in two halves).
+
+The all-reduce changes the order of the row-parallel sums: float logits then differ by ~1e-6;
+the block kernels round activations to 8 bits per block of 32, where a last-bit difference can
+flip one rounding step, so Q4_0 logits differ by up to ~0.03 (measured; logits of magnitude
+~3). A wrong split (rows, columns, heads, biases) moves them by O(1). Greedy tokens are compared
+over each prompt's safe-margin prefix: the steps before the first one where TP=1's top-2 logit
+margin falls under the model's margin (well above those differences). Within TP=2, a request
+alone and in a batch must give the same tokens exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+
+from radixserve import LLM, SamplingParams
+from radixserve.core.sched_output import ScheduledSeq
+from radixserve.distributed.tp_ranks import rank_cpus
+from radixserve.kernels import native
+
+NUM_TOKENS = 24
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [10, 20, 30, 40, 50], list(range(100, 160)),
+           [7] * 3 + list(range(200, 230))]
+# model → (logit tolerance, safe margin): measured differences ~2e-6 (float), 0.032 (Q4_0);
+# a top-2 margin over twice the difference cannot flip
+TOLERANCES = {"llama-float": (1e-4, 1e-3), "qwen2-Q4_0": (0.1, 0.07)}
+
+
+def _models(tiny_hf_dirs, tiny_gguf_files):
+    return {"llama-float": (str(tiny_hf_dirs["llama"]), "none"),
+            "qwen2-Q4_0": (str(tiny_gguf_files("qwen2", "Q4_0")), "gguf")}
+
+
+@pytest.fixture(scope="module", params=list(TOLERANCES))
+def pair(request, tiny_hf_dirs, tiny_gguf_files):
+    """(TP=1, TP=2, (tolerance, margin)) on one model, one thread per rank."""
+    path, quantization = _models(tiny_hf_dirs, tiny_gguf_files)[request.param]
+    if quantization == "gguf" and native.load() is None:
+        pytest.skip("blocks as stored need the native kernels")
+    options = dict(num_kv_blocks=64, threads=1, quantization=quantization, show_progress=False)
+    one = LLM(path, **options)
+    two = LLM(path, tensor_parallel_size=2, **options)
+    yield one, two, TOLERANCES[request.param]
+    two.close()
+
+
+def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+def _logits(llm: LLM, ids: list[int]) -> torch.Tensor:
+    """Every position's logits of ``ids`` fed as one prefill (its KV blocks freed after)."""
+    engine = llm.engine
+    pool = engine.scheduler.kv.block_pool
+    blocks = pool.allocate(-(-len(ids) // engine.runner.block_size))
+    try:
+        (logits,) = engine.runner.all_logits([ScheduledSeq("logits", ids, 0, blocks, False)])
+    finally:
+        pool.free(blocks)
+    return logits
+
+
+def _margins(logits: torch.Tensor) -> torch.Tensor:
+    top = logits.topk(2, dim=-1).values
+    return top[:, 0] - top[:, 1]
+
+
+def _safe_len(margins: list[float], margin: float) -> int:
+    return next((k for k, m in enumerate(margins) if m < margin), len(margins))
+
+
+def test_tp2_greedy_equals_tp1_over_the_safe_margin_prefix_and_logits_are_close(pair):
+    """Generated tokens over each safe-margin prefix; and, fed TP=1's whole continuation,
+    TP=2's logits within tolerance and its argmax TP=1's at every position with a safe
+    margin (the random tiny models' margins are often small: that covers more ground)."""
+    one, two, (atol, margin) = pair
+    cfg_one, cfg_two = one.engine.runner.model.config, two.engine.runner.model.config
+    assert (cfg_two.num_heads, cfg_two.num_kv_heads) == (cfg_one.num_heads // 2,
+                                                         cfg_one.num_kv_heads // 2)
+    num_prefix = num_safe = num_positions = 0
+    for prompt, ours, theirs in zip(PROMPTS, _greedy(two, PROMPTS), _greedy(one, PROMPTS)):
+        want = _logits(one, prompt + theirs)
+        got = _logits(two, prompt + theirs)
+        torch.testing.assert_close(got, want, atol=atol, rtol=0)
+        margins = _margins(want)
+        safe = margins >= margin
+        assert torch.equal(got.argmax(-1)[safe], want.argmax(-1)[safe])
+        num_safe, num_positions = num_safe + int(safe.sum()), num_positions + safe.numel()
+        prefix = _safe_len(margins[len(prompt) - 1:-1].tolist(), margin)
+        assert ours[:prefix] == theirs[:prefix], (prompt, prefix, ours, theirs)
+        num_prefix += prefix
+    assert num_prefix >= 12 and num_safe >= num_positions // 3  # real ground covered
+
+
+def test_tp2_is_batch_invariant(pair):
+    _, two, _ = pair
+    together = _greedy(two, PROMPTS)
+    alone = [_greedy(two, [p])[0] for p in PROMPTS]
+    assert together == alone
+
+
+def test_tp2_ranks_are_pinned_apart_and_count_their_all_reduces(pair):
+    _, two, _ = pair
+    group = two.engine.runner.group
+    (worker,) = group.procs
+    mine, theirs = os.sched_getaffinity(0), os.sched_getaffinity(worker.pid)
+    if len(group.prior_cpus) >= 2:
+        assert not mine & theirs, (mine, theirs)
+    assert group.comm.num_calls > 0  # the steps went through its all-reduce
+
+
+def test_a_size_that_does_not_divide_the_heads_names_the_valid_sizes():
+    with pytest.raises(ValueError, match=r"9 attention heads, 3 KV heads.*valid sizes: 1, 3"):
+        LLM(tensor_parallel_size=2, show_progress=False)
+
+
+def test_more_ranks_than_cpus_share_them_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="radixserve.distributed.tp_ranks"):
+        assert rank_cpus([0, 1], 3) == [[0], [1], [0]]
+    assert "3 ranks on 2 CPU(s) share them" in caplog.text
+    assert rank_cpus([0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
