@@ -101,7 +101,8 @@ def start_tensor_parallel(config: EngineConfig, source: ModelSource, model_confi
         pin_process(prior)
         raise
     atexit.register(group.close)  # an engine never closed still stops its ranks at exit
-    logger.info("tensor parallel: %d ranks (CPUs %s, %s threads), all-reduce %s", world,
+    logger.info("tensor parallel: %d ranks (CPUs %s, %s threads), all-reduce %s; native "
+                "decoder layers run as two calls each, an all-reduce after each", world,
                 " | ".join(",".join(map(str, run)) for run in runs),
                 "/".join(map(str, threads)), describe_all_reduce(all_reduce))
     return group

@@ -132,7 +132,7 @@ def check_tp_size(cfg: ModelConfig, size: int, reader=None) -> None:
     if cfg.architecture not in TP_ARCHITECTURES or cfg.moe is not None:
         raise ValueError(f"tensor parallel supports dense {', '.join(TP_ARCHITECTURES)} models, "
                          f"not {cfg.architecture}{' (MoE)' if cfg.moe is not None else ''}")
-    block = _row_parallel_block(reader)
+    block = row_parallel_block(reader)
     valid = valid_tp_sizes(cfg, block)
     if size not in valid:
         blocks = f", stored in blocks of {block} weights" if block > 1 else ""
@@ -142,7 +142,7 @@ def check_tp_size(cfg: ModelConfig, size: int, reader=None) -> None:
             f"{cfg.intermediate_size}{blocks}); valid sizes: {', '.join(map(str, valid))}")
 
 
-def _row_parallel_block(reader) -> int:
+def row_parallel_block(reader) -> int:
     """The block size the o / down matrices of a GGUF file are stored in (1: a float file)."""
     if reader is None:
         return 1

@@ -127,3 +127,31 @@ def test_more_ranks_than_cpus_share_them_with_a_warning(caplog):
         assert rank_cpus([0, 1], 3) == [[0], [1], [0]]
     assert "3 ranks on 2 CPU(s) share them" in caplog.text
     assert rank_cpus([0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
+
+
+def test_a_shard_takes_rows_of_column_parallel_and_whole_blocks_of_row_parallel_matrices():
+    from radixserve.distributed.tp_shard import TensorShard
+
+    w = torch.arange(8 * 64.0).reshape(8, 64)
+    one = TensorShard(1, 2)
+    assert torch.equal(one.take("model.layers.0.self_attn.k_proj.weight", w), w[4:])
+    assert torch.equal(one.take("layers.0.mlp.down_proj.weight", w), w[:, 32:])
+    assert torch.equal(one.take("layers.0.self_attn.o_proj.bias", w[0]), torch.zeros(64))
+    assert one.take("model.norm.weight", w) is w and one.take("lm_head.weight", w) is w
+    raw = torch.arange(8 * 40, dtype=torch.int64).to(torch.uint8).reshape(8, 40)  # 2 blocks/row
+    part, k = one.take_stored("layers.0.mlp.down_proj.weight", raw, 64, 32, 20)
+    assert k == 32 and torch.equal(part, raw[:, 20:])
+    part, k = one.take_stored("layers.0.mlp.gate_proj.weight", raw, 64, 32, 20)
+    assert k == 64 and torch.equal(part, raw[4:])
+
+
+def test_a_step_message_carries_what_the_forward_needs():
+    from radixserve.distributed.tp_runner import STOP, decode_step, encode_step
+
+    seqs = [ScheduledSeq("a", [5, 6, 7], 0, [3], True),
+            ScheduledSeq("b", [9, 1], 14, [0, 7], True, num_draft=1),
+            ScheduledSeq("c", [4], 31, [2, 5], False)]
+    back = decode_step(encode_step(seqs))
+    assert [(s.token_ids, s.start_pos, s.block_ids, s.sample, s.num_draft) for s in back] == \
+        [(s.token_ids, s.start_pos, s.block_ids, s.sample, s.num_draft) for s in seqs]
+    assert decode_step(STOP) is None
