@@ -152,8 +152,9 @@ def tensor_parallel_lines(config, reader=None) -> list[str]:
         sizes = "1 (tensor parallel splits dense Llama-family models only)"
     else:
         sizes = ", ".join(map(str, valid_tp_sizes(config, row_parallel_block(reader))))
+    auto = describe_all_reduce(resolve_all_reduce("auto"))
     return ["tensor parallel:", f"  sizes this model splits into: {sizes}",
-            f"  all-reduce (--tp-all-reduce auto): {describe_all_reduce(resolve_all_reduce('auto'))}"]
+            f"  all-reduce (--tp-all-reduce auto): {auto}"]
 
 
 def _cpu_model() -> str:
