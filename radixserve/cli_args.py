@@ -67,9 +67,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tensor-parallel-size", type=_positive_int, default=1, metavar="N",
                    help="ranks splitting each layer's attention heads and MLP (Megatron-style, "
                         "torch.distributed), each pinned to its share of the CPUs with its "
-                        "own KV pool of its KV heads (--kv-cache-memory-gb is per rank); rank "
-                        "0 schedules and samples. N must divide the heads and KV heads (the "
-                        "error names the valid sizes)")
+                        "own KV pool of its KV heads (--kv-cache-memory-gb is per rank, "
+                        "--threads split between the ranks); rank 0 schedules and samples. N "
+                        "must divide the heads and KV heads (the error names the valid sizes)")
     g.add_argument("--tp-all-reduce", default="auto", choices=["auto", "shm", "torch"],
                    help="how the ranks sum their outputs: shm (shared memory, one machine), "
                         "torch (torch.distributed gloo); auto: shm on x86-64 (measured faster)")

@@ -74,7 +74,10 @@ def start_tensor_parallel(config: EngineConfig, source: ModelSource, model_confi
         raise ValueError(f"tensor parallel runs on CPU ranks here, not {config.device.device!r}")
     all_reduce = resolve_all_reduce(config.parallel.all_reduce)
     runs = rank_cpus(affinity_list(), world)
-    threads = [replica_threads(world, run, config.device.threads) for run in runs]
+    # --threads (or a data-parallel replica's share) is the engine's: split between the ranks
+    total = config.device.threads
+    per_rank = None if total is None else max(1, total // world)
+    threads = [replica_threads(world, run, per_rank) for run in runs]
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
     from torch.distributed import TCPStore
 
