@@ -13,15 +13,12 @@ the engine process, and the API process starts a new engine), the other ranks di
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from dataclasses import dataclass, field
 
 from radixserve.distributed.shm_comm import RankLost
 from radixserve.distributed.tp_shard import TensorShard
-
-logger = logging.getLogger(__name__)
 
 _READY_POLL_S = 0.02
 

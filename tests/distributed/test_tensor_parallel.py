@@ -1,7 +1,8 @@
 """Tensor parallel (distributed/tp_*.py) against one rank, on tiny random models whose heads
 divide by 2: a Llama float folder (torch linears, Python layers) and a Qwen2 GGUF in Q4_0 (its
 blocks as stored, split by rows and by whole blocks of columns; qkv biases split with their
-rows; the native decoder layer in two halves).
+rows; the native decoder layer in two halves), with the shared-memory all-reduce, and the Llama
+once more over gloo (``--tp-all-reduce torch``).
 
 The all-reduce changes the order of the row-parallel sums: float logits then differ by ~1e-6;
 the block kernels round activations to 8 bits per block of 32, where a last-bit difference can
@@ -30,23 +31,28 @@ PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [10, 20, 30, 40, 50], list(range(100, 160))
            [7] * 3 + list(range(200, 230))]
 # model → (logit tolerance, safe margin): measured differences ~2e-6 (float), 0.032 (Q4_0);
 # a top-2 margin over twice the difference cannot flip
-TOLERANCES = {"llama-float": (1e-4, 1e-3), "qwen2-Q4_0": (0.1, 0.07)}
+TOLERANCES = {"llama-float": (1e-4, 1e-3), "qwen2-Q4_0": (0.1, 0.07),
+              "llama-float-gloo": (1e-4, 1e-3)}
 
 
 def _models(tiny_hf_dirs, tiny_gguf_files):
-    return {"llama-float": (str(tiny_hf_dirs["llama"]), "none"),
-            "qwen2-Q4_0": (str(tiny_gguf_files("qwen2", "Q4_0")), "gguf")}
+    """name → (path, quantization, all-reduce)."""
+    llama = str(tiny_hf_dirs["llama"])
+    return {"llama-float": (llama, "none", "shm"),
+            "qwen2-Q4_0": (str(tiny_gguf_files("qwen2", "Q4_0")), "gguf", "shm"),
+            "llama-float-gloo": (llama, "none", "torch")}
 
 
 @pytest.fixture(scope="module", params=list(TOLERANCES))
 def pair(request, tiny_hf_dirs, tiny_gguf_files):
     """(TP=1, TP=2, (tolerance, margin)) on one model, one thread per rank."""
-    path, quantization = _models(tiny_hf_dirs, tiny_gguf_files)[request.param]
+    path, quantization, all_reduce = _models(tiny_hf_dirs, tiny_gguf_files)[request.param]
     if quantization == "gguf" and native.load() is None:
         pytest.skip("blocks as stored need the native kernels")
     options = dict(num_kv_blocks=64, threads=1, quantization=quantization, show_progress=False)
     one = LLM(path, **options)
-    two = LLM(path, tensor_parallel_size=2, **options)
+    two = LLM(path, tensor_parallel_size=2, tp_all_reduce=all_reduce, **options)
+    assert two.engine.runner.group.comm.name == all_reduce
     yield one, two, TOLERANCES[request.param]
     two.close()
 
