@@ -161,3 +161,15 @@ def test_a_step_message_carries_what_the_forward_needs():
     assert [(s.token_ids, s.start_pos, s.block_ids, s.sample, s.num_draft) for s in back] == \
         [(s.token_ids, s.start_pos, s.block_ids, s.sample, s.num_draft) for s in seqs]
     assert decode_step(STOP) is None
+
+
+def test_valid_sizes_divide_the_heads_and_keep_row_parallel_columns_whole_blocks():
+    from radixserve.config import ModelConfig
+    from radixserve.distributed.tp_shard import check_tp_size, valid_tp_sizes
+
+    cfg = ModelConfig("LlamaForCausalLM", 1000, 1024, 2, 16, 8, 64, 2816)
+    assert valid_tp_sizes(cfg) == [1, 2, 4, 8]
+    assert valid_tp_sizes(cfg, 32) == [1, 2, 4, 8]  # Q4_0: 2816 / 8 = 352 = 11 blocks
+    assert valid_tp_sizes(cfg, 256) == [1]  # K-quants: 2816 / 2 = 1408 is not whole blocks
+    with pytest.raises(ValueError, match="supports dense"):
+        check_tp_size(ModelConfig("Gemma3ForCausalLM", 1000, 1024, 2, 16, 8, 64, 2816), 2)
