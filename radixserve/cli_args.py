@@ -64,6 +64,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="most tokens drafted per request and step (1..7)")
     g.add_argument("--no-speculative-adaptive", action="store_true",
                    help="always draft K tokens when the proposer has them (measurements)")
+    g.add_argument("--tensor-parallel-size", type=_positive_int, default=1, metavar="N",
+                   help="ranks splitting each layer's attention heads and MLP (Megatron-style, "
+                        "torch.distributed), each pinned to its share of the CPUs with its "
+                        "own KV pool of its KV heads (--kv-cache-memory-gb is per rank, "
+                        "--threads split between the ranks); rank 0 schedules and samples. N "
+                        "must divide the heads and KV heads (the error names the valid sizes)")
+    g.add_argument("--tp-all-reduce", default="auto", choices=["auto", "shm", "torch"],
+                   help="how the ranks sum their outputs: shm (shared memory, one machine), "
+                        "torch (torch.distributed gloo); auto: shm on x86-64 (measured faster)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -78,7 +87,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 structured_fast_forward=not args.no_structured_fast_forward,
                 speculative=args.speculative,
                 num_speculative_tokens=args.num_speculative_tokens,
-                speculative_adaptive=not args.no_speculative_adaptive)
+                speculative_adaptive=not args.no_speculative_adaptive,
+                tensor_parallel_size=args.tensor_parallel_size, tp_all_reduce=args.tp_all_reduce)
 
 
 def _positive_int(text: str) -> int:

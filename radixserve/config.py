@@ -197,6 +197,26 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallel: ``tensor_parallel_size`` ranks each hold their share of every layer's
+    heads and MLP (distributed/tp_shard.py), their partial outputs summed by ``all_reduce``
+    (distributed/tp_comm.py: auto, shm, torch)."""
+
+    tensor_parallel_size: int = 1
+    all_reduce: str = "auto"
+
+    def __post_init__(self) -> None:
+        from radixserve.distributed.tp_comm import TP_ALL_REDUCES
+
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got "
+                             f"{self.tensor_parallel_size}")
+        if self.all_reduce not in TP_ALL_REDUCES:
+            raise ValueError(f"unknown tensor-parallel all-reduce {self.all_reduce!r}; "
+                             f"supported: {', '.join(TP_ALL_REDUCES)}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine core needs; ``model`` is None for the embedded default model."""
 
@@ -207,6 +227,7 @@ class EngineConfig:
     structured: StructuredConfig = field(default_factory=StructuredConfig)
     seed: int = 0
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 def engine_config(model: str | None = None, *, block_size: int = 16,
@@ -218,7 +239,8 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                   kv_cache_dtype: str = "auto", seed: int = 0,
                   structured_fast_forward: bool = True, speculative: str = "off",
                   num_speculative_tokens: int = 4,
-                  speculative_adaptive: bool = True) -> EngineConfig:
+                  speculative_adaptive: bool = True, tensor_parallel_size: int = 1,
+                  tp_all_reduce: str = "auto") -> EngineConfig:
     """The EngineConfig for the flat engine options the CLI and ``LLM(...)`` take."""
     return EngineConfig(
         model=model,
@@ -228,4 +250,5 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                                   scheduling_policy),
         device=DeviceConfig(device, dtype, quantization, threads),
         structured=StructuredConfig(fast_forward=structured_fast_forward), seed=seed,
-        speculative=SpeculativeConfig(speculative, num_speculative_tokens, speculative_adaptive))
+        speculative=SpeculativeConfig(speculative, num_speculative_tokens, speculative_adaptive),
+        parallel=ParallelConfig(tensor_parallel_size, tp_all_reduce))

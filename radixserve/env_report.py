@@ -137,7 +137,24 @@ def report(model: str | None, quantization: str = "auto") -> str:
         lines.append(f"  memory: linear weights {half / 1e6:.1f} MB in 16 bits as stored, "
                      f"{floats / 1e6:.1f} MB float32 (embedding, norms); plus the KV pool "
                      "(--kv-cache-memory-gb)")
+    lines += tensor_parallel_lines(config, reader)
     return "\n".join(lines)
+
+
+def tensor_parallel_lines(config, reader=None) -> list[str]:
+    """What ``--tensor-parallel-size`` would run: the sizes this model splits into and the
+    all-reduce ``auto`` picks (distributed/tp_comm.py)."""
+    from radixserve.distributed.tp_comm import describe_all_reduce, resolve_all_reduce
+    from radixserve.distributed.tp_shard import (TP_ARCHITECTURES, row_parallel_block,
+                                                 valid_tp_sizes)
+
+    if config.architecture not in TP_ARCHITECTURES or config.moe is not None:
+        sizes = "1 (tensor parallel splits dense Llama-family models only)"
+    else:
+        sizes = ", ".join(map(str, valid_tp_sizes(config, row_parallel_block(reader))))
+    auto = describe_all_reduce(resolve_all_reduce("auto"))
+    return ["tensor parallel:", f"  sizes this model splits into: {sizes}",
+            f"  all-reduce (--tp-all-reduce auto): {auto}"]
 
 
 def _cpu_model() -> str:

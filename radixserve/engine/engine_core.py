@@ -22,6 +22,7 @@ from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
 from radixserve.cpu_threads import apply_engine_threads
+from radixserve.distributed.tp_ranks import start_tensor_parallel
 from radixserve.env_report import python_only_layers, startup_line, stored_types
 from radixserve.engine.context_len import resolve_max_model_len
 from radixserve.core.state_summary import engine_state
@@ -59,25 +60,29 @@ class EngineCore:
     @classmethod
     def from_config(cls, config: EngineConfig, source: ModelSource,
                     show_progress: bool = True, reader=None,
-                    tokenizer: Callable[[], Tokenizer] | None = None) -> EngineCore:
+                    tokenizer: Callable[[], Tokenizer] | None = None, tp=None) -> EngineCore:
         """Load the model and size the KV pool; ``reader``: an open GGUFReader to reuse;
         ``tokenizer`` returns the caller's `Tokenizer` (default: load it from ``source``);
-        it is called on the first structured-output request."""
-        threads = apply_engine_threads(config.device.threads)  # before the model is built
+        it is called on the first structured-output request. ``tp``: this process's
+        tensor-parallel rank (distributed/tp_group.py; default: rank 0, which starts the
+        others when ``config.parallel`` asks for several)."""
         if reader is None and source.kind == "gguf":
             reader = open_gguf(source.path)
         model_config = load_model_config(source, reader)
+        tp = tp or start_tensor_parallel(config, source, model_config, reader)
+        threads = apply_engine_threads(tp.rank_threads(config.device.threads))  # before the model
         device, dtype = config.device.torch_device, config.device.torch_dtype
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' was asked for but CUDA is not available")
         quantization = resolve_quantization(config.device.quantization, device, reader,
                                             checkpoint_dtype(source))
         model = load_model(source, model_config, device, dtype, reader, show_progress,
-                           quantization)
+                           quantization, tp.shard)
         kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, device, dtype)
-        num_blocks = num_blocks_for_budget(model_config, config.cache, kv_dtype)
+        # model.config: this rank's shape (its KV heads); the pool is per rank
+        num_blocks = num_blocks_for_budget(model.config, config.cache, kv_dtype)
         block_size = config.cache.block_size
-        runner = ModelRunner(model, model_config, num_blocks, block_size, device, dtype,
+        runner = ModelRunner(model, model.config, num_blocks, block_size, device, dtype,
                              kv_dtype=kv_dtype)
         if device.type == "cpu":
             logger.info("engine: %s", startup_line(
@@ -95,7 +100,7 @@ class EngineCore:
                                     model_config.vocab_size)
         structured = StructuredOutputManager(backend, config.structured.fast_forward,
                                              config.structured.compile_timeout_s)
-        runner = inject_faults_from_env(runner)  # tests only: unset, the runner as is
+        runner = inject_faults_from_env(tp.runner(runner))  # faults: tests only
         return cls(scheduler, runner, model_config.vocab_size, config.seed, structured)
 
     @property

@@ -27,6 +27,8 @@ class LLM:
 
     ``threads``: torch's CPU threads in this process, which the native kernels share (default:
     the CPUs the process may use, from its affinity mask and cgroup quota).
+    ``tensor_parallel_size``: ranks splitting the model (this process is rank 0; the others
+    are processes it starts, each pinned to its share of the CPUs; ``close()`` stops them).
 
     Errors in the arguments raise ValueError / FileNotFoundError before anything is queued,
     so the object keeps working after a bad call.
@@ -41,7 +43,8 @@ class LLM:
                  enable_prefix_caching: bool = True,
                  scheduling_policy: str = "fcfs", structured_fast_forward: bool = True,
                  speculative: str = "off", num_speculative_tokens: int = 4,
-                 speculative_adaptive: bool = True, show_progress: bool = True) -> None:
+                 speculative_adaptive: bool = True, tensor_parallel_size: int = 1,
+                 tp_all_reduce: str = "auto", show_progress: bool = True) -> None:
         self.config = engine_config(
             model, block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
             num_kv_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
@@ -51,13 +54,20 @@ class LLM:
             kv_cache_dtype=kv_cache_dtype, seed=seed,
             structured_fast_forward=structured_fast_forward, speculative=speculative,
             num_speculative_tokens=num_speculative_tokens,
-            speculative_adaptive=speculative_adaptive)
+            speculative_adaptive=speculative_adaptive,
+            tensor_parallel_size=tensor_parallel_size, tp_all_reduce=tp_all_reduce)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
         self.engine = EngineCore.from_config(self.config, self.source, show_progress, reader,
                                              lambda: self.tokenizer)
         self.tokenizer = load_tokenizer(self.source, reader)
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks this LLM started (nothing to do for one rank)."""
+        close = getattr(self.engine.runner, "close", None)
+        if close is not None:
+            close()
 
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer

@@ -95,9 +95,11 @@ int linear(const Linear& w, const float* x, int64_t M, float* y) {
 
 extern "C" {
 
-// Runs one layer (see the header); `first` for layer 0. Returns 0, or nonzero when a kernel
-// failed (no memory, bad attention shapes).
-int rs_decoder_layer(const Layer* L, const Step* s, int first) {
+// The layer's attention half: norm (and residual), qkv, rotary, attention, o_proj into s->x.
+// A tensor-parallel rank sums s->x over the ranks between the halves (its o_proj holds its
+// heads' share of the input: models/native_stack.py). Returns 0, or nonzero when a kernel
+// failed (1: a linear's scratch memory, 2: bad attention shapes).
+int rs_decoder_attention(const Layer* L, const Step* s, int first) {
   const int64_t M = s->rows, D = L->hidden, hd = L->head_dim;
   const int64_t q_width = L->heads * hd, kv_width = L->kv_heads * hd;
   const int64_t qkv_width = q_width + 2 * kv_width;
@@ -118,11 +120,24 @@ int rs_decoder_layer(const Layer* L, const Step* s, int first) {
                          s->row_len, M, L->heads, L->kv_heads, hd, L->block_size, L->scale,
                          L->window, 0.0f, s->att))
     return 2;
-  if (linear(L->o, s->att, M, s->x)) return 1;
+  return linear(L->o, s->att, M, s->x);
+}
+
+// The layer's MLP half: post-attention norm (residual += x), gate_up, SiLU * up, down into
+// s->x (a tensor-parallel rank's share of the sum, as above).
+int rs_decoder_mlp(const Layer* L, const Step* s) {
+  const int64_t M = s->rows, D = L->hidden;
   rs_add_rms_norm(s->x, s->residual, L->post_norm, M, D, L->eps, s->h);
   if (linear(L->gate_up, s->h, M, s->gate_up)) return 1;
   rs_silu_mul(s->gate_up, M, L->intermediate, s->act);
   return linear(L->down, s->act, M, s->x);
+}
+
+// Runs one layer (see the header); `first` for layer 0. Returns 0, or nonzero when a kernel
+// failed (no memory, bad attention shapes).
+int rs_decoder_layer(const Layer* L, const Step* s, int first) {
+  int rc = rs_decoder_attention(L, s, first);
+  return rc ? rc : rs_decoder_mlp(L, s);
 }
 
 }  // extern "C"

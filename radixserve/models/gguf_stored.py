@@ -30,6 +30,7 @@ from torch import nn
 from tqdm import tqdm
 
 from radixserve.config import ModelConfig
+from radixserve.distributed.tp_shard import TensorShard
 from radixserve.layers.block_linear import FORMATS, PACK_ROWS, BlockLinear, packed_bytes
 from radixserve.layers.int8_linear import Int8Linear
 from radixserve.models.gguf_quant import dequantize, to_torch
@@ -61,11 +62,13 @@ class StoredEmbedding(nn.Module):
 
 
 def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.device,
-                hf_name, unpermute_rows, show_progress: bool = True) -> nn.Module:
+                hf_name, unpermute_rows, show_progress: bool = True,
+                shard: TensorShard = TensorShard()) -> nn.Module:
     """Fill ``model`` (built on the meta device) from the GGUF ``reader`` as stored.
     ``hf_name``: GGUF tensor name → HF name (None to skip); ``unpermute_rows(n, heads)``: the
-    row order that undoes llama.cpp's Q/K permutation, or None for architectures without it.
-    ValueError for a missing tensor or one of an unsupported type."""
+    row order that undoes llama.cpp's Q/K permutation, or None for architectures without it;
+    ``shard``: the tensor-parallel rank's rows and columns of each matrix (``config`` is the
+    whole model's shape). ValueError for a missing tensor or one of an unsupported type."""
     tensors = {}
     for t in reader.tensors:  # a 3-D expert tensor as one view per expert
         tensors.update(expand_experts(hf_name(t.name), t))
@@ -84,7 +87,8 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
         bias = getattr(parent, name).bias
         biases = [_take(tensors, f"{s}.bias") for s in shards] if bias is not None else []
         heads = [_heads(config, s) for s in shards]
-        setattr(parent, name, _linear(weights, biases, heads, unpermute_rows, requantized, pages))
+        setattr(parent, name, _linear(weights, biases, heads, unpermute_rows, requantized, pages,
+                                      shard, shards))
     embed = tensors.pop("embed_tokens.weight", None)
     if embed is None:
         raise ValueError("weights missing from the checkpoint: ['embed_tokens.weight']")
@@ -99,7 +103,8 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
     _materialize(model, device)
     model.rotary.reset_tables(device)
     with torch.no_grad():
-        model.load_weights(_float_tensors(tensors.values(), hf_name, pages))
+        model.load_weights((name, shard.take(name, t))
+                           for name, t in _float_tensors(tensors.values(), hf_name, pages))
     _trim_heap()
     return model
 
@@ -130,23 +135,31 @@ def _shape(tensor) -> tuple[int, ...]:
 
 
 def _linear(weights: list, biases: list, heads: list, unpermute_rows, requantized: list,
-            pages: _Pages) -> nn.Module:
-    """One layer from its shards' GGUF tensors: a BlockLinear when every shard's type has a
-    part kind (block quantized, F16, BF16), else int8 on the dequantized matrices (a shard
-    stored as F32 / F64)."""
-    bias = (torch.cat([dequantize(b.data, b.tensor_type, _shape(b)) for b in biases])
-            if biases else None)
+            pages: _Pages, shard: TensorShard = TensorShard(),
+            names: list[str] | None = None) -> nn.Module:
+    """One layer from its shards' GGUF tensors (HF ``names``, for ``shard``'s part of each): a
+    BlockLinear when every shard's type has a part kind (block quantized, F16, BF16), else
+    int8 on the dequantized matrices (a shard stored as F32 / F64)."""
+    names = names or [""] * len(weights)
+    bias = (torch.cat([shard.take(f"{s}.bias", dequantize(b.data, b.tensor_type, _shape(b)))
+                       for s, b in zip(names, biases)]) if biases else None)
     orders = [unpermute_rows(_shape(t)[0], h) if unpermute_rows and h else None
               for t, h in zip(weights, heads)]
     if not all(t.tensor_type in FORMATS for t in weights):
         requantized += [t.tensor_type.name for t in weights if t.tensor_type not in FORMATS]
-        floats = [_rows(dequantize(t.data, t.tensor_type, _shape(t)), order)
-                  for t, order in zip(weights, orders)]
+        floats = [shard.take(f"{s}.weight",
+                             _rows(dequantize(t.data, t.tensor_type, _shape(t)), order))
+                  for s, t, order in zip(names, weights, orders)]
         for t in weights:
             pages.release(t)
         return Int8Linear.from_float(torch.cat(floats), bias)
-    parts = [(t.tensor_type, _rows(_raw_rows(t), order)) for t, order in zip(weights, orders)]
-    layer = BlockLinear.from_stored(parts, _shape(weights[0])[1], bias)
+    parts, k = [], _shape(weights[0])[1]
+    for s, t, order in zip(names, weights, orders):
+        block, type_size = GGML_QUANT_SIZES[t.tensor_type]
+        raw, k_local = shard.take_stored(f"{s}.weight", _rows(_raw_rows(t), order), k, block,
+                                         type_size)
+        parts.append((t.tensor_type, raw))
+    layer = BlockLinear.from_stored(parts, k_local, bias)
     for t in weights:
         pages.release(t)
     if layer is None:

@@ -24,6 +24,7 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
+from radixserve.distributed.tp_shard import TensorShard
 from radixserve.layers.block_linear import BlockLinear, packed_bytes
 from radixserve.models.gguf_stored import _materialize, _trim_heap
 
@@ -69,10 +70,11 @@ def stored_bytes(source, tied: bool) -> tuple[int, int]:
 
 
 def load_half_stored(model: nn.Module, path: str, device: torch.device,
-                     show_progress: bool = True) -> nn.Module:
+                     show_progress: bool = True,
+                     shard: TensorShard = TensorShard()) -> nn.Module:
     """Fill ``model`` (built on the meta device) from the folder at ``path``, its linear
-    weights as 16-bit parts. ValueError for a missing tensor or a linear weight that is not
-    float16 / bfloat16."""
+    weights as 16-bit parts (``shard``: the tensor-parallel rank's part of each). ValueError
+    for a missing tensor or a linear weight that is not float16 / bfloat16."""
     tensors = _Tensors(path)
     packed = getattr(model, "packed_modules", {})
     linears = [(prefix, parent, name) for prefix, parent in model.named_modules()
@@ -82,9 +84,11 @@ def load_half_stored(model: nn.Module, path: str, device: torch.device,
     for prefix, parent, name in bar:
         base = f"{prefix}.{name}" if prefix else name
         shards = [base.rsplit(name, 1)[0] + shard for shard in packed.get(name, (name,))]
-        weights = [tensors.take(f"model.{s}.weight", f"{s}.weight") for s in shards]
+        weights = [shard.take(f"{s}.weight", tensors.take(f"model.{s}.weight", f"{s}.weight"))
+                   for s in shards]
         has_bias = getattr(parent, name).bias is not None
-        bias = (torch.cat([tensors.take(f"model.{s}.bias", f"{s}.bias").float()
+        bias = (torch.cat([shard.take(f"{s}.bias", tensors.take(f"model.{s}.bias",
+                                                                f"{s}.bias").float())
                            for s in shards]) if has_bias else None)
         setattr(parent, name, _half_linear(weights, bias, base))
     if getattr(model, "lm_head", False) is None:  # tied: its own 16-bit copy of the table
@@ -94,7 +98,7 @@ def load_half_stored(model: nn.Module, path: str, device: torch.device,
     _materialize(model, device)
     model.rotary.reset_tables(device)
     with torch.no_grad():
-        model.load_weights((name, t.float()) for name, t in tensors.rest())
+        model.load_weights((name, shard.take(name, t).float()) for name, t in tensors.rest())
     _trim_heap()
     kinds = sorted({t for m in model.modules() if isinstance(m, BlockLinear) for t in m.types})
     logger.info("linear layers in 16 bits as stored (%s, float32 activations, native); "

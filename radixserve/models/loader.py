@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from radixserve.config import ModelConfig
+from radixserve.distributed.tp_shard import TensorShard
 from radixserve.models.gguf_quant import dequantize
 from radixserve.models.gemma_config import (gemma_gguf_config, gemma_hf_config, gemma_hf_name,
                                             is_gemma)
@@ -50,22 +51,26 @@ def load_model_config(source: ModelSource, reader=None) -> ModelConfig:
 
 def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
                dtype: torch.dtype, reader=None, show_progress: bool = True,
-               quantization: str = "none") -> torch.nn.Module:
+               quantization: str = "none",
+               shard: TensorShard = TensorShard()) -> torch.nn.Module:
     """The model with its weights loaded; ``quantization``: a resolved name, "none", "int8",
     "gguf" or "16bit-stored" (see models/quantization.py; "gguf": the file's matrices as
     stored, "16bit-stored": a float16 / bfloat16 folder's linear weights in 16 bits; no float
-    copy of those matrices either way)."""
+    copy of those matrices either way). ``shard``: the tensor-parallel rank's share to build
+    and load (distributed/tp_shard.py; the default keeps the whole model); its ``config`` is
+    then the rank's shape."""
     cls = get_model_class(config.architecture)
     with torch.device("meta"):
-        model = cls(config)
+        model = cls(shard.local_config(config))
     if quantization == "gguf":
         unpermute = config.architecture in _PERMUTED_ARCHITECTURES
         reader = reader or open_gguf(source.path)
         load_stored(model, reader, config, device, _gguf_namer(config, reader),
-                    unpermute_rows if unpermute else None, show_progress)
-        return model.eval()
+                    unpermute_rows if unpermute else None, show_progress, shard)
+        return shard.wrap_row_parallel_(model.eval())
     if quantization == "16bit-stored":
-        return load_half_stored(model, source.path, device, show_progress).eval()
+        model = load_half_stored(model, source.path, device, show_progress, shard)
+        return shard.wrap_row_parallel_(model.eval())
     model = model.to_empty(device=device).to(dtype)
     model.rotary.reset_tables(device)
     if source.kind == "gguf":
@@ -76,10 +81,11 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
     bar = tqdm(weights, total=total, desc=f"loading {source.name}", unit="tensor",
                disable=not show_progress, leave=False)
     with torch.no_grad():
-        model.load_weights((name, t.to(device=device, dtype=dtype)) for name, t in bar)
+        model.load_weights((name, shard.take(name, t).to(device=device, dtype=dtype))
+                           for name, t in bar)
     if quantization == "int8":
         quantize_linears_(model)
-    return model.eval()
+    return shard.wrap_row_parallel_(model.eval())
 
 
 # -- Hugging Face folders -------------------------------------------------------------------

@@ -5,7 +5,9 @@ ctypes glue around its ~9 kernel calls per layer (~150 us per layer). Where ever
 layer runs a native kernel — int8 or GGUF-block linears, the ``cpu_native`` attention backend,
 float32 rows, no q/k norms, rope on whole heads — the layer stack here makes one call per layer into the same
 kernels, in the same order, on the same buffers: the same bits as the Python layers, which stay
-the path for everything else (``PythonLayerStack``).
+the path for everything else (``PythonLayerStack``). A tensor-parallel rank's layers (their o and
+down projections `RowParallelLinear`) make two calls each, attention and MLP, with the sum over
+the ranks after each (the same kernels again: the same bits as its Python layers).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from radixserve.kernels import native
 from radixserve.layers.attn_backends.cpu_native import KV_DTYPE_CODES, NativeAttentionMetadata
 from radixserve.layers.int8_linear import Int8Linear
 from radixserve.layers.block_linear import BlockLinear
+from radixserve.layers.row_parallel import RowParallelLinear
 from radixserve.runner.forward_context import get_forward_context
 
 logger = logging.getLogger(__name__)
@@ -67,6 +70,9 @@ class NativeLayerStack:
     def __init__(self, lib: ctypes.CDLL, model: nn.Module, fallback: PythonLayerStack) -> None:
         cfg = model.config
         self._call = lib.rs_decoder_layer
+        self._attention, self._mlp = lib.rs_decoder_attention, lib.rs_decoder_mlp
+        o_proj = model.layers[0].self_attn.o_proj if len(model.layers) else None
+        self._comm = o_proj.comm if isinstance(o_proj, RowParallelLinear) else None
         self._fallback = fallback
         self._model = model
         self._dims = (cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, cfg.q_size,
@@ -108,10 +114,19 @@ class NativeLayerStack:
                      row_seq=meta.row_seq.data_ptr(), row_len=meta.row_len.data_ptr(),
                      **{name: t.data_ptr() for name, t in buffers.items()})
         step_ptr = ctypes.addressof(step)
-        if rows:
+        if rows and self._comm is None:
             for i, layer in enumerate(layers):
                 if self._call(ctypes.addressof(layer), step_ptr, i == 0):
                     raise RuntimeError(f"native decoder layer {i} failed (memory or shapes)")
+        elif rows:  # a tensor-parallel rank: sum x over the ranks after each half
+            for i, layer in enumerate(layers):
+                layer_ptr = ctypes.addressof(layer)
+                if self._attention(layer_ptr, step_ptr, i == 0):
+                    raise RuntimeError(f"native decoder layer {i} failed (memory or shapes)")
+                self._comm.all_reduce(x)
+                if self._mlp(layer_ptr, step_ptr):
+                    raise RuntimeError(f"native decoder layer {i} failed (memory)")
+                self._comm.all_reduce(x)
         return x, buffers["residual"]
 
     def _layer_structs(self, kv_caches: list, block_size: int) -> list[_Layer]:
@@ -138,10 +153,12 @@ def _layer_ok(layer: nn.Module) -> bool:
 
 
 def _linear_ok(m: nn.Module) -> bool:
+    m = m.local if isinstance(m, RowParallelLinear) else m
     return isinstance(m, BlockLinear) or (isinstance(m, Int8Linear) and m._native is not None)
 
 
 def _linear_struct(m: nn.Module) -> _Linear:
+    m = m.local if isinstance(m, RowParallelLinear) else m
     if isinstance(m, BlockLinear):  # the parts carry their biases
         return _Linear(1, m.in_features, m.out_features, ctypes.addressof(m.parts), None, None,
                        None, len(m.parts))

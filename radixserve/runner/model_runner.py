@@ -87,6 +87,15 @@ class ModelRunner:
             result[i] = logits[rank]
         return result
 
+    @torch.inference_mode()
+    def forward_only(self, seqs: list[ScheduledSeq]) -> None:
+        """The forward of ``seqs``, packed as ``execute`` packs them, without logits: a
+        tensor-parallel rank > 0 writes its KV heads and gives its share of each all-reduce."""
+        packed = sorted(seqs, key=self._prefill_last)
+        input_ids, positions, meta, _ = self._prepare(packed)
+        with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
+            self.model(input_ids, positions)
+
     def _prefill_last(self, seq: ScheduledSeq) -> bool:
         return not self.backend.is_decode_like(seq.num_tokens, seq.start_pos)
 
