@@ -29,7 +29,7 @@ from radixserve.kernels import levels as _levels
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 10  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap
+ABI_VERSION = 11  # 10: + attention window, softcap; 11: Gemma and q/k norms in rs_decoder_layer
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -49,6 +49,8 @@ _SIGNATURES = {
     "rs_add_rms_norm": (None, [_P, _P, _P, _I64, _I64, ctypes.c_float, _P]),
     "rs_rotary": (None, [_P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _P, _P, _P]),
     "rs_silu_mul": (None, [_P, _I64, _I64, _P]),
+    "rs_gelu_tanh_mul": (None, [_P, _I64, _I64, _P]),
+    "rs_head_rms_norm": (None, [_P, _I64, _P, _I64, _I64, _I64, ctypes.c_float, _P, _I64]),
     "rs_decoder_layer": (ctypes.c_int, [_P, _P, ctypes.c_int]),
     "rs_apply_bitmask": (None, [_P, _I64, _P, _I64, _P, _I64, _I64]),
 }
