@@ -4,7 +4,8 @@ median over every step of every round: the minimum is what a shared machine's in
 leaves least touched) and each round's whole-generate tok/s (best round), and whether the
 greedy tokens agree.
 
-Usage (the level from ``RADIXSERVE_CPU_ISA`` as everywhere):
+Usage (the level from ``RADIXSERVE_CPU_ISA`` as everywhere; radixserve imported from the tree
+under test, e.g. ``PYTHONPATH=.`` in a worktree):
   python benchmarks/bench_layer_stack.py MODEL [--threads 1] [--rounds 3] [--batch 1]
 """
 
