@@ -17,19 +17,20 @@ _PACKAGES = ("radixserve", "torch", "numpy", "gguf", "tokenizers", "safetensors"
              "fastapi", "uvicorn", "msgspec", "pyzmq", "ray")
 
 
-def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: bool,
+def layer_plan(quantization: str, attention: str, kernels: str | None, python_layers: bool,
                stored: tuple[str, ...] = ()) -> dict:
     """Per layer type, what computes it: ``quantization`` and ``attention`` are resolved names
     ("none" / "int8" / "gguf"; "cpu_native" / "torch"), ``kernels`` the loaded level or None,
-    ``stored`` the GGUF file's matrix types (``stored_types``); ``qk_norm``: the layers have a
-    piece the native layer call lacks (q/k norms, sparse MoE blocks: ``python_only_layers``)."""
+    ``stored`` the GGUF file's matrix types (``stored_types``); ``python_layers``: the layers
+    have a piece the native layer call lacks (sparse MoE blocks, partial rotary:
+    ``python_only_layers``)."""
     native_kernel = f"native ({kernels})" if kernels else "torch"
     blocks = f"GGUF blocks as stored ({', '.join(stored) or '?'}), native ({kernels})"
     half = f"16 bits as stored, float32 activations, native ({kernels})"
     linears = {"none": "float (torch)", "int8": f"int8, native ({kernels})",
                "gguf": blocks, "16bit-stored": half}[quantization]
     stack = ("one native call per layer" if kernels and attention == "cpu_native"
-             and quantization != "none" and not qk_norm else "Python layers")
+             and quantization != "none" and not python_layers else "Python layers")
     return {
         "linear layers (qkv, o, gate_up, down)": linears,
         "lm_head": {"none": "float (torch)", "int8": f"int8, native ({kernels})",
@@ -38,16 +39,15 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, qk_norm: 
                       else "float lookup (torch)"),
         "attention": (f"cpu_native: paged, native ({kernels})" if attention == "cpu_native"
                       else "torch: paged, SDPA"),
-        "RMSNorm, rotary, SiLU": native_kernel,
+        "RMSNorm, rotary, SiLU / GELU": native_kernel,
         "decoder layers": stack,
     }
 
 
 def python_only_layers(config) -> bool:
-    """Whether a model's decoder layers run as Python layers whatever the kernels (q/k norms,
-    sparse MoE blocks, Gemma's layers, partial rotary: see models/native_stack.py)."""
-    return (config.qk_norm or config.moe is not None or config.gemma is not None
-            or config.rotary_dim is not None)
+    """Whether a model's decoder layers run as Python layers whatever the kernels (sparse MoE
+    blocks, partial rotary: see models/native_stack.py)."""
+    return config.moe is not None or config.rotary_dim is not None
 
 
 def stored_types(reader) -> tuple[str, ...]:
@@ -62,11 +62,11 @@ def stored_types(reader) -> tuple[str, ...]:
     return tuple(sorted(counts, key=lambda name: -counts[name]))
 
 
-def startup_line(quantization: str, attention: str, qk_norm: bool, threads: int,
+def startup_line(quantization: str, attention: str, python_layers: bool, threads: int,
                  kv_dtype, stored: tuple[str, ...] = ()) -> str:
     """The engine's one line at start (logged by EngineCore.from_config)."""
     info = native.describe()
-    plan = layer_plan(quantization, attention, info.level, qk_norm, stored)
+    plan = layer_plan(quantization, attention, info.level, python_layers, stored)
     kernels = (f"{info.level} ({info.reason}{', AMX tiles' if info.amx_tiles else ''})"
                if info.level else f"none ({info.reason})")
     return (f"kernels {kernels}; linears {plan['linear layers (qkv, o, gate_up, down)']}; "

@@ -35,3 +35,14 @@ def test_layer_plan_and_startup_line_say_what_each_layer_type_runs():
     assert stored_types(None) == ()
     line = startup_line("int8", "cpu_native", True, 2, "torch.float16")
     assert "int8, native" in line and "Python layers" in line and "threads 2" in line
+
+
+def test_only_moe_blocks_and_partial_rotary_keep_the_python_layers():
+    from types import SimpleNamespace as Config
+
+    from radixserve.env_report import python_only_layers
+
+    # Gemma's layers and q/k norms (Qwen3, Gemma 3) run one native call per layer
+    assert not python_only_layers(Config(moe=None, rotary_dim=None, qk_norm=True, gemma=object()))
+    assert python_only_layers(Config(moe=object(), rotary_dim=None))
+    assert python_only_layers(Config(moe=None, rotary_dim=32))

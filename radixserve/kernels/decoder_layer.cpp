@@ -1,15 +1,19 @@
-// One Llama-family decoder layer in one call: the same kernels the Python layer calls, in the
-// same order on the same buffers, so the same bits, without the ~150 us of Python and ctypes
-// glue per layer that a batch-1 decode step otherwise spends (~40 % of it on the embedded
-// model).
+// One Llama- or Gemma-family decoder layer in one call: the same kernels the Python layer
+// calls, in the same order on the same buffers, so the same bits, without the ~150 us of Python
+// and ctypes glue per layer that a batch-1 decode step otherwise spends (~40 % of it on the
+// embedded model).
 //
-// Sequence (models/llama.py's DecoderLayer with the native kernels):
+// Sequence (models/llama.py's DecoderLayer, models/gemma.py's GemmaDecoderLayer, with the
+// native kernels; [..] where the Layer has that piece, see its fields):
 //   h = rms_norm(x) and residual = x         (first layer)
 //   h, residual = add_rms_norm(x, residual)  (later layers: residual += x in place)
-//   qkv = linear(h); rotary on q and k in place; attention (stores k/v in the pool) -> att
-//   x = o_proj(att); h, residual = add_rms_norm(x, residual)
-//   gu = gate_up(h); act = silu(g) * u; x = down(act)
-// The caller adds the final norm. Models with q/k norms (Qwen3) keep the Python layer.
+//   qkv = linear(h); [q, k = head norms (Qwen3, Gemma 3)]; rotary on q and k in place (the
+//   layer's own tables: Gemma's sliding and global layers differ); attention (stores k/v in
+//   the pool; window, soft-cap) -> att
+//   x = o_proj(att); [x = rms_norm(x) (Gemma)]; h, residual = add_rms_norm(x, residual)
+//   gu = gate_up(h); act = silu(g) * u (Llama) or gelu_tanh(g) * u (Gemma); x = down(act)
+//   [x = rms_norm(x) (Gemma)]
+// The caller adds the final norm.
 
 #include <stdint.h>
 #include <string.h>
@@ -35,6 +39,9 @@ void rs_rotary(float* q, int64_t ldq, int64_t q_heads, float* k, int64_t ldk, in
                int64_t M, int64_t d, const int64_t* positions, const float* cos,
                const float* sin);
 void rs_silu_mul(const float* gu, int64_t M, int64_t I, float* out);
+void rs_gelu_tanh_mul(const float* gu, int64_t M, int64_t I, float* out);
+void rs_head_rms_norm(const float* x, int64_t ldx, const float* w, int64_t M, int64_t heads,
+                      int64_t d, float eps, float* out, int64_t ldo);
 }
 
 namespace {
@@ -50,25 +57,34 @@ struct Linear {
   int64_t nparts;
 };
 
-// Per layer, fixed at load.
+enum Activation : int64_t { kSilu = 0, kGeluTanh = 1 };
+
+// Per layer, fixed at load (the rope tables: until the engine resets them). A null norm is a
+// piece the layer does not have.
 struct Layer {
   Linear qkv, o, gate_up, down;
   const float* input_norm;
-  const float* post_norm;
+  const float* post_norm;      // before the MLP, added to the residual (Gemma's pre-feedforward)
+  const float* attn_out_norm;  // on the attention's output (Gemma's post-attention norm)
+  const float* mlp_out_norm;   // on the MLP's output (Gemma's post-feedforward norm)
+  const float* q_norm;         // per head [head_dim] (Qwen3, Gemma 3), with k_norm
+  const float* k_norm;
+  const float* cos;  // rope tables [positions, head_dim]
+  const float* sin;
   void* k_pool;
   void* v_pool;
   int64_t kv_dtype;  // the pools' elements (paged_attention.cpp)
   int64_t hidden, heads, kv_heads, head_dim, intermediate, block_size;
   float eps, scale;
   int64_t window;  // sliding-window attention over the last `window` tokens; 0: none (Mistral)
+  float softcap;   // attention scores capped to softcap * tanh(s / softcap); 0: none (Gemma 2)
+  int64_t activation;  // Activation
 };
 
 // Per step, shared by every layer: the rows, their metadata and the activation buffers.
 struct Step {
   int64_t rows;
   const int64_t* positions;
-  const float* cos;
-  const float* sin;
   const int64_t* slots;
   const int64_t* table;
   int64_t table_stride;
@@ -113,24 +129,40 @@ int rs_decoder_attention(const Layer* L, const Step* s, int first) {
   float* q = s->qkv;
   float* k = s->qkv + q_width;
   float* v = k + kv_width;
-  rs_rotary(q, qkv_width, L->heads, k, qkv_width, L->kv_heads, M, hd, s->positions, s->cos,
-            s->sin);
+  if (L->q_norm) {
+    rs_head_rms_norm(q, qkv_width, L->q_norm, M, L->heads, hd, L->eps, q, qkv_width);
+    rs_head_rms_norm(k, qkv_width, L->k_norm, M, L->kv_heads, hd, L->eps, k, qkv_width);
+  }
+  rs_rotary(q, qkv_width, L->heads, k, qkv_width, L->kv_heads, M, hd, s->positions, L->cos,
+            L->sin);
   if (rs_paged_attention(q, qkv_width, k, qkv_width, v, qkv_width, s->slots, L->k_pool,
                          L->v_pool, L->kv_dtype, s->table, s->table_stride, s->row_seq,
                          s->row_len, M, L->heads, L->kv_heads, hd, L->block_size, L->scale,
-                         L->window, 0.0f, s->att))
+                         L->window, L->softcap, s->att))
     return 2;
   return linear(L->o, s->att, M, s->x);
 }
 
-// The layer's MLP half: post-attention norm (residual += x), gate_up, SiLU * up, down into
-// s->x (a tensor-parallel rank's share of the sum, as above).
+// The layer's MLP half: post-attention norm (residual += x; Gemma first norms the attention's
+// output), gate_up, SiLU or tanh-GELU * up, down into s->x (a tensor-parallel rank's share of
+// the sum, as above; Gemma's norm of the MLP output needs the whole sum, so tensor parallel
+// refuses Gemma: distributed/tp_shard.py).
 int rs_decoder_mlp(const Layer* L, const Step* s) {
   const int64_t M = s->rows, D = L->hidden;
-  rs_add_rms_norm(s->x, s->residual, L->post_norm, M, D, L->eps, s->h);
+  if (L->attn_out_norm) {
+    rs_rms_norm(s->x, D, L->attn_out_norm, M, D, L->eps, s->h, D);
+    rs_add_rms_norm(s->h, s->residual, L->post_norm, M, D, L->eps, s->h);
+  } else {
+    rs_add_rms_norm(s->x, s->residual, L->post_norm, M, D, L->eps, s->h);
+  }
   if (linear(L->gate_up, s->h, M, s->gate_up)) return 1;
-  rs_silu_mul(s->gate_up, M, L->intermediate, s->act);
-  return linear(L->down, s->act, M, s->x);
+  if (L->activation == kGeluTanh)
+    rs_gelu_tanh_mul(s->gate_up, M, L->intermediate, s->act);
+  else
+    rs_silu_mul(s->gate_up, M, L->intermediate, s->act);
+  if (linear(L->down, s->act, M, s->x)) return 1;
+  if (L->mlp_out_norm) rs_rms_norm(s->x, D, L->mlp_out_norm, M, D, L->eps, s->x, D);
+  return 0;
 }
 
 // Runs one layer (see the header); `first` for layer 0. Returns 0, or nonzero when a kernel

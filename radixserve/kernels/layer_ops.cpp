@@ -1,11 +1,12 @@
-// The small per-layer operations of a Llama block, one call each instead of 3-10 torch ops:
-// RMSNorm (optionally fused with the residual add before it), rotary embedding in place on q
-// and k, and SwiGLU's silu(gate) * up. Float32, row by row: a row's result never depends on
-// the other rows of the batch.
+// The small per-layer operations of a Llama or Gemma block, one call each instead of 3-10 torch
+// ops: RMSNorm (optionally fused with the residual add before it; per head for q/k norms),
+// rotary embedding in place on q and k, SwiGLU's silu(gate) * up and GeGLU's
+// gelu_tanh(gate) * up. Float32, row by row: a row's result never depends on the other rows of
+// the batch.
 //
 // Rotary is bit-identical to layers/rotary.py (x * cos + rotate_half(x) * sin, each product and
-// the sum rounded once). RMSNorm and SiLU sum and exponentiate in their own order, so they match
-// the torch versions to float rounding only; a process uses one or the other throughout.
+// the sum rounded once). RMSNorm, SiLU and GELU sum and exponentiate in their own order, so they
+// match the torch versions to float rounding only; a process uses one or the other throughout.
 
 #include <math.h>
 #include <omp.h>
@@ -95,6 +96,37 @@ void rs_silu_mul(const float* gu, int64_t M, int64_t I, float* out) {
       vf x = load_n(g + i, I - i);
       vf sig = div(one, add(one, exp_ps(sub(zero(), x))));
       store_n(o + i, mul(mul(x, sig), load_n(u + i, I - i)), I - i);
+    }
+  }
+}
+
+// q/k norms: each head of M rows of `heads` x d (row strides ldx, ldo; heads contiguous) is
+// normed on its own with w [d]. In place when out == x and ldo == ldx.
+void rs_head_rms_norm(const float* x, int64_t ldx, const float* w, int64_t M, int64_t heads,
+                      int64_t d, float eps, float* out, int64_t ldo) {
+#pragma omp parallel for schedule(static) if (M >= 32)
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      norm_row(x + r * ldx + h * d, w, d, eps, out + r * ldo + h * d);
+}
+
+// out [M, I] = gelu_tanh(gu[:, :I]) * gu[:, I:], gu [M, 2I] contiguous (Gemma's GeGLU).
+// gelu_tanh(x) = 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2 / pi), computed as
+// x / (1 + exp(-2c (x + 0.044715 x^3))) (0.5 (1 + tanh(y)) = sigmoid(2y)): the same exp_ps as
+// SiLU, no tanh of its own; torch's tanh formula to float rounding.
+void rs_gelu_tanh_mul(const float* gu, int64_t M, int64_t I, float* out) {
+#pragma omp parallel for schedule(static) if (M >= 32)
+  for (int64_t r = 0; r < M; ++r) {
+    const float* g = gu + r * 2 * I;
+    const float* u = g + I;
+    float* o = out + r * I;
+    const vf one = set1(1.0f), kappa = set1(0.044715f);
+    const vf minus_2c = set1(-1.5957691216057308f);  // -2 sqrt(2 / pi)
+    for (int64_t i = 0; i < I; i += kW) {
+      vf x = load_n(g + i, I - i);
+      vf inner = add(x, mul(kappa, mul(mul(x, x), x)));
+      vf gelu = div(x, add(one, exp_ps(mul(minus_2c, inner))));
+      store_n(o + i, mul(gelu, load_n(u + i, I - i)), I - i);
     }
   }
 }

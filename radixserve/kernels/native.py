@@ -29,8 +29,9 @@ from radixserve.kernels import levels as _levels
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 11  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap;
-# 11: + rs_decoder_attention, rs_decoder_mlp (the layer in two halves, for tensor parallel)
+ABI_VERSION = 12  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap;
+# 11: + rs_decoder_attention, rs_decoder_mlp (the layer in two halves, for tensor parallel);
+# 12: Gemma and q/k norms in the native decoder layer
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -50,6 +51,8 @@ _SIGNATURES = {
     "rs_add_rms_norm": (None, [_P, _P, _P, _I64, _I64, ctypes.c_float, _P]),
     "rs_rotary": (None, [_P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _P, _P, _P]),
     "rs_silu_mul": (None, [_P, _I64, _I64, _P]),
+    "rs_gelu_tanh_mul": (None, [_P, _I64, _I64, _P]),
+    "rs_head_rms_norm": (None, [_P, _I64, _P, _I64, _I64, _I64, ctypes.c_float, _P, _I64]),
     "rs_decoder_layer": (ctypes.c_int, [_P, _P, ctypes.c_int]),
     "rs_decoder_attention": (ctypes.c_int, [_P, _P, ctypes.c_int]),
     "rs_decoder_mlp": (ctypes.c_int, [_P, _P]),

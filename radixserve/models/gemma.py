@@ -11,13 +11,15 @@ q/k/v and gate/up) with Gemma's differences:
 - queries scaled by ``query_pre_attn_scalar ** -0.5``; tanh soft-caps on the attention scores
   and the final logits (Gemma 2).
 
-The layers run one by one from Python (``PythonLayerStack``): the one-call native layer
-(decoder_layer.cpp) has Llama's sequence, not Gemma's four norms and GeGLU.
+The layer stack is chosen at the first forward, as for Llama: one native call per layer
+(decoder_layer.cpp, which has Gemma's four norms, q/k norms, GeGLU, soft-cap and the layer's
+own rope tables) where every piece runs a native kernel, else the Python layers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -28,10 +30,12 @@ from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.models.gemma_config import GGUF_NORM_SUFFIX
 from radixserve.models.llama import Attention, LlamaForCausalLM
-from radixserve.models.native_stack import PythonLayerStack
+from radixserve.models.native_stack import NativeLayerStack
 
 
 class GemmaMLP(nn.Module):
+    activation: ClassVar[str] = "gelu_tanh"  # the native layer's name for it (native_stack.py)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
@@ -42,6 +46,12 @@ class GemmaMLP(nn.Module):
 
 
 class GemmaDecoderLayer(nn.Module):
+    # the norms by their place in the native layer's sequence (native_stack.py, _NORMS): the
+    # one before the MLP, added to the residual, is the pre-feedforward norm here
+    native_norms: ClassVar[dict[str, str]] = {
+        "input_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
+        "post_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding) -> None:
         super().__init__()
         eps = cfg.rms_norm_eps
@@ -107,10 +117,13 @@ class GemmaForCausalLM(LlamaForCausalLM):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
-        self._stack = PythonLayerStack(self.layers)
+        self._stack = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Packed batch [T] → final hidden states [T, hidden]."""
+        """Packed batch [T] → final hidden states [T, hidden] (the layer stack chosen at the
+        first call, see LlamaForCausalLM.forward)."""
+        if self._stack is None:
+            self._stack = NativeLayerStack.build(self)
         self.rotary.check_positions(positions)
         x = self.embed_tokens(input_ids)
         x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)

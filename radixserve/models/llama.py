@@ -54,6 +54,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    activation: ClassVar[str] = "silu"  # the native layer's name for it (native_stack.py)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
@@ -73,6 +75,10 @@ def _mlp(cfg: ModelConfig, layer_idx: int) -> nn.Module:
 
 
 class DecoderLayer(nn.Module):
+    # the norms by their place in the native layer's sequence (native_stack.py, _NORMS)
+    native_norms: ClassVar[dict[str, str]] = {"input_norm": "input_layernorm",
+                                              "post_norm": "post_attention_layernorm"}
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -1,8 +1,8 @@
 """The engine's guarantees on a model with sliding-window layers (a tiny Gemma 3: window 8,
 blocks of 4, five sliding layers and a global one; its Q4_K_M GGUF in the default mode, blocks
-as stored): greedy tokens alone = batched = chunked = preempted = from the prefix cache, with
-prompts and outputs well past the window; and the float model's greedy tokens equal
-transformers' own greedy generation."""
+as stored, one native call per layer): greedy tokens alone = batched = chunked = preempted = from
+the prefix cache = through the Python layers, with prompts and outputs well past the window; and
+the float model's greedy tokens equal transformers' own greedy generation."""
 
 from __future__ import annotations
 
@@ -46,6 +46,21 @@ def test_runs_as_stored(llm):
 
     expected = BlockLinear if native.load() is not None else torch.nn.Linear
     assert isinstance(llm.engine.runner.model.layers[0].mlp.gate_up_proj, expected)
+
+
+@pytest.mark.skipif(native.load() is None, reason="the native layer stack needs the kernels")
+def test_native_layer_stack_greedy_equals_the_python_layers(llm, alone):
+    """The alone runs above went through one native call per layer; the Python Gemma layers
+    give the same greedy tokens, batched."""
+    from radixserve.models.native_stack import NativeLayerStack, PythonLayerStack
+
+    model = llm.engine.runner.model
+    assert isinstance(model._stack, NativeLayerStack)
+    try:
+        model._stack = PythonLayerStack(model.layers)
+        assert token_ids(llm.generate(_prompts(llm.engine.vocab_size), GREEDY)) == alone
+    finally:
+        model._stack = None  # rebuilt at the next forward
 
 
 def test_batch_equals_alone(llm, alone):

@@ -196,3 +196,44 @@ def test_silu_and_mul_native_matches_torch():
     x = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(3999) * 4]).view(4, 2000)
     gate, up = x.chunk(2, dim=-1)
     torch.testing.assert_close(silu_and_mul(x), F.silu(gate) * up, rtol=1e-6, atol=1e-6)
+
+
+@needs_native
+@pytest.mark.usefixtures("kernel_level")
+def test_gelu_tanh_and_mul_native_matches_torch():
+    """GeGLU as x / (1 + exp(-2c (x + 0.044715 x^3))) (layer_ops.cpp): torch's tanh formula to
+    float rounding at each level (where torch's 1 + tanh cancels to 0, for gates below about
+    -5, ours keeps the tail: ~1e-6 absolute); a row alone as in its batch."""
+    from torch.nn import functional as F
+
+    from radixserve.layers.activation import gelu_tanh_and_mul
+
+    x = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(3999) * 4]).view(4, 2000)
+    gate, up = x.chunk(2, dim=-1)
+    want = F.gelu(gate, approximate="tanh") * up
+    got = gelu_tanh_and_mul(x)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=2e-6)
+    assert torch.equal(gelu_tanh_and_mul(x[2:3]), got[2:3])
+    edges = torch.tensor([[0.0, 1e-30, -200.0, 200.0, 1.0, 1.0, 1.0, 1.0]])
+    assert torch.equal(gelu_tanh_and_mul(edges), torch.tensor([[0.0, 5e-31, -0.0, 200.0]]))
+
+
+@needs_native
+@pytest.mark.usefixtures("kernel_level")
+def test_head_norms_native_match_torch_and_the_row_kernel():
+    """q/k norms on a row-strided [T, heads, d] view of a fused qkv output: each head as the
+    row kernel norms a row (same bits), torch's to float rounding."""
+    from radixserve.layers.norm import RMSNorm
+
+    gen = torch.Generator().manual_seed(1)
+    norm, reference = RMSNorm(16, 1e-6), _without_native(RMSNorm(16, 1e-6))
+    weight = 1 + torch.randn(16, generator=gen)
+    norm.weight.data.copy_(weight)
+    reference.weight.data.copy_(weight)
+    qkv = torch.randn(33, (4 + 2 + 2) * 16, generator=gen) * 3
+    q = qkv[:, :64].view(33, 4, 16)
+    got = norm(q)
+    assert got.is_contiguous() and torch.equal(qkv[:, :64].view(33, 4, 16), q)  # not in place
+    assert torch.equal(got.view(-1, 16), norm(q.reshape(-1, 16)))
+    torch.testing.assert_close(got, reference(q), rtol=2e-6, atol=1e-6)
+    assert torch.equal(norm(q[7:8]), got[7:8])
