@@ -13,6 +13,7 @@ and the blocks past the request's tokens are returned.
 from __future__ import annotations
 
 import logging
+import time
 
 from radixserve.core.sched_output import DraftResult, ScheduledSeq
 from radixserve.spec.policy import SpecPolicy
@@ -54,13 +55,22 @@ class SpecDecoding:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * policy.k_max  # drafts whose token i was accepted
+        self._overhead = 0.0  # seconds spent drafting and recording since the last step
         logger.info("speculative decoding: %s proposer, up to %d tokens per step%s",
                     proposer.name, policy.k_max, " (adaptive)" if policy.adaptive else "")
 
     def add_drafts(self, seqs: list[ScheduledSeq], requests: dict, budget: int, kv,
                    max_model_len: int) -> int:
         """Extend the decoding ``seqs`` with drafts, within ``budget`` tokens; return how many
-        tokens were added."""
+        tokens were added. Its time counts in the step's cost (observe_step)."""
+        start = time.perf_counter()
+        try:
+            return self._add_drafts(seqs, requests, budget, kv, max_model_len)
+        finally:
+            self._overhead += time.perf_counter() - start
+
+    def _add_drafts(self, seqs: list[ScheduledSeq], requests: dict, budget: int, kv,
+                    max_model_len: int) -> int:
         if budget <= 0:
             return 0
         decodes = [(s, requests[s.request_id]) for s in seqs if s.sample and s.num_tokens == 1]
@@ -88,15 +98,21 @@ class SpecDecoding:
         return added
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
-        self.policy.cost.observe(num_tokens, seconds)
+        """The runner took ``seconds`` for a step of ``num_tokens``; the cost model sees that
+        plus the drafting and recording time around it (what speculation adds on the
+        scheduler's side: proposing, slot allocation, verification bookkeeping)."""
+        self.policy.cost.observe(num_tokens, seconds + self._overhead)
+        self._overhead = 0.0
 
     def record(self, request, result: DraftResult) -> None:
+        start = time.perf_counter()
         request.spec.record(result.num_drafted, result.num_accepted)
         self.num_drafts += 1
         self.num_draft_tokens += result.num_drafted
         self.num_accepted_tokens += result.num_accepted
         for i in range(result.num_accepted):
             self.accepted_per_pos[i] += 1
+        self._overhead += time.perf_counter() - start
 
     def on_finished(self, request) -> None:
         self.proposer.on_finished(request.request_id, request.all_token_ids,
