@@ -28,6 +28,7 @@ class NoSpec:
     enabled = False
     num_drafts = num_draft_tokens = num_accepted_tokens = 0
     accepted_per_pos: list[int] = []
+    drafted_per_pos: list[int] = []
 
     def add_drafts(self, seqs, requests, budget, kv, max_model_len) -> int:
         return 0
@@ -55,6 +56,7 @@ class SpecDecoding:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * policy.k_max  # drafts whose token i was accepted
+        self.drafted_per_pos = [0] * policy.k_max  # drafts that had a token i
         self._overhead = 0.0  # seconds spent drafting and recording since the last step
         logger.info("speculative decoding: %s proposer, up to %d tokens per step%s",
                     proposer.name, policy.k_max, " (adaptive)" if policy.adaptive else "")
@@ -112,6 +114,8 @@ class SpecDecoding:
         self.num_accepted_tokens += result.num_accepted
         for i in range(result.num_accepted):
             self.accepted_per_pos[i] += 1
+        for i in range(result.num_drafted):
+            self.drafted_per_pos[i] += 1
         self._overhead += time.perf_counter() - start
 
     def on_finished(self, request) -> None:
