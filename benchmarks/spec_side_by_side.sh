@@ -155,8 +155,9 @@ for path in sorted(out.glob("*.r*.json")):
     summary = json.loads(path.read_text())["summary"]
     mal = summary.get("spec_mean_accepted_len")
     if server.startswith("llama-"):
-        mal = llama_mal(server, f"{dataset}.{batch}", rep[1:])
-    cells.setdefault((server, f"{dataset}.{batch}"), []).append((rate(summary, f"{dataset}.{batch}"), mal))
+        mal = llama_mal(server, f"{dataset}.{batch}", rep[1:])  # (no /metrics count of drafts)
+    workload = f"{dataset}.{batch}"
+    cells.setdefault((server, workload), []).append((rate(summary, workload), mal))
 med = {k: (statistics.median(r for r, _ in v),
            statistics.median(m for _, m in v) if all(m is not None for _, m in v) else None)
        for k, v in cells.items()}

@@ -12,8 +12,10 @@ matter). Until two sizes have been measured, a 64-token step is taken to cost tw
 steps.
 
 Decision (`SpecPolicy.draft_lens`): a request with per-position acceptance ``α`` (a moving
-average) that drafts ``k`` tokens emits ``1 + α + … + α^k`` tokens in expectation. The step
-makes ``R`` tokens (one per sampling row) in ``T(N)``; drafting ``D`` tokens in all, taken in
+average of its own drafts; before its first, the moving average over all requests' drafts, so
+a workload the proposer predicts well drafts from the start and one it predicts badly does not
+probe every new request) that drafts ``k`` tokens emits ``1 + α + … + α^k`` tokens in
+expectation. The step makes ``R`` tokens (one per sampling row) in ``T(N)``; drafting ``D`` tokens in all, taken in
 order of their expected gain ``α_j^i``, makes ``R + Σ gains`` in ``T(N + D)``. The policy
 picks the ``D`` with the highest tokens per second, ``D = 0`` unless drafting promises at
 least 3% more (the estimates are noisy and not every cost is measured): drafts grow when the
@@ -36,6 +38,7 @@ _MIN_SPEEDUP = 1.03  # drafts must promise this much over none (noise, unmeasure
 _NEGLIGIBLE_GAIN = 1e-3  # draft tokens expected to add less are not considered
 _ALPHA_PRIOR = 0.6  # per-position acceptance assumed for a request that has not drafted yet
 _ALPHA_RATE = 0.2  # moving-average step of the acceptance estimate
+_PRIOR_RATE = 0.05  # the same over all requests' drafts (a batch's first drafts all miss)
 _ALPHA_RECOVER = 0.05  # a request not drafting drifts back to the prior by this step
 _MAX_WAIT = 16  # steps a request that keeps missing waits between drafts, at most
 
@@ -52,18 +55,18 @@ class SpecState:
     misses: int = 0
     wait: int = 0
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def record(self, drafted: int, accepted: int, rate: float = _ALPHA_RATE) -> None:
         """A verified draft: the first ``accepted`` of ``drafted`` tokens matched."""
         self.num_drafted += drafted
         self.num_accepted += accepted
         for i in range(min(accepted + 1, drafted)):
-            self.alpha += _ALPHA_RATE * ((1.0 if i < accepted else 0.0) - self.alpha)
+            self.alpha += rate * ((1.0 if i < accepted else 0.0) - self.alpha)
         self.misses = 0 if accepted else self.misses + 1
         self.wait = min(1 << self.misses, _MAX_WAIT) if self.misses else 0
 
-    def idle(self) -> None:
-        """A step without a draft."""
-        self.alpha += _ALPHA_RECOVER * (_ALPHA_PRIOR - self.alpha)
+    def idle(self, prior: float = _ALPHA_PRIOR) -> None:
+        """A step without a draft: the estimate drifts back to ``prior`` (the policy's)."""
+        self.alpha += _ALPHA_RECOVER * (prior - self.alpha)
         self.wait = max(self.wait - 1, 0)
 
 
@@ -124,6 +127,12 @@ class SpecPolicy:
         self.k_max = k_max
         self.adaptive = adaptive
         self.cost = StepCostModel()
+        self.prior = SpecState()  # acceptance over every request's drafts: a new one's guess
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """A verified draft of any request (the acceptance a new request starts from)."""
+        self.prior.record(drafted, accepted, _PRIOR_RATE)
+        self.prior.wait = 0
 
     def draft_lens(self, states: list[SpecState], num_tokens: int, num_rows: int) -> list[int]:
         """Draft length per decoding request of a step already holding ``num_tokens`` batched
@@ -132,7 +141,9 @@ class SpecPolicy:
             return [self.k_max] * len(states)
         # every (gain, request) a draft token could add, best first (per request α^i falls
         # with i, so any prefix of this order drafts a prefix of each request's tokens)
-        gains = sorted(((s.alpha ** i, j) for j, s in enumerate(states) if not s.wait
+        prior = self.prior.alpha
+        gains = sorted((((s.alpha if s.num_drafted else prior) ** i, j)
+                        for j, s in enumerate(states) if not s.wait
                         for i in range(1, self.k_max + 1)), reverse=True)
         made = float(max(num_rows, 1))
         rate0 = made / self.cost.seconds(num_tokens)
