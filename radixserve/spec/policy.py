@@ -2,27 +2,28 @@
 measured cost.
 
 Cost model (`StepCostModel`): the seconds of a step over ``n`` batched tokens, measured online
-from the engine's own steps (the forward, the verification and the drafting bookkeeping), as
-an exponentially forgotten mean per bucket of token counts (exact up to 8 tokens, then about
-19% wide), read between buckets by linear interpolation. It is a table, not a line: on a CPU a
-step costs little more for a few extra tokens while the weights' reads dominate, then grows
-with the tokens once the batch is compute-bound, and where that turns differs per CPU and ISA
-(a line fitted over prefill chunks and decodes mispredicts exactly the decode sizes that
-matter). Until two sizes have been measured, a 64-token step is taken to cost two 1-token
-steps.
+from the engine's own steps of decodes and drafts (the forward, the verification and the
+drafting bookkeeping; spec/drafter.py feeds it), as an exponentially forgotten mean per bucket
+of token counts (exact up to 8 tokens, then about 19% wide), read between buckets by linear
+interpolation. It is a table, not a line: on a CPU a step costs little more for a few extra
+tokens while the weights' reads dominate, then grows with the tokens once the batch is
+compute-bound, and where that turns differs per CPU, ISA and thread count (a line fitted over
+prefill chunks and decodes mispredicts exactly the decode sizes that matter). Until two sizes
+have been measured, a 64-token step is taken to cost two 1-token steps.
 
 Decision (`SpecPolicy.draft_lens`): a request with per-position acceptance ``α`` (a moving
 average of its own drafts; before its first, the moving average over all requests' drafts, so
 a workload the proposer predicts well drafts from the start and one it predicts badly does not
 probe every new request) that drafts ``k`` tokens emits ``1 + α + … + α^k`` tokens in
-expectation. The step makes ``R`` tokens (one per sampling row) in ``T(N)``; drafting ``D`` tokens in all, taken in
-order of their expected gain ``α_j^i``, makes ``R + Σ gains`` in ``T(N + D)``. The policy
-picks the ``D`` with the highest tokens per second, ``D = 0`` unless drafting promises at
-least 3% more (the estimates are noisy and not every cost is measured): drafts grow when the
-batch is small and acceptance high, and vanish when the extra tokens cost more than they make
-(a large batch, or text the proposer cannot predict). Every ``D`` is compared, not only the
-next token's marginal gain, so a cost step (say a 2-token forward costing as much as a
-5-token one) does not stop drafting short.
+expectation. The step makes ``R`` tokens (one per sampling row) in ``T(N)``; drafting ``D``
+tokens in all, taken in order of their expected gain ``α_j^i``, makes ``R + Σ gains`` in
+``T(N + D)``. The policy picks the ``D`` with the most tokens per second, ``D = 0`` unless
+drafting promises at least 3% more (the estimates are noisy and not every cost is measured):
+drafts grow when the batch is small and acceptance high, and vanish when the extra tokens
+cost more than they make (a large batch, or text the proposer cannot predict). Every ``D`` is
+compared, not only the next token's marginal gain, so a cost step (a 2-token forward costing
+about what a 5-token one does) does not stop drafting short. A request whose drafts keep
+missing backs off (`SpecState`), so probing unpredictable text stays cheap.
 """
 
 from __future__ import annotations
