@@ -49,6 +49,9 @@ trap 'exit 130' INT TERM
 
 start_server() {  # start_server LOG CMD...: in its own process group; wait for /health
     local log=$1; shift
+    if curl -s "http://127.0.0.1:$PORT/" >/dev/null 2>&1; then
+        echo "port $PORT is taken by another server: set PORT"; exit 1
+    fi
     setsid "$@" >"$log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 600); do
