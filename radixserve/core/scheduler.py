@@ -280,7 +280,7 @@ class Scheduler:
                               self.kv.block_pool.num_blocks, self.kv.num_query_tokens,
                               self.kv.num_hit_tokens, self.num_preemptions, spec.num_drafts,
                               spec.num_draft_tokens, spec.num_accepted_tokens,
-                              list(spec.accepted_per_pos))
+                              list(spec.accepted_per_pos), list(spec.drafted_per_pos))
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()

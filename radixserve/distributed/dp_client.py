@@ -104,4 +104,18 @@ def sum_stats(all_stats: list[SchedulerStats]) -> SchedulerStats:
         num_kv_blocks=blocks,
         prefix_query_tokens=sum(s.prefix_query_tokens for s in all_stats),
         prefix_hit_tokens=sum(s.prefix_hit_tokens for s in all_stats),
-        num_preemptions=sum(s.num_preemptions for s in all_stats))
+        num_preemptions=sum(s.num_preemptions for s in all_stats),
+        spec_num_drafts=sum(s.spec_num_drafts for s in all_stats),
+        spec_draft_tokens=sum(s.spec_draft_tokens for s in all_stats),
+        spec_accepted_tokens=sum(s.spec_accepted_tokens for s in all_stats),
+        spec_accepted_per_pos=_add_lists([s.spec_accepted_per_pos for s in all_stats]),
+        spec_drafted_per_pos=_add_lists([s.spec_drafted_per_pos for s in all_stats]))
+
+
+def _add_lists(lists: list[list[int]]) -> list[int]:
+    """Element-wise sums of lists of any lengths."""
+    out = [0] * max(map(len, lists), default=0)
+    for values in lists:
+        for i, v in enumerate(values):
+            out[i] += v
+    return out

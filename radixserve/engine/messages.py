@@ -57,6 +57,7 @@ class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = []  # drafts whose i-th token was accepted
+    spec_drafted_per_pos: list[int] = []  # drafts that had an i-th token
 
 
 class RequestInfo(msgspec.Struct, array_like=True, gc=False):

@@ -58,11 +58,18 @@ class _EngineCollector:
         yield from self._spec_per_position(s)
 
     def _spec_per_position(self, s):
-        """Accepted drafts and the acceptance rate at each draft position (0 = first)."""
+        """Accepted drafts, drafts that reached each position, and the acceptance rate at
+        each draft position (0 = first), as vLLM defines it: of all verified drafts. Drafts
+        differ in length (the policy adapts them), so accepted / drafted at a position is
+        the acceptance of the drafts that had a token there."""
         labels = ["model_name", "position"]
         c = CounterMetricFamily("radixserve:spec_decode_num_accepted_tokens_per_pos",
                                 "Drafts whose token at this position was accepted.",
                                 labels=labels)
+        d = CounterMetricFamily("radixserve:spec_decode_num_draft_tokens_per_pos",
+                                "Drafts that had a token at this position.", labels=labels)
+        for i, n in enumerate(s.spec_drafted_per_pos):
+            d.add_metric([self.model, str(i)], n)
         g = GaugeMetricFamily("radixserve:spec_decode_acceptance_rate_per_pos",
                               "Fraction of verified drafts accepted up to this position.",
                               labels=labels)
@@ -70,6 +77,7 @@ class _EngineCollector:
             c.add_metric([self.model, str(i)], n)
             g.add_metric([self.model, str(i)], n / s.spec_num_drafts if s.spec_num_drafts else 0.0)
         yield c
+        yield d
         yield g
 
 

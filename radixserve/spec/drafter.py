@@ -13,6 +13,7 @@ and the blocks past the request's tokens are returned.
 from __future__ import annotations
 
 import logging
+import time
 
 from radixserve.core.sched_output import DraftResult, ScheduledSeq
 from radixserve.spec.policy import SpecPolicy
@@ -27,6 +28,7 @@ class NoSpec:
     enabled = False
     num_drafts = num_draft_tokens = num_accepted_tokens = 0
     accepted_per_pos: list[int] = []
+    drafted_per_pos: list[int] = []
 
     def add_drafts(self, seqs, requests, budget, kv, max_model_len) -> int:
         return 0
@@ -54,16 +56,28 @@ class SpecDecoding:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * policy.k_max  # drafts whose token i was accepted
+        self.drafted_per_pos = [0] * policy.k_max  # drafts that had a token i
+        self._overhead = 0.0  # seconds spent drafting and recording since the last step
+        self._decodes_only = False  # the step being run holds decodes (and drafts) only
         logger.info("speculative decoding: %s proposer, up to %d tokens per step%s",
                     proposer.name, policy.k_max, " (adaptive)" if policy.adaptive else "")
 
     def add_drafts(self, seqs: list[ScheduledSeq], requests: dict, budget: int, kv,
                    max_model_len: int) -> int:
         """Extend the decoding ``seqs`` with drafts, within ``budget`` tokens; return how many
-        tokens were added."""
+        tokens were added. Its time counts in the step's cost (observe_step)."""
+        start = time.perf_counter()
+        try:
+            return self._add_drafts(seqs, requests, budget, kv, max_model_len)
+        finally:
+            self._overhead += time.perf_counter() - start
+
+    def _add_drafts(self, seqs: list[ScheduledSeq], requests: dict, budget: int, kv,
+                    max_model_len: int) -> int:
         if budget <= 0:
             return 0
         decodes = [(s, requests[s.request_id]) for s in seqs if s.sample and s.num_tokens == 1]
+        self._decodes_only = len(decodes) == len(seqs)
         if not decodes:
             return 0
         num_tokens = sum(s.num_tokens for s in seqs)
@@ -75,7 +89,7 @@ class SpecDecoding:
                        max_model_len - request.num_tokens) - 1  # the bonus token needs room
             k = min(k, room, budget - added)
             if k <= 0 or not request.grammar.can_draft:
-                request.spec.idle()
+                request.spec.idle(self.policy.prior.alpha)
                 continue
             draft = self.proposer.propose(request.request_id, request.all_token_ids,
                                           request.num_prompt_tokens, k)
@@ -88,15 +102,29 @@ class SpecDecoding:
         return added
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
-        self.policy.cost.observe(num_tokens, seconds)
+        """The runner took ``seconds`` for a step of ``num_tokens``; the cost model sees that
+        plus the drafting and recording time around it (what speculation adds on the
+        scheduler's side: proposing, slot allocation, verification bookkeeping), for steps of
+        decodes and drafts only: a prefill chunk's tokens cost differently (no logits, long
+        attention), and their cost per token would stand for the drafts' before any draft
+        was measured."""
+        if self._decodes_only:
+            self.policy.cost.observe(num_tokens, seconds + self._overhead)
+        self._overhead = 0.0
+        self._decodes_only = False
 
     def record(self, request, result: DraftResult) -> None:
+        start = time.perf_counter()
         request.spec.record(result.num_drafted, result.num_accepted)
+        self.policy.record(result.num_drafted, result.num_accepted)
         self.num_drafts += 1
         self.num_draft_tokens += result.num_drafted
         self.num_accepted_tokens += result.num_accepted
         for i in range(result.num_accepted):
             self.accepted_per_pos[i] += 1
+        for i in range(result.num_drafted):
+            self.drafted_per_pos[i] += 1
+        self._overhead += time.perf_counter() - start
 
     def on_finished(self, request) -> None:
         self.proposer.on_finished(request.request_id, request.all_token_ids,

@@ -1,70 +1,123 @@
 """How many tokens each request drafts this step: its recent acceptance against the step's
 measured cost.
 
-Cost model: a step over ``n`` batched tokens takes ``a + b·n`` seconds, fitted online by
-least squares with forgetting over the engine's own steps (on a CPU ``a``, reading the weights,
-dominates at small batches). A step that makes ``R`` tokens in ``T = a + b·N`` seconds gains
-from one more draft token at position i iff the tokens it adds per second beat the step's rate:
-``α^i · T / R > b``, where ``α`` is the request's per-position acceptance (a moving average).
-So drafts grow when the batch is small and acceptance high, and vanish when the batch is large
-(``b·R / T`` tends to 1, which no ``α^i`` exceeds). Until two different step sizes have been
-measured, ``b / a`` is taken as 1/64 (a 64-token step costs two 1-token steps).
+Cost model (`StepCostModel`): the seconds of a step over ``n`` batched tokens, measured online
+from the engine's own steps of decodes and drafts (the forward, the verification and the
+drafting bookkeeping; spec/drafter.py feeds it), as an exponentially forgotten mean per bucket
+of token counts (exact up to 8 tokens, then about 19% wide), read between buckets by linear
+interpolation. It is a table, not a line: on a CPU a step costs little more for a few extra
+tokens while the weights' reads dominate, then grows with the tokens once the batch is
+compute-bound, and where that turns differs per CPU, ISA and thread count (a line fitted over
+prefill chunks and decodes mispredicts exactly the decode sizes that matter). Until two sizes
+have been measured, a 64-token step is taken to cost two 1-token steps.
+
+Decision (`SpecPolicy.draft_lens`): a request with per-position acceptance ``α`` (a moving
+average of its own drafts; before its first, the moving average over all requests' drafts, so
+a workload the proposer predicts well drafts from the start and one it predicts badly does not
+probe every new request) that drafts ``k`` tokens emits ``1 + α + … + α^k`` tokens in
+expectation. The step makes ``R`` tokens (one per sampling row) in ``T(N)``; drafting ``D``
+tokens in all, taken in order of their expected gain ``α_j^i``, makes ``R + Σ gains`` in
+``T(N + D)``. The policy picks the ``D`` with the most tokens per second, ``D = 0`` unless
+drafting promises at least 3% more (the estimates are noisy and not every cost is measured):
+drafts grow when the batch is small and acceptance high, and vanish when the extra tokens
+cost more than they make (a large batch, or text the proposer cannot predict). Every ``D`` is
+compared, not only the next token's marginal gain, so a cost step (a 2-token forward costing
+about what a 5-token one does) does not stop drafting short. A request whose drafts keep
+missing backs off (`SpecState`), so probing unpredictable text stays cheap.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
 
-_PRIOR_B_OVER_A = 1.0 / 64
-_FORGET = 0.98  # weight of older steps, per step
+_PRIOR_TOKENS_PER_STEP = 64  # unmeasured: T(n) ∝ 64 + n (a 64-token step costs two 1-token)
+_FORGET = 0.9  # weight of a bucket's older steps, per step it sees
+_OUTLIER = 3.0  # a step slower than this many times its bucket's mean counts as this
+_MIN_SPEEDUP = 1.03  # drafts must promise this much over none (noise, unmeasured costs)
+_NEGLIGIBLE_GAIN = 1e-3  # draft tokens expected to add less are not considered
 _ALPHA_PRIOR = 0.6  # per-position acceptance assumed for a request that has not drafted yet
 _ALPHA_RATE = 0.2  # moving-average step of the acceptance estimate
+_PRIOR_RATE = 0.05  # the same over all requests' drafts (a batch's first drafts all miss)
 _ALPHA_RECOVER = 0.05  # a request not drafting drifts back to the prior by this step
+_MAX_WAIT = 16  # steps a request that keeps missing waits between drafts, at most
 
 
 @dataclass(slots=True)
 class SpecState:
-    """One request's acceptance estimate (plain data on the Request)."""
+    """One request's acceptance estimate (plain data on the Request). After ``misses`` drafts
+    in a row with nothing accepted, the request skips its next ``wait`` steps' drafts
+    (2, 4, 8, then 16 steps): probing text the proposer cannot predict stays cheap."""
 
     alpha: float = _ALPHA_PRIOR
     num_drafted: int = 0
     num_accepted: int = 0
+    misses: int = 0
+    wait: int = 0
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def record(self, drafted: int, accepted: int, rate: float = _ALPHA_RATE) -> None:
         """A verified draft: the first ``accepted`` of ``drafted`` tokens matched."""
         self.num_drafted += drafted
         self.num_accepted += accepted
         for i in range(min(accepted + 1, drafted)):
-            self.alpha += _ALPHA_RATE * ((1.0 if i < accepted else 0.0) - self.alpha)
+            self.alpha += rate * ((1.0 if i < accepted else 0.0) - self.alpha)
+        self.misses = 0 if accepted else self.misses + 1
+        self.wait = min(1 << self.misses, _MAX_WAIT) if self.misses else 0
 
-    def idle(self) -> None:
-        self.alpha += _ALPHA_RECOVER * (_ALPHA_PRIOR - self.alpha)
+    def idle(self, prior: float = _ALPHA_PRIOR) -> None:
+        """A step without a draft: the estimate drifts back to ``prior`` (the policy's)."""
+        self.alpha += _ALPHA_RECOVER * (prior - self.alpha)
+        self.wait = max(self.wait - 1, 0)
+
+
+def _bucket(num_tokens: int) -> int:
+    if num_tokens <= 8:
+        return num_tokens
+    return 8 + round(4 * math.log2(num_tokens / 8))
 
 
 class StepCostModel:
-    """``seconds ≈ a + b · tokens``, least squares over exponentially forgotten steps."""
+    """Step seconds by batched tokens: forgotten means per bucket, interpolated between."""
 
     def __init__(self) -> None:
-        self._w = self._n = self._t = self._nn = self._nt = 0.0
+        self._buckets: dict[int, list[float]] = {}  # bucket -> [weight, Σ w·n, Σ w·seconds]
+        self._points: list[tuple[float, float]] | None = None  # (n, seconds), rising n
 
     def observe(self, num_tokens: int, seconds: float) -> None:
-        f = _FORGET
-        self._w = self._w * f + 1.0
-        self._n = self._n * f + num_tokens
-        self._t = self._t * f + seconds
-        self._nn = self._nn * f + num_tokens * num_tokens
-        self._nt = self._nt * f + num_tokens * seconds
+        if num_tokens <= 0:
+            return
+        b = self._buckets.setdefault(_bucket(num_tokens), [0.0, 0.0, 0.0])
+        if b[0] > 0:
+            seconds = min(seconds, _OUTLIER * b[2] / b[0])
+        b[0] = b[0] * _FORGET + 1.0
+        b[1] = b[1] * _FORGET + num_tokens
+        b[2] = b[2] * _FORGET + seconds
+        self._points = None
 
-    def b_over_step(self, num_tokens: int) -> float:
-        """``b / (a + b·num_tokens)``: one more token's share of a step of ``num_tokens``."""
-        if self._w > 0:
-            mean_n, mean_t = self._n / self._w, self._t / self._w
-            var = self._nn / self._w - mean_n * mean_n
-            if var > 0.25:  # at least two step sizes seen
-                b = max((self._nt / self._w - mean_n * mean_t) / var, 0.0)
-                a = max(mean_t - b * mean_n, 1e-9)
-                return b / (a + b * num_tokens)
-        return _PRIOR_B_OVER_A / (1.0 + _PRIOR_B_OVER_A * num_tokens)
+    def points(self) -> list[tuple[float, float]]:
+        """The measured (tokens, seconds) per bucket, tokens rising, seconds made
+        non-decreasing (more tokens never cost less)."""
+        if self._points is None:
+            pts, top = [], 0.0
+            for key in sorted(self._buckets):
+                w, sn, st = self._buckets[key]
+                top = max(top, st / w)
+                pts.append((sn / w, top))
+            self._points = pts
+        return self._points
+
+    def seconds(self, num_tokens: float) -> float:
+        """Estimated seconds of a step over ``num_tokens`` (relative units until measured)."""
+        pts = self.points()
+        if len(pts) < 2:
+            n0, t0 = pts[0] if pts else (1.0, 1.0)
+            return t0 * (_PRIOR_TOKENS_PER_STEP + num_tokens) / (_PRIOR_TOKENS_PER_STEP + n0)
+        i = bisect.bisect_left(pts, (num_tokens, -1.0))
+        i = min(max(i, 1), len(pts) - 1)  # interpolate inside, extend the end segments
+        (n0, t0), (n1, t1) = pts[i - 1], pts[i]
+        slope = (t1 - t0) / (n1 - n0) if n1 > n0 else 0.0
+        return max(t0 + slope * (num_tokens - n0), 1e-9)
 
 
 class SpecPolicy:
@@ -75,20 +128,37 @@ class SpecPolicy:
         self.k_max = k_max
         self.adaptive = adaptive
         self.cost = StepCostModel()
+        self.prior = SpecState()  # acceptance over every request's drafts: a new one's guess
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """A verified draft of any request (the acceptance a new request starts from)."""
+        self.prior.record(drafted, accepted, _PRIOR_RATE)
+        self.prior.wait = 0
 
     def draft_lens(self, states: list[SpecState], num_tokens: int, num_rows: int) -> list[int]:
         """Draft length per decoding request of a step already holding ``num_tokens`` batched
         tokens, ``num_rows`` of which sample."""
         if not self.adaptive:
             return [self.k_max] * len(states)
-        c = self.cost.b_over_step(num_tokens) * max(num_rows, 1)
-        out = []
-        for s in states:
-            k, gain = 0, 1.0
-            while k < self.k_max:
-                gain *= s.alpha
-                if gain <= c:
-                    break
-                k += 1
-            out.append(k)
+        # every (gain, request) a draft token could add, best first (per request α^i falls
+        # with i, so any prefix of this order drafts a prefix of each request's tokens)
+        prior = self.prior.alpha
+        gains = sorted((((s.alpha if s.num_drafted else prior) ** i, j)
+                        for j, s in enumerate(states) if not s.wait
+                        for i in range(1, self.k_max + 1)), reverse=True)
+        made = float(max(num_rows, 1))
+        rate0 = made / self.cost.seconds(num_tokens)
+        best_rate, best_d = rate0, 0
+        for d, (gain, _) in enumerate(gains, 1):
+            if gain < _NEGLIGIBLE_GAIN:
+                break
+            made += gain
+            rate = made / self.cost.seconds(num_tokens + d)
+            if rate > best_rate:
+                best_rate, best_d = rate, d
+        if best_rate < _MIN_SPEEDUP * rate0:
+            best_d = 0
+        out = [0] * len(states)
+        for _, j in gains[:best_d]:
+            out[j] += 1
         return out

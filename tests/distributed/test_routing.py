@@ -143,3 +143,13 @@ def test_summed_stats_add_counts_and_weigh_kv_usage_by_blocks():
     assert (s.num_running, s.num_waiting, s.num_kv_blocks, s.prefix_query_tokens,
             s.prefix_hit_tokens, s.num_preemptions) == (3, 1, 400, 100, 40, 1)
     assert s.kv_usage == pytest.approx((50 + 75) / 400)
+
+
+def test_summed_stats_add_the_speculative_counters():
+    s = sum_stats([SchedulerStats(spec_num_drafts=3, spec_draft_tokens=9, spec_accepted_tokens=4,
+                                  spec_accepted_per_pos=[2, 1, 1], spec_drafted_per_pos=[3, 3, 3]),
+                   SchedulerStats(spec_num_drafts=2, spec_draft_tokens=3, spec_accepted_tokens=1,
+                                  spec_accepted_per_pos=[1], spec_drafted_per_pos=[2, 1]),
+                   SchedulerStats()])
+    assert (s.spec_num_drafts, s.spec_draft_tokens, s.spec_accepted_tokens) == (5, 12, 5)
+    assert (s.spec_accepted_per_pos, s.spec_drafted_per_pos) == ([3, 1, 1], [5, 4, 3])

@@ -54,7 +54,7 @@ def test_unknown_method_is_refused():
 
 def test_policy_drafts_more_when_accepting_and_none_under_load():
     policy = SpecPolicy(k_max=6)
-    good, bad = SpecState(alpha=0.9), SpecState(alpha=0.005)
+    good, bad = SpecState(alpha=0.9, num_drafted=1), SpecState(alpha=0.005, num_drafted=1)
     for n in (1, 2, 4, 8):  # a CPU-like cost: 10 ms + 0.1 ms per token
         policy.cost.observe(n, 0.010 + 0.0001 * n)
     k_good, k_bad = policy.draft_lens([good, bad], num_tokens=1, num_rows=1)

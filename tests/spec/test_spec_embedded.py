@@ -106,6 +106,11 @@ def test_greedy_alone_batched_and_cached(embedded_llm, reference, method):
         assert s.new.kv.num_hit_tokens > 0
     assert s.spec.num_accepted_tokens > 0, "the counting prompt should accept drafts"
     assert s.spec.num_accepted_tokens < s.spec.num_draft_tokens  # and reject some
+    # the per-position counters (in /metrics) add up to the totals, position by position
+    assert sum(s.spec.drafted_per_pos) == s.spec.num_draft_tokens
+    assert sum(s.spec.accepted_per_pos) == s.spec.num_accepted_tokens
+    assert s.spec.drafted_per_pos[0] == s.spec.num_drafts
+    assert all(a <= d for a, d in zip(s.spec.accepted_per_pos, s.spec.drafted_per_pos))
 
 
 def test_greedy_with_non_drafting_requests(embedded_llm, reference):

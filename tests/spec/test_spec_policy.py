@@ -1,0 +1,123 @@
+"""The adaptive draft-length policy on synthetic step costs (no timing): the measured cost
+table, and the decisions it leads to on a memory-bound CPU, a compute-bound one, a cost step,
+a large batch, and for a request whose drafts keep missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixserve.spec.policy import SpecPolicy, SpecState, StepCostModel
+
+
+def _policy(cost, sizes, k_max=4) -> SpecPolicy:
+    """A policy whose cost model has seen each size in ``sizes`` cost ``cost(n)`` seconds."""
+    policy = SpecPolicy(k_max)
+    for _ in range(3):
+        for n in sizes:
+            policy.cost.observe(n, cost(n))
+    return policy
+
+
+def test_cost_table_interpolates_extends_and_never_falls():
+    model = StepCostModel()
+    for n, t in ((1, 0.010), (5, 0.011), (64, 0.040), (128, 0.070)):
+        model.observe(n, t)
+    assert model.seconds(1) == pytest.approx(0.010)
+    assert model.seconds(3) == pytest.approx(0.0105)  # between the 1- and 5-token steps
+    assert model.seconds(96) == pytest.approx(0.055)
+    assert model.seconds(256) == pytest.approx(0.130)  # the last segment, extended
+    model.observe(32, 0.005)  # a (noisy) cheaper mid-size step: more tokens never cost less
+    assert [t for _, t in model.points()] == sorted(t for _, t in model.points())
+
+
+def test_cost_table_forgets_old_steps_and_clips_outliers():
+    model = StepCostModel()
+    model.observe(4, 0.010)
+    model.observe(4, 1.000)  # a step stalled by another process counts as 3x its bucket
+    assert model.seconds(4) == pytest.approx((0.010 * 0.9 + 0.030) / 1.9)
+    for _ in range(60):
+        model.observe(4, 0.020)  # the CPU got slower: the table follows
+    assert model.seconds(4) == pytest.approx(0.020, rel=0.01)
+
+
+def test_unmeasured_cost_takes_64_tokens_as_two_steps():
+    model = StepCostModel()
+    assert model.seconds(64) == pytest.approx(2 * model.seconds(0))
+    model.observe(1, 0.010)
+    assert model.seconds(66) == pytest.approx(0.020)
+
+
+def test_memory_bound_cpu_drafts_and_compute_bound_cpu_does_not():
+    # memory-bound (reading the weights dominates): 5 tokens cost 10% more than 1
+    memory_bound = _policy(lambda n: 0.010 * (1 + 0.025 * (n - 1)), (1, 2, 3, 4, 5, 200))
+    # compute-bound (a slow ISA): every token costs about the same
+    compute_bound = _policy(lambda n: 0.001 + 0.010 * n, (1, 2, 3, 4, 5, 200))
+    state = SpecState(alpha=0.7, num_drafted=1)
+    assert memory_bound.draft_lens([state], num_tokens=1, num_rows=1) == [4]
+    assert compute_bound.draft_lens([state], num_tokens=1, num_rows=1) == [0]
+    # a poorly predicted request drafts less where drafts are cheap, and nothing at all
+    # when the expected gain is under the 3% margin
+    assert memory_bound.draft_lens([SpecState(alpha=0.15, num_drafted=1)], 1, 1) == [1]
+    assert memory_bound.draft_lens([SpecState(alpha=0.02, num_drafted=1)], 1, 1) == [0]
+
+
+def test_a_cost_step_does_not_stop_drafting_short():
+    # a 2-token step costs 30% more than a 1-token one, 3 to 5 tokens hardly more than 2:
+    # one draft token alone does not pay at α = 0.3 (1.3 tokens for 1.3 steps), three do
+    policy = _policy(lambda n: 0.010 if n == 1 else 0.013 + 0.0001 * n, (1, 2, 3, 4, 5))
+    assert policy.draft_lens([SpecState(alpha=0.3, num_drafted=1)], 1, 1) == [3]
+
+
+def test_large_batches_draft_only_when_acceptance_pays_for_compute():
+    cost = lambda n: 0.008 + 0.0004 * n  # noqa: E731 - compute grows past ~20 tokens
+    policy = _policy(cost, (1, 2, 4, 8, 16, 32, 64, 128, 256, 320))
+    assert policy.draft_lens([SpecState()] * 64, 64, 64) == [0] * 64  # α = 0.6 prior
+    sure = SpecState(alpha=0.98, num_drafted=1)
+    lens = policy.draft_lens([sure] * 8 + [SpecState()] * 56, 64, 64)
+    assert lens[:8] == [4] * 8 and lens[8:] == [0] * 56  # only the well-predicted ones
+    # two of them would gain 2%: under the margin, not worth the noise
+    assert policy.draft_lens([sure] * 2 + [SpecState()] * 62, 64, 64) == [0] * 64
+    # a small batch drafts, as far as the tokens pay: the third (0.216 expected tokens for
+    # 0.4 ms) would make less than the step's 0.6 tokens per ms
+    assert policy.draft_lens([SpecState(alpha=0.6, num_drafted=1)] * 4, 4, 4) == [2] * 4
+
+
+def test_drafts_that_keep_missing_back_off_and_a_hit_resets():
+    policy = _policy(lambda n: 0.010 * (1 + 0.025 * (n - 1)), (1, 2, 3, 4, 5))
+    state, other = SpecState(alpha=0.9, num_drafted=1), SpecState(alpha=0.9, num_drafted=1)
+    waits = []
+    for _ in range(5):
+        state.record(4, 0)
+        waits.append(state.wait)
+        while state.wait:
+            assert policy.draft_lens([state, other], 2, 2)[0] == 0
+            state.idle()
+    assert waits == [2, 4, 8, 16, 16]
+    assert policy.draft_lens([state], 1, 1) != [0]  # probes again after its wait
+    state.record(4, 2)
+    assert (state.misses, state.wait) == (0, 0)
+    state.record(4, 0)
+    assert state.wait == 2  # the backoff starts over
+
+
+def test_a_new_request_starts_from_the_acceptance_of_all_drafts():
+    policy = _policy(lambda n: 0.008 + 0.0004 * n, (1, 2, 4, 8, 16, 32, 64, 128))
+    fresh = [SpecState() for _ in range(32)]
+    assert policy.draft_lens(fresh, 32, 32) == [0] * 32  # α = 0.6 does not pay at b32
+    for _ in range(40):
+        policy.record(4, 4)  # the workload's drafts are accepted
+    assert policy.draft_lens(fresh, 32, 32) == [4] * 32
+    missed = SpecState(alpha=0.5, num_drafted=4)  # its own estimate counts once it drafted
+    assert policy.draft_lens([missed] + fresh[1:], 32, 32)[0] == 0
+    for _ in range(60):
+        missed.idle(policy.prior.alpha)  # and drifts back to the workload's
+    assert policy.draft_lens([missed] + fresh[1:], 32, 32)[0] == 4
+    for _ in range(100):
+        policy.record(4, 0)  # the workload turned unpredictable: new requests do not draft
+    assert policy.draft_lens([SpecState()], 1, 1) == [0]
+    assert policy.prior.wait == 0
+
+
+def test_not_adaptive_drafts_k_max():
+    policy = SpecPolicy(5, adaptive=False)
+    assert policy.draft_lens([SpecState(alpha=0.0, num_drafted=1)] * 3, 64, 64) == [5, 5, 5]
