@@ -41,7 +41,8 @@ class LLM:
                  enable_prefix_caching: bool = True,
                  scheduling_policy: str = "fcfs", structured_fast_forward: bool = True,
                  speculative: str = "off", num_speculative_tokens: int = 4,
-                 speculative_adaptive: bool = True, show_progress: bool = True) -> None:
+                 speculative_adaptive: bool = True, draft_model: str | None = None,
+                 show_progress: bool = True) -> None:
         self.config = engine_config(
             model, block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
             num_kv_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
@@ -51,7 +52,7 @@ class LLM:
             kv_cache_dtype=kv_cache_dtype, seed=seed,
             structured_fast_forward=structured_fast_forward, speculative=speculative,
             num_speculative_tokens=num_speculative_tokens,
-            speculative_adaptive=speculative_adaptive)
+            speculative_adaptive=speculative_adaptive, draft_model=draft_model)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
         self.engine = EngineCore.from_config(self.config, self.source, show_progress, reader,

@@ -9,6 +9,8 @@ from one more draft token at position i iff the tokens it adds per second beat t
 So drafts grow when the batch is small and acceptance high, and vanish when the batch is large
 (``b·R / T`` tends to 1, which no ``α^i`` exceeds). Until two different step sizes have been
 measured, ``b / a`` is taken as 1/64 (a 64-token step costs two 1-token steps).
+A draft model's cost enters the same way: one more draft position costs its forward
+``d`` seconds shared by the batch, so the threshold becomes ``(b·R + d) / T``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,15 @@ class StepCostModel:
         self._nn = self._nn * f + num_tokens * num_tokens
         self._nt = self._nt * f + num_tokens * seconds
 
+    def seconds(self, num_tokens: int) -> float | None:
+        """``a + b·num_tokens``; None before any step was observed. With one step size seen,
+        ``a`` and ``b`` split the mean step time by the prior ratio."""
+        if self._w <= 0:
+            return None
+        mean_n, mean_t = self._n / self._w, self._t / self._w
+        return mean_t * (1.0 + self.b_over_step(0) * num_tokens) / (
+            1.0 + self.b_over_step(0) * mean_n)
+
     def b_over_step(self, num_tokens: int) -> float:
         """``b / (a + b·num_tokens)``: one more token's share of a step of ``num_tokens``."""
         if self._w > 0:
@@ -76,12 +87,19 @@ class SpecPolicy:
         self.adaptive = adaptive
         self.cost = StepCostModel()
 
-    def draft_lens(self, states: list[SpecState], num_tokens: int, num_rows: int) -> list[int]:
+    def draft_lens(self, states: list[SpecState], num_tokens: int, num_rows: int,
+                   proposer_s: float = 0.0) -> list[int]:
         """Draft length per decoding request of a step already holding ``num_tokens`` batched
-        tokens, ``num_rows`` of which sample."""
+        tokens, ``num_rows`` of which sample. ``proposer_s``: seconds one more draft position
+        costs the proposer for the whole batch (a draft model's forward; 0 for token
+        proposers): its share of the step, ``proposer_s / T``, adds to the threshold."""
         if not self.adaptive:
             return [self.k_max] * len(states)
         c = self.cost.b_over_step(num_tokens) * max(num_rows, 1)
+        if proposer_s > 0:
+            step_s = self.cost.seconds(num_tokens)
+            if step_s is not None:
+                c += proposer_s / step_s
         out = []
         for s in states:
             k, gain = 0, 1.0
