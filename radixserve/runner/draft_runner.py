@@ -31,6 +31,23 @@ class NoDraftRunner:
 NO_DRAFT_RUNNER = NoDraftRunner()
 
 
+class _Work:
+    """One sequence's draft work: the request's tokens from ``base`` (its confirmed draft KV)
+    on, this step's emitted tokens included, without copying the whole context."""
+
+    __slots__ = ("seq", "rid", "base", "tail", "num_tokens")
+
+    def __init__(self, seq: ScheduledSeq, emitted: list[int]) -> None:
+        prompt, output = seq.prompt_token_ids, seq.output_token_ids
+        self.seq, self.rid = seq, seq.request_id
+        self.base = base = seq.draft_work.num_confirmed
+        self.num_tokens = len(prompt) + len(output) + len(emitted)
+        if base >= len(prompt):
+            self.tail = output[base - len(prompt):] + emitted
+        else:
+            self.tail = prompt[base:] + output + emitted
+
+
 class DraftRunner:
     def __init__(self, runner, name: str, max_chunk: int = 2048) -> None:
         """``runner``: a ModelRunner of the draft model over its own KV pool."""
@@ -47,47 +64,39 @@ class DraftRunner:
         emitted = {rid: [t] for rid, t in zip(out.request_ids, out.token_ids)}
         for rid, draft in (out.drafts or {}).items():
             emitted[rid] += draft.token_ids
-        work = [(s, s.prompt_token_ids + s.output_token_ids + emitted[s.request_id])
-                for s in seqs if s.draft_work is not None]
+        work = [_Work(s, emitted[s.request_id]) for s in seqs if s.draft_work is not None]
         if not work:
             return
         proposed, num_forwards = self._catch_up(work)
-        for j in range(1, max(s.draft_work.num_propose for s, _ in work)):
-            active = [(s, tokens) for s, tokens in work if s.draft_work.num_propose > j]
-            steps = [ScheduledSeq(s.request_id, [proposed[s.request_id][-1]],
-                                  len(tokens) + j - 1, s.draft_work.block_ids, True)
-                     for s, tokens in active]
+        for j in range(1, max(w.seq.draft_work.num_propose for w in work)):
+            steps = [ScheduledSeq(w.rid, [proposed[w.rid][-1]], w.num_tokens + j - 1,
+                                  w.seq.draft_work.block_ids, True)
+                     for w in work if w.seq.draft_work.num_propose > j]
             for s, t in zip(steps, self._greedy(steps)):
                 proposed[s.request_id].append(t)
             num_forwards += 1
-        out.proposals = {s.request_id: Proposal(proposed[s.request_id], len(tokens))
-                         for s, tokens in work}
+        out.proposals = {w.rid: Proposal(proposed[w.rid], w.num_tokens) for w in work}
         out.draft_seconds = time.perf_counter() - start
         out.num_draft_forwards = num_forwards
 
-    def _catch_up(self, work: list[tuple[ScheduledSeq, list[int]]]
-                  ) -> tuple[dict[str, list[int]], int]:
-        """Feed each sequence's tokens from its first invalid draft KV position on; the greedy
-        token after its last one, by request, and the number of forwards it took."""
-        todo = []  # (seq, tokens, next position to feed)
-        for seq, tokens in work:
-            w = seq.draft_work
-            valid = w.num_confirmed + _common_prefix_len(w.spec_token_ids,
-                                                         tokens[w.num_confirmed:])
-            todo.append((seq, tokens, min(valid, len(tokens) - 1)))  # the last one's logits
+    def _catch_up(self, work: list[_Work]) -> tuple[dict[str, list[int]], int]:
+        """Feed each sequence's tokens from its first invalid draft KV position on (at least
+        its last token, whose logits give the first proposal); the greedy token after its
+        last one, by request, and the number of forwards it took."""
+        todo = []  # (work, next position to feed)
+        for w in work:
+            valid = w.base + _common_prefix_len(w.seq.draft_work.spec_token_ids, w.tail)
+            todo.append((w, min(valid, w.num_tokens - 1)))
         first: dict[str, list[int]] = {}
         num_forwards = 0
         while todo:
-            chunks = []
-            for seq, tokens, pos in todo:
-                end = min(len(tokens), pos + self.max_chunk)
-                chunks.append(ScheduledSeq(seq.request_id, tokens[pos:end], pos,
-                                           seq.draft_work.block_ids, True))
+            chunks = [ScheduledSeq(w.rid, w.tail[pos - w.base:pos - w.base + self.max_chunk],
+                                   pos, w.seq.draft_work.block_ids, True) for w, pos in todo]
             for chunk, t in zip(chunks, self._greedy(chunks)):
                 first[chunk.request_id] = [t]
             num_forwards += 1
-            todo = [(seq, tokens, c.context_len) for (seq, tokens, _), c in zip(todo, chunks)
-                    if c.context_len < len(tokens)]
+            todo = [(w, c.context_len) for (w, _), c in zip(todo, chunks)
+                    if c.context_len < w.num_tokens]
         return first, num_forwards
 
     def _greedy(self, seqs: list[ScheduledSeq]) -> list[int]:

@@ -23,15 +23,12 @@ draft that step.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.sched_output import DraftWork, Proposal, ScheduledSeq
 from radixserve.spec.drafter import SpecDecoding
 from radixserve.spec.policy import SpecPolicy
-
-logger = logging.getLogger(__name__)
 
 _COST_RATE = 0.1  # moving-average step of the draft forward's measured seconds
 

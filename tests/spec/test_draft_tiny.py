@@ -14,6 +14,7 @@ from radixserve import LLM, SamplingParams
 from radixserve.cli_args import add_engine_args, engine_kwargs
 from radixserve.config import SpeculativeConfig, engine_config
 from radixserve.engine.draft_setup import check_draft_vocab
+from radixserve.env_report import report
 from radixserve.models.default import default_model_path
 from radixserve.models.loader import load_model_config
 from radixserve.models.source import ModelSource
@@ -68,6 +69,13 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_hf_dirs, tmp_path):
     with pytest.raises(ValueError, match=r"different vocabularies: the draft's token 0 is"):
         check_draft_vocab(embedded, load_model_config(embedded), None, tiny,
                           load_model_config(tiny), None)
+
+
+def test_env_reports_the_draft_model(tiny_hf_dirs, tiny_draft_dir):
+    text = report(str(tiny_hf_dirs["llama"]), draft_model=str(tiny_draft_dir))
+    assert (f"draft model (--speculative draft): {tiny_draft_dir} (LlamaForCausalLM, 1 layers, "
+            "vocab 384") in text
+    assert "KV pool: 33% of --kv-cache-memory-gb" in text  # 1 layer of the 3 both have
 
 
 def test_draft_model_flag_implies_the_method_and_conflicts_are_refused():
