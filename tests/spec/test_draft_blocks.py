@@ -15,6 +15,7 @@ from radixserve.core.sched_output import DraftResult, ModelRunnerOutput, Proposa
 from radixserve.core.scheduler import Scheduler
 from radixserve.sampling_params import SamplingParams
 from radixserve.spec.draft_model import DraftModelProposer, make_draft_spec
+from radixserve.spec.policy import SpecPolicy, SpecState
 
 
 def _seq(rid="a", n=1):
@@ -107,3 +108,18 @@ def test_preemption_frees_the_draft_kv():
         sched.update_from_output(out, runner.execute(out))
         sched.check_integrity()
     assert preempted
+
+
+def test_the_draft_models_forward_enters_the_cost_model():
+    """A draft forward as dear as a target step (a model drafting for itself) never pays:
+    k = 0; one a tenth of it still lets a well-accepting request draft."""
+    policy = SpecPolicy(k_max=4)
+    assert policy.cost.seconds(1) is None
+    for n in (1, 2, 4, 8):  # 10 ms + 0.1 ms per token
+        policy.cost.observe(n, 0.010 + 0.0001 * n)
+    assert policy.cost.seconds(1) == pytest.approx(0.0101)
+    good = SpecState(alpha=0.9)
+    assert policy.draft_lens([good], 1, 1) == [4]
+    assert policy.draft_lens([good], 1, 1, proposer_s=0.001) == [4]  # 0.9^4 > c = 0.11
+    assert policy.draft_lens([good], 1, 1, proposer_s=0.007) == [3]  # 0.9^4 < c = 0.70 < 0.9^3
+    assert policy.draft_lens([good], 1, 1, proposer_s=0.0101) == [0]
