@@ -103,8 +103,9 @@ class ModelRunnerOutput:
     (token_id, logprob) pairs; both are None for rows that did not ask for logprobs.
     ``drafts``: for the sequences that fed a draft, what verification kept after the first
     token (``token_ids[i]``).
-    ``proposals``: the draft model's proposals for the next step, by request, and
-    ``draft_seconds`` the time it took (``num_draft_forwards`` forwards of the draft model).
+    ``proposals``: the draft model's proposals for the next step, by request;
+    ``draft_seconds`` the time it took (``num_draft_forwards`` forwards of the draft model)
+    and ``draft_forward_s`` the mean time of its decode-like forwards (0: none ran).
     ``pooled`` maps each embedding request of the step that pooled something to its vector
     (float32 values: a chunk's hidden-state sum for mean pooling, the last hidden state for
     last pooling; see `ScheduledSeq`).
@@ -119,6 +120,7 @@ class ModelRunnerOutput:
     proposals: dict[str, Proposal] = field(default_factory=dict)
     draft_seconds: float = 0.0
     num_draft_forwards: int = 0
+    draft_forward_s: float = 0.0
 
 
 @dataclass(slots=True)

@@ -54,6 +54,7 @@ class DraftRunner:
         self.runner = runner
         self.name = name
         self.max_chunk = max_chunk
+        self._decode_s: list[float] = []  # this step's decode-like forwards, seconds each
 
     @torch.inference_mode()
     def propose(self, seqs: list[ScheduledSeq], out: ModelRunnerOutput) -> None:
@@ -61,6 +62,7 @@ class DraftRunner:
         draft work; ``out``: this step's results for them, whose emitted tokens the draft
         model reads."""
         start = time.perf_counter()
+        self._decode_s = []
         emitted = {rid: [t] for rid, t in zip(out.request_ids, out.token_ids)}
         for rid, draft in (out.drafts or {}).items():
             emitted[rid] += draft.token_ids
@@ -78,6 +80,8 @@ class DraftRunner:
         out.proposals = {w.rid: Proposal(proposed[w.rid], w.num_tokens) for w in work}
         out.draft_seconds = time.perf_counter() - start
         out.num_draft_forwards = num_forwards
+        if self._decode_s:
+            out.draft_forward_s = sum(self._decode_s) / len(self._decode_s)
 
     def _catch_up(self, work: list[_Work]) -> tuple[dict[str, list[int]], int]:
         """Feed each sequence's tokens from its first invalid draft KV position on (at least
@@ -100,7 +104,13 @@ class DraftRunner:
         return first, num_forwards
 
     def _greedy(self, seqs: list[ScheduledSeq]) -> list[int]:
-        return self.runner.last_logits(seqs).argmax(dim=-1).tolist()
+        """The greedy token after each sequence; times the forwards that feed at most 2
+        tokens a sequence (what one more draft position costs, unlike a catch-up prefill)."""
+        start = time.perf_counter()
+        tokens = self.runner.last_logits(seqs).argmax(dim=-1).tolist()
+        if max(s.num_tokens for s in seqs) <= 2:
+            self._decode_s.append(time.perf_counter() - start)
+        return tokens
 
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:

@@ -30,7 +30,7 @@ from radixserve.core.sched_output import DraftWork, Proposal, ScheduledSeq
 from radixserve.spec.drafter import SpecDecoding
 from radixserve.spec.policy import SpecPolicy
 
-_COST_RATE = 0.1  # moving-average step of the draft forward's measured seconds
+_COST_RATE = 0.1  # moving-average step of a draft decode forward's measured seconds
 
 
 @dataclass(slots=True)
@@ -154,9 +154,8 @@ class DraftModelSpec(SpecDecoding):
         for rid, proposal in result.proposals.items():
             if rid in requests:
                 self.proposer.take(rid, proposal)
-        if result.num_draft_forwards:
-            per_forward = result.draft_seconds / result.num_draft_forwards
-            self.forward_s += (per_forward - self.forward_s) * (
+        if result.draft_forward_s > 0:
+            self.forward_s += (result.draft_forward_s - self.forward_s) * (
                 1.0 if self.forward_s == 0.0 else _COST_RATE)
 
     def check_integrity(self, requests: dict) -> None:
