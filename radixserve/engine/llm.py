@@ -27,6 +27,8 @@ class LLM:
 
     ``threads``: torch's CPU threads in this process, which the native kernels share (default:
     the CPUs the process may use, from its affinity mask and cgroup quota).
+    ``draft_model``: a smaller model with the same vocabulary that drafts for speculative
+    decoding (implies ``speculative="draft"``; ValueError with another method).
 
     Errors in the arguments raise ValueError / FileNotFoundError before anything is queued,
     so the object keeps working after a bad call.

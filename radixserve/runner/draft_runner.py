@@ -5,8 +5,8 @@ the block tables come from the scheduler (spec/draft_model.py) in each sequence'
 `DraftWork`. For the sequences that have draft work, batched over them:
 
 1. catch-up: feed the tokens whose draft KV is not valid, up to the request's last token
-   (this step's emitted tokens included; a whole prompt on the first call, in chunks of at
-   most ``max_chunk`` tokens per sequence and forward), and take the greedy token after it;
+   (this step's emitted tokens included; a whole prompt on the first call), in forwards of
+   at most ``max_chunk`` tokens in all, and take the greedy token after it;
 2. ``num_propose - 1`` single-token greedy forwards, each feeding the token proposed last.
 
 The proposals are greedy (a point mass q, so verification stays exact under sampling).
@@ -93,14 +93,22 @@ class DraftRunner:
             todo.append((w, min(valid, w.num_tokens - 1)))
         first: dict[str, list[int]] = {}
         num_forwards = 0
-        while todo:
-            chunks = [ScheduledSeq(w.rid, w.tail[pos - w.base:pos - w.base + self.max_chunk],
-                                   pos, w.seq.draft_work.block_ids, True) for w, pos in todo]
+        while todo:  # forwards of at most max_chunk tokens (at least one sequence each)
+            budget, chunks, fed, waiting = self.max_chunk, [], [], []
+            for w, pos in todo:
+                if budget <= 0:
+                    waiting.append((w, pos))
+                    continue
+                n = min(w.num_tokens - pos, budget)
+                chunks.append(ScheduledSeq(w.rid, w.tail[pos - w.base:pos - w.base + n], pos,
+                                           w.seq.draft_work.block_ids, True))
+                fed.append(w)
+                budget -= n
             for chunk, t in zip(chunks, self._greedy(chunks)):
                 first[chunk.request_id] = [t]
             num_forwards += 1
-            todo = [(w, c.context_len) for (w, _), c in zip(todo, chunks)
-                    if c.context_len < w.num_tokens]
+            todo = [(w, c.context_len) for w, c in zip(fed, chunks)
+                    if c.context_len < w.num_tokens] + waiting
         return first, num_forwards
 
     def _greedy(self, seqs: list[ScheduledSeq]) -> list[int]:

@@ -25,7 +25,7 @@ class self_drafting(speculating):
 
     def __init__(self, llm, truths, draft_blocks=DRAFT_BLOCKS, k=4, adaptive=False,
                  **changes):
-        super().__init__(llm, "ngram", truths, adaptive=adaptive, **changes)
+        super().__init__(llm, "ngram", truths, adaptive=adaptive, **changes)  # then replaced
         target = self.engine.runner
         self.spec = make_draft_spec(SpeculativeConfig("draft", k, adaptive, "self"),
                                     draft_blocks, self.block_size)

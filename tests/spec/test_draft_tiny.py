@@ -44,10 +44,20 @@ def test_random_draft_gives_the_targets_greedy_output(tiny_hf_dirs, tiny_draft_d
     spec = llm.engine.scheduler.spec
     assert spec.proposer.name == "draft"
     assert llm.engine.runner.drafter.name == "d"
-    for _ in range(2):  # the second time, the prompts are prefix-cache hits for the target
+    step = llm.engine.step
+
+    def checked_step():  # both pools' integrity after every step
+        out = step()
+        llm.engine.scheduler.check_integrity()
+        return out
+
+    llm.engine.step = checked_step
+    # The second round: prefix-cache hits for the target (the draft computes the prefix),
+    # and the draft's catch-up in forwards of at most 5 tokens.
+    for max_chunk in (2048, 5):
+        llm.engine.runner.drafter.max_chunk = max_chunk
         got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
         assert got == want
-        llm.engine.scheduler.check_integrity()
         pool = spec.proposer.pool
         assert pool.num_free_blocks == pool.num_blocks  # every draft block back
     assert llm.engine.scheduler.kv.num_hit_tokens > 0
