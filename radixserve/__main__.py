@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
                                                    "(default: the embedded model)")
     env.add_argument("--quantization", default="auto",
                      choices=["auto", "none", "int8", "gguf", "16bit-stored"])
+    env.add_argument("--draft-model", default=None, metavar="PATH",
+                     help="a draft model for --speculative draft: its shape and whether its "
+                          "vocabulary fits the model's")
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(args)
         if args.command == "env":
             from radixserve.env_report import report
-            print(report(args.model, args.quantization))
+            print(report(args.model, args.quantization, args.draft_model))
             return 0
     except (ValueError, FileNotFoundError) as exc:
         print(f"radixserve: error: {exc}", file=sys.stderr)

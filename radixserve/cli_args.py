@@ -53,11 +53,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-structured-fast-forward", action="store_true",
                    help="sample every token of a structured output, even those its grammar "
                         "forces (default: forced tokens are emitted without a forward each)")
-    g.add_argument("--speculative", default="off", choices=["off", "ngram", "suffix", "auto"],
+    g.add_argument("--speculative", default="off",
+                   choices=["off", "ngram", "suffix", "auto", "draft"],
                    help="speculative decoding: draft tokens and verify them in the same batched "
                         "forward. ngram: prompt lookup in the request's own prompt and output; "
                         "suffix: suffix trees over the request's context and earlier outputs; "
-                        "auto: suffix. Greedy output is unchanged, sampling keeps its "
+                        "auto: suffix; draft: a smaller model with the same tokenizer "
+                        "(--draft-model). Greedy output is unchanged, sampling keeps its "
                         "distribution; each draft's length adapts to its acceptance and the "
                         "measured step cost (0 under load)")
     g.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
@@ -73,6 +75,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tp-all-reduce", default="auto", choices=["auto", "shm", "torch"],
                    help="how the ranks sum their outputs: shm (shared memory, one machine), "
                         "torch (torch.distributed gloo); auto: shm on x86-64 (measured faster)")
+    g.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="the draft model of --speculative draft (implied when --speculative "
+                        "is not given): a .gguf file or a Hugging Face folder with the "
+                        "target's vocabulary (the same ids; it may have fewer). Its KV pool "
+                        "takes a share of --kv-cache-memory-gb: both pools get the same "
+                        "number of blocks")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -88,7 +96,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 speculative=args.speculative,
                 num_speculative_tokens=args.num_speculative_tokens,
                 speculative_adaptive=not args.no_speculative_adaptive,
-                tensor_parallel_size=args.tensor_parallel_size, tp_all_reduce=args.tp_all_reduce)
+                tensor_parallel_size=args.tensor_parallel_size, tp_all_reduce=args.tp_all_reduce,
+                draft_model=args.draft_model)
 
 
 def _positive_int(text: str) -> int:

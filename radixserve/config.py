@@ -179,11 +179,14 @@ class SpeculativeConfig:
     """Speculative decoding: ``method`` (radixserve/spec/proposer.py: off, ngram, suffix,
     auto) drafts up to ``num_speculative_tokens`` per request and step, verified in the same
     forward; ``adaptive`` sizes each draft from the request's acceptance and the measured step
-    cost (spec/policy.py), else every draft is as long as the proposer allows."""
+    cost (spec/policy.py), else every draft is as long as the proposer allows.
+    ``draft_model``: the draft model's path (any source the loader takes) for method
+    ``draft``, which needs one; the other methods refuse one (see `resolve_method`)."""
 
     method: str = "off"
     num_speculative_tokens: int = 4
     adaptive: bool = True
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         from radixserve.spec.proposer import PROPOSERS
@@ -194,6 +197,18 @@ class SpeculativeConfig:
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, "
                              f"got {self.num_speculative_tokens}")
+        if self.method == "draft" and self.draft_model is None:
+            raise ValueError("speculative method 'draft' needs a draft model (--draft-model "
+                             "PATH: a .gguf file or a Hugging Face folder)")
+        if self.method != "draft" and self.draft_model is not None:
+            raise ValueError(f"a draft model is only used by speculative method 'draft', not "
+                             f"{self.method!r}")
+
+    @staticmethod
+    def resolve_method(method: str, draft_model: str | None) -> str:
+        """``--draft-model`` alone implies ``--speculative draft`` (the default "off" is
+        taken as not chosen); any other explicit method with a draft model is refused."""
+        return "draft" if draft_model is not None and method == "off" else method
 
 
 @dataclass(frozen=True)
@@ -229,6 +244,12 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
+    def __post_init__(self) -> None:
+        if self.speculative.draft_model is not None and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("a draft model (--draft-model) runs on one rank; it is not "
+                             "supported with --tensor-parallel-size > 1 (use --speculative "
+                             "ngram or suffix)")
+
 
 def engine_config(model: str | None = None, *, block_size: int = 16,
                   kv_cache_memory_gb: float = 1.0, num_kv_blocks: int | None = None,
@@ -240,7 +261,8 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                   structured_fast_forward: bool = True, speculative: str = "off",
                   num_speculative_tokens: int = 4,
                   speculative_adaptive: bool = True, tensor_parallel_size: int = 1,
-                  tp_all_reduce: str = "auto") -> EngineConfig:
+                  tp_all_reduce: str = "auto",
+                  draft_model: str | None = None) -> EngineConfig:
     """The EngineConfig for the flat engine options the CLI and ``LLM(...)`` take."""
     return EngineConfig(
         model=model,
@@ -250,5 +272,7 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                                   scheduling_policy),
         device=DeviceConfig(device, dtype, quantization, threads),
         structured=StructuredConfig(fast_forward=structured_fast_forward), seed=seed,
-        speculative=SpeculativeConfig(speculative, num_speculative_tokens, speculative_adaptive),
+        speculative=SpeculativeConfig(SpeculativeConfig.resolve_method(speculative, draft_model),
+                                      num_speculative_tokens, speculative_adaptive,
+                                      draft_model),
         parallel=ParallelConfig(tensor_parallel_size, tp_all_reduce))

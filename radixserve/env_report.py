@@ -74,8 +74,11 @@ def startup_line(quantization: str, attention: str, python_layers: bool, threads
             f"decoder layers: {plan['decoder layers']}; threads {threads}")
 
 
-def report(model: str | None, quantization: str = "auto") -> str:
-    """The text ``radixserve env`` prints. Reads the model's metadata, never its weights."""
+def report(model: str | None, quantization: str = "auto",
+           draft_model: str | None = None) -> str:
+    """The text ``radixserve env`` prints. Reads the model's metadata, never its weights;
+    with ``draft_model``, also that model's shape and its vocabulary check (ValueError if
+    its vocabulary does not fit)."""
     import torch
 
     from radixserve.layers.attn_backends import resolve_attn_backend
@@ -138,6 +141,8 @@ def report(model: str | None, quantization: str = "auto") -> str:
                      f"{floats / 1e6:.1f} MB float32 (embedding, norms); plus the KV pool "
                      "(--kv-cache-memory-gb)")
     lines += tensor_parallel_lines(config, reader)
+    if draft_model is not None:
+        lines += _draft_lines(draft_model, source, config, reader, kv_dtype)
     return "\n".join(lines)
 
 
@@ -155,6 +160,19 @@ def tensor_parallel_lines(config, reader=None) -> list[str]:
     auto = describe_all_reduce(resolve_all_reduce("auto"))
     return ["tensor parallel:", f"  sizes this model splits into: {sizes}",
             f"  all-reduce (--tp-all-reduce auto): {auto}"]
+
+
+def _draft_lines(path: str, source, config, reader, kv_dtype) -> list[str]:
+    from radixserve.engine.draft_setup import open_draft
+    from radixserve.runner.kv_cache import bytes_per_block
+
+    draft = open_draft(path, source, config, reader)
+    d, t = (bytes_per_block(c, 16, kv_dtype) for c in (draft.config, config))
+    return [f"draft model (--speculative draft): {draft.source.path} "
+            f"({draft.config.architecture}, {draft.config.num_layers} layers, vocab "
+            f"{draft.config.vocab_size}: the model's ids)",
+            f"  KV pool: {100 * d / (d + t):.0f}% of --kv-cache-memory-gb (as many blocks as "
+            "the model's pool)"]
 
 
 def _cpu_model() -> str:

@@ -19,6 +19,8 @@ class ScheduledSeq:
     ``num_draft``: the last ``num_draft`` fed tokens are a speculative draft (not yet in the
     request's tokens); the runner then produces a token at each of the last ``num_draft + 1``
     positions and keeps the verified ones (runner/spec_verify.py).
+    ``draft_work``: with a draft model (``--speculative draft``), what it runs for this
+    sampling sequence once the step's tokens are known (see `DraftWork`).
     ``pooling`` is set on every chunk of an embedding request (which never samples): mean
     pooling returns each chunk's sum of hidden states, last pooling the last prompt token's
     hidden state on the chunk that ends the prompt (``is_last_chunk``).
@@ -41,6 +43,7 @@ class ScheduledSeq:
         return self.token_ids[len(self.token_ids) - self.num_draft:] if self.num_draft else []
     pooling: PoolingParams | None = None
     is_last_chunk: bool = False
+    draft_work: DraftWork | None = None  # the draft model proposes after this step
 
     @property
     def num_tokens(self) -> int:
@@ -49,6 +52,36 @@ class ScheduledSeq:
     @property
     def context_len(self) -> int:
         return self.start_pos + len(self.token_ids)
+
+
+@dataclass(slots=True)
+class DraftWork:
+    """The draft model's share of a step for one sampling sequence, run after the target's
+    tokens are sampled (runner/draft_runner.py). Positions of the request's tokens, with ``N``
+    their number once this step's emitted tokens are appended::
+
+        [ confirmed KV | spec KV (still valid where it matches) | catch-up | proposed ]
+        0       num_confirmed    + len(spec_token_ids)                N      N + num_propose - 1
+
+    The draft pool's KV is valid for the first ``num_confirmed`` tokens, and beyond them holds
+    the KV of ``spec_token_ids`` (the last proposal but its final token), which stays valid as
+    far as those tokens match what the request now has. The draft feeds the rest up to ``N``
+    (catch-up), then proposes ``num_propose`` greedy tokens, writing the KV of all but the last.
+    ``block_ids``: its block table in the draft pool, already long enough for all of that."""
+
+    block_ids: list[int]
+    num_confirmed: int
+    spec_token_ids: list[int]
+    num_propose: int
+
+
+@dataclass(slots=True)
+class Proposal:
+    """A draft model's proposal for the next step: ``token_ids`` follow the request's first
+    ``num_confirmed`` tokens, whose draft KV is now valid (see `DraftWork`)."""
+
+    token_ids: list[int]
+    num_confirmed: int
 
 
 @dataclass(slots=True)
@@ -70,6 +103,9 @@ class ModelRunnerOutput:
     (token_id, logprob) pairs; both are None for rows that did not ask for logprobs.
     ``drafts``: for the sequences that fed a draft, what verification kept after the first
     token (``token_ids[i]``).
+    ``proposals``: the draft model's proposals for the next step, by request;
+    ``draft_seconds`` the time it took (``num_draft_forwards`` forwards of the draft model)
+    and ``draft_forward_s`` the mean time of its decode-like forwards (0: none ran).
     ``pooled`` maps each embedding request of the step that pooled something to its vector
     (float32 values: a chunk's hidden-state sum for mean pooling, the last hidden state for
     last pooling; see `ScheduledSeq`).
@@ -81,6 +117,10 @@ class ModelRunnerOutput:
     top_logprobs: list[list[tuple[int, float]] | None]
     drafts: dict[str, DraftResult] | None = None
     pooled: dict[str, list[float]] = field(default_factory=dict)
+    proposals: dict[str, Proposal] = field(default_factory=dict)
+    draft_seconds: float = 0.0
+    num_draft_forwards: int = 0
+    draft_forward_s: float = 0.0
 
 
 @dataclass(slots=True)

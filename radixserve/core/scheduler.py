@@ -205,6 +205,7 @@ class Scheduler:
             if reason is not None:
                 self.running.remove(request)
                 self._finish(request, reason)
+        self.spec.after_step(result, self.requests)  # a draft model's next proposals
         return outputs
 
     def _apply_draft(self, request: Request, computed: int, draft) -> None:
@@ -284,6 +285,7 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
+        self.spec.check_integrity(self.requests)  # a draft model's KV pool
         assert len(self.requests) == len(self.running) + len(self.waiting)
         for request in self.running:
             assert request.status is RequestStatus.RUNNING
@@ -315,6 +317,7 @@ class Scheduler:
         """Recompute-style preemption: drop the KV, go back to waiting, resume later."""
         self.running.remove(request)
         self.kv.free(request)
+        self.spec.on_preempted(request)  # a draft model's KV goes too
         request.num_computed_tokens = 0
         pooled.restart(request)
         request.num_preemptions += 1

@@ -25,6 +25,7 @@ from radixserve.cpu_threads import apply_engine_threads
 from radixserve.distributed.tp_ranks import start_tensor_parallel
 from radixserve.env_report import python_only_layers, startup_line, stored_types
 from radixserve.engine.context_len import resolve_max_model_len
+from radixserve.engine.draft_setup import build_draft_runner, open_draft
 from radixserve.core.state_summary import engine_state
 from radixserve.engine.messages import (
     EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineState, EngineStateQuery)
@@ -78,9 +79,13 @@ class EngineCore:
                                             checkpoint_dtype(source))
         model = load_model(source, model_config, device, dtype, reader, show_progress,
                            quantization, tp.shard)
+        draft = None
+        if config.speculative.draft_model is not None:  # its vocabulary checked here
+            draft = open_draft(config.speculative.draft_model, source, model_config, reader)
         kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, device, dtype)
         # model.config: this rank's shape (its KV heads); the pool is per rank
-        num_blocks = num_blocks_for_budget(model.config, config.cache, kv_dtype)
+        num_blocks = num_blocks_for_budget(model.config, config.cache, kv_dtype,
+                                           draft and draft.config)
         block_size = config.cache.block_size
         runner = ModelRunner(model, model.config, num_blocks, block_size, device, dtype,
                              kv_dtype=kv_dtype)
@@ -95,7 +100,11 @@ class EngineCore:
         max_len = resolve_max_model_len(config.scheduler.max_model_len, model_config,
                                         num_blocks, block_size)
         model.rotary.set_context_len(max_len)  # the rope fixed for this context (rotary.py)
-        scheduler = Scheduler(config.scheduler, kv, max_len, make_spec(config.speculative))
+        if draft is not None:
+            runner.drafter = build_draft_runner(config, draft, num_blocks, max_len, kv_dtype,
+                                                show_progress)
+        scheduler = Scheduler(config.scheduler, kv, max_len,
+                              make_spec(config.speculative, num_blocks, block_size))
         backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source)),
                                     model_config.vocab_size)
         structured = StructuredOutputManager(backend, config.structured.fast_forward,
@@ -194,8 +203,8 @@ class EngineCore:
                 bitmask = self.structured.bitmask(sched, self.scheduler.requests)
             start = time.perf_counter()
             result = self.runner.execute(sched, bitmask)
-            self.scheduler.spec.observe_step(sched.num_batched_tokens,
-                                             time.perf_counter() - start)
+            self.scheduler.spec.observe_step(  # the target's share (the draft model's apart)
+                sched.num_batched_tokens, time.perf_counter() - start - result.draft_seconds)
         except Exception as exc:  # noqa: BLE001 - the batch's fault, not the engine's
             if bitmask is not None:  # its matchers may still be read by the mask thread
                 futures.wait([bitmask.bitmask])

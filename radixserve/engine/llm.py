@@ -29,6 +29,8 @@ class LLM:
     the CPUs the process may use, from its affinity mask and cgroup quota).
     ``tensor_parallel_size``: ranks splitting the model (this process is rank 0; the others
     are processes it starts, each pinned to its share of the CPUs; ``close()`` stops them).
+    ``draft_model``: a smaller model with the same vocabulary that drafts for speculative
+    decoding (implies ``speculative="draft"``; ValueError with another method).
 
     Errors in the arguments raise ValueError / FileNotFoundError before anything is queued,
     so the object keeps working after a bad call.
@@ -44,7 +46,8 @@ class LLM:
                  scheduling_policy: str = "fcfs", structured_fast_forward: bool = True,
                  speculative: str = "off", num_speculative_tokens: int = 4,
                  speculative_adaptive: bool = True, tensor_parallel_size: int = 1,
-                 tp_all_reduce: str = "auto", show_progress: bool = True) -> None:
+                 tp_all_reduce: str = "auto", draft_model: str | None = None,
+                 show_progress: bool = True) -> None:
         self.config = engine_config(
             model, block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
             num_kv_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
@@ -55,7 +58,8 @@ class LLM:
             structured_fast_forward=structured_fast_forward, speculative=speculative,
             num_speculative_tokens=num_speculative_tokens,
             speculative_adaptive=speculative_adaptive,
-            tensor_parallel_size=tensor_parallel_size, tp_all_reduce=tp_all_reduce)
+            tensor_parallel_size=tensor_parallel_size, tp_all_reduce=tp_all_reduce,
+            draft_model=draft_model)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
         self.engine = EngineCore.from_config(self.config, self.source, show_progress, reader,

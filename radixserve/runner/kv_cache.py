@@ -37,13 +37,22 @@ def resolve_kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype) 
     return model_dtype
 
 
-def num_blocks_for_budget(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype) -> int:
-    """How many blocks fit in ``cache.kv_cache_memory_gb`` (or ``cache.num_blocks`` if set)."""
+def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """One block's K and V over all layers."""
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return 2 * model.num_layers * block_size * model.num_kv_heads * row_width(model, dtype) * elem
+
+
+def num_blocks_for_budget(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype,
+                          draft: ModelConfig | None = None) -> int:
+    """How many blocks fit in ``cache.kv_cache_memory_gb`` (or ``cache.num_blocks`` if set).
+    With a ``draft`` model the budget holds two pools of that many blocks each, the target's
+    and the draft's (the draft's share is its bytes per block over both models')."""
     if cache.num_blocks is not None:
         return cache.num_blocks
-    elem = torch.tensor([], dtype=dtype).element_size()
-    per_block = (2 * model.num_layers * cache.block_size * model.num_kv_heads
-                 * row_width(model, dtype) * elem)
+    per_block = bytes_per_block(model, cache.block_size, dtype)
+    if draft is not None:
+        per_block += bytes_per_block(draft, cache.block_size, dtype)
     num = int(cache.kv_cache_memory_gb * 1024**3 // per_block)
     if num < 1:
         raise ValueError(f"kv_cache_memory_gb={cache.kv_cache_memory_gb} holds no block "

@@ -21,6 +21,7 @@ from radixserve.core.sched_output import (
     SchedulerOutput,
 )
 from radixserve.layers.attn_backends import get_attn_backend, resolve_attn_backend
+from radixserve.runner.draft_runner import NO_DRAFT_RUNNER
 from radixserve.runner.forward_context import ForwardContext, forward_context
 from radixserve.runner.kv_cache import allocate_kv_cache
 from radixserve.runner.pooler import pool_hidden
@@ -47,6 +48,7 @@ class ModelRunner:
         self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, kv_dtype, device)
         self.backend = get_attn_backend(self.backend_name)
         self.sampler = Sampler()
+        self.drafter = NO_DRAFT_RUNNER  # a draft model proposes after each step (draft_runner)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput,
@@ -69,7 +71,23 @@ class ModelRunner:
         else:
             out = self._sample(sampling, logits, grammar)
         out.pooled = pooled
+        self.drafter.propose(sampling, out)
         return out
+
+    @torch.inference_mode()
+    def last_logits(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
+        """Run ``seqs`` (KV written as in ``execute``) and return the logits at each one's
+        last fed position, ``[len(seqs), vocab]`` in the given order (a draft model's
+        forwards)."""
+        order = sorted(range(len(seqs)), key=lambda i: self._prefill_last(seqs[i]))
+        packed = [seqs[i] for i in order]
+        input_ids, positions, meta, sample_idx = self._prepare(packed)
+        with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
+            hidden = self.model(input_ids, positions)
+        logits = self.model.compute_logits(hidden[sample_idx])
+        result = torch.empty_like(logits)
+        result[torch.tensor(order, device=logits.device)] = logits
+        return result
 
     @torch.inference_mode()
     def all_logits(self, seqs: list[ScheduledSeq]) -> list[torch.Tensor]:

@@ -42,6 +42,15 @@ class NoSpec:
     def on_finished(self, request) -> None:
         pass
 
+    def on_preempted(self, request) -> None:
+        pass
+
+    def after_step(self, result, requests: dict) -> None:
+        pass
+
+    def check_integrity(self, requests: dict) -> None:
+        pass
+
 
 NO_SPEC = NoSpec()
 
@@ -130,12 +139,28 @@ class SpecDecoding:
         self.proposer.on_finished(request.request_id, request.all_token_ids,
                                   request.num_prompt_tokens)
 
+    def on_preempted(self, request) -> None:
+        """The request's KV was dropped (token proposers keep no KV: nothing to do)."""
 
-def make_spec(config) -> SpecDecoding | NoSpec:
-    """From a SpeculativeConfig."""
+    def after_step(self, result, requests: dict) -> None:
+        """The step's ModelRunnerOutput, after the scheduler applied it to ``requests`` (the
+        live ones). Token proposers learn nothing from it."""
+
+    def check_integrity(self, requests: dict) -> None:
+        pass
+
+
+def make_spec(config, num_draft_blocks: int = 0, block_size: int = 16
+              ) -> SpecDecoding | NoSpec:
+    """From a SpeculativeConfig; ``draft`` takes the draft model's KV pool size in blocks
+    (the runner holds the pool itself, engine/draft_setup.py)."""
     from radixserve.spec.proposer import make_proposer
 
     if config.method == "off":
         return NO_SPEC
+    if config.method == "draft":
+        from radixserve.spec.draft_model import make_draft_spec
+
+        return make_draft_spec(config, num_draft_blocks, block_size)
     return SpecDecoding(make_proposer(config.method),
                         SpecPolicy(config.num_speculative_tokens, config.adaptive))

@@ -24,6 +24,8 @@ cost more than they make (a large batch, or text the proposer cannot predict). E
 compared, not only the next token's marginal gain, so a cost step (a 2-token forward costing
 about what a 5-token one does) does not stop drafting short. A request whose drafts keep
 missing backs off (`SpecState`), so probing unpredictable text stays cheap.
+A draft model's forward costs ``d`` seconds per draft position for the whole batch, so a step
+whose deepest draft has ``k`` tokens takes ``T(N + D) + k·d`` (measured ``d``: spec/draft_model.py).
 """
 
 from __future__ import annotations
@@ -135,9 +137,12 @@ class SpecPolicy:
         self.prior.record(drafted, accepted, _PRIOR_RATE)
         self.prior.wait = 0
 
-    def draft_lens(self, states: list[SpecState], num_tokens: int, num_rows: int) -> list[int]:
+    def draft_lens(self, states: list[SpecState], num_tokens: int, num_rows: int,
+                   proposer_s: float = 0.0) -> list[int]:
         """Draft length per decoding request of a step already holding ``num_tokens`` batched
-        tokens, ``num_rows`` of which sample."""
+        tokens, ``num_rows`` of which sample. ``proposer_s``: seconds one more draft position
+        costs the proposer for the whole batch (a draft model's forward; 0 for token
+        proposers): its share of the step, ``proposer_s / T``, adds to the threshold."""
         if not self.adaptive:
             return [self.k_max] * len(states)
         # every (gain, request) a draft token could add, best first (per request α^i falls
@@ -149,11 +154,15 @@ class SpecPolicy:
         made = float(max(num_rows, 1))
         rate0 = made / self.cost.seconds(num_tokens)
         best_rate, best_d = rate0, 0
-        for d, (gain, _) in enumerate(gains, 1):
+        per_position = proposer_s if self.cost.points() else 0.0  # seconds once measured
+        depth, deepest = [0] * len(states), 0
+        for d, (gain, j) in enumerate(gains, 1):
             if gain < _NEGLIGIBLE_GAIN:
                 break
             made += gain
-            rate = made / self.cost.seconds(num_tokens + d)
+            depth[j] += 1
+            deepest = max(deepest, depth[j])
+            rate = made / (self.cost.seconds(num_tokens + d) + per_position * deepest)
             if rate > best_rate:
                 best_rate, best_d = rate, d
         if best_rate < _MIN_SPEEDUP * rate0:

@@ -1,7 +1,9 @@
 """The proposer interface, its null object, and the factory that picks one by name.
 
 A proposer drafts the tokens a request will probably generate next, from plain token ids (no
-model, no torch). The scheduler asks it once per decode step for at most ``k`` tokens and
+model, no torch). The ``draft`` proposer (spec/draft_model.py) is the one fed from the runner:
+its tokens come from a draft model the runner ran after the previous step, and it keeps
+that model's KV block tables. The scheduler asks it once per decode step for at most ``k`` tokens and
 tells it when a request finishes, so a proposer that learns from outputs can index them.
 """
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-PROPOSERS = ("off", "ngram", "suffix", "auto")
+PROPOSERS = ("off", "ngram", "suffix", "auto", "draft")
 
 
 class Proposer(Protocol):
@@ -57,5 +59,7 @@ def make_proposer(name: str, max_ngram: int = 4, min_ngram: int = 1,
         return NgramProposer(max_ngram, min_ngram)
     if name in ("suffix", "auto"):
         return SuffixProposer(max_tokens=suffix_max_tokens)
-    raise ValueError(f"unknown speculative method {name!r}; supported: {', '.join(PROPOSERS)}"
-                     " (the draft-model proposer is not implemented)")
+    if name == "draft":
+        raise ValueError("the draft-model proposer needs its KV pool: build it with "
+                         "spec.drafter.make_spec")
+    raise ValueError(f"unknown speculative method {name!r}; supported: {', '.join(PROPOSERS)}")

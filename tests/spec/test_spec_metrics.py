@@ -39,7 +39,7 @@ def test_cli_flags_reach_the_config_and_bad_values_are_refused():
     args = p.parse_args(["--speculative", "ngram", "--num-speculative-tokens", "6"])
     spec = engine_config(**engine_kwargs(args)).speculative
     assert (spec.method, spec.num_speculative_tokens, spec.adaptive) == ("ngram", 6, True)
-    with pytest.raises(ValueError, match="supported: off, ngram, suffix, auto"):
-        SpeculativeConfig("draft")
+    with pytest.raises(ValueError, match="supported: off, ngram, suffix, auto, draft"):
+        SpeculativeConfig("medusa")
     with pytest.raises(ValueError, match=r"num_speculative_tokens must be in 1\.\.7"):
         SpeculativeConfig("ngram", 9)
