@@ -7,8 +7,8 @@ id's own bytes out of its group of 16 outputs (the layout in ``kernels/block_lin
 offsets of each lane's bytes are worked out once per type and width), then the row's codes and
 fields are rebuilt as ``split_blocks`` has them and joined with ``gguf_quant.join_blocks``, the
 operations ``dequantize`` runs, so a row's values are bit-identical to the file's row
-dequantized. 16-bit parts give their values
-as stored, widened to float32 (what ``dequantize`` and ``Tensor.float`` give).
+dequantized. 16-bit parts give their values as stored, widened to float32 (what ``dequantize``
+and ``Tensor.float`` give).
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ class PackedEmbedding(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        """The whole table in float32 (tests and the torch paths only: a full copy)."""
-        return self(torch.arange(self.num_embeddings))
+        """The whole table in float32 (tests and the torch paths only: a full copy), gathered
+        a few thousand rows at a time (the offsets of a whole 262k-row table would take GBs)."""
+        ids = torch.arange(self.num_embeddings)
+        return torch.cat([self(chunk) for chunk in ids.split(4096)])
 
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, the head's packed "
