@@ -11,11 +11,13 @@ from radixserve.cpu_threads import check_threads
 
 @dataclass(frozen=True)
 class MoeConfig:
-    """The sparse mixture-of-experts blocks of a decoder (Qwen3-MoE, Mixtral): each token's
-    MLP is the weighted sum of ``top_k`` of ``num_experts`` SwiGLU experts of width
+    """The sparse mixture-of-experts blocks of a decoder (Qwen2-MoE, Qwen3-MoE, Mixtral): each
+    token's MLP is the weighted sum of ``top_k`` of ``num_experts`` SwiGLU experts of width
     ``intermediate_size``, picked by a linear router (softmax over all experts, top-k, the k
-    weights renormalized to sum 1 when ``norm_topk_prob``). ``dense_layers``: the layers that
-    keep a dense MLP of the model's ``intermediate_size`` (Qwen3-MoE's ``mlp_only_layers`` and
+    weights renormalized to sum 1 when ``norm_topk_prob``), plus, where
+    ``shared_expert_size`` > 0 (Qwen2-MoE), a shared SwiGLU expert of that width every token
+    runs, scaled by sigmoid of a one-output linear gate. ``dense_layers``: the layers that
+    keep a dense MLP of the model's ``intermediate_size`` (``mlp_only_layers`` and
     ``decoder_sparse_step``)."""
 
     num_experts: int
@@ -23,6 +25,7 @@ class MoeConfig:
     intermediate_size: int
     norm_topk_prob: bool = True
     dense_layers: tuple[int, ...] = ()
+    shared_expert_size: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -55,12 +58,14 @@ class ModelConfig:
     moe: MoeConfig | None = None  # None: every layer has a dense MLP
     rotary_dim: int | None = None  # rope on the first dims of each head only; None: all
     sliding_window: int | None = None  # keys a windowed layer attends to (its last ones)
+    # the layers the window applies to (Gemma's sliding layers, Qwen2's from
+    # max_window_layers on); None: every layer (Mistral, Phi-3)
+    sliding_layers: tuple[bool, ...] | None = None
     gemma: GemmaParams | None = None  # Gemma 2 / 3 specifics
 
     def layer_window(self, layer_idx: int) -> int | None:
-        """The sliding window of layer ``layer_idx``, None for full attention: every layer's
-        (Mistral), or Gemma's sliding layers only."""
-        if self.gemma is not None and not self.gemma.sliding_layers[layer_idx]:
+        """The sliding window of layer ``layer_idx``, None for full attention."""
+        if self.sliding_layers is not None and not self.sliding_layers[layer_idx]:
             return None
         return self.sliding_window
 
@@ -75,11 +80,11 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class GemmaParams:
-    """What Gemma 2 / 3 add to the Llama shape (models/gemma.py): which layers use the sliding
-    window, their rope base (the global layers keep ``rope_theta`` and ``rope_scaling``), the
-    query scale's ``query_pre_attn_scalar ** -0.5``, and the tanh soft-caps (None: off)."""
+    """What Gemma 2 / 3 add to the Llama shape (models/gemma.py): the sliding layers' rope base
+    (the global layers keep ``rope_theta`` and ``rope_scaling``; which layers slide is
+    ``ModelConfig.sliding_layers``), the query scale's ``query_pre_attn_scalar ** -0.5``, and
+    the tanh soft-caps (None: off)."""
 
-    sliding_layers: tuple[bool, ...]
     rope_local_theta: float = 10000.0
     query_pre_attn_scalar: float = 256.0
     attn_logit_softcapping: float | None = None

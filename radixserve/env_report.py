@@ -138,7 +138,7 @@ def report(model: str | None, quantization: str = "auto",
 
         half, floats = stored_bytes(source, config.tie_word_embeddings)
         lines.append(f"  memory: linear weights {half / 1e6:.1f} MB in 16 bits as stored, "
-                     f"{floats / 1e6:.1f} MB float32 (embedding, norms); plus the KV pool "
+                     f"{floats / 1e6:.1f} MB float32 (norms, an untied embedding); plus the KV pool "
                      "(--kv-cache-memory-gb)")
     lines += tensor_parallel_lines(config, reader)
     if draft_model is not None:

@@ -17,7 +17,8 @@ def test_report_names_the_level_the_layers_and_the_memory_of_the_embedded_model(
     assert f"selected: {info.level}" in text
     assert "GGUF blocks as stored (Q4_1, Q8_0)" in text
     assert "quantization auto -> gguf" in text
-    assert "memory: weights 126.7 MB as stored (file 96.6 MB)" in text
+    # the tied table once: the head's packed rows serve the lookups
+    assert "memory: weights 96.6 MB as stored (file 96.6 MB)" in text
     assert "sizes this model splits into: 1, 3" in text  # 9 heads, 3 KV heads
     assert "all-reduce (--tp-all-reduce auto): " in text
     int8 = report(None, "int8")

@@ -1,12 +1,17 @@
-"""Tiny random-weight mixture-of-experts models (Qwen3-MoE, Mixtral) as Hugging Face folders
-and GGUF files, beside tiny_models.py (same tokenizer, weight scales and GGUF writer pieces).
+"""Tiny random-weight mixture-of-experts models (Qwen2-MoE, Qwen3-MoE, Mixtral) as Hugging Face
+folders and GGUF files, beside tiny_models.py (same tokenizer, weight scales and GGUF writer
+pieces).
 
-* :func:`make_moe_hf_model` writes a 2-layer ``qwen3_moe`` (8 experts, top-2, moe width 32) or
-  ``mixtral`` (4 experts, top-2) folder through transformers' own ``save_pretrained`` (per-expert
+* :func:`make_moe_hf_model` writes a 2-layer ``qwen2_moe`` (8 experts, top-2, moe width 32, a
+  shared expert of width 48 with its sigmoid gate, q/k/v bias, top-k weights not renormalized,
+  as Qwen1.5-MoE), ``qwen3_moe`` (8 experts, top-2, moe width 32) or ``mixtral`` (4 experts,
+  top-2) folder through transformers' own ``save_pretrained`` (per-expert
   ``experts.E.{gate,up,down}_proj`` / ``w1, w3, w2`` tensors, as hub checkpoints have them).
 * :func:`moe_hf_to_gguf` converts it as llama.cpp's converter does: experts stacked into
   ``blk.N.ffn_{gate,up,down}_exps`` [n_expert, rows, cols], the router ``ffn_gate_inp`` kept F32
-  (llama.cpp never quantizes it), ``qwen3moe`` / ``llama`` (Mixtral: Q/K permuted) metadata.
+  (llama.cpp never quantizes it), the shared expert as ``ffn_{gate,up,down}_shexp`` and its gate
+  ``ffn_gate_inp_shexp`` [hidden] (F32), ``qwen2moe`` / ``qwen3moe`` / ``llama`` (Mixtral: Q/K
+  permuted) metadata.
 * :func:`dequantized_reference` is the transformers model holding a GGUF file's weights exactly
   as ``gguf.quants.dequantize`` gives them (the reference of a quantized file).
 """
@@ -20,15 +25,22 @@ import torch
 from tiny_models import (EOS_TOKEN, PAD_TOKEN, _add_hparams, _add_tensor, _add_tokenizer,
                          _load_json, _load_state_dict, _randomize_, permute_qk, save_tokenizer)
 
-MOE_ARCHS = ("qwen3_moe", "mixtral")
-_GGUF_ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}
-_EXPERT_PARTS = {"qwen3_moe": {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"},
+MOE_ARCHS = ("qwen2_moe", "qwen3_moe", "mixtral")
+_GGUF_ARCH = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
+_QWEN_PARTS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+_EXPERT_PARTS = {"qwen2_moe": _QWEN_PARTS, "qwen3_moe": _QWEN_PARTS,
                  "mixtral": {"w1": "gate", "w3": "up", "w2": "down"}}
 _LAYER = {"input_layernorm.weight": "attn_norm.weight",
           "post_attention_layernorm.weight": "ffn_norm.weight",
           "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
           "self_attn.v_proj.weight": "attn_v.weight",
           "self_attn.o_proj.weight": "attn_output.weight",
+          "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+          "self_attn.v_proj.bias": "attn_v.bias",
+          "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+          "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+          "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+          "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
           "self_attn.q_norm.weight": "attn_q_norm.weight",
           "self_attn.k_norm.weight": "attn_k_norm.weight",
           "mlp.gate.weight": "ffn_gate_inp.weight",
@@ -40,14 +52,19 @@ _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight",
 
 
 def moe_config(arch: str, vocab_size: int, eos_id: int, pad_id: int, **overrides):
-    from transformers import MixtralConfig, Qwen3MoeConfig
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     common = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                   max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0,
                   tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos_id,
                   pad_token_id=pad_id, num_experts_per_tok=2)
-    if arch == "qwen3_moe":
+    if arch == "qwen2_moe":
+        kwargs = dict(common, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
+                      shared_expert_intermediate_size=64, norm_topk_prob=False,
+                      decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=True)
+        cls = Qwen2MoeConfig
+    elif arch == "qwen3_moe":
         kwargs = dict(common, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
         cls = Qwen3MoeConfig
@@ -97,6 +114,8 @@ def _gguf_tensors(arch: str, config: dict, state: dict[str, np.ndarray]
             w = permute_qk(w, config["num_attention_heads"])
         elif arch == "mixtral" and rest == "self_attn.k_proj.weight":
             w = permute_qk(w, config["num_key_value_heads"])
+        elif rest == "mlp.shared_expert_gate.weight":  # llama.cpp's shape: [hidden]
+            w = w.reshape(-1)
         out[f"blk.{layer}.{_LAYER[rest]}"] = w
     for (layer, part), by_expert in experts.items():
         out[f"blk.{layer}.ffn_{part}_exps.weight"] = np.stack(
@@ -120,8 +139,12 @@ def moe_hf_to_gguf(hf_dir: str | Path, out_path: str | Path, ftype: str = "F32")
     _add_hparams(writer, _GGUF_ARCH[arch], config, ftype)
     writer.add_expert_count(config.get("num_experts") or config["num_local_experts"])
     writer.add_expert_used_count(config["num_experts_per_tok"])
-    if arch == "qwen3_moe":
+    if arch in ("qwen2_moe", "qwen3_moe"):
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if arch == "qwen2_moe":
+        writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+        if config.get("norm_topk_prob"):  # llama.cpp's qwen2moe default: not renormalized
+            writer.add_expert_weights_norm(True)
     _add_tokenizer(writer, hf_dir, config["vocab_size"])
     for name in sorted(tensors, key=_order):
         w = tensors[name]
@@ -182,6 +205,8 @@ def _hf_names(arch: str, config: dict, state: dict) -> dict:
             if arch == "mixtral" and proj in heads:
                 mapping[f"blk.{layer}.{g}"] = (
                     lambda w, hf=hf, n=heads[proj]: {hf: _unpermute(w, n)})
+            elif rest == "mlp.shared_expert_gate.weight":
+                mapping[f"blk.{layer}.{g}"] = lambda w, hf=hf: {hf: w.reshape(1, -1)}
             else:
                 mapping[f"blk.{layer}.{g}"] = lambda w, hf=hf: {hf: w}
         prefix = f"model.layers.{layer}.{moe}.experts"

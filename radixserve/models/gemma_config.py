@@ -65,8 +65,8 @@ def gemma_hf_config(cfg: dict, arch: str) -> ModelConfig:
         attention_bias=cfg.get("attention_bias", False),
         qk_norm=arch == "Gemma3ForCausalLM",
         sliding_window=cfg.get("sliding_window"),
+        sliding_layers=tuple(t == _SLIDING for t in layer_types),
         gemma=GemmaParams(
-            sliding_layers=tuple(t == _SLIDING for t in layer_types),
             rope_local_theta=float(local_theta),
             query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or head_dim),
             attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
@@ -113,8 +113,8 @@ def gemma_gguf_config(reader, field, gguf_arch: str, arch: str) -> ModelConfig:
         attention_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
         sliding_window=get("attention.sliding_window"),
+        sliding_layers=tuple(t == _SLIDING for t in _pattern(arch, num_layers, None)),
         gemma=GemmaParams(
-            sliding_layers=tuple(t == _SLIDING for t in _pattern(arch, num_layers, None)),
             rope_local_theta=10000.0 if gguf_arch == "gemma3" else theta,
             query_pre_attn_scalar=float(hidden // heads if big else head_dim),
             attn_logit_softcapping=get("attn_logit_softcapping"),

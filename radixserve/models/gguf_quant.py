@@ -159,7 +159,14 @@ SUPPORTED_TYPES: tuple[str, ...] = tuple(t.name for t in (*_FLOAT_TYPES, *_SPLIT
 
 
 def _dequantize_blocks(qtype: GGMLQuantizationType, b: torch.Tensor) -> torch.Tensor:
-    codes, fields = _SPLIT[qtype](b)
+    return join_blocks(qtype, *_SPLIT[qtype](b))
+
+
+def join_blocks(qtype: GGMLQuantizationType, codes: torch.Tensor,
+                fields: dict[str, torch.Tensor]) -> torch.Tensor:
+    """n blocks' codes (n, block) and fields (n, ...) as ``split_blocks`` has them (per block,
+    not per row) → their weights (n, block) float32, ``scale * code + offset``: the very
+    operations ``dequantize`` runs, so the same codes and fields give the same bits."""
     scale, offset = _scale_offset(qtype, fields)
     n, groups = scale.shape
     q = codes.reshape(n, groups, -1).float()

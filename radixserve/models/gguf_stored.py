@@ -1,7 +1,8 @@
 """A GGUF model loaded as stored (``--quantization gguf``, what ``auto`` picks for quantized
 GGUF files on CPU): every quantized matrix becomes a `BlockLinear` on the file's own blocks,
-the token embedding keeps its stored rows and dequantizes the ones a step looks up, and only
-the small float tensors (norms, biases) become float32.
+the token embedding keeps its stored rows and dequantizes the ones a step looks up (a head tied
+to it holds the only copy: the embedding reads the head's packed rows, layers/block_rows.py),
+and only the small float tensors (norms, biases) become float32.
 
 No float copy of a matrix exists at any point: the model is built on the meta device, each
 matrix goes from the file's memory map through its codes (1 byte a weight, one matrix at a
@@ -32,6 +33,7 @@ from tqdm import tqdm
 from radixserve.config import ModelConfig
 from radixserve.distributed.tp_shard import TensorShard
 from radixserve.layers.block_linear import FORMATS, PACK_ROWS, BlockLinear, packed_bytes
+from radixserve.layers.block_rows import PackedEmbedding
 from radixserve.layers.int8_linear import Int8Linear
 from radixserve.models.gguf_quant import dequantize, to_torch
 from radixserve.models.moe import expand_experts
@@ -92,11 +94,15 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
     embed = tensors.pop("embed_tokens.weight", None)
     if embed is None:
         raise ValueError("weights missing from the checkpoint: ['embed_tokens.weight']")
-    if getattr(model, "lm_head", False) is None:  # tied: the head multiplies the stored table
+    tied = getattr(model, "lm_head", False) is None
+    if tied:  # the head multiplies the stored table
         model.lm_head = _linear([embed], [], [None], unpermute_rows, requantized, pages)
-    model.embed_tokens = StoredEmbedding(_raw_rows(embed).clone(), embed.tensor_type,
-                                         config.hidden_size)
-    pages.release(embed)
+    if tied and isinstance(model.lm_head, BlockLinear):
+        model.embed_tokens = PackedEmbedding(model.lm_head)  # the table once, in the head
+    else:
+        model.embed_tokens = StoredEmbedding(_raw_rows(embed).clone(), embed.tensor_type,
+                                             config.hidden_size)
+        pages.release(embed)
     if requantized:
         logger.info("GGUF matrices stored as %s run in int8 (native as stored: the block "
                     "types, F16, BF16)", ", ".join(sorted(set(requantized))))
@@ -134,6 +140,13 @@ def _shape(tensor) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(tensor.shape))
 
 
+def _matrix_shape(tensor) -> tuple[int, int]:
+    """A layer's weight as the matrix it is: a 1-D one (Qwen2-MoE's shared-expert gate,
+    stored [hidden]) has one row."""
+    shape = _shape(tensor)
+    return (1, shape[0]) if len(shape) == 1 else shape
+
+
 def _linear(weights: list, biases: list, heads: list, unpermute_rows, requantized: list,
             pages: _Pages, shard: TensorShard = TensorShard(),
             names: list[str] | None = None) -> nn.Module:
@@ -143,17 +156,17 @@ def _linear(weights: list, biases: list, heads: list, unpermute_rows, requantize
     names = names or [""] * len(weights)
     bias = (torch.cat([shard.take(f"{s}.bias", dequantize(b.data, b.tensor_type, _shape(b)))
                        for s, b in zip(names, biases)]) if biases else None)
-    orders = [unpermute_rows(_shape(t)[0], h) if unpermute_rows and h else None
+    orders = [unpermute_rows(_matrix_shape(t)[0], h) if unpermute_rows and h else None
               for t, h in zip(weights, heads)]
     if not all(t.tensor_type in FORMATS for t in weights):
         requantized += [t.tensor_type.name for t in weights if t.tensor_type not in FORMATS]
         floats = [shard.take(f"{s}.weight",
-                             _rows(dequantize(t.data, t.tensor_type, _shape(t)), order))
+                             _rows(dequantize(t.data, t.tensor_type, _matrix_shape(t)), order))
                   for s, t, order in zip(names, weights, orders)]
         for t in weights:
             pages.release(t)
         return Int8Linear.from_float(torch.cat(floats), bias)
-    parts, k = [], _shape(weights[0])[1]
+    parts, k = [], _matrix_shape(weights[0])[1]
     for s, t, order in zip(names, weights, orders):
         block, type_size = GGML_QUANT_SIZES[t.tensor_type]
         raw, k_local = shard.take_stored(f"{s}.weight", _rows(_raw_rows(t), order), k, block,
@@ -170,7 +183,7 @@ def _linear(weights: list, biases: list, heads: list, unpermute_rows, requantize
 
 def _raw_rows(tensor) -> torch.Tensor:
     """A matrix's bytes on the file's mapping, [rows, bytes per row] uint8 (no copy)."""
-    return to_torch(tensor.data).view(torch.uint8).reshape(_shape(tensor)[0], -1)
+    return to_torch(tensor.data).view(torch.uint8).reshape(_matrix_shape(tensor)[0], -1)
 
 
 def _rows(t: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
@@ -223,10 +236,11 @@ class _Pages:
 class MemoryPlan:
     """What loading a GGUF file as stored holds, in bytes, from its tensor table (no weights
     read): ``weights`` the packed matrices (``by_type`` per file type), ``embedding`` the stored
-    rows, ``floats`` the float32 tensors (norms, biases) and int8 copies of F32-stored
-    matrices (F16 / BF16 ones are ``weights``, 2 bytes a weight), ``transient`` the most the
-    load holds beyond them at once (the largest layer's rows gathered, plus one chunk of codes
-    being packed)."""
+    rows of a lookup table of its own (none where a packed head tied to it serves the lookups),
+    ``floats`` the float32 tensors (norms, biases) and int8 copies of F32-stored matrices
+    (F16 / BF16 ones are ``weights``, 2 bytes a weight), ``transient`` the most the load holds
+    beyond them at once (the largest layer's rows gathered, plus one chunk of codes being
+    packed)."""
 
     file: int
     weights: int
@@ -269,7 +283,8 @@ def memory_plan(tensors: Iterable[tuple[str, str, tuple[int, ...]]]) -> MemoryPl
             continue
         experts, n, k = shape if len(shape) == 3 else (1, *shape)
         is_embedding = name == "token_embd.weight"
-        embedding += stored if is_embedding else 0
+        # a lookup table of its own unless a packed head tied to it serves the lookups
+        embedding += stored if is_embedding and not (tied and qtype in FORMATS) else 0
         if is_embedding and not tied:  # a lookup table only
             continue
         if qtype in FORMATS:

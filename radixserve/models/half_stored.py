@@ -2,12 +2,13 @@
 (``--quantization 16bit-stored``, what ``auto`` picks for such folders on CPU where the native
 kernels load).
 
-Every linear (q/k/v and gate/up fused as in the float model, o, down, an untied head; a tied
-head multiplies its own 16-bit copy of the embedding) becomes a `BlockLinear` of F16 or BF16
-parts: the checkpoint's 16-bit values as stored, multiplied by float32 activations
-(``kernels/half_linear.cpp``). Norms, biases and the embedding table load as float32, as in the
-float model. No float32 copy of a linear weight exists at any point: the model is built on the
-meta device and each matrix goes from the file straight into the packed layout, one at a time.
+Every linear (q/k/v and gate/up fused as in the float model, o, down, the head) becomes a
+`BlockLinear` of F16 or BF16 parts: the checkpoint's 16-bit values as stored, multiplied by
+float32 activations (``kernels/half_linear.cpp``). Norms, biases and an untied embedding table
+load as float32, as in the float model; a tied one is the head's 16-bit rows, the looked-up ones
+widened to float32 (layers/block_rows.py), the same values. No float32 copy of a linear weight
+exists at any point: the model is built on the meta device and each matrix goes from the file
+straight into the packed layout, one at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tqdm import tqdm
 
 from radixserve.distributed.tp_shard import TensorShard
 from radixserve.layers.block_linear import BlockLinear, packed_bytes
+from radixserve.layers.block_rows import PackedEmbedding
 from radixserve.models.gguf_stored import _materialize, _trim_heap
 
 logger = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ def checkpoint_dtype(source) -> torch.dtype | None:
 def stored_bytes(source, tied: bool) -> tuple[int, int]:
     """(the 16-bit linears' packed bytes, the float32 tensors' bytes) a ``16bit-stored`` load
     of the folder holds, from its safetensors headers (``packed_bytes`` per matrix; ``tied``:
-    the head packs its own copy of the embedding)."""
+    the head packs the embedding, whose lookups read the head's rows)."""
     half = floats = 0
     for file in _files(source.path):
         with safe_open(file, framework="pt") as f:
@@ -64,7 +66,7 @@ def stored_bytes(source, tied: bool) -> tuple[int, int]:
                 is_embedding = name.endswith("embed_tokens.weight")
                 if len(shape) == 2 and (not is_embedding or tied):
                     half += packed_bytes(GGMLQuantizationType.F16, shape[0], shape[1])
-                if len(shape) != 2 or is_embedding:
+                if len(shape) != 2 or (is_embedding and not tied):  # tied: the head's rows
                     floats += 4 * numel
     return half, floats
 
@@ -91,9 +93,11 @@ def load_half_stored(model: nn.Module, path: str, device: torch.device,
                                                                 f"{s}.bias").float())
                            for s in shards]) if has_bias else None)
         setattr(parent, name, _half_linear(weights, bias, base))
-    if getattr(model, "lm_head", False) is None:  # tied: its own 16-bit copy of the table
+    if getattr(model, "lm_head", False) is None:  # tied: the table once, the head's 16 bits
         model.lm_head = _half_linear([tensors.peek("model.embed_tokens.weight")], None,
                                      "lm_head")
+        model.embed_tokens = PackedEmbedding(model.lm_head)
+        tensors.drop("model.embed_tokens.weight", "embed_tokens.weight")
     tensors.drop("lm_head.weight")  # a tied checkpoint may carry the head anyway
     _materialize(model, device)
     model.rotary.reset_tables(device)
@@ -102,7 +106,7 @@ def load_half_stored(model: nn.Module, path: str, device: torch.device,
     _trim_heap()
     kinds = sorted({t for m in model.modules() if isinstance(m, BlockLinear) for t in m.types})
     logger.info("linear layers in 16 bits as stored (%s, float32 activations, native); "
-                "norms and embedding float32", "/".join(kinds))
+                "norms float32", "/".join(kinds))
     return model
 
 
@@ -146,8 +150,9 @@ class _Tensors:
             raise ValueError(f"weights missing from the checkpoint: [{name!r}]")
         return handle.get_tensor(name if name in self._where else name.removeprefix("model."))
 
-    def drop(self, name: str) -> None:
-        self._where.pop(name, None)
+    def drop(self, *names: str) -> None:
+        for name in names:
+            self._where.pop(name, None)
 
     def rest(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name in list(self._where):

@@ -30,6 +30,7 @@ from radixserve.models.quantization import quantize_linears_
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
 from radixserve.models.rope_config import gguf_rope_fields, hf_rope_fields
 from radixserve.models.source import ModelSource
+from radixserve.models.window_config import hf_window_fields
 
 
 def open_gguf(path: str):
@@ -112,17 +113,13 @@ def _hf_config(cfg: dict) -> ModelConfig:
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-        attention_bias=arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False),
+        attention_bias=(arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False)
+                        or arch == "Qwen2MoeForCausalLM" and cfg.get("qkv_bias", True)),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         moe=moe_from_hf(arch, cfg, cfg["num_hidden_layers"]),
-        sliding_window=cfg.get("sliding_window") if arch in _SLIDING_ARCHITECTURES else None,
+        **hf_window_fields(cfg, arch),
         **hf_rope_fields(cfg, arch),
     )
-
-
-# architectures whose ``sliding_window`` transformers applies to every layer (Qwen2's needs
-# ``use_sliding_window`` and is per layer: not read)
-_SLIDING_ARCHITECTURES = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
 
 
 def _safetensors_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,5 +1,7 @@
-"""Mixture-of-experts decoders: Qwen3-MoE (``Qwen3MoeForCausalLM``, GGUF ``qwen3moe``) and
-Mixtral (``MixtralForCausalLM``, GGUF ``llama`` with ``llama.expert_count > 0``).
+"""Mixture-of-experts decoders: Qwen2-MoE (``Qwen2MoeForCausalLM``, GGUF ``qwen2moe``: a
+shared expert beside the routed ones, q/k/v bias), Qwen3-MoE (``Qwen3MoeForCausalLM``, GGUF
+``qwen3moe``) and Mixtral (``MixtralForCausalLM``, GGUF ``llama`` with
+``llama.expert_count > 0``).
 
 The model is the Llama-family decoder (models/llama.py) whose MLPs are sparse MoE blocks
 (layers/moe.py) where ``ModelConfig.moe`` says so. This file holds what differs at the edges:
@@ -20,12 +22,16 @@ import torch
 from radixserve.config import MoeConfig
 from radixserve.models.llama import LlamaForCausalLM
 
-MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM")
+MOE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 EXPERT = "*"  # the expert index in the HF name of a GGUF 3-D expert tensor
 GGUF_EXPERT_NAMES = {"ffn_gate_exps": f"mlp.experts.{EXPERT}.gate_proj",
                      "ffn_up_exps": f"mlp.experts.{EXPERT}.up_proj",
                      "ffn_down_exps": f"mlp.experts.{EXPERT}.down_proj",
-                     "ffn_gate_inp": "mlp.gate"}
+                     "ffn_gate_inp": "mlp.gate",
+                     "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+                     "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                     "ffn_down_shexp": "mlp.shared_expert.down_proj",
+                     "ffn_gate_inp_shexp": "mlp.shared_expert_gate"}  # [hidden]: one output
 # Mixtral's checkpoint names → the Qwen3-MoE-style names the model uses
 _MIXTRAL_NAMES = ((re.compile(r"\.block_sparse_moe\."), ".mlp."),
                   (re.compile(r"(\.experts\.\d+)\.w1\."), r"\1.gate_proj."),
@@ -34,8 +40,9 @@ _MIXTRAL_NAMES = ((re.compile(r"\.block_sparse_moe\."), ".mlp."),
 
 
 class MoeForCausalLM(LlamaForCausalLM):
-    """The Llama-family decoder with sparse MoE blocks (``config.moe``); loads Qwen3-MoE and
-    Mixtral checkpoints (per-expert ``experts.E.{gate,up,down}_proj`` / ``w1, w3, w2``)."""
+    """The Llama-family decoder with sparse MoE blocks (``config.moe``); loads Qwen2-MoE,
+    Qwen3-MoE and Mixtral checkpoints (per-expert ``experts.E.{gate,up,down}_proj`` /
+    ``w1, w3, w2``; Qwen2-MoE's ``shared_expert.*`` and ``shared_expert_gate``)."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights((mixtral_to_moe_name(name), t) for name, t in weights)
@@ -54,14 +61,16 @@ def moe_from_hf(arch: str, cfg: dict, num_layers: int) -> MoeConfig | None:
     if arch == "MixtralForCausalLM":
         return MoeConfig(cfg["num_local_experts"], cfg["num_experts_per_tok"],
                          cfg["intermediate_size"], norm_topk_prob=True)
-    if arch != "Qwen3MoeForCausalLM":
+    if arch not in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
         return None
     num_experts = cfg.get("num_experts") or cfg.get("num_local_experts")
     step, only = cfg.get("decoder_sparse_step", 1) or 1, set(cfg.get("mlp_only_layers") or ())
     dense = tuple(i for i in range(num_layers) if i in only or (i + 1) % step)
+    shared = (cfg.get("shared_expert_intermediate_size") or 0
+              if arch == "Qwen2MoeForCausalLM" else 0)
     return MoeConfig(num_experts, cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
                      norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-                     dense_layers=dense)
+                     dense_layers=dense, shared_expert_size=shared)
 
 
 def moe_from_gguf(field, arch: str, tensor_names: set[str], num_layers: int
@@ -78,10 +87,16 @@ def moe_from_gguf(field, arch: str, tensor_names: set[str], num_layers: int
     dense = tuple(i for i in range(num_layers)
                   if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names)
     width = field(f"{arch}.expert_feed_forward_length") or field(f"{arch}.feed_forward_length")
-    # llama.cpp renormalizes the top-k weights of both families (qwen3moe.cpp, llama.cpp)
+    shared = 0
+    if any(name.endswith(".ffn_up_shexp.weight") for name in tensor_names):
+        shared = (field(f"{arch}.expert_shared_feed_forward_length")
+                  or field(f"{arch}.feed_forward_length"))  # llama.cpp's default: n_ff
+    # llama.cpp renormalizes the top-k weights of Qwen3-MoE and Mixtral (qwen3moe.cpp,
+    # llama.cpp), not Qwen2-MoE's (qwen2moe.cpp), unless the file says otherwise
     return MoeConfig(num_experts, field(f"{arch}.expert_used_count"), width,
-                     norm_topk_prob=bool(field(f"{arch}.expert_weights_norm", True)),
-                     dense_layers=dense)
+                     norm_topk_prob=bool(field(f"{arch}.expert_weights_norm",
+                                               arch != "qwen2moe")),
+                     dense_layers=dense, shared_expert_size=shared)
 
 
 # -- GGUF 3-D expert tensors ---------------------------------------------------------------------
@@ -123,9 +138,11 @@ def expand_experts(name: str | None, tensor) -> Iterator[tuple[str, object]]:
 
 def split_expert_weights(name: str, weight: torch.Tensor
                          ) -> Iterator[tuple[str, torch.Tensor]]:
-    """A dequantized tensor [n_expert, rows, cols] → one (HF name, matrix) per expert."""
+    """A dequantized tensor [n_expert, rows, cols] → one (HF name, matrix) per expert (the
+    shared expert's gate, stored [hidden], as the matrix [1, hidden] it is)."""
     if EXPERT not in name:
-        yield name, weight
+        yield name, (weight.reshape(1, -1) if name.endswith("shared_expert_gate.weight")
+                     else weight)
         return
     for e in range(weight.shape[0]):
         yield name.replace(EXPERT, str(e)), weight[e]

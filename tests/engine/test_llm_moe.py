@@ -17,7 +17,8 @@ PROMPTS = ["the quick brown fox", "radix tree of the cache", "When the engine ru
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=[("qwen3_moe", "Q8_0"), ("mixtral", "Q4_0")],
+@pytest.fixture(scope="module", params=[("qwen3_moe", "Q8_0"), ("mixtral", "Q4_0"),
+                                        ("qwen2_moe", "Q8_0")],
                 ids=lambda p: "-".join(p))
 def moe_llm(request, tiny_moe_files):
     llm = LLM(str(tiny_moe_files(*request.param)), show_progress=False)

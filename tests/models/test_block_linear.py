@@ -14,9 +14,10 @@ from test_numerics import PagedSeqs, make_runner
 from tiny_models import hf_to_gguf, make_hf_model
 
 from radixserve.kernels import native
-from radixserve.layers.block_linear import FORMATS, HALF_TYPES, BlockLinear, packed_bytes
+from radixserve.layers.block_linear import FORMATS, HALF_TYPES, BlockLinear, pack, packed_bytes
+from radixserve.layers.block_rows import PackedEmbedding, gather_rows
 from radixserve.models.gguf_quant import dequantize
-from radixserve.models.gguf_stored import StoredEmbedding
+from radixserve.models.gguf_stored import StoredEmbedding, memory_plan
 from radixserve.models.quantization import resolve_quantization
 
 T = gguf.GGMLQuantizationType
@@ -163,7 +164,11 @@ def _assert_stored(model):
     for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
               layer.mlp.down_proj, model.lm_head):
         assert isinstance(m, BlockLinear)
-    assert isinstance(model.embed_tokens, StoredEmbedding)
+    # a tied table is stored once: the embedding reads the head's packed rows
+    kind = PackedEmbedding if model.config.tie_word_embeddings else StoredEmbedding
+    assert isinstance(model.embed_tokens, kind)
+    if model.config.tie_word_embeddings:
+        assert model.embed_tokens.packed is model.lm_head.packed0
     assert all(p.dim() == 1 for p in model.parameters())
     assert all(b.dtype == torch.uint8 or b.dim() <= 1 or "rotary" in name
                for name, b in model.named_buffers())
@@ -209,8 +214,32 @@ def test_k_quant_model_matches_its_dequantized_weights(arch, k_quant_files):
 
 
 @needs_native
-def test_stored_embedding_rows_are_the_dequantized_table(k_quant_files):
-    model = make_runner(k_quant_files("llama"), quantization="gguf").model
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # untied, tied (the head's rows)
+def test_stored_embedding_rows_are_the_dequantized_table(arch, k_quant_files):
+    path = k_quant_files(arch)
+    model = make_runner(path, quantization="gguf").model
     ids = torch.tensor([0, 5, 5, 17, 383])
-    table = model.embed_tokens.weight
+    embd = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "token_embd.weight")
+    table = dequantize(embd.data, embd.tensor_type, (model.config.vocab_size, 256))
     assert torch.equal(model.embed_tokens(ids), table[ids])
+    assert torch.equal(model.embed_tokens.weight, table)
+    plan = memory_plan((t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
+                       for t in gguf.GGUFReader(str(path)).tensors)
+    assert plan.embedding == (0 if arch == "qwen2" else int(embd.n_bytes))  # tied: the head's
+
+
+@pytest.mark.parametrize("qtype", list(FORMATS), ids=lambda t: t.name)
+def test_gathered_packed_rows_are_the_dequantized_rows(qtype):
+    """Every part type: rows read back from the packed layout (any lane of a group, the last
+    group part padding) bit for bit the file's rows dequantized."""
+    n, k = 37, 512
+    if qtype in HALF_TYPES:
+        w = torch.randn(n, k, generator=torch.Generator().manual_seed(0))
+        raw = w.to(torch.float16 if qtype == T.F16 else torch.bfloat16).view(torch.uint8)
+        ref = dequantize(raw, qtype, (n, k))
+    else:
+        raw, ref = _matrix(qtype, n, k)
+    ids = torch.tensor([0, 5, 5, 15, 16, 31, 32, 36, 17])
+    rows = gather_rows(qtype, pack(qtype, raw, k), k, ids)
+    assert torch.equal(rows.view(torch.int32), ref[ids].view(torch.int32))
+    assert gather_rows(qtype, pack(qtype, raw, k), k, ids[:0]).shape == (0, k)

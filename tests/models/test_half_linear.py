@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from radixserve.env_report import report
 from radixserve.kernels import native
 from radixserve.layers.block_linear import FORMATS, BlockLinear, packed_bytes
+from radixserve.layers.block_rows import PackedEmbedding
 from radixserve.models.gguf_quant import dequantize
 from radixserve.models.gguf_stored import memory_plan
 from radixserve.models.half_stored import checkpoint_dtype
@@ -247,4 +248,7 @@ def test_16_bit_safetensors_folder_matches_transformers(key, half_folders):
     text = report(str(folder))
     assert "quantization auto -> 16bit-stored" in text and "16 bits as stored" in text
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    if key[0] == "qwen2":  # tied: the table once, the looked-up rows the head's 16 bits
+        assert isinstance(runner.model.embed_tokens, PackedEmbedding)
+        assert torch.equal(runner.model.embed_tokens.weight, reference.model.embed_tokens.weight)
     _compare(runner, reference)

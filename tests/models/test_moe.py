@@ -1,6 +1,7 @@
-"""Mixture-of-experts models (Qwen3-MoE, Mixtral): logits against transformers through the
-paged KV cache (float, GGUF float, GGUF blocks as stored, int8), experts batched by expert and
-only the picked ones run, a token's output independent of the batch, the memory plan."""
+"""Mixture-of-experts models (Qwen2-MoE with its shared expert, Qwen3-MoE, Mixtral): logits
+against transformers through the paged KV cache (float, GGUF float, GGUF blocks as stored,
+int8), experts batched by expert and only the picked ones run, a token's output independent of
+the batch, the memory plan."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from radixserve.models.loader import load_model_config, open_gguf
 from radixserve.models.native_stack import NativeLayerStack, PythonLayerStack
 from radixserve.models.source import ModelSource
 
-ARCHS = ("qwen3_moe", "mixtral")
+ARCHS = ("qwen2_moe", "qwen3_moe", "mixtral")
 MODEL_REL = 0.05  # blocks as stored: 8-bit activations (as test_block_linear.py)
 ROUTE_GAP = 0.02  # a quantized router may pick otherwise only where two experts tie this near
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
@@ -70,7 +71,8 @@ def test_hf_folder_matches_transformers(arch, tiny_moe_files, references):
 def test_float_gguf_matches_transformers(arch, ftype, tiny_moe_files):
     path = tiny_moe_files(arch, ftype)
     config = load_model_config(ModelSource.resolve(str(path)))
-    assert config.architecture == {"qwen3_moe": "Qwen3MoeForCausalLM",
+    assert config.architecture == {"qwen2_moe": "Qwen2MoeForCausalLM",
+                                   "qwen3_moe": "Qwen3MoeForCausalLM",
                                    "mixtral": "MixtralForCausalLM"}[arch]
     check_steps(make_runner(path), dequantized_reference(tiny_moe_files(arch), path),
                 close(ATOL))
@@ -83,6 +85,9 @@ def _assert_experts_stored(model):
                                                                           BlockLinear)
                    for e in moe.experts)
         assert isinstance(moe.gate, Int8Linear)  # the F32 router: int8, like every float matrix
+        if moe.shared_expert is not None:  # Qwen2-MoE: the shared expert as stored, its gate F32
+            assert isinstance(moe.shared_expert.gate_up_proj, BlockLinear)
+            assert isinstance(moe.shared_expert_gate, Int8Linear)
     assert all(p.dim() == 1 for p in model.parameters())  # no float matrix anywhere
 
 
@@ -262,6 +267,42 @@ def test_bad_moe_configs_are_refused(tmp_path, tiny_moe_files):
     (folder / "config.json").write_text(json.dumps(dict(cfg, num_experts_per_tok=5)))
     with pytest.raises(ValueError, match="experts per token must be in 1..4"):
         load_model_config(ModelSource("hf", str(folder), "bad"))
+
+
+def test_qwen2_moe_config_from_folder_and_gguf(tiny_moe_files):
+    """The shared expert's width, q/k/v bias and the top-k weights left unnormalized (Qwen1.5-MoE's
+    norm_topk_prob false, llama.cpp's qwen2moe default), from config.json and GGUF alike."""
+    for path in (tiny_moe_files("qwen2_moe"), tiny_moe_files("qwen2_moe", "F16")):
+        config = load_model_config(ModelSource.resolve(str(path)))
+        assert config.architecture == "Qwen2MoeForCausalLM" and config.attention_bias
+        assert config.moe.shared_expert_size == 64 and not config.moe.norm_topk_prob
+    assert load_model_config(ModelSource.resolve(str(tiny_moe_files("qwen3_moe", "F16")))
+                             ).moe.shared_expert_size == 0
+
+
+def test_qwen2_moe_normalized_top_k_matches_transformers(tmp_path):
+    """norm_topk_prob true (Qwen2-MoE configs may set it), written to GGUF as
+    expert_weights_norm: both against transformers."""
+    from tiny_moe import moe_hf_to_gguf
+
+    path = make_moe_hf_model("qwen2_moe", tmp_path / "m", seed=5, norm_topk_prob=True)
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    runner = make_runner(path)
+    assert runner.config.moe.norm_topk_prob
+    check_steps(runner, reference, close(ATOL))
+    gguf_path = moe_hf_to_gguf(path, tmp_path / "m.gguf", "F32")
+    assert load_model_config(ModelSource.resolve(str(gguf_path))).moe.norm_topk_prob
+
+
+def test_shared_expert_runs_on_every_token_gated():
+    from radixserve.config import MoeConfig
+
+    block = SparseMoeBlock(8, MoeConfig(4, 2, 4, shared_expert_size=6))
+    plain = SparseMoeBlock(8, MoeConfig(4, 2, 4))
+    plain.load_state_dict({k: v for k, v in block.state_dict().items() if "shared" not in k})
+    x = torch.randn(5, 8)
+    gate = torch.sigmoid(x @ block.shared_expert_gate.weight.t())
+    torch.testing.assert_close(block(x), plain(x) + gate * block.shared_expert(x))
 
 
 def test_expert_module_is_the_dense_swiglu():

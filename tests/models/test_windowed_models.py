@@ -1,11 +1,13 @@
 """Models with sliding-window layers — Mistral (every layer windowed), Gemma 2 (soft-caps, every
-other layer windowed), Gemma 3 (5 sliding : 1 global, two rope bases, q/k norms) — against
+other layer windowed), Gemma 3 (5 sliding : 1 global, two rope bases, q/k norms), Qwen2 with
+``use_sliding_window`` (the layers from ``max_window_layers`` on) — against
 transformers, through the paged cache: packed prefill, mixed steps of chunks and decodes
 across the window's edge, a prefix-cache hit, block sizes that split the window inside a block,
 both attention backends; and their GGUF files (names, norms stored as 1 + w, metadata)."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 
@@ -247,3 +249,35 @@ def test_unsupported_gguf_architecture_names_gemma(tmp_path):
     writer.close()
     with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma4'.*gemma2.*gemma3"):
         load_model_config(ModelSource.resolve(str(path)))
+
+
+def test_qwen2_window_applies_from_max_window_layers(tmp_path):
+    """Qwen2's ``use_sliding_window``: the window on the layers from ``max_window_layers`` on
+    (transformers' rule; config.json also carries them as ``layer_types``, read first), none
+    without it; then chunks and decodes across the window's edge against transformers."""
+    path = make_hf_model("qwen2", tmp_path / "swa", seed=3, use_sliding_window=True,
+                         sliding_window=8, max_window_layers=1)
+    config = load_model_config(ModelSource.resolve(str(path)))
+    assert [config.layer_window(i) for i in range(2)] == [None, 8]
+    cfg = json.loads((path / "config.json").read_text())
+    for folder, edit, want in (("rule", {"layer_types": None}, [None, 8]),
+                               ("off", {"use_sliding_window": False}, [None, None]),
+                               ("types", {"layer_types": ["sliding_attention"] * 2}, [8, 8])):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "config.json").write_text(json.dumps({**cfg, **edit}))
+        got = load_model_config(ModelSource("hf", str(tmp_path / folder), folder))
+        assert [got.layer_window(i) for i in range(2)] == want, folder
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    runner = runner_for(path, block_size=4)
+    tokens = prompts(runner.config.vocab_size, (30, 14), seed=2)
+    paged = Paged(tokens, 4, seed=3)
+    for step in ([(0, 6), (1, 1)], [(0, 7), (1, 10)], [(0, 1), (1, 1)], [(0, 16), (1, 2)]):
+        seqs = [paged.chunk(i, n) for i, n in step]
+        for (i, _), seq, logits in zip(step, seqs, runner.all_logits(seqs)):
+            full = hf_logits(reference, tokens[i][:seq.context_len])
+            torch.testing.assert_close(logits, full[seq.start_pos:], atol=ATOL, rtol=0)
+    # the window matters here: the full-attention model of the same weights differs
+    full_model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, layer_types=["full_attention"] * 2).eval()
+    assert not torch.allclose(hf_logits(full_model, tokens[0])[-1],
+                              hf_logits(reference, tokens[0])[-1], atol=ATOL)

@@ -118,7 +118,7 @@ def test_the_draft_models_forward_enters_the_cost_model():
     for n in (1, 2, 4, 8):  # 10 ms + 0.1 ms per token
         policy.cost.observe(n, 0.010 + 0.0001 * n)
     assert policy.cost.seconds(1) == pytest.approx(0.0101)
-    good = SpecState(alpha=0.9)
+    good = SpecState(alpha=0.9, num_drafted=8, num_accepted=8)  # its own estimate
     assert policy.draft_lens([good], 1, 1) == [4]
     # k tokens make 1 + 0.9 + ... + 0.9^k in T(1 + k) + k * d seconds; the best k wins
     assert policy.draft_lens([good], 1, 1, proposer_s=0.001) == [4]  # 4.10 / 14.5 ms
