@@ -16,6 +16,7 @@ import torch
 
 from radixserve.config import EngineConfig
 from radixserve.core.kv.block_pool import BlockPool
+from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.no_cache import NoPrefixCache
 from radixserve.core.kv.radix_cache import RadixCache
@@ -75,20 +76,27 @@ class EngineCore:
         model = load_model(source, model_config, device, dtype, reader, show_progress,
                            quantization)
         kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, device, dtype)
-        num_blocks = num_blocks_for_budget(model_config, config.cache, kv_dtype)
+        groups = KVGroups.from_windows([model_config.layer_window(i)
+                                        for i in range(model_config.num_layers)])
+        num_blocks = num_blocks_for_budget(model_config, config.cache, kv_dtype, groups)
         block_size = config.cache.block_size
         runner = ModelRunner(model, model_config, num_blocks, block_size, device, dtype,
-                             kv_dtype=kv_dtype)
+                             kv_dtype=kv_dtype, groups=groups)
         if device.type == "cpu":
             logger.info("engine: %s", startup_line(
                 quantization, runner.backend_name, python_only_layers(model_config), threads,
                 kv_dtype, stored_types(reader)))
-        pool = BlockPool(num_blocks)
-        cache = (RadixCache(pool, block_size) if config.cache.enable_prefix_caching
+        pool = BlockPool(num_blocks, with_null_block=groups.has_sliding)
+        cache = (RadixCache(pool, block_size, groups) if config.cache.enable_prefix_caching
                  else NoPrefixCache(pool))
-        kv = KVCacheManager(pool, cache, block_size)
+        kv = KVCacheManager(pool, cache, block_size, groups)
+        if len(groups.groups) > 1 or groups.has_sliding:
+            logger.info("KV groups: %s, blocks of %d layers (%d in the pool)",
+                        groups.describe(), groups.unit_layers, num_blocks)
+        held = groups.max_tokens(kv.num_usable_blocks, block_size,
+                                 config.scheduler.max_num_batched_tokens)
         max_len = resolve_max_model_len(config.scheduler.max_model_len, model_config,
-                                        num_blocks, block_size)
+                                        held // block_size, block_size)
         model.rotary.set_context_len(max_len)  # the rope fixed for this context (rotary.py)
         scheduler = Scheduler(config.scheduler, kv, max_len, make_spec(config.speculative))
         backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source)),

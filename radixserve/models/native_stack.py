@@ -109,7 +109,14 @@ class NativeLayerStack:
                      **{name: t.data_ptr() for name, t in buffers.items()})
         step_ptr = ctypes.addressof(step)
         if rows:
+            current = meta
             for i, layer in enumerate(layers):
+                layer_meta = ctx.layer_metadata[i]
+                if layer_meta is not current:  # another KV group's table (kv_groups.py)
+                    step.slots = layer_meta.slot_mapping.data_ptr()
+                    step.table = layer_meta.block_table.data_ptr()
+                    step.table_stride = layer_meta.block_table.shape[1]
+                    current = layer_meta
                 if self._call(ctypes.addressof(layer), step_ptr, i == 0):
                     raise RuntimeError(f"native decoder layer {i} failed (memory or shapes)")
         return x, buffers["residual"]

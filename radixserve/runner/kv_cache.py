@@ -1,11 +1,15 @@
-"""The paged KV pool: one preallocated K and V tensor per layer, sized from a memory budget,
-of the element type ``--kv-cache-dtype`` resolves to."""
+"""The paged KV pool: preallocated K and V tensors, sized from a memory budget, of the element
+type ``--kv-cache-dtype`` resolves to. One pair per layer with one KV group; with several
+(sliding-window layers beside full ones, core/kv/kv_groups.py) one pair per pool *slot*,
+``unit_layers`` of them, each layer aliasing its slot's pair (the groups' block ids never
+overlap, so no two layers write the same rows)."""
 
 from __future__ import annotations
 
 import torch
 
 from radixserve.config import CacheConfig, ModelConfig
+from radixserve.core.kv.kv_groups import KVGroups
 
 
 _KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -37,12 +41,16 @@ def resolve_kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype) 
     return model_dtype
 
 
-def num_blocks_for_budget(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype) -> int:
-    """How many blocks fit in ``cache.kv_cache_memory_gb`` (or ``cache.num_blocks`` if set)."""
+def num_blocks_for_budget(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype,
+                          groups: KVGroups | None = None) -> int:
+    """How many pool blocks (units of ``groups.unit_layers`` layers) fit in
+    ``cache.kv_cache_memory_gb``; ``cache.num_blocks`` if set counts blocks of every layer
+    (the same memory whatever the groups)."""
+    groups = groups or KVGroups.single(model.num_layers)
     if cache.num_blocks is not None:
-        return cache.num_blocks
+        return cache.num_blocks * model.num_layers // groups.unit_layers
     elem = torch.tensor([], dtype=dtype).element_size()
-    per_block = (2 * model.num_layers * cache.block_size * model.num_kv_heads
+    per_block = (2 * groups.unit_layers * cache.block_size * model.num_kv_heads
                  * row_width(model, dtype) * elem)
     num = int(cache.kv_cache_memory_gb * 1024**3 // per_block)
     if num < 1:
@@ -52,10 +60,14 @@ def num_blocks_for_budget(model: ModelConfig, cache: CacheConfig, dtype: torch.d
 
 
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int,
-                      dtype: torch.dtype, device: torch.device
+                      dtype: torch.dtype, device: torch.device, groups: KVGroups | None = None
                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer (k, v), each ``[num_blocks, block_size, num_kv_heads, head_dim]`` (int8:
-    ``head_dim + 4``, the row's scale after its values)."""
+    ``head_dim + 4``, the row's scale after its values); layers of different groups share
+    their slot's tensors."""
+    groups = groups or KVGroups.single(model.num_layers)
     shape = (num_blocks, block_size, model.num_kv_heads, row_width(model, dtype))
-    return [(torch.zeros(shape, dtype=dtype, device=device),
-             torch.zeros(shape, dtype=dtype, device=device)) for _ in range(model.num_layers)]
+    slots = [(torch.zeros(shape, dtype=dtype, device=device),
+              torch.zeros(shape, dtype=dtype, device=device))
+             for _ in range(groups.unit_layers)]
+    return [slots[slot] for _, _, slot in groups.layer_slots()]
