@@ -34,6 +34,7 @@ class KVCacheManager:
         assert not self._sliding or block_pool.null_block is not None, "needs a null block"
         self._units_per_page = self.groups.units_per_page
         self._handles: dict[str, object] = {}
+        self._hit_pages: dict[str, int] = {}  # pages the prefix cache gave each request
         self.num_query_tokens = 0  # prefix-cache lookups, in tokens (metrics)
         self.num_hit_tokens = 0
 
@@ -41,9 +42,9 @@ class KVCacheManager:
     def usage(self) -> float:
         """Fraction of the pool held by requests (cached-but-unreferenced blocks count as free:
         they are evicted on demand)."""
-        pool = self.block_pool
-        used = pool.num_blocks - pool.num_free_blocks - self.prefix_cache.num_evictable_blocks
-        return used / pool.num_blocks
+        usable = self.num_usable_blocks
+        used = usable - self.block_pool.num_free_blocks - self.prefix_cache.num_evictable_blocks
+        return used / usable
 
     def num_blocks_for(self, num_tokens: int) -> int:
         """Pages (of every group) that hold ``num_tokens`` tokens."""
@@ -76,6 +77,7 @@ class KVCacheManager:
         self.num_hit_tokens += match.num_tokens
         self.prefix_cache.lock(match.handle)
         self._handles[request.request_id] = match.handle
+        self._hit_pages[request.request_id] = match.num_tokens // self.block_size
         request.block_ids = list(match.block_ids)
         if len(self.groups.groups) > 1:
             request.window_block_ids = [list(t) for t in match.window_block_ids]
@@ -142,6 +144,7 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (its computed prefix may stay cached)."""
         handle = self._handles.pop(request.request_id, None)
+        self._hit_pages.pop(request.request_id, None)
         computed = request.all_token_ids[: request.num_computed_tokens]
         self.prefix_cache.release(computed, request.block_ids, handle, request.window_block_ids)
         request.block_ids = []
@@ -171,7 +174,10 @@ class KVCacheManager:
 
     def _release_out_of_window(self, request: Request) -> None:
         """Free each sliding group's pages before its window (from the last released one
-        back to the first still held: released pages are always a prefix of the table)."""
+        back to the first still held: released pages are always a prefix of the table).
+
+        The prefix cache is told to forget the pages the request computed itself (never
+        those its hit gave it: the cache kept them for other requests' sake)."""
         null, bs = self.block_pool.null_block, self.block_size
         tables = self.tables(request)
         for g, group in self._sliding:
@@ -183,10 +189,14 @@ class KVCacheManager:
                 k -= 1
             if k == first:
                 continue
-            self.block_pool.free(table[k * m:first * m])
+            released = table[k * m:first * m]
+            self.block_pool.free(released)
             table[k * m:first * m] = [null] * ((first - k) * m)
-            self.prefix_cache.forget(self._handles.get(request.request_id), g, k, first,
-                                     (request.num_prompt_tokens - 1) // bs)
+            own = max(k, self._hit_pages.get(request.request_id, 0))
+            if own < first:
+                self.prefix_cache.forget(self._handles.get(request.request_id), g, own,
+                                         released[(own - k) * m:],
+                                         (request.num_prompt_tokens - 1) // bs)
 
     def _owned(self, table: list[int]) -> list[int]:
         null = self.block_pool.null_block

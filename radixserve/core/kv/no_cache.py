@@ -35,7 +35,8 @@ class NoPrefixCache:
                      window_block_ids: list[list[int]] = ()) -> Any:
         return None
 
-    def forget(self, handle: Any, group: int, lo: int, hi: int, keep_end: int = 0) -> None:
+    def forget(self, handle: Any, group: int, lo: int, released: list[int],
+               keep_end: int = 0) -> None:
         pass
 
     def evict(self, num_blocks: int) -> int:

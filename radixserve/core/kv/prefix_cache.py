@@ -55,11 +55,12 @@ class PrefixCache(Protocol):
         ``block_ids`` and ``window_block_ids``) without releasing anything; return the new
         handle to lock (the caller locks it and unlocks the old one)."""
 
-    def forget(self, handle: Any, group: int, lo: int, hi: int, keep_end: int = 0) -> None:
-        """The request holding ``handle`` released pages ``lo..hi-1`` of sliding group
-        ``group`` (out of its window); the cache may drop its own copies of them too, but
-        should keep the window before page ``keep_end`` (where the request's own prompt would
-        hit)."""
+    def forget(self, handle: Any, group: int, lo: int, released: list[int],
+               keep_end: int = 0) -> None:
+        """The request holding ``handle`` released the pages from ``lo`` on of sliding group
+        ``group`` (out of its window; ``released``: their block ids, ``units_per_page`` a
+        page); the cache may drop its references to those same blocks too, but should keep
+        the window before page ``keep_end`` (where the request's own prompt would hit)."""
 
     def evict(self, num_blocks: int) -> int:
         """Free unreferenced cached blocks, LRU first, until ``num_blocks`` are freed or none

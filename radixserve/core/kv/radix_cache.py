@@ -173,12 +173,12 @@ class RadixCache:
         for table in tables:
             self.block_pool.free([b for b in table if b != null] if self.is_windowed else table)
 
-    def forget(self, handle: _Node | None, group: int, lo: int, hi: int,
+    def forget(self, handle: _Node | None, group: int, lo: int, released: list[int],
                keep_end: int = 0) -> None:
-        """Drop the tree's copies of pages ``lo..hi-1`` of sliding ``group`` on ``handle``'s
-        path that no likely hit needs (radix_windows.forget)."""
+        """Drop the tree's copies of the released pages from ``lo`` on of sliding ``group``
+        on ``handle``'s path that no likely hit needs (radix_windows.forget)."""
         if handle is not None and handle.parent is not None:
-            radix_windows.forget(self, handle, group, lo, hi, keep_end)
+            radix_windows.forget(self, handle, group, lo, released, keep_end)
 
     def cache_blocks(self, token_ids: list[int], block_ids: list[int],
                      window_block_ids: list[list[int]] = ()) -> _Node:

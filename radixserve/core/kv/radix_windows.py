@@ -13,8 +13,10 @@ The rules, all correct by construction (the first is what makes hits right):
 
 - match: the hit is cut back to the longest page-aligned prefix at which every sliding group
   has its window's pages present; the pages before that window are handed out as null.
-- forget: when a running request releases pages it has cached, the tree drops its copies
-  too, unless they lie in the window before an *anchor* on the path, a point later requests
+- forget: when a running request releases pages it computed and cached itself, the tree
+  drops them too (pages a hit gave it, or another request's copies, stay: the tree kept
+  them for someone else), unless they lie in the window before an *anchor* on the path, a
+  point later requests
   most likely resume from: a node where the path branches (a shared system prompt) and the
   hit point of the request's own prompt (the same prompt again, retries). Otherwise a long
   request's locked path would pin every page and nothing would be saved; this way it pins
@@ -90,11 +92,14 @@ def fill(cache, node, tables: list[list[int]], end: int) -> None:
             x = x.parent
 
 
-def forget(cache, handle, g: int, lo: int, hi: int, keep_end: int) -> None:
-    """Drop the tree's copies of pages ``lo..hi-1`` of group ``g`` on ``handle``'s path, but
-    those in the window before an anchor (a node that branches, page ``keep_end``)."""
+def forget(cache, handle, g: int, lo: int, released: list[int], keep_end: int) -> None:
+    """Drop the tree's copies of the pages from ``lo`` on of group ``g`` that a request
+    released (``released``: their ids) on ``handle``'s path — where the tree holds the
+    request's own block — but those in the window before an anchor (a node that branches,
+    page ``keep_end``)."""
     bs, null, group = cache.block_size, cache.block_pool.null_block, cache.groups[g]
     m = group.units_per_page
+    hi = lo + len(released) // m
     path = []
     x = handle
     while x.parent is not None and x.end > lo * bs:
@@ -103,14 +108,13 @@ def forget(cache, handle, g: int, lo: int, hi: int, keep_end: int) -> None:
     keep = set(range(group.first_needed_page(keep_end * bs, bs), keep_end))
     for x in path:
         if len(x.children) > 1:
-            end = x.end // bs
-            keep.update(range(group.first_needed_page(x.end, bs), end))
+            keep.update(range(group.first_needed_page(x.end, bs), x.end // bs))
     for x in path:
         start = (x.end - len(x.key)) // bs
         mine = x.tables[g]
         for k in range(max(start, lo), min(hi, x.end // bs)):
-            i = (k - start) * m
-            if k in keep or mine[i] == null:
+            i, j = (k - start) * m, (k - lo) * m
+            if k in keep or mine[i] == null or mine[i:i + m] != released[j:j + m]:
                 continue
             cache.block_pool.free(mine[i:i + m])
             mine[i:i + m] = [null] * m
