@@ -115,15 +115,14 @@ class ModelRunner:
             return [table]
         groups = self.groups.groups
         pages = [len(s.block_ids) // groups[0].units_per_page for s in seqs]
-        tables = [np.zeros((n, max(pages)), np.int64) for _ in self._tables]
+        # [S, pages, m] per group, then its columns: tables are ordered group, column
+        per_group = [np.zeros((n, max(pages), g.units_per_page), np.int64) for g in groups]
         for i, s in enumerate(seqs):
             assert len(s.window_block_ids) == len(groups) - 1, "a table per KV group"
             for g, ids in enumerate((s.block_ids, *s.window_block_ids)):
-                m = groups[g].units_per_page
-                flat = np.asarray(ids, np.int64).reshape(pages[i], m)
-                for col in range(m):
-                    tables[self._tables.index((g, col))][i, :pages[i]] = flat[:, col]
-        return tables
+                per_group[g][i, :pages[i]] = np.asarray(ids, np.int64).reshape(pages[i], -1)
+        return [np.ascontiguousarray(t[:, :, col]) for t in per_group
+                for col in range(t.shape[2])]
 
     def _prepare(self, seqs: list[ScheduledSeq]):
         """The packed step's tensors. Index arithmetic in numpy (~1 us per op at these sizes,
