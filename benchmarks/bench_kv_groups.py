@@ -65,7 +65,8 @@ def concurrent(groups: KVGroups, num_units: int, block_size: int, seq_len: int,
     return most
 
 
-def real_run(path: str, prompt_len: int, max_tokens: int, budget_gb: float) -> None:
+def real_run(path: str, prompt_len: int, max_tokens: int, budget_gb: float,
+             order=("released", "kept")) -> None:
     """Greedy on the real model, blocks released vs kept (the engine built with one KV
     group): the same tokens, and the pool blocks the sequence held at its last step."""
     import random
@@ -76,7 +77,7 @@ def real_run(path: str, prompt_len: int, max_tokens: int, budget_gb: float) -> N
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     results = {}
-    for name in ("kept", "released"):
+    for name in order:
         if name == "kept":  # every layer in one group: nothing is released
             original = kv_groups.KVGroups.from_windows
             kv_groups.KVGroups.from_windows = classmethod(lambda cls, w: cls.single(len(w)))
@@ -88,13 +89,15 @@ def real_run(path: str, prompt_len: int, max_tokens: int, budget_gb: float) -> N
         prompt = [rng.randrange(1000, llm.engine.vocab_size) for _ in range(prompt_len)]
         rng.seed(0)
         kv = llm.engine.scheduler.kv
-        most = [0]
+        seen = {"most": 0}
         allocate = kv.allocate_slots
 
-        def spy(request, n, allocate=allocate, kv=kv, most=most):
+        def spy(request, n, allocate=allocate, kv=kv, seen=seen):
             ok = allocate(request, n)
             null = kv.block_pool.null_block
-            most[0] = max(most[0], sum(b != null for t in kv.tables(request) for b in t))
+            seen["last"] = sum(b != null for t in kv.tables(request) for b in t)
+            seen["most"] = max(seen["most"], seen["last"])
+            seen["pool"] = kv.num_usable_blocks - kv.block_pool.num_free_blocks
             return ok
 
         kv.allocate_slots = spy
@@ -102,11 +105,21 @@ def real_run(path: str, prompt_len: int, max_tokens: int, budget_gb: float) -> N
         out = llm.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids
         seconds = time.perf_counter() - start
         pool = kv.block_pool
-        print(f"  {name}: pool {pool.num_blocks} blocks of {kv.groups.unit_layers} layers; "
-              f"the sequence held {most[0]} at most; {seconds:.1f} s")
+        mib = pool_bytes(llm) / pool.num_blocks / 2**20
+        print(f"  {name}: pool {pool.num_blocks} blocks of {kv.groups.unit_layers} layers "
+              f"({mib * 1024:.0f} KiB each); the sequence held {seen['most']} at most "
+              f"({seen['most'] * mib:.1f} MiB), {seen['last']} at its last step "
+              f"({seen['last'] * mib:.1f} MiB; the pool, prefix cache included: "
+              f"{seen['pool']}); {seconds:.1f} s")
         results[name] = out
         del llm, kv
     print(f"  greedy tokens equal: {results['kept'] == results['released']}")
+
+
+def pool_bytes(llm) -> int:
+    """Bytes of the runner's K/V tensors (each shared tensor once)."""
+    tensors = {id(t): t for kv in llm.engine.runner.kv_caches for t in kv}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def main() -> None:

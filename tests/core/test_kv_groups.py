@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixserve.config import SchedulerConfig
 from radixserve.core.kv.block_pool import BlockPool
@@ -233,3 +235,26 @@ def test_random_workload_with_aborts_never_leaks(groups, cache):
     prefix.evict(10**9)
     s.check_integrity()
     assert s.kv.block_pool.num_free_blocks == 119
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 20), st.integers(1, 20),
+                          st.booleans()), min_size=1, max_size=12),
+       st.integers(4, 16))
+def test_property_no_leak_no_needed_page_released(requests, budget):
+    """Any mix of requests (a stem, a tail, a length, aborted midway or not) over the
+    windowed radix cache: integrity after every step (scheduler.check_integrity checks each
+    running request's tables: every page its next queries read is present), and every
+    block back in the pool at the end."""
+    s = make_scheduler(num_blocks=90, budget=budget, max_num_seqs=3)
+    stems = [[1] * 12, [1] * 6 + [2] * 6, [3] * 20, []]
+    for i, (stem, tail, max_tokens, abort) in enumerate(requests):
+        s.add_request(make_request(f"r{i}", stems[stem] + [i] * tail, max_tokens))
+        step(s)
+        if abort and s.requests:
+            s.abort_requests([sorted(s.requests)[0]])
+            s.check_integrity()
+    run_to_end(s)
+    s.kv.prefix_cache.evict(10**9)
+    s.check_integrity()
+    assert s.kv.block_pool.num_free_blocks == 89
