@@ -33,6 +33,8 @@ class KVCacheManager:
                          if group.is_sliding]
         assert not self._sliding or block_pool.null_block is not None, "needs a null block"
         self._units_per_page = self.groups.units_per_page
+        self._m0 = self.groups.groups[0].units_per_page
+        self._single = len(self.groups.groups) == 1
         self._handles: dict[str, object] = {}
         self._hit_pages: dict[str, int] = {}  # pages the prefix cache gave each request
         self.num_query_tokens = 0  # prefix-cache lookups, in tokens (metrics)
@@ -61,7 +63,7 @@ class KVCacheManager:
         return self.block_pool.num_blocks - (self.block_pool.null_block is not None)
 
     def num_pages(self, request: Request) -> int:
-        return len(request.block_ids) // self.groups.groups[0].units_per_page
+        return len(request.block_ids) // self._m0
 
     def tables(self, request: Request) -> list[list[int]]:
         return [request.block_ids, *request.window_block_ids]
@@ -79,7 +81,7 @@ class KVCacheManager:
         self._handles[request.request_id] = match.handle
         self._hit_pages[request.request_id] = match.num_tokens // self.block_size
         request.block_ids = list(match.block_ids)
-        if len(self.groups.groups) > 1:
+        if not self._single:
             request.window_block_ids = [list(t) for t in match.window_block_ids]
         for table in self.tables(request):
             self.block_pool.share(self._owned(table))
@@ -101,11 +103,11 @@ class KVCacheManager:
                                       ^ first_needed_page(num_computed_tokens)
         """
         if self._sliding:
-            if not request.window_block_ids and len(self.groups.groups) > 1:
+            if not request.window_block_ids and not self._single:
                 request.window_block_ids = [[] for _ in self.groups.groups[1:]]
             self._release_out_of_window(request)
         total = request.num_computed_tokens + num_new_tokens
-        pages = self.num_blocks_for(total) - self.num_pages(request)
+        pages = -(-total // self.block_size) - len(request.block_ids) // self._m0
         if pages <= 0:
             return True
         need = pages * self._units_per_page
@@ -114,8 +116,8 @@ class KVCacheManager:
         short = need - self.block_pool.num_free_blocks
         if short > 0:
             self.prefix_cache.evict(short)
-        if len(self.groups.groups) == 1:
-            request.block_ids.extend(self.block_pool.allocate(pages * self._units_per_page))
+        if self._single:
+            request.block_ids.extend(self.block_pool.allocate(need))
             return True
         for group, table in zip(self.groups.groups, self.tables(request)):
             table.extend(self.block_pool.allocate(pages * group.units_per_page))
