@@ -29,35 +29,49 @@ The rules, all correct by construction (the first is what makes hits right):
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 
 def hit_len(cache, token_ids: list[int], n: int) -> int:
     """Tokens of the longest cached page-aligned prefix of ``token_ids[:n]`` whose sliding
-    groups hold the window before it; read-only."""
+    groups hold the window before it; read-only.
+
+    The whole match is found as without groups (whole keys compared at once); then the hit
+    point h steps back from its end: a page missing from the window before h rules out every
+    hit point from it up to h, so h becomes that page. Cost: the match plus about a window's
+    pages per sliding group when the window is there.
+    """
     bs, null = cache.block_size, cache.block_pool.null_block
-    sliding = [(g, group) for g, group in enumerate(cache.groups) if group.is_sliding]
-    runs = [0] * len(sliding)  # present pages in a row, ending at the current page
-    node, pos, page, best = cache.root, 0, 0, 0
+    firsts, nodes = [], []  # each matched node's first page
+    node, pos = cache.root, 0
     while pos < n:
         child, matched = cache._match_child(node, token_ids, pos, n)
         if child is None:
             break
-        tables = child.tables
-        for i in range(matched // bs):
-            ok = True
-            page += 1
-            for j, (g, group) in enumerate(sliding):
-                present = tables[g][i * group.units_per_page] != null
-                runs[j] = runs[j] + 1 if present else 0
-                ok = ok and runs[j] >= page - group.first_needed_page(page * bs, bs)
-            if ok:
-                best = page
+        firsts.append(pos // bs)
+        nodes.append(child)
         pos += matched
         if matched < len(child.key):
             break
         node = child
-    return best * bs
+    h = pos // bs
+    sliding = [(g, group) for g, group in enumerate(cache.groups) if group.is_sliding]
+    while h > 0:
+        missing = None
+        for g, group in sliding:
+            m = group.units_per_page
+            for k in range(h - 1, group.first_needed_page(h * bs, bs) - 1, -1):
+                i = bisect.bisect_right(firsts, k) - 1
+                if nodes[i].tables[g][(k - firsts[i]) * m] == null:
+                    missing = k
+                    break
+            if missing is not None:
+                break
+        if missing is None:
+            break
+        h = missing
+    return h * bs
 
 
 def null_unneeded(cache, tables: list[list[int]], num_tokens: int) -> None:
