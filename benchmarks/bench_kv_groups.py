@@ -116,6 +116,30 @@ def real_run(path: str, prompt_len: int, max_tokens: int, budget_gb: float,
     print(f"  greedy tokens equal: {results['kept'] == results['released']}")
 
 
+def scheduler_cpu_ms(runs: int = 4) -> float:
+    """CPU ms per step of the Scheduler + KVCacheManager + RadixCache with one KV group and
+    a fake runner: 64 requests of 200 prompt tokens, each decoding 400 (min of ``runs``)."""
+    from radixserve.core.kv.radix_cache import RadixCache
+
+    best = float("inf")
+    for _ in range(runs):
+        pool = BlockPool(20000)
+        kv = KVCacheManager(pool, RadixCache(pool, 16), 16)
+        s = Scheduler(SchedulerConfig(64, 2048), kv, 4096)
+        for i in range(64):
+            s.add_request(Request(str(i), [i] * 200, SamplingParams(max_tokens=400),
+                                  frozenset(), 0, max_tokens=400))
+        start, steps = time.process_time(), 0
+        while s.num_unfinished:
+            out = s.schedule()
+            ids = [q.request_id for q in out.seqs if q.sample]
+            none = [None] * len(ids)
+            s.update_from_output(out, ModelRunnerOutput(ids, [2] * len(ids), none, none))
+            steps += 1
+        best = min(best, (time.process_time() - start) / steps * 1e3)
+    return best
+
+
 def pool_bytes(llm) -> int:
     """Bytes of the runner's K/V tensors (each shared tensor once)."""
     tensors = {id(t): t for kv in llm.engine.runner.kv_caches for t in kv}
@@ -133,7 +157,13 @@ def main() -> None:
     ap.add_argument("--real", type=int, default=0, metavar="PROMPT_LEN",
                     help="also run the real model: a prompt of this many tokens, greedy")
     ap.add_argument("--real-tokens", type=int, default=64)
+    ap.add_argument("--sched-cpu", action="store_true",
+                    help="only the one-group scheduler's CPU ms per step (compare trees)")
     args = ap.parse_args()
+    if args.sched_cpu:
+        print(f"scheduler + KV manager + radix cache, one group: {scheduler_cpu_ms():.3f} "
+              "CPU ms per step (64 decodes)")
+        return
     model = gemma3_config(args.model)
     bs = args.block_size
     windows = [model.layer_window(i) for i in range(model.num_layers)]
