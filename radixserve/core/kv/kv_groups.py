@@ -129,7 +129,8 @@ class KVGroups:
         return lo * block_size
 
     def describe(self) -> str:
-        """E.g. ``3 full-attention layers (1 block a page), 15 sliding (window 512, 5)``."""
+        """E.g. ``3 full-attention layers (1 block a page), 15 sliding (window 512) layers
+        (5 blocks a page)``."""
         return ", ".join(
             f"{len(g.layers)} " + ("full-attention" if g.window is None
                                    else f"sliding (window {g.window})")
