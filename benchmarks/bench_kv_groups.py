@@ -157,6 +157,7 @@ def main() -> None:
     ap.add_argument("--real", type=int, default=0, metavar="PROMPT_LEN",
                     help="also run the real model: a prompt of this many tokens, greedy")
     ap.add_argument("--real-tokens", type=int, default=64)
+    ap.add_argument("--real-order", default="released,kept")
     ap.add_argument("--sched-cpu", action="store_true",
                     help="only the one-group scheduler's CPU ms per step (compare trees)")
     args = ap.parse_args()
@@ -190,7 +191,8 @@ def main() -> None:
         print(f"  longest sequence the pool holds: {min(longest, 1 << 30)} tokens")
     if args.real:
         print(f"\nreal run: {args.real}-token prompt, {args.real_tokens} greedy tokens")
-        real_run(args.model or _default_path(), args.real, args.real_tokens, args.budget_gb)
+        real_run(args.model or _default_path(), args.real, args.real_tokens, args.budget_gb,
+                 tuple(args.real_order.split(",")))
 
 
 def _default_path() -> str:
