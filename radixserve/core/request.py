@@ -22,7 +22,9 @@ class Request:
     """A sequence being generated.
 
     ``all_token_ids`` is prompt + output; ``num_computed_tokens`` chases ``num_tokens``: the
-    tokens whose KV is in the cache. ``block_ids`` is the block table (owned blocks, in order).
+    tokens whose KV is in the cache. ``block_ids`` is the block table (owned blocks, in order)
+    of the first KV group; ``window_block_ids`` those of the model's other (sliding-window)
+    groups, empty for a model with one group (core/kv/kv_groups.py).
 
         all_token_ids: [ prompt ........................ | output ....... ]
                        [ computed (KV cached) ... | new (to schedule)    ]
@@ -41,6 +43,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
+    window_block_ids: list[list[int]] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0

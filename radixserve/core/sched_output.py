@@ -13,7 +13,8 @@ from radixserve.sampling_params import SamplingParams
 class ScheduledSeq:
     """One sequence's share of a step: feed ``token_ids`` at positions ``start_pos...``.
 
-    ``block_ids`` is the sequence's whole block table (read-only for the runner). When
+    ``block_ids`` is the sequence's whole block table (read-only for the runner), of the
+    first KV group; ``window_block_ids`` the other groups' (core/kv/kv_groups.py). When
     ``sample`` is set, the last fed position produces the next token; the sampling fields
     are then filled (references to the request's lists: the runner only reads them).
     ``num_draft``: the last ``num_draft`` fed tokens are a speculative draft (not yet in the
@@ -37,6 +38,7 @@ class ScheduledSeq:
     output_token_ids: list[int] | None = None
     stop_token_ids: frozenset[int] = frozenset()
     num_draft: int = 0
+    window_block_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def draft_token_ids(self) -> list[int]:

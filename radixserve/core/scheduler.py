@@ -61,11 +61,11 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         longest = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
-        need = self.kv.num_blocks_for(longest)
-        if need > self.kv.block_pool.num_blocks:
+        need = self.kv.units_held(longest, self.config.max_num_batched_tokens)
+        if need > self.kv.num_usable_blocks:
             raise ValueError(
                 f"request needs up to {need} KV blocks ({longest} tokens) but the pool holds "
-                f"{self.kv.block_pool.num_blocks}; raise the KV cache memory budget")
+                f"{self.kv.num_usable_blocks}; raise the KV cache memory budget")
         self.requests[request.request_id] = request
         self._queue_keys[request.request_id] = (request.priority, request.arrival_time,
                                                 next(self._order))
@@ -289,7 +289,7 @@ class Scheduler:
         assert len(self.requests) == len(self.running) + len(self.waiting)
         for request in self.running:
             assert request.status is RequestStatus.RUNNING
-            assert len(request.block_ids) >= self.kv.num_blocks_for(request.num_computed_tokens)
+            self.kv.check_request(request)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -299,7 +299,7 @@ class Scheduler:
         sample = is_last and request.pooling is None
         seq = ScheduledSeq(request.request_id, request.all_token_ids[start:start + num_new],
                            start, request.block_ids, sample, pooling=request.pooling,
-                           is_last_chunk=is_last)
+                           is_last_chunk=is_last, window_block_ids=request.window_block_ids)
         if sample:
             seq.sampling_params = request.sampling_params
             seq.seed = request.seed

@@ -132,6 +132,10 @@ def check_tp_size(cfg: ModelConfig, size: int, reader=None) -> None:
     if cfg.architecture not in TP_ARCHITECTURES or cfg.moe is not None:
         raise ValueError(f"tensor parallel supports dense {', '.join(TP_ARCHITECTURES)} models, "
                          f"not {cfg.architecture}{' (MoE)' if cfg.moe is not None else ''}")
+    if len({cfg.layer_window(i) for i in range(cfg.num_layers)}) > 1:
+        # several KV groups: the step message (tp_runner.py) carries one block table a seq
+        raise ValueError("tensor parallel does not split a model whose layers mix sliding-"
+                         "window and full attention (several KV groups)")
     block = row_parallel_block(reader)
     valid = valid_tp_sizes(cfg, block)
     if size not in valid:

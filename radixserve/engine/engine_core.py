@@ -16,6 +16,7 @@ import torch
 
 from radixserve.config import EngineConfig
 from radixserve.core.kv.block_pool import BlockPool
+from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.no_cache import NoPrefixCache
 from radixserve.core.kv.radix_cache import RadixCache
@@ -35,7 +36,8 @@ from radixserve.models.loader import load_model, load_model_config, open_gguf
 from radixserve.models.quantization import resolve_quantization
 from radixserve.models.source import ModelSource
 from radixserve.runner.fault_injection import inject_faults_from_env
-from radixserve.runner.kv_cache import num_blocks_for_budget, resolve_kv_dtype
+from radixserve.runner.kv_cache import (draft_pool_blocks, num_blocks_for_budget,
+                                        resolve_kv_dtype)
 from radixserve.runner.model_runner import ModelRunner
 from radixserve.sampling_params import SamplingParams
 from radixserve.spec.drafter import make_spec
@@ -84,27 +86,29 @@ class EngineCore:
             draft = open_draft(config.speculative.draft_model, source, model_config, reader)
         kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, device, dtype)
         # model.config: this rank's shape (its KV heads); the pool is per rank
-        num_blocks = num_blocks_for_budget(model.config, config.cache, kv_dtype,
+        groups = KVGroups.from_windows([model_config.layer_window(i)
+                                        for i in range(model_config.num_layers)])
+        num_blocks = num_blocks_for_budget(model.config, config.cache, kv_dtype, groups,
                                            draft and draft.config)
         block_size = config.cache.block_size
         runner = ModelRunner(model, model.config, num_blocks, block_size, device, dtype,
-                             kv_dtype=kv_dtype)
+                             kv_dtype=kv_dtype, groups=groups)
         if device.type == "cpu":
             logger.info("engine: %s", startup_line(
                 quantization, runner.backend_name, python_only_layers(model_config), threads,
                 kv_dtype, stored_types(reader)))
-        pool = BlockPool(num_blocks)
-        cache = (RadixCache(pool, block_size) if config.cache.enable_prefix_caching
-                 else NoPrefixCache(pool))
-        kv = KVCacheManager(pool, cache, block_size)
+        kv = _kv_manager(config, groups, num_blocks)
+        held = groups.max_tokens(kv.num_usable_blocks, block_size,
+                                 config.scheduler.max_num_batched_tokens)
         max_len = resolve_max_model_len(config.scheduler.max_model_len, model_config,
-                                        num_blocks, block_size)
+                                        held // block_size, block_size)
         model.rotary.set_context_len(max_len)  # the rope fixed for this context (rotary.py)
+        draft_blocks = draft_pool_blocks(model.config, num_blocks, groups) if draft else 0
         if draft is not None:
-            runner.drafter = build_draft_runner(config, draft, num_blocks, max_len, kv_dtype,
+            runner.drafter = build_draft_runner(config, draft, draft_blocks, max_len, kv_dtype,
                                                 show_progress)
         scheduler = Scheduler(config.scheduler, kv, max_len,
-                              make_spec(config.speculative, num_blocks, block_size))
+                              make_spec(config.speculative, draft_blocks, block_size))
         backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source)),
                                     model_config.vocab_size)
         structured = StructuredOutputManager(backend, config.structured.fast_forward,
@@ -230,3 +234,16 @@ class EngineCore:
         if broken:
             self.scheduler.abort_requests([rid for rid, _ in broken])
         return [EngineCoreOutput(rid, [], "abort", error=error) for rid, error in broken]
+
+
+def _kv_manager(config: EngineConfig, groups: KVGroups, num_blocks: int) -> KVCacheManager:
+    """The scheduler's KV blocks: the pool (with a null block where sliding layers release
+    theirs), the prefix cache or its null object, the manager over both."""
+    block_size = config.cache.block_size
+    pool = BlockPool(num_blocks, with_null_block=groups.has_sliding)
+    cache = (RadixCache(pool, block_size, groups) if config.cache.enable_prefix_caching
+             else NoPrefixCache(pool))
+    if len(groups.groups) > 1 or groups.has_sliding:
+        logger.info("KV groups: %s, blocks of %d layers (%d in the pool)",
+                    groups.describe(), groups.unit_layers, num_blocks)
+    return KVCacheManager(pool, cache, block_size, groups)

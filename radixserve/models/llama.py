@@ -49,7 +49,8 @@ class Attention(nn.Module):
         q, k = self.rotary(positions, q, k)
         ctx = get_forward_context()
         out = ctx.backend.forward(q, k, v, ctx.kv_caches[self.layer_idx],
-                                  ctx.attn_metadata, self.scale, self.window, self.softcap)
+                                  ctx.layer_metadata[self.layer_idx], self.scale, self.window,
+                                  self.softcap)
         return self.o_proj(out.view(num_tokens, -1))
 
 

@@ -132,13 +132,21 @@ class NativeLayerStack:
                      row_seq=meta.row_seq.data_ptr(), row_len=meta.row_len.data_ptr(),
                      **{name: t.data_ptr() for name, t in buffers.items()})
         step_ptr = ctypes.addressof(step)
-        if rows and self._comm is None:
+        if rows:
+            current = meta
             for i, layer in enumerate(layers):
-                if self._call(ctypes.addressof(layer), step_ptr, i == 0):
-                    raise RuntimeError(f"native decoder layer {i} failed (memory or shapes)")
-        elif rows:  # a tensor-parallel rank: sum x over the ranks after each half
-            for i, layer in enumerate(layers):
+                layer_meta = ctx.layer_metadata[i]
+                if layer_meta is not current:  # another KV group's table (kv_groups.py)
+                    step.slots = layer_meta.slot_mapping.data_ptr()
+                    step.table = layer_meta.block_table.data_ptr()
+                    step.table_stride = layer_meta.block_table.shape[1]
+                    current = layer_meta
                 layer_ptr = ctypes.addressof(layer)
+                if self._comm is None:
+                    if self._call(layer_ptr, step_ptr, i == 0):
+                        raise RuntimeError(f"native decoder layer {i} failed (memory or shapes)")
+                    continue
+                # a tensor-parallel rank: sum x over the ranks after each half
                 if self._attention(layer_ptr, step_ptr, i == 0):
                     raise RuntimeError(f"native decoder layer {i} failed (memory or shapes)")
                 self._comm.all_reduce(x)

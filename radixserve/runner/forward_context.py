@@ -15,9 +15,13 @@ import torch
 
 @dataclass(slots=True)
 class ForwardContext:
+    """``attn_metadata``: the first KV group's; ``layer_metadata[i]``: layer i's (its group's
+    block table, core/kv/kv_groups.py; every entry is ``attn_metadata`` with one group)."""
+
     attn_metadata: Any
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     backend: Any
+    layer_metadata: list[Any]
 
 
 _current: ForwardContext | None = None

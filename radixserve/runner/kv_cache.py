@@ -1,11 +1,15 @@
-"""The paged KV pool: one preallocated K and V tensor per layer, sized from a memory budget,
-of the element type ``--kv-cache-dtype`` resolves to."""
+"""The paged KV pool: preallocated K and V tensors, sized from a memory budget, of the element
+type ``--kv-cache-dtype`` resolves to. One pair per layer with one KV group; with several
+(sliding-window layers beside full ones, core/kv/kv_groups.py) one pair per pool *slot*,
+``unit_layers`` of them, each layer aliasing its slot's pair (the groups' block ids never
+overlap, so no two layers write the same rows)."""
 
 from __future__ import annotations
 
 import torch
 
 from radixserve.config import CacheConfig, ModelConfig
+from radixserve.core.kv.kv_groups import KVGroups
 
 
 _KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -37,34 +41,50 @@ def resolve_kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype) 
     return model_dtype
 
 
-def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """One block's K and V over all layers."""
+def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype,
+                    num_layers: int | None = None) -> int:
+    """One block's K and V over ``num_layers`` layers (default: all the model's)."""
     elem = torch.tensor([], dtype=dtype).element_size()
-    return 2 * model.num_layers * block_size * model.num_kv_heads * row_width(model, dtype) * elem
+    layers = model.num_layers if num_layers is None else num_layers
+    return 2 * layers * block_size * model.num_kv_heads * row_width(model, dtype) * elem
 
 
 def num_blocks_for_budget(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype,
+                          groups: KVGroups | None = None,
                           draft: ModelConfig | None = None) -> int:
-    """How many blocks fit in ``cache.kv_cache_memory_gb`` (or ``cache.num_blocks`` if set).
-    With a ``draft`` model the budget holds two pools of that many blocks each, the target's
-    and the draft's (the draft's share is its bytes per block over both models')."""
+    """How many pool blocks (units of ``groups.unit_layers`` layers) fit in
+    ``cache.kv_cache_memory_gb``; ``cache.num_blocks`` if set counts blocks of every layer
+    (the same memory whatever the groups). With a ``draft`` model the budget also holds its
+    pool, of `draft_pool_blocks` blocks (as many as the target's pool has of every layer)."""
+    groups = groups or KVGroups.single(model.num_layers)
     if cache.num_blocks is not None:
-        return cache.num_blocks
-    per_block = bytes_per_block(model, cache.block_size, dtype)
-    if draft is not None:
-        per_block += bytes_per_block(draft, cache.block_size, dtype)
+        return cache.num_blocks * model.num_layers // groups.unit_layers
+    per_block = bytes_per_block(model, cache.block_size, dtype, groups.unit_layers)
+    if draft is not None:  # per unit: its share of one draft block
+        per_block += (bytes_per_block(draft, cache.block_size, dtype) * groups.unit_layers
+                      / model.num_layers)
     num = int(cache.kv_cache_memory_gb * 1024**3 // per_block)
     if num < 1:
         raise ValueError(f"kv_cache_memory_gb={cache.kv_cache_memory_gb} holds no block "
-                         f"({per_block} bytes each)")
+                         f"({per_block:.0f} bytes each)")
     return num
 
 
+def draft_pool_blocks(model: ModelConfig, num_blocks: int, groups: KVGroups) -> int:
+    """The draft model's pool: as many blocks as the target's ``num_blocks`` units make
+    blocks of every layer (one per target block, without the sliding layers' savings)."""
+    return max(num_blocks * groups.unit_layers // model.num_layers, 1)
+
+
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int,
-                      dtype: torch.dtype, device: torch.device
+                      dtype: torch.dtype, device: torch.device, groups: KVGroups | None = None
                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer (k, v), each ``[num_blocks, block_size, num_kv_heads, head_dim]`` (int8:
-    ``head_dim + 4``, the row's scale after its values)."""
+    ``head_dim + 4``, the row's scale after its values); layers of different groups share
+    their slot's tensors."""
+    groups = groups or KVGroups.single(model.num_layers)
     shape = (num_blocks, block_size, model.num_kv_heads, row_width(model, dtype))
-    return [(torch.zeros(shape, dtype=dtype, device=device),
-             torch.zeros(shape, dtype=dtype, device=device)) for _ in range(model.num_layers)]
+    slots = [(torch.zeros(shape, dtype=dtype, device=device),
+              torch.zeros(shape, dtype=dtype, device=device))
+             for _ in range(groups.unit_layers)]
+    return [slots[slot] for _, _, slot in groups.layer_slots()]

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from radixserve.config import ModelConfig
+from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.sched_output import (
     GrammarBitmask,
     ModelRunnerOutput,
@@ -32,9 +33,12 @@ from radixserve.runner.spec_verify import verify_drafts
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, config: ModelConfig, num_blocks: int,
                  block_size: int, device: torch.device, dtype: torch.dtype,
-                 attn_backend: str = "auto", kv_dtype: torch.dtype | None = None) -> None:
+                 attn_backend: str = "auto", kv_dtype: torch.dtype | None = None,
+                 groups: KVGroups | None = None) -> None:
         """``kv_dtype``: the KV pool's elements (default ``dtype``); another one than the
-        model's needs the cpu_native backend (ValueError otherwise)."""
+        model's needs the cpu_native backend (ValueError otherwise). ``groups``: the KV
+        groups the scheduler's tables follow (default one over every layer): each layer
+        reads the table of its group and unit column (core/kv/kv_groups.py)."""
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -45,7 +49,14 @@ class ModelRunner:
             raise ValueError(f"a {str(kv_dtype).removeprefix('torch.')} KV cache for a "
                              f"{str(dtype).removeprefix('torch.')} model needs the native CPU "
                              "attention (a float32 model on CPU with the native kernels)")
-        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, kv_dtype, device)
+        self.groups = groups or KVGroups.single(config.num_layers)
+        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, kv_dtype, device,
+                                           self.groups)
+        # the step's block tables, one per (group, unit column); each layer's index into them
+        self._tables = [(g, col) for g, group in enumerate(self.groups.groups)
+                        for col in range(group.units_per_page)]
+        self._layer_table = [self._tables.index((g, col))
+                             for g, col, _ in self.groups.layer_slots()]
         self.backend = get_attn_backend(self.backend_name)
         self.sampler = Sampler()
         self.drafter = NO_DRAFT_RUNNER  # a draft model proposes after each step (draft_runner)
@@ -56,9 +67,8 @@ class ModelRunner:
         """One forward + sampling; ``grammar`` masks its rows' logits before sampling (its
         bitmask, computed on another thread, is awaited only after the forward)."""
         seqs = sorted(sched.seqs, key=self._prefill_last)  # decode-like first, stable
-        input_ids, positions, meta, sample_idx = self._prepare(seqs)
-        ctx = ForwardContext(meta, self.kv_caches, self.backend)
-        with forward_context(ctx):
+        input_ids, positions, metas, sample_idx = self._prepare(seqs)
+        with forward_context(self._context(metas)):
             hidden = self.model(input_ids, positions)
         pooled = pool_hidden(seqs, hidden)
         sampling = [s for s in seqs if s.sample]
@@ -81,8 +91,8 @@ class ModelRunner:
         forwards)."""
         order = sorted(range(len(seqs)), key=lambda i: self._prefill_last(seqs[i]))
         packed = [seqs[i] for i in order]
-        input_ids, positions, meta, sample_idx = self._prepare(packed)
-        with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
+        input_ids, positions, metas, sample_idx = self._prepare(packed)
+        with forward_context(self._context(metas)):
             hidden = self.model(input_ids, positions)
         logits = self.model.compute_logits(hidden[sample_idx])
         result = torch.empty_like(logits)
@@ -96,8 +106,8 @@ class ModelRunner:
         logprobs)."""
         order = sorted(range(len(seqs)), key=lambda i: self._prefill_last(seqs[i]))
         packed = [seqs[i] for i in order]
-        input_ids, positions, meta, _ = self._prepare(packed)
-        with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
+        input_ids, positions, metas, _ = self._prepare(packed)
+        with forward_context(self._context(metas)):
             hidden = self.model(input_ids, positions)
         logits = self.model.compute_logits(hidden).split([s.num_tokens for s in packed])
         result: list[torch.Tensor] = [torch.empty(0)] * len(seqs)
@@ -110,27 +120,48 @@ class ModelRunner:
         """The forward of ``seqs``, packed as ``execute`` packs them, without logits: a
         tensor-parallel rank > 0 writes its KV heads and gives its share of each all-reduce."""
         packed = sorted(seqs, key=self._prefill_last)
-        input_ids, positions, meta, _ = self._prepare(packed)
-        with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
+        input_ids, positions, metas, _ = self._prepare(packed)
+        with forward_context(self._context(metas)):
             self.model(input_ids, positions)
+
+    def _context(self, metas: list) -> ForwardContext:
+        layer_metas = ([metas[0]] * len(self._layer_table) if len(metas) == 1
+                       else [metas[i] for i in self._layer_table])
+        return ForwardContext(metas[0], self.kv_caches, self.backend, layer_metas)
 
     def _prefill_last(self, seq: ScheduledSeq) -> bool:
         return not self.backend.is_decode_like(seq.num_tokens, seq.start_pos)
 
+    def _block_tables(self, seqs: list[ScheduledSeq]) -> list[np.ndarray]:
+        """One padded ``[S, pages]`` table per (group, unit column) (``self._tables``)."""
+        n = len(seqs)
+        if len(self._tables) == 1:
+            table = np.zeros((n, max(len(s.block_ids) for s in seqs)), np.int64)
+            for i, s in enumerate(seqs):
+                table[i, :len(s.block_ids)] = s.block_ids
+            return [table]
+        groups = self.groups.groups
+        pages = [len(s.block_ids) // groups[0].units_per_page for s in seqs]
+        # [S, pages, m] per group, then its columns: tables are ordered group, column
+        per_group = [np.zeros((n, max(pages), g.units_per_page), np.int64) for g in groups]
+        for i, s in enumerate(seqs):
+            assert len(s.window_block_ids) == len(groups) - 1, "a table per KV group"
+            for g, ids in enumerate((s.block_ids, *s.window_block_ids)):
+                per_group[g][i, :pages[i]] = np.asarray(ids, np.int64).reshape(pages[i], -1)
+        return [np.ascontiguousarray(t[:, :, col]) for t in per_group
+                for col in range(t.shape[2])]
+
     def _prepare(self, seqs: list[ScheduledSeq]):
         """The packed step's tensors. Index arithmetic in numpy (~1 us per op at these sizes,
         where each torch op costs ~5 us; ~0.2 ms of a ~8 ms batch-1 step), then one tensor
-        each."""
+        each; one attention metadata per block table (``_block_tables``)."""
         dev, bs, n = self.device, self.block_size, len(seqs)
         q_lens = np.fromiter((s.num_tokens for s in seqs), np.int64, n)
         starts = np.fromiter((s.start_pos for s in seqs), np.int64, n)
-        table = np.zeros((n, max(len(s.block_ids) for s in seqs)), np.int64)
-        for i, s in enumerate(seqs):
-            table[i, :len(s.block_ids)] = s.block_ids
+        tables = self._block_tables(seqs)
         seq_idx = np.repeat(np.arange(n), q_lens)
         cu = np.cumsum(q_lens)
         positions = starts[seq_idx] + np.arange(int(cu[-1])) - (cu - q_lens)[seq_idx]
-        slot_mapping = table[seq_idx, positions // bs] * bs + positions % bs
         input_ids = np.fromiter(chain.from_iterable(s.token_ids for s in seqs), np.int64,
                                 int(cu[-1]))
         sample_idx = (cu - 1)[np.fromiter((s.sample for s in seqs), bool, n)]
@@ -138,14 +169,20 @@ class ModelRunner:
             ends = [int(c) for c, s in zip(cu, seqs) if s.sample]
             drafts = [s.num_draft for s in seqs if s.sample]
             sample_idx = np.concatenate([np.arange(e - 1 - k, e) for e, k in zip(ends, drafts)])
-        input_ids, positions, slot_mapping, block_table, sample_idx = (
-            torch.from_numpy(a).to(dev)
-            for a in (input_ids, positions, slot_mapping, table, sample_idx))
-        meta = self.backend.build_metadata(
-            slot_mapping=slot_mapping, block_table=block_table,
-            context_lens=[s.context_len for s in seqs], q_lens=q_lens.tolist(),
-            start_pos=starts.tolist(), block_size=bs, dtype=self.kv_caches[0][0].dtype)
-        return input_ids, positions, meta, sample_idx
+        page, offset = positions // bs, positions % bs
+        context_lens, q_list, start_list = ([s.context_len for s in seqs], q_lens.tolist(),
+                                            starts.tolist())
+        metas = []
+        for table in tables:
+            slot_mapping = table[seq_idx, page] * bs + offset
+            metas.append(self.backend.build_metadata(
+                slot_mapping=torch.from_numpy(slot_mapping).to(dev),
+                block_table=torch.from_numpy(table).to(dev), context_lens=context_lens,
+                q_lens=q_list, start_pos=start_list, block_size=bs,
+                dtype=self.kv_caches[0][0].dtype))
+        input_ids, positions, sample_idx = (torch.from_numpy(a).to(dev)
+                                            for a in (input_ids, positions, sample_idx))
+        return input_ids, positions, metas, sample_idx
 
     def _grammar_rows(self, seqs: list[ScheduledSeq],
                       grammar: GrammarBitmask | None) -> tuple | None:

@@ -30,10 +30,11 @@ class swapped_scheduler:
         self.old = self.engine.scheduler
         kv = self.old.kv
         block_size = block_size or kv.block_size
-        pool = BlockPool(num_blocks or kv.block_pool.num_blocks)
+        pool = BlockPool(num_blocks or kv.block_pool.num_blocks,
+                         with_null_block=kv.groups.has_sliding)
         self.engine.runner.block_size = block_size
         self.new = Scheduler(replace(self.old.config, **sched_changes),
-                             KVCacheManager(pool, NoPrefixCache(pool), block_size),
+                             KVCacheManager(pool, NoPrefixCache(pool), block_size, kv.groups),
                              self.old.max_model_len)
 
     def __enter__(self):

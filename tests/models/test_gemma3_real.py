@@ -142,17 +142,23 @@ def test_gemma3_270m_float_logits_equal_transformers(reference):
     most over every position, on logits of magnitude ~30)."""
     reader, ids, model, _ = reference
     engine = _engine(reader, quantization="none", kv_cache_dtype="float32")
-    runner, pool = engine.runner, engine.scheduler.kv.block_pool
+    runner, kv = engine.runner, engine.scheduler.kv
+    pool = kv.block_pool
     for prompt in ids:
         tail = min(TAIL, len(prompt) - 1)
-        blocks = pool.allocate(-(-len(prompt) // runner.block_size))
+        pages = -(-len(prompt) // runner.block_size)
+        # a table per KV group (global, sliding: core/kv/kv_groups.py), nothing released
+        tables = [pool.allocate(pages * g.units_per_page) for g in kv.groups.groups]
         try:
-            head = ScheduledSeq("head", prompt[:-tail], 0, blocks, sample=False)
+            head = ScheduledSeq("head", prompt[:-tail], 0, tables[0], sample=False,
+                                window_block_ids=tables[1:])
             runner.execute(SchedulerOutput([head], head.num_tokens, []))  # K/V only, no logits
-            rest = ScheduledSeq("tail", prompt[-tail:], len(prompt) - tail, blocks, sample=False)
+            rest = ScheduledSeq("tail", prompt[-tail:], len(prompt) - tail, tables[0],
+                                sample=False, window_block_ids=tables[1:])
             (ours,) = runner.all_logits([rest])
         finally:
-            pool.free(blocks)
+            for table in tables:
+                pool.free(table)
         with torch.inference_mode():
             want = model(torch.tensor([prompt]), logits_to_keep=tail).logits[0]
         torch.testing.assert_close(ours, want, atol=1e-3, rtol=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from radixserve.core.kv.block_pool import BlockPool
+from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.prefix_cache import PrefixCache
 from radixserve.core.request import Request
 
@@ -10,15 +11,32 @@ from radixserve.core.request import Request
 class KVCacheManager:
     """Maps requests to block tables over a ``BlockPool``, reusing prefixes via a ``PrefixCache``.
 
-    NOTE: a request's ``block_ids`` always cover at least its ``num_computed_tokens``; the
+    One table per KV group (kv_groups.py): ``request.block_ids`` for the first group,
+    ``request.window_block_ids`` for the others (sliding-window groups); each holds
+    ``units_per_page`` pool ids per page and every table has the same number of pages. A
+    sliding group's pages that fell out of the window are released as the request advances
+    (in ``allocate_slots``), their slots then holding the pool's null block.
+
+    NOTE: a request's tables always cover at least its ``num_computed_tokens``; the
     prefix-cache handle of a running request stays locked until ``free``.
     """
 
-    def __init__(self, block_pool: BlockPool, prefix_cache: PrefixCache, block_size: int) -> None:
+    def __init__(self, block_pool: BlockPool, prefix_cache: PrefixCache, block_size: int,
+                 groups: KVGroups | None = None) -> None:
+        """``groups``: the model's KV groups; default one group of one id a page (no
+        release). With a sliding group the pool needs its null block."""
         self.block_pool = block_pool
         self.prefix_cache = prefix_cache
         self.block_size = block_size
+        self.groups = groups or KVGroups.single(0)
+        self._sliding = [(g, group) for g, group in enumerate(self.groups.groups)
+                         if group.is_sliding]
+        assert not self._sliding or block_pool.null_block is not None, "needs a null block"
+        self._units_per_page = self.groups.units_per_page
+        self._m0 = self.groups.groups[0].units_per_page
+        self._single = len(self.groups.groups) == 1
         self._handles: dict[str, object] = {}
+        self._hit_pages: dict[str, int] = {}  # pages the prefix cache gave each request
         self.num_query_tokens = 0  # prefix-cache lookups, in tokens (metrics)
         self.num_hit_tokens = 0
 
@@ -26,12 +44,29 @@ class KVCacheManager:
     def usage(self) -> float:
         """Fraction of the pool held by requests (cached-but-unreferenced blocks count as free:
         they are evicted on demand)."""
-        pool = self.block_pool
-        used = pool.num_blocks - pool.num_free_blocks - self.prefix_cache.num_evictable_blocks
-        return used / pool.num_blocks
+        usable = self.num_usable_blocks
+        used = usable - self.block_pool.num_free_blocks - self.prefix_cache.num_evictable_blocks
+        return used / usable
 
     def num_blocks_for(self, num_tokens: int) -> int:
+        """Pages (of every group) that hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.block_size)
+
+    def units_held(self, num_tokens: int, max_chunk: int) -> int:
+        """The most pool blocks one sequence of ``num_tokens`` holds at once (fed at most
+        ``max_chunk`` tokens a step): its sliding groups keep about a window's worth."""
+        return self.groups.units_held(num_tokens, self.block_size, max_chunk)
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """The pool's blocks that requests can hold (all but the null block)."""
+        return self.block_pool.num_blocks - (self.block_pool.null_block is not None)
+
+    def num_pages(self, request: Request) -> int:
+        return len(request.block_ids) // self._m0
+
+    def tables(self, request: Request) -> list[list[int]]:
+        return [request.block_ids, *request.window_block_ids]
 
     def match_and_lock(self, request: Request) -> int:
         """Attach the longest cached prefix to a request with no blocks; return its tokens.
@@ -44,8 +79,12 @@ class KVCacheManager:
         self.num_hit_tokens += match.num_tokens
         self.prefix_cache.lock(match.handle)
         self._handles[request.request_id] = match.handle
+        self._hit_pages[request.request_id] = match.num_tokens // self.block_size
         request.block_ids = list(match.block_ids)
-        self.block_pool.share(request.block_ids)
+        if not self._single:
+            request.window_block_ids = [list(t) for t in match.window_block_ids]
+        for table in self.tables(request):
+            self.block_pool.share(self._owned(table))
         return match.num_tokens
 
     def can_fit(self, num_blocks: int) -> bool:
@@ -54,36 +93,52 @@ class KVCacheManager:
         return free + self.prefix_cache.num_evictable_blocks >= num_blocks
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """Grow ``request.block_ids`` to hold ``num_computed_tokens + num_new_tokens`` tokens.
+        """Grow the request's tables to hold ``num_computed_tokens + num_new_tokens`` tokens.
 
-        Evicts from the prefix cache when the pool is short. Returns False, changing nothing,
-        if the blocks cannot be had.
+        First releases the sliding groups' pages that no query from ``num_computed_tokens``
+        on reads (whatever follows). Evicts from the prefix cache when the pool is short.
+        Returns False, allocating nothing, if the blocks cannot be had.
+
+            pages: [ released (null) | in window ... computed | new ........ ]
+                                      ^ first_needed_page(num_computed_tokens)
         """
+        if self._sliding:
+            if not request.window_block_ids and not self._single:
+                request.window_block_ids = [[] for _ in self.groups.groups[1:]]
+            self._release_out_of_window(request)
         total = request.num_computed_tokens + num_new_tokens
-        need = self.num_blocks_for(total) - len(request.block_ids)
-        if need <= 0:
+        pages = -(-total // self.block_size) - len(request.block_ids) // self._m0
+        if pages <= 0:
             return True
+        need = pages * self._units_per_page
         if not self.can_fit(need):
             return False
         short = need - self.block_pool.num_free_blocks
         if short > 0:
             self.prefix_cache.evict(short)
-        request.block_ids.extend(self.block_pool.allocate(need))
+        if self._single:
+            request.block_ids.extend(self.block_pool.allocate(need))
+            return True
+        for group, table in zip(self.groups.groups, self.tables(request)):
+            table.extend(self.block_pool.allocate(pages * group.units_per_page))
         return True
 
     def trim(self, request: Request) -> None:
         """Return the blocks past the request's tokens (a rejected draft's lookahead slots;
         owned by the request alone: nothing indexes tokens that were never computed)."""
         keep = self.num_blocks_for(request.num_tokens)
-        if len(request.block_ids) > keep:
-            self.block_pool.free(request.block_ids[keep:])
-            del request.block_ids[keep:]
+        for group, table in zip(self.groups.groups, self.tables(request)):
+            cut = keep * group.units_per_page
+            if len(table) > cut:
+                self.block_pool.free(table[cut:])
+                del table[cut:]
 
     def cache_computed(self, request: Request) -> None:
         """Make the request's computed full pages findable by other requests now (after a
         prefill chunk, or when decoding fills a block), not only when it finishes."""
         computed = request.all_token_ids[: request.num_computed_tokens]
-        handle = self.prefix_cache.cache_blocks(computed, request.block_ids)
+        handle = self.prefix_cache.cache_blocks(computed, request.block_ids,
+                                                request.window_block_ids)
         self.prefix_cache.lock(handle)
         self.prefix_cache.unlock(self._handles.get(request.request_id))
         self._handles[request.request_id] = handle
@@ -91,10 +146,60 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (its computed prefix may stay cached)."""
         handle = self._handles.pop(request.request_id, None)
+        self._hit_pages.pop(request.request_id, None)
         computed = request.all_token_ids[: request.num_computed_tokens]
-        self.prefix_cache.release(computed, request.block_ids, handle)
+        self.prefix_cache.release(computed, request.block_ids, handle, request.window_block_ids)
         request.block_ids = []
+        request.window_block_ids = []
 
     def check_integrity(self) -> None:
         self.block_pool.check_integrity()
         self.prefix_cache.check_integrity()
+
+    def check_request(self, request: Request) -> None:
+        """Assert the request's tables: same pages in every group, enough for its computed
+        tokens, nothing released that a query from ``num_computed_tokens`` on still reads."""
+        null = self.block_pool.null_block
+        pages = self.num_pages(request)
+        assert pages >= self.num_blocks_for(request.num_computed_tokens)
+        assert len(request.window_block_ids) in (0, len(self.groups.groups) - 1)
+        for group, table in zip(self.groups.groups, self.tables(request)):
+            m = group.units_per_page
+            assert len(table) == pages * m, "tables of different lengths"
+            first = group.first_needed_page(request.num_computed_tokens, self.block_size)
+            for k in range(first, pages):
+                assert null not in table[k * m:(k + 1) * m], f"page {k} needed but released"
+            for b in table:
+                assert b == null or self.block_pool.ref_counts[b] >= 1, f"block {b} is free"
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _release_out_of_window(self, request: Request) -> None:
+        """Free each sliding group's pages before its window (from the last released one
+        back to the first still held: released pages are always a prefix of the table).
+
+        The prefix cache is told to forget the pages the request computed itself (never
+        those its hit gave it: the cache kept them for other requests' sake)."""
+        null, bs = self.block_pool.null_block, self.block_size
+        tables = self.tables(request)
+        for g, group in self._sliding:
+            table, m = tables[g], group.units_per_page
+            first = min(group.first_needed_page(request.num_computed_tokens, bs),
+                        len(table) // m)
+            k = first
+            while k > 0 and table[(k - 1) * m] != null:
+                k -= 1
+            if k == first:
+                continue
+            released = table[k * m:first * m]
+            self.block_pool.free(released)
+            table[k * m:first * m] = [null] * ((first - k) * m)
+            own = max(k, self._hit_pages.get(request.request_id, 0))
+            if own < first:
+                self.prefix_cache.forget(self._handles.get(request.request_id), g, own,
+                                         released[(own - k) * m:],
+                                         (request.num_prompt_tokens - 1) // bs)
+
+    def _owned(self, table: list[int]) -> list[int]:
+        null = self.block_pool.null_block
+        return table if null is None else [b for b in table if b != null]

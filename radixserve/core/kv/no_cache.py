@@ -25,11 +25,19 @@ class NoPrefixCache:
     def unlock(self, handle: Any) -> None:
         pass
 
-    def release(self, token_ids: list[int], block_ids: list[int], handle: Any) -> None:
-        self.block_pool.free(block_ids)
+    def release(self, token_ids: list[int], block_ids: list[int], handle: Any,
+                window_block_ids: list[list[int]] = ()) -> None:
+        null = self.block_pool.null_block
+        for table in (block_ids, *window_block_ids):
+            self.block_pool.free([b for b in table if b != null] if null is not None else table)
 
-    def cache_blocks(self, token_ids: list[int], block_ids: list[int]) -> Any:
+    def cache_blocks(self, token_ids: list[int], block_ids: list[int],
+                     window_block_ids: list[list[int]] = ()) -> Any:
         return None
+
+    def forget(self, handle: Any, group: int, lo: int, released: list[int],
+               keep_end: int = 0) -> None:
+        pass
 
     def evict(self, num_blocks: int) -> int:
         return 0

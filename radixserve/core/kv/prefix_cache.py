@@ -6,17 +6,20 @@ page-aligned: only whole blocks of ``block_size`` tokens are ever cached or matc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
 @dataclass(slots=True)
 class PrefixMatch:
-    """``block_ids`` hold the KV of the first ``num_tokens`` tokens; ``handle`` is what to lock."""
+    """``block_ids`` hold the KV of the first ``num_tokens`` tokens; ``handle`` is what to lock.
+    ``window_block_ids``: the tables of the KV groups after the first (kv_groups.py), the
+    pages a sliding group no longer needs holding the null block."""
 
     block_ids: list[int]
     num_tokens: int
     handle: Any = None
+    window_block_ids: list[list[int]] = field(default_factory=list)
 
 
 class PrefixCache(Protocol):
@@ -37,19 +40,32 @@ class PrefixCache(Protocol):
     def unlock(self, handle: Any) -> None:
         """Undo one ``lock``."""
 
-    def release(self, token_ids: list[int], block_ids: list[int], handle: Any) -> None:
-        """A request is done with ``block_ids`` holding KV for ``token_ids``.
+    def release(self, token_ids: list[int], block_ids: list[int], handle: Any,
+                window_block_ids: list[list[int]] = ()) -> None:
+        """A request is done with ``block_ids`` (and its other groups' ``window_block_ids``)
+        holding KV for ``token_ids``.
 
-        Unlocks ``handle``; keeps what is worth caching; returns the rest to the block pool.
+        Unlocks ``handle``; keeps what is worth caching; returns the rest to the block pool
+        (never the null block).
         """
 
-    def cache_blocks(self, token_ids: list[int], block_ids: list[int]) -> Any:
+    def cache_blocks(self, token_ids: list[int], block_ids: list[int],
+                     window_block_ids: list[list[int]] = ()) -> Any:
         """Index the full pages of a running request's computed ``token_ids`` (held in
-        ``block_ids``) without releasing anything; return the new handle to lock (the caller
-        locks it and unlocks the old one)."""
+        ``block_ids`` and ``window_block_ids``) without releasing anything; return the new
+        handle to lock (the caller locks it and unlocks the old one)."""
+
+    def forget(self, handle: Any, group: int, lo: int, released: list[int],
+               keep_end: int = 0) -> None:
+        """The request holding ``handle`` released the pages from ``lo`` on of sliding group
+        ``group`` (out of its window; ``released``: their block ids, ``units_per_page`` a
+        page); the cache may drop its references to those same blocks too, but should keep
+        the window before page ``keep_end`` (where the request's own prompt would hit)."""
 
     def evict(self, num_blocks: int) -> int:
-        """Free up to ``num_blocks`` unreferenced cached blocks (LRU first); return how many."""
+        """Free unreferenced cached blocks, LRU first, until ``num_blocks`` are freed or none
+        is left; return how many (with several KV groups a page's units go together, so it
+        may be a few more than asked)."""
 
     @property
     def num_evictable_blocks(self) -> int: ...

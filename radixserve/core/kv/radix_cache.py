@@ -28,6 +28,11 @@ indexed by node number, free list of slots, int heap entries), is kept in
 2000-token prompts, us per op, medians, four runs on a noisy 2-core box): match_prefix 9-12 vs
 11-13, match+lock+release 50-70 vs 58-72, the same in a full pool (evicting) 68-91 vs 71-101.
 The arena never won, so the simpler objects stay.
+
+KV groups (kv_groups.py): with sliding-window layers a node holds one table per group —
+``blocks`` for the first group, ``window_blocks`` for the others, ``units_per_page`` ids a
+page — and a sliding group's page may hold the null block (released). Counters are in pool
+units. What is found and kept for those groups is in ``radix_windows.py``.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from radixserve.core.kv import radix_windows
 from radixserve.core.kv.block_pool import BlockPool
+from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.prefix_cache import PrefixMatch
 from radixserve.core.kv.radix_summary import summarize
 from radixserve.engine.messages import CacheNodeInfo
@@ -45,7 +52,8 @@ from radixserve.engine.messages import CacheNodeInfo
 
 @dataclass(slots=True, eq=False)
 class _Node:
-    """``len(key) == len(blocks) * block_size``. ``parent`` is None for the root and dead nodes."""
+    """``len(key) == len(blocks) / units_per_page * block_size`` (one id a page with one
+    group). ``parent`` is None for the root and dead nodes."""
 
     key: list[int]
     blocks: list[int]
@@ -55,6 +63,13 @@ class _Node:
     children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
     lock_ref: int = 0
     hits: int = 0  # prefix matches that used this node (for the engine view)
+    window_blocks: list[list[int]] = field(default_factory=list)  # the other groups' tables
+    units: int = 0  # pool references held (the ids that are not the null block)
+    end: int = 0  # tokens from the root to the end of ``key``
+
+    @property
+    def tables(self) -> list[list[int]]:
+        return [self.blocks, *self.window_blocks]
 
 
 class RadixCache:
@@ -62,12 +77,17 @@ class RadixCache:
 
     reuses_prefixes = True
 
-    def __init__(self, block_pool: BlockPool, block_size: int) -> None:
+    def __init__(self, block_pool: BlockPool, block_size: int,
+                 groups: KVGroups | None = None) -> None:
+        """``groups``: the model's KV groups (default: one group, one id a page)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_pool = block_pool
         self.block_size = block_size
-        self.root = _Node([], [], None, 0, 0)
+        self.groups = (groups or KVGroups.single(0)).groups
+        self.is_windowed = any(g.is_sliding for g in self.groups)
+        assert not self.is_windowed or block_pool.null_block is not None, "needs a null block"
+        self.root = _Node([], [], None, 0, 0, window_blocks=[[] for _ in self.groups[1:]])
         self._uids = itertools.count(1)
         self._clock = 0  # LRU time: ticks once per match/insert
         self._heap: list[tuple[int, int, _Node]] = []
@@ -84,21 +104,27 @@ class RadixCache:
 
         Touches the LRU time of the matched path. ``handle`` is the deepest matched node.
         """
-        blocks: list[int] = []
+        tables: list[list[int]] = [[] for _ in self.groups]
         n = len(token_ids) - len(token_ids) % self.block_size
-        node, num_tokens = self._walk(token_ids, n, blocks)
+        if self.is_windowed:
+            n = radix_windows.hit_len(self, token_ids, n)
+        node, num_tokens = self._walk(token_ids, n, tables)
         self.num_queries_tokens += len(token_ids)
         self.num_hit_tokens += num_tokens
         hit = node
         while hit.parent is not None:
             hit.hits += 1
             hit = hit.parent
-        return PrefixMatch(blocks, num_tokens, node)
+        if self.is_windowed:
+            radix_windows.null_unneeded(self, tables, num_tokens)
+        return PrefixMatch(tables[0], num_tokens, node, tables[1:])
 
     def cached_len(self, token_ids: list[int]) -> int:
         """Tokens of ``token_ids`` that ``match_prefix`` would find now, without its side
         effects: no split, no LRU touch, not counted in the hit statistics."""
         n = len(token_ids) - len(token_ids) % self.block_size
+        if self.is_windowed:
+            return radix_windows.hit_len(self, token_ids, n)
         node, pos = self.root, 0
         while pos < n:
             child, matched = self._match_child(node, token_ids, pos, n)
@@ -113,8 +139,8 @@ class RadixCache:
         node = handle
         while node is not None and node.parent is not None:
             if node.lock_ref == 0:
-                self._evictable -= len(node.blocks)
-                self._protected += len(node.blocks)
+                self._evictable -= node.units
+                self._protected += node.units
             node.lock_ref += 1
             node = node.parent
 
@@ -125,24 +151,37 @@ class RadixCache:
             assert node.lock_ref > 0, "unlock of an unlocked node"
             node.lock_ref -= 1
             if node.lock_ref == 0:
-                self._protected -= len(node.blocks)
-                self._evictable += len(node.blocks)
+                self._protected -= node.units
+                self._evictable += node.units
             node = node.parent
         if handle is not None and handle.parent is not None:
             self._push_if_candidate(handle)
 
-    def release(self, token_ids: list[int], block_ids: list[int], handle: _Node | None) -> None:
+    def release(self, token_ids: list[int], block_ids: list[int], handle: _Node | None,
+                window_block_ids: list[list[int]] = ()) -> None:
         """A request is done: cache its full pages, unlock ``handle``, drop all its references.
 
         ``block_ids[i]`` holds the KV of page ``i`` of ``token_ids``; the non-page-aligned tail
         and any extra blocks are not cached. Pages already in the tree keep the tree's block
-        (the request's duplicate is freed); new pages make the tree take a reference.
+        (the request's duplicate is freed; a sliding page the tree had released takes the
+        request's); new pages make the tree take a reference.
         """
-        self._insert(token_ids, block_ids)
+        tables = [block_ids, *window_block_ids]
+        self._insert(token_ids, tables)
         self.unlock(handle)
-        self.block_pool.free(block_ids)
+        null = self.block_pool.null_block
+        for table in tables:
+            self.block_pool.free([b for b in table if b != null] if self.is_windowed else table)
 
-    def cache_blocks(self, token_ids: list[int], block_ids: list[int]) -> _Node:
+    def forget(self, handle: _Node | None, group: int, lo: int, released: list[int],
+               keep_end: int = 0) -> None:
+        """Drop the tree's copies of the released pages from ``lo`` on of sliding ``group``
+        on ``handle``'s path that no likely hit needs (radix_windows.forget)."""
+        if handle is not None and handle.parent is not None:
+            radix_windows.forget(self, handle, group, lo, released, keep_end)
+
+    def cache_blocks(self, token_ids: list[int], block_ids: list[int],
+                     window_block_ids: list[list[int]] = ()) -> _Node:
         """Cache the full pages of a still-running request; return the new deepest node.
 
         Same insertion as ``release`` but nothing is unlocked or freed: the request keeps every
@@ -152,15 +191,18 @@ class RadixCache:
         one, and later pass the new handle to ``release``; until locked, the new pages are
         evictable (which only drops the tree's reference, never the request's).
         """
-        return self._insert(token_ids, block_ids)
+        return self._insert(token_ids, [block_ids, *window_block_ids])
 
     def evict(self, num_blocks: int) -> int:
-        """Free up to ``num_blocks`` blocks of unlocked leaves, least recently used first.
+        """Free ``num_blocks`` blocks of unlocked leaves, least recently used first (a few
+        more with several KV groups: a page's units go together).
 
         A parent whose last child goes becomes a leaf and a candidate in turn. Returns the
         number of tree references dropped (each returns a block to the pool, as no request
         holds an unlocked block).
         """
+        if self.is_windowed:
+            return radix_windows.evict(self, num_blocks)
         heap, freed = self._heap, 0
         while freed < num_blocks and heap:
             when, _, node = heap[0]
@@ -173,10 +215,12 @@ class RadixCache:
             take = min(num_blocks - freed, len(node.blocks))
             self.block_pool.free(node.blocks[-take:])
             self._evictable -= take
+            node.units -= take
             freed += take
             if take < len(node.blocks):
                 del node.blocks[-take:]
                 del node.key[-take * self.block_size:]
+                node.end -= take * self.block_size
             else:
                 heapq.heappop(heap)
                 self._remove_leaf(node)
@@ -214,16 +258,25 @@ class RadixCache:
             assert parent is not None and parent.children.get(tuple(node.key[:bs])) is node
             assert node.lock_ref >= 0, f"negative lock_ref {node.lock_ref}"
             assert node.key and len(node.key) % bs == 0, f"key of {len(node.key)} tokens"
-            assert len(node.blocks) == len(node.key) // bs, "blocks do not match key pages"
             assert parent is self.root or parent.lock_ref >= node.lock_ref, "ancestor unlocked"
-            for b in node.blocks:
-                assert b not in seen, f"block {b} twice in the tree"
-                assert ref_counts[b] >= 1, f"cached block {b} is free in the pool"
-                seen.add(b)
+            assert node.end == parent.end + len(node.key), "node end off its key"
+            units = 0
+            for group, table in zip(self.groups, node.tables, strict=True):
+                pages = len(table) // group.units_per_page
+                assert pages * bs == len(node.key), "a table does not match the key's pages"
+                for b in table:
+                    if b == self.block_pool.null_block:
+                        assert group.is_sliding, "the null block in a full-attention table"
+                        continue
+                    assert b not in seen, f"block {b} twice in the tree"
+                    assert ref_counts[b] >= 1, f"cached block {b} is free in the pool"
+                    seen.add(b)
+                    units += 1
+            assert units == node.units, f"node holds {units} blocks, counted {node.units}"
             if node.lock_ref:
-                protected += len(node.blocks)
+                protected += units
             else:
-                evictable += len(node.blocks)
+                evictable += units
                 assert node.children or node.uid in in_heap, "unlocked leaf not in the heap"
         assert num_nodes == self._num_nodes, f"{num_nodes} nodes, tracked {self._num_nodes}"
         assert evictable == self._evictable, f"evictable {evictable} != {self._evictable}"
@@ -231,10 +284,12 @@ class RadixCache:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _walk(self, token_ids: list[int], n: int, blocks: list[int]) -> tuple[_Node, int]:
+    def _walk(self, token_ids: list[int], n: int,
+              tables: list[list[int]] | None) -> tuple[_Node, int]:
         """Descend along ``token_ids[:n]`` (``n`` page-aligned) while whole pages match.
 
-        Appends the matched blocks to ``blocks`` and stamps the path with a new LRU time.
+        Appends the matched blocks to ``tables`` (one list per group, if given) and stamps
+        the path with a new LRU time.
         Returns ``(node, pos)``: the deepest node, whose path spells ``token_ids[:pos]``
         exactly (the node it stopped inside is split at ``pos``).
         """
@@ -250,7 +305,10 @@ class RadixCache:
             if inside:  # the match ends inside this node: split it there
                 child = self._split(child, matched // self.block_size)
             child.last_access = now  # (after a split: the unmatched lower half keeps its time)
-            blocks += child.blocks
+            if tables is not None:
+                tables[0] += child.blocks
+                for table, more in zip(tables[1:], child.window_blocks):
+                    table += more
             node = child
             if inside:
                 break
@@ -284,38 +342,63 @@ class RadixCache:
             parent -> child[key 0:len]   becomes   parent -> upper[0:cut] -> child[cut:len]
         """
         bs, cut, parent = self.block_size, pages * self.block_size, child.parent
-        assert parent is not None and 0 < pages < len(child.blocks)
-        upper = _Node(child.key[:cut], child.blocks[:pages], parent, child.last_access,
-                      next(self._uids), lock_ref=child.lock_ref, hits=child.hits)
+        assert parent is not None and 0 < cut < len(child.key)
+        cuts = [pages * g.units_per_page for g in self.groups]
+        upper = _Node(child.key[:cut], child.blocks[:cuts[0]], parent, child.last_access,
+                      next(self._uids), lock_ref=child.lock_ref, hits=child.hits,
+                      window_blocks=[t[:c] for t, c in zip(child.window_blocks, cuts[1:])],
+                      end=parent.end + cut)
+        upper.units = self._count_units(upper)
+        child.units -= upper.units
         parent.children[tuple(child.key[:bs])] = upper
         child.key = child.key[cut:]
-        child.blocks = child.blocks[pages:]
+        child.blocks = child.blocks[cuts[0]:]
+        child.window_blocks = [t[c:] for t, c in zip(child.window_blocks, cuts[1:])]
         child.parent = upper
         upper.children[tuple(child.key[:bs])] = child
         self._num_nodes += 1
         return upper
 
-    def _insert(self, token_ids: list[int], block_ids: list[int]) -> _Node:
-        """Cache the full pages of ``token_ids`` (KV in ``block_ids``); return the deepest node.
+    def _insert(self, token_ids: list[int], tables: list[list[int]]) -> _Node:
+        """Cache the full pages of ``token_ids`` (KV in ``tables``, one per group); return the
+        deepest node.
 
-        Pages already cached keep their block; the new ones become one leaf whose blocks the
-        tree takes a reference to.
+        Pages already cached keep their block (a sliding page the tree released takes the
+        request's); the new ones become one leaf whose blocks the tree takes a reference to.
         """
         bs = self.block_size
         num_pages = len(token_ids) // bs
-        assert len(block_ids) >= num_pages, f"{len(block_ids)} blocks for {num_pages} pages"
+        m0 = self.groups[0].units_per_page
+        assert len(tables[0]) >= num_pages * m0, f"{len(tables[0])} blocks, {num_pages} pages"
         n = num_pages * bs
-        node, pos = self._walk(token_ids, n, [])
+        node, pos = self._walk(token_ids, n, None)
+        if self.is_windowed:
+            radix_windows.fill(self, node, tables, pos)
         if pos == n:
             return node
-        leaf = _Node(token_ids[pos:n], block_ids[pos // bs:num_pages], node, self._clock,
-                     next(self._uids))
-        self.block_pool.share(leaf.blocks)
+        first = pos // bs
+        parts = [t[first * g.units_per_page:num_pages * g.units_per_page]
+                 for g, t in zip(self.groups, tables)]
+        leaf = _Node(token_ids[pos:n], parts[0], node, self._clock, next(self._uids),
+                     window_blocks=parts[1:], end=n)
+        leaf.units = self._count_units(leaf)
+        for part in parts:
+            self.block_pool.share(self._owned(part))
         node.children[tuple(leaf.key[:bs])] = leaf
         self._num_nodes += 1
-        self._evictable += len(leaf.blocks)
+        self._evictable += leaf.units
         self._push_if_candidate(leaf)
         return leaf
+
+    def _owned(self, table: list[int]) -> list[int]:
+        """The ids of ``table`` that are pool references (not the null block)."""
+        if not self.is_windowed:
+            return table
+        null = self.block_pool.null_block
+        return [b for b in table if b != null]
+
+    def _count_units(self, node: _Node) -> int:
+        return sum(len(self._owned(t)) for t in node.tables)
 
     def _remove_leaf(self, node: _Node) -> None:
         """Unlink an emptied leaf (its blocks already freed); its parent may become a candidate."""
