@@ -89,11 +89,7 @@ class ModelRunner:
         """Run ``seqs`` (KV written as in ``execute``) and return the logits at each one's
         last fed position, ``[len(seqs), vocab]`` in the given order (a draft model's
         forwards)."""
-        order = sorted(range(len(seqs)), key=lambda i: self._prefill_last(seqs[i]))
-        packed = [seqs[i] for i in order]
-        input_ids, positions, metas, sample_idx = self._prepare(packed)
-        with forward_context(self._context(metas)):
-            hidden = self.model(input_ids, positions)
+        order, _, hidden, sample_idx = self._forward_packed(seqs)
         logits = self.model.compute_logits(hidden[sample_idx])
         result = torch.empty_like(logits)
         result[torch.tensor(order, device=logits.device)] = logits
@@ -104,11 +100,7 @@ class ModelRunner:
         """Run ``seqs`` (KV written as in ``execute``) and return each one's logits at every
         fed position, ``[num_tokens, vocab]``, in the given order (for tests and prompt
         logprobs)."""
-        order = sorted(range(len(seqs)), key=lambda i: self._prefill_last(seqs[i]))
-        packed = [seqs[i] for i in order]
-        input_ids, positions, metas, _ = self._prepare(packed)
-        with forward_context(self._context(metas)):
-            hidden = self.model(input_ids, positions)
+        order, packed, hidden, _ = self._forward_packed(seqs)
         logits = self.model.compute_logits(hidden).split([s.num_tokens for s in packed])
         result: list[torch.Tensor] = [torch.empty(0)] * len(seqs)
         for rank, i in enumerate(order):
@@ -119,10 +111,18 @@ class ModelRunner:
     def forward_only(self, seqs: list[ScheduledSeq]) -> None:
         """The forward of ``seqs``, packed as ``execute`` packs them, without logits: a
         tensor-parallel rank > 0 writes its KV heads and gives its share of each all-reduce."""
-        packed = sorted(seqs, key=self._prefill_last)
-        input_ids, positions, metas, _ = self._prepare(packed)
+        self._forward_packed(seqs)
+
+    def _forward_packed(self, seqs: list[ScheduledSeq]):
+        """The forward of ``seqs`` packed as ``execute`` packs them (decode-like first,
+        stable): (the packed order as indices into ``seqs``, the packed seqs, the hidden
+        rows, the rows that sample)."""
+        order = sorted(range(len(seqs)), key=lambda i: self._prefill_last(seqs[i]))
+        packed = [seqs[i] for i in order]
+        input_ids, positions, metas, sample_idx = self._prepare(packed)
         with forward_context(self._context(metas)):
-            self.model(input_ids, positions)
+            hidden = self.model(input_ids, positions)
+        return order, packed, hidden, sample_idx
 
     def _context(self, metas: list) -> ForwardContext:
         layer_metas = ([metas[0]] * len(self._layer_table) if len(metas) == 1
