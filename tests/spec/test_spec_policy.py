@@ -30,6 +30,21 @@ def test_cost_table_interpolates_extends_and_never_falls():
     assert [t for _, t in model.points()] == sorted(t for _, t in model.points())
 
 
+def test_a_slow_small_step_does_not_make_larger_steps_look_free():
+    """One stalled 3-token step must not lift the larger buckets to its time (drafts would
+    then look free): the smaller bucket is lowered to what larger steps cost instead."""
+    model = StepCostModel()
+    for n, t in ((1, 0.010), (3, 0.105), (16, 0.026), (80, 0.060)):
+        model.observe(n, t)
+    assert model.seconds(16) == pytest.approx(0.026)
+    assert model.seconds(80) == pytest.approx(0.060)
+    assert model.seconds(3) == pytest.approx(0.026)
+    policy = SpecPolicy(k_max=4)
+    policy.cost = model
+    poor = [SpecState(alpha=0.3, num_drafted=8, num_accepted=2) for _ in range(16)]
+    assert sum(policy.draft_lens(poor, 16, 16)) == 0  # 16 streams at 0.3: drafting loses
+
+
 def test_cost_table_forgets_old_steps_and_clips_outliers():
     model = StepCostModel()
     model.observe(4, 0.010)
