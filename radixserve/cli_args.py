@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from radixserve.arg_types import positive_int
+
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
@@ -32,7 +34,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="context length (default: the model's window, capped by the tokens "
                         "the KV pool holds; a larger one than either is refused)")
     g.add_argument("--device", default="cpu", help="cpu or cuda")
-    g.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+    g.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="CPU threads of the engine (torch and the native kernels; default: the "
                         "CPUs this process may use, i.e. its affinity mask and cgroup quota)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
@@ -66,7 +68,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="most tokens drafted per request and step (1..7)")
     g.add_argument("--no-speculative-adaptive", action="store_true",
                    help="always draft K tokens when the proposer has them (measurements)")
-    g.add_argument("--tensor-parallel-size", type=_positive_int, default=1, metavar="N",
+    g.add_argument("--tensor-parallel-size", type=positive_int, default=1, metavar="N",
                    help="ranks splitting each layer's attention heads and MLP (Megatron-style, "
                         "torch.distributed), each pinned to its share of the CPUs with its "
                         "own KV pool of its KV heads (--kv-cache-memory-gb is per rank, "
@@ -98,16 +100,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 speculative_adaptive=not args.no_speculative_adaptive,
                 tensor_parallel_size=args.tensor_parallel_size, tp_all_reduce=args.tp_all_reduce,
                 draft_model=args.draft_model)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, temperature: float,

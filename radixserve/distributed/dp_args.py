@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from radixserve.arg_types import fraction, non_negative_int, positive_int
 from radixserve.distributed.cpu_split import affinity_list, pin_to, replica_threads, split_cpus
 from radixserve.distributed.cpu_topology import CpuTopology
 from radixserve.distributed.ray_executor import PLACEMENT_STRATEGIES, RayConfig
@@ -16,7 +17,7 @@ from radixserve.distributed.routing import ROUTING_POLICIES, RoutingConfig
 
 def add_dp_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("data parallel")
-    g.add_argument("--data-parallel-size", type=_positive_int, default=1, metavar="N",
+    g.add_argument("--data-parallel-size", type=positive_int, default=1, metavar="N",
                    help="engine replicas, each its own process, KV pool (--num-kv-blocks / "
                         "--kv-cache-memory-gb are per replica) and prefix cache, pinned to "
                         "its share of the CPUs, behind this one API process")
@@ -24,7 +25,7 @@ def add_dp_args(parser: argparse.ArgumentParser) -> None:
                    help="which replica gets a request: the longest prefix it was sent before "
                         "(unless it is too busy: --dp-balance-threshold), each in turn, or "
                         "the fewest requests in flight")
-    g.add_argument("--dp-balance-threshold", type=_non_negative_int, default=16, metavar="N",
+    g.add_argument("--dp-balance-threshold", type=non_negative_int, default=16, metavar="N",
                    help="cache_aware: a replica with more than N requests in flight beyond "
                         "the least busy one loses the request to a less busy one")
     g.add_argument("--distributed-executor-backend", default="mp", choices=("mp", "ray"),
@@ -39,11 +40,11 @@ def add_dp_args(parser: argparse.ArgumentParser) -> None:
                    help="ray: how the replicas' bundles go on the nodes (SPREAD: one per "
                         "node while there are enough, else shared; STRICT_SPREAD: never "
                         "shared; PACK: as few nodes as fit)")
-    g.add_argument("--ray-cpus-per-replica", type=_positive_int, default=None, metavar="N",
+    g.add_argument("--ray-cpus-per-replica", type=positive_int, default=None, metavar="N",
                    help="ray: CPUs each replica's bundle reserves, and its threads unless "
                         "--threads says (default: --threads, else 1; on real nodes, a "
                         "node's or a NUMA node's cores)")
-    g.add_argument("--dp-cache-threshold", type=_fraction, default=0.5, metavar="F",
+    g.add_argument("--dp-cache-threshold", type=fraction, default=0.5, metavar="F",
                    help="cache_aware: a replica's prefix match counts only if it covers at "
                         "least this fraction of the prompt (a short preamble all prompts "
                         "share does not decide)")
@@ -99,24 +100,3 @@ def _cpu_ranges(cpus: list[int]) -> str:
         else:
             runs.append([cpu])
     return ",".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value

@@ -26,6 +26,7 @@ import signal
 import sys
 import tempfile
 
+from radixserve.arg_types import non_negative, positive_int
 from radixserve.cli_args import add_engine_args, engine_kwargs
 
 
@@ -40,7 +41,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mock-engine", action="store_true",
                         help="no model: instant prefill, one random token per step "
                              "(frontend benchmarks)")
-    parser.add_argument("--mock-step-ms", type=_non_negative, default=0.0,
+    parser.add_argument("--mock-step-ms", type=non_negative, default=0.0,
                         help="with --mock-engine: at most one step per this many ms, standing "
                              "in for a model's decode step (default: back to back)")
     parser.add_argument("--mock-max-seqs", type=int, default=1024,
@@ -68,7 +69,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--response-store", default=None, metavar="PATH",
                         help="SQLite file keeping /v1/responses responses across restarts "
                              "(default: in memory)")
-    parser.add_argument("--response-store-max", type=_positive_int, default=10_000,
+    parser.add_argument("--response-store-max", type=positive_int, default=10_000,
                         metavar="N", help="responses kept; the oldest are evicted first")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to finish in-flight requests on shutdown")
@@ -76,7 +77,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-engine-restart", action="store_true",
                         help="if the engine process dies, exit non-zero (for an outside "
                              "supervisor) instead of starting a new one")
-    parser.add_argument("--engine-restart-attempts", type=_positive_int, default=5,
+    parser.add_argument("--engine-restart-attempts", type=positive_int, default=5,
                         help="consecutive failed engine restarts (with back-off) before the "
                              "server gives up and exits non-zero")
     parser.add_argument("--log-level", default="warning")
@@ -88,18 +89,6 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     add_limit_args(parser)
 
 
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
 
 
 def _build_real_engine(kwargs: dict, model: str | None):
