@@ -29,6 +29,7 @@ from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.sched_output import DraftWork, Proposal, ScheduledSeq
 from radixserve.spec.drafter import SpecDecoding
 from radixserve.spec.policy import SpecPolicy
+from radixserve.spec.proposer import NO_DRAFT, Draft
 
 _COST_RATE = 0.1  # moving-average step of a draft decode forward's measured seconds
 
@@ -51,13 +52,14 @@ class DraftModelProposer:
         self._seqs: dict[str, _DraftSeq] = {}
 
     def propose(self, request_id: str, token_ids: list[int], num_prompt: int,
-                k: int) -> list[int]:
+                k: int) -> Draft:
         """The proposal the draft model made after the last step, if it still follows
-        ``token_ids`` (not when forced tokens were appended since)."""
+        ``token_ids`` (not when forced tokens were appended since). No match evidence: the
+        policy goes by the request's own acceptance."""
         seq = self._seqs.get(request_id)
-        if seq is None or seq.num_confirmed != len(token_ids):
-            return []
-        return seq.proposal[:k]
+        if seq is None or seq.num_confirmed != len(token_ids) or not seq.proposal or k <= 0:
+            return NO_DRAFT
+        return Draft(seq.proposal[:k], 0)
 
     def on_finished(self, request_id: str, token_ids: list[int], num_prompt: int) -> None:
         self.free(request_id)

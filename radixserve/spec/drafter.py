@@ -16,8 +16,8 @@ import logging
 import time
 
 from radixserve.core.sched_output import DraftResult, ScheduledSeq
-from radixserve.spec.policy import SpecPolicy
-from radixserve.spec.proposer import Proposer
+from radixserve.spec.policy import SpecPolicy, evidence_key
+from radixserve.spec.proposer import NO_DRAFT, Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -83,31 +83,52 @@ class SpecDecoding:
 
     def _add_drafts(self, seqs: list[ScheduledSeq], requests: dict, budget: int, kv,
                     max_model_len: int) -> int:
+        """Propose for every decoding request that may draft, then let the policy cut each
+        proposal to the length that pays (by its evidence and the step's cost) and keep what
+        the budget and the KV pool allow. Nothing is proposed in a step where even drafts
+        that were always right would not pay (a large batch)."""
         if budget <= 0:
             return 0
         decodes = [(s, requests[s.request_id]) for s in seqs if s.sample and s.num_tokens == 1]
         self._decodes_only = len(decodes) == len(seqs)
         if not decodes:
             return 0
+        policy = self.policy
         num_tokens = sum(s.num_tokens for s in seqs)
         num_rows = sum(1 for s in seqs if s.sample)
-        lens = self.policy.draft_lens([r.spec for _, r in decodes], num_tokens, num_rows)
-        added = 0
-        for (seq, request), k in zip(decodes, lens):
+        if not policy.may_draft(len(decodes), num_tokens, num_rows):
+            for _, request in decodes:
+                request.spec.idle(policy.prior.alpha)
+            return 0
+        cands, keys = [], []
+        for seq, request in decodes:
             room = min(request.max_tokens - request.num_output_tokens,
                        max_model_len - request.num_tokens) - 1  # the bonus token needs room
-            k = min(k, room, budget - added)
-            if k <= 0 or not request.grammar.can_draft:
-                request.spec.idle(self.policy.prior.alpha)
+            k = min(policy.k_max, room, budget)
+            draft = NO_DRAFT
+            if k > 0 and request.grammar.can_draft:
+                draft = self.proposer.propose(request.request_id, request.all_token_ids,
+                                              request.num_prompt_tokens, k)
+            tokens = request.grammar.draftable(draft.tokens) if draft.tokens else []
+            if not tokens:
+                request.spec.idle(policy.prior.alpha)
                 continue
-            draft = self.proposer.propose(request.request_id, request.all_token_ids,
-                                          request.num_prompt_tokens, k)
-            draft = request.grammar.draftable(draft)
-            if not draft or not kv.allocate_slots(request, 1 + len(draft)):
+            cands.append((seq, request, tokens))
+            keys.append(evidence_key(draft.match, request.sampling_params.temperature > 0))
+        lens = policy.draft_lens([r.spec for _, r, _ in cands], num_tokens, num_rows, 0.0,
+                                 keys, [len(t) for _, _, t in cands])
+        added = 0
+        for (seq, request, tokens), key, k in zip(cands, keys, lens):
+            k = min(k, budget - added)
+            if k <= 0:
+                request.spec.idle(policy.prior.alpha)
                 continue
-            seq.token_ids.extend(draft)
-            seq.num_draft = len(draft)
-            added += len(draft)
+            if not kv.allocate_slots(request, 1 + k):
+                continue
+            seq.token_ids.extend(tokens[:k])
+            seq.num_draft = k
+            request.spec.key = key
+            added += k
         return added
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
@@ -125,7 +146,7 @@ class SpecDecoding:
     def record(self, request, result: DraftResult) -> None:
         start = time.perf_counter()
         request.spec.record(result.num_drafted, result.num_accepted)
-        self.policy.record(result.num_drafted, result.num_accepted)
+        self.policy.record(result.num_drafted, result.num_accepted, request.spec.key)
         self.num_drafts += 1
         self.num_draft_tokens += result.num_drafted
         self.num_accepted_tokens += result.num_accepted

@@ -9,9 +9,20 @@ tells it when a request finishes, so a proposer that learns from outputs can ind
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 PROPOSERS = ("off", "ngram", "suffix", "auto", "draft")
+
+
+class Draft(NamedTuple):
+    """Drafted tokens and their evidence: ``match``, how many of the context's last tokens
+    the place they were copied from matched (0: no such evidence, as for a draft model)."""
+
+    tokens: list[int]
+    match: int = 0
+
+
+NO_DRAFT = Draft([], 0)
 
 
 class Proposer(Protocol):
@@ -19,9 +30,9 @@ class Proposer(Protocol):
     # Every drafted token is a point mass (q(d) = 1): the proposer is deterministic.
 
     def propose(self, request_id: str, token_ids: list[int], num_prompt: int,
-                k: int) -> list[int]:
+                k: int) -> Draft:
         """Up to ``k`` tokens likely to follow ``token_ids`` (prompt + output so far, the
-        first ``num_prompt`` of them the prompt); [] when it has no guess."""
+        first ``num_prompt`` of them the prompt); NO_DRAFT when it has no guess."""
         ...
 
     def on_finished(self, request_id: str, token_ids: list[int], num_prompt: int) -> None:
@@ -36,8 +47,8 @@ class NoProposer:
     enabled = False
 
     def propose(self, request_id: str, token_ids: list[int], num_prompt: int,
-                k: int) -> list[int]:
-        return []
+                k: int) -> Draft:
+        return NO_DRAFT
 
     def on_finished(self, request_id: str, token_ids: list[int], num_prompt: int) -> None:
         pass

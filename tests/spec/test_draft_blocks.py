@@ -29,9 +29,9 @@ def test_plan_take_free_pin_block_ids():
     assert s.draft_work.block_ids == [0, 1]
     assert (s.draft_work.num_confirmed, s.draft_work.spec_token_ids) == (0, [])
     p.take("a", Proposal([7, 8, 9], num_confirmed=5))  # KV of 5 + 2 tokens: 2 blocks kept
-    assert p.propose("a", [0] * 5, 3, 4) == [7, 8, 9]
-    assert p.propose("a", [0] * 5, 3, 2) == [7, 8]
-    assert p.propose("a", [0] * 6, 3, 4) == []  # a forced token came since: stale
+    assert p.propose("a", [0] * 5, 3, 4).tokens == [7, 8, 9]
+    assert p.propose("a", [0] * 5, 3, 2).tokens == [7, 8]
+    assert p.propose("a", [0] * 6, 3, 4).tokens == []  # a forced token came since: stale
     s = _seq()
     assert p.plan(s, max_num_tokens=11, k=4)  # 14 tokens: 4 blocks
     assert s.draft_work.block_ids == [0, 1, 2, 3]

@@ -3,32 +3,64 @@ adaptive policy's draft lengths."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from radixserve.spec.policy import SpecPolicy, SpecState
-from radixserve.spec.proposer import NO_PROPOSER, make_proposer
+from radixserve.spec.proposer import NO_DRAFT, NO_PROPOSER, Draft, make_proposer
 from radixserve.spec.suffix import SuffixProposer, SuffixTree
 
 
 def test_ngram_latest_longest_match_and_incremental():
     p = make_proposer("ngram")
     ctx = [1, 2, 3, 9, 1, 2, 3, 4, 5, 7, 1, 2, 3]
-    assert p.propose("a", ctx, 5, 3) == [4, 5, 7]  # the latest occurrence of 1 2 3
+    assert p.propose("a", ctx, 5, 3) == Draft([4, 5, 7], 3)  # the latest occurrence of 1 2 3
     ctx += [4]
-    assert p.propose("a", ctx, 5, 2) == [5, 7]
-    assert p.propose("c", [8, 8, 6, 8], 4, 2) == [6, 8]  # the latest 8 with a successor
-    assert p.propose("b", [5, 6, 7], 3, 4) == []
+    assert p.propose("a", ctx, 5, 2) == Draft([5, 7], 4)
+    assert p.propose("c", [8, 8, 6, 8], 4, 2) == Draft([6, 8], 1)  # the latest 8 with a successor
+    assert p.propose("b", [5, 6, 7], 3, 4) == NO_DRAFT
     p.on_finished("a", ctx, 5)
     assert "a" not in p._index
 
 
+def test_ngram_evidence_follows_the_match_back_past_the_ngram():
+    p = make_proposer("ngram")
+    quote = list(range(100, 120))
+    ctx = [1, 2] + quote + [3, 4] + quote[:12]  # the answer quotes 12 tokens so far
+    assert p.propose("a", ctx, 24, 4) == Draft(quote[12:16], 12)
+    assert p.propose("b", [5] * 40, 40, 4) == Draft([5], 16)  # at most 16 compared
+
+
 def test_suffix_own_context_and_other_requests_outputs():
     p = make_proposer("suffix")
-    assert p.propose("a", [1, 2, 3, 4, 1, 2], 6, 2) == [3, 4]
+    assert p.propose("a", [1, 2, 3, 4, 1, 2], 6, 2) == Draft([3, 4], 2)
     p.on_finished("a", [1, 2, 3, 4, 1, 2, 3, 4], 6)
     p.on_finished("b", [9, 9, 50, 51, 52, 53, 54], 2)  # an output another request may repeat
-    assert p.propose("c", [7, 50, 51], 3, 3) == [52, 53, 54]
-    assert p.propose("c", [7, 50, 51, 52, 53, 54], 3, 3) == []  # nothing followed it
+    assert p.propose("c", [7, 50, 51], 3, 3) == Draft([52, 53, 54], 2)
+    assert p.propose("c", [7, 50, 51, 52, 53, 54], 3, 3).tokens == []  # nothing followed it
+    # the request's own context wins where its match is as long as the outputs' one
+    assert p.propose("d", [50, 51, 60, 7, 50, 51], 6, 2) == Draft([60, 7], 2)
+    assert p.propose("e", [51, 60, 7, 50, 51], 5, 2) == Draft([52, 53], 2)  # 50 51 | 51 ...
+
+
+def test_suffix_tree_match_is_the_longest_tail_with_a_continuation():
+    rng = random.Random(0)
+    for _ in range(200):
+        tree = SuffixTree(depth=rng.randint(2, 8))
+        outputs = [[rng.randint(0, 3) for _ in range(rng.randint(2, 12))] for _ in range(3)]
+        for out in outputs:
+            tree.add(out)
+        context = [rng.randint(0, 3) for _ in range(rng.randint(1, 10))]
+        m, node = tree.match(context, max_match=6)
+        best = 0  # brute force: the longest tail followed by a token in some output
+        for n in range(1, min(6, len(context), tree.depth - 1) + 1):
+            tail = context[-n:]
+            if any(out[i:i + n] == tail and i + n < len(out) and n < tree.depth
+                   for out in outputs for i in range(len(out))):
+                best = n
+        assert m == best, (context, outputs, tree.depth)
+        assert (node is None) == (best == 0)
 
 
 def test_suffix_tree_is_bounded_and_remove_undoes_add():
@@ -42,8 +74,8 @@ def test_suffix_tree_is_bounded_and_remove_undoes_add():
     for i in range(100):
         p.on_finished(f"r{i}", [0] + list(range(i * 20, i * 20 + 20)), 1)
     assert p.global_tree.num_nodes <= 300
-    assert p.propose("x", [99 * 20, 99 * 20 + 1], 2, 2) == [99 * 20 + 2, 99 * 20 + 3]
-    assert p.propose("y", [0, 1], 2, 2) == []  # the oldest outputs were forgotten
+    assert p.propose("x", [99 * 20, 99 * 20 + 1], 2, 2).tokens == [99 * 20 + 2, 99 * 20 + 3]
+    assert p.propose("y", [0, 1], 2, 2).tokens == []  # the oldest outputs were forgotten
 
 
 def test_unknown_method_is_refused():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixserve.spec.policy import SpecPolicy, SpecState, StepCostModel
+from radixserve.spec.policy import SpecPolicy, SpecState, StepCostModel, evidence_key
 
 
 def _policy(cost, sizes, k_max=4) -> SpecPolicy:
@@ -136,3 +136,45 @@ def test_a_new_request_starts_from_the_acceptance_of_all_drafts():
 def test_not_adaptive_drafts_k_max():
     policy = SpecPolicy(5, adaptive=False)
     assert policy.draft_lens([SpecState(alpha=0.0, num_drafted=1)] * 3, 64, 64) == [5, 5, 5]
+
+
+def test_evidence_keeps_one_workloads_acceptance_out_of_another():
+    """The 0.84x at 16 streams: a phase of well-predicted single streams must not make the
+    short-match drafts of a new 16-stream phase draft, and that phase's misses must not stop
+    the drafts of long matches (the text begins to loop) from drafting."""
+    policy = _policy(lambda n: 0.008 + 0.0004 * n, (1, 2, 4, 8, 16, 32, 64, 128))
+    fresh = [SpecState() for _ in range(16)]
+    for _ in range(100):
+        policy.record(4, 4, evidence_key(12, False))  # quoting: long matches all accepted
+    assert policy.draft_lens(fresh, 16, 16, keys=[evidence_key(1, False)] * 16) == [0] * 16
+    for _ in range(100):
+        policy.record(4, 0, evidence_key(1, False))  # short matches miss
+    assert policy.draft_lens(fresh, 16, 16, keys=[evidence_key(12, False)] * 16) == [4] * 16
+    assert policy.table.alpha(evidence_key(1, False)) < 0.01
+
+
+def test_evidence_buckets_and_their_unmeasured_acceptance():
+    assert evidence_key(0, False) is None
+    assert [evidence_key(m, False)[0] for m in (1, 2, 3, 4, 5, 6, 7, 9, 10, 14, 15, 40)] == \
+        [1, 2, 3, 4, 5, 5, 7, 7, 10, 10, 15, 15]
+    table = SpecPolicy(4).table
+    alphas = [table.alpha((m, False)) for m in (1, 2, 3, 4, 5, 7, 10, 15)]
+    assert alphas == sorted(alphas) and alphas[0] == pytest.approx(0.4)
+    assert table.alpha((4, True)) == pytest.approx(0.8 * table.alpha((4, False)))
+    # with evidence the backoff of a request's own misses does not apply
+    policy = _policy(lambda n: 0.010 * (1 + 0.025 * (n - 1)), (1, 2, 3, 4, 5))
+    state = SpecState()
+    state.record(4, 0)
+    assert state.wait and policy.draft_lens([state], 1, 1)[0] == 0
+    assert policy.draft_lens([state], 1, 1, keys=[evidence_key(10, False)])[0] == 4
+    assert policy.draft_lens([state], 1, 1, keys=[evidence_key(10, False)], limits=[2]) == [2]
+
+
+def test_may_draft_only_where_good_drafts_could_pay():
+    # reading the weights dominates up to 32 tokens, then each token costs 1 ms
+    policy = _policy(lambda n: 0.008 + 0.0001 * n + 0.0009 * max(0, n - 32),
+                     (1, 2, 4, 8, 16, 32, 64, 128, 256, 320))
+    assert policy.may_draft(1, 1, 1) and policy.may_draft(16, 16, 16)
+    # 64 streams: a token more costs 1 ms against 64 tokens per 43.2 ms: none pays
+    assert not policy.may_draft(64, 64, 64)
+    assert SpecPolicy(4, adaptive=False).may_draft(64, 64, 64)
