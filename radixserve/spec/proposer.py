@@ -3,8 +3,9 @@
 A proposer drafts the tokens a request will probably generate next, from plain token ids (no
 model, no torch). The ``draft`` proposer (spec/draft_model.py) is the one fed from the runner:
 its tokens come from a draft model the runner ran after the previous step, and it keeps
-that model's KV block tables. The scheduler asks it once per decode step for at most ``k`` tokens and
-tells it when a request finishes, so a proposer that learns from outputs can index them.
+that model's KV block tables. The scheduler asks it once per decode step for at most ``k``
+tokens and tells it when a request finishes, so a proposer that learns from outputs can
+index them.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ PROPOSERS = ("off", "ngram", "suffix", "auto", "draft")
 
 class Draft(NamedTuple):
     """Drafted tokens and their evidence: ``match``, how many of the context's last tokens
-    the place they were copied from matched (0: no such evidence, as for a draft model)."""
+    the place they were copied from matched (0: no such evidence, as for a draft model), and
+    ``source``, where that place is: OWN_CONTEXT or OTHER_OUTPUTS."""
 
     tokens: list[int]
     match: int = 0
+    source: int = 0
+
+
+OWN_CONTEXT, OTHER_OUTPUTS = 0, 1
 
 
 NO_DRAFT = Draft([], 0)
@@ -58,9 +64,10 @@ NO_PROPOSER = NoProposer()
 
 
 def make_proposer(name: str, max_ngram: int = 4, min_ngram: int = 1,
-                  suffix_max_tokens: int = 1 << 20) -> Proposer | NoProposer:
+                  suffix_max_tokens: int = 1 << 20, acceptance=None) -> Proposer | NoProposer:
     """The proposer called ``name`` (one of PROPOSERS). ``auto`` is ``suffix``: it covers the
-    prompt lookup of ``ngram`` and adds what earlier requests generated."""
+    prompt lookup of ``ngram`` and adds what earlier requests generated. ``acceptance``: the
+    policy's AcceptanceTable, by which ``suffix`` picks between its two sources."""
     from radixserve.spec.ngram import NgramProposer
     from radixserve.spec.suffix import SuffixProposer
 
@@ -69,7 +76,7 @@ def make_proposer(name: str, max_ngram: int = 4, min_ngram: int = 1,
     if name == "ngram":
         return NgramProposer(max_ngram, min_ngram)
     if name in ("suffix", "auto"):
-        return SuffixProposer(max_tokens=suffix_max_tokens)
+        return SuffixProposer(max_tokens=suffix_max_tokens, acceptance=acceptance)
     if name == "draft":
         raise ValueError("the draft-model proposer needs its KV pool: build it with "
                          "spec.drafter.make_spec")

@@ -7,8 +7,11 @@ the occurrences that pass through it. To draft from it, the longest tail of the 
 context found in the tree (up to ``max_match`` tokens) is followed by its most frequent
 continuation while that continuation keeps at least ``min_prob`` of its parent's count. The
 request's own context is searched by prompt lookup (spec/ngram.py: the latest occurrence of its
-last tokens), and the source whose match is longer drafts; the match's length is the draft's
-evidence (spec/policy.py). NOTE: Arctic keeps a suffix tree per request as well; here the
+last tokens). The match's length and its source are the draft's evidence (spec/policy.py),
+and the source whose evidence has been accepted more often drafts (by the policy's measured
+table; the longer match without one). Measured on code edits: the other outputs' longer
+matches of similar code, when they won by length alone, drafted 2.09x against prompt
+lookup's 2.67x. NOTE: Arctic keeps a suffix tree per request as well; here the
 own context goes by its latest occurrence instead, measured on the embedded model: 2.5 µs a
 step against 50 µs for growing a per-request tree by ``depth`` nodes a token, and 91% of the
 drafted tokens accepted against 81% on the same 16 greedy streams (the latest turn of a loop
@@ -28,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 
 from radixserve.spec.ngram import NgramProposer
-from radixserve.spec.proposer import Draft
+from radixserve.spec.proposer import OTHER_OUTPUTS, Draft
 
 
 class _Node:
@@ -125,9 +128,12 @@ class SuffixProposer:
     enabled = True
 
     def __init__(self, depth: int = 24, max_match: int = 12, min_prob: float = 0.1,
-                 max_nodes: int = 200_000, max_tokens: int | None = None) -> None:
-        """``max_tokens`` (the CLI's bound) caps the global tree at that many nodes when set."""
+                 max_nodes: int = 200_000, max_tokens: int | None = None,
+                 acceptance=None) -> None:
+        """``max_tokens`` (the CLI's bound) caps the global tree at that many nodes when set.
+        ``acceptance``: the policy's AcceptanceTable (None: the longer match drafts)."""
         self.depth, self.max_match, self.min_prob = depth, max_match, min_prob
+        self.acceptance = acceptance
         self.max_nodes = max_tokens or max_nodes
         self.own = NgramProposer()  # each running request's prompt and output
         self.global_tree = SuffixTree(depth)
@@ -138,9 +144,21 @@ class SuffixProposer:
         own = self.own.propose(request_id, token_ids, num_prompt, k)
         if k > 0 and self.global_tree.root.children:
             m_glob, glob = self.global_tree.match(token_ids, self.max_match)
-            if glob is not None and m_glob > own.match:
-                return Draft(_follow(glob, k, self.min_prob), m_glob)
+            if glob is not None and self._better(m_glob, own.match if own.tokens else 0):
+                return Draft(_follow(glob, k, self.min_prob), m_glob, OTHER_OUTPUTS)
         return own
+
+    def _better(self, m_glob: int, m_own: int) -> bool:
+        """Whether the other outputs' match of ``m_glob`` tokens predicts better than the
+        request's own of ``m_own`` (0: none), by the greedy acceptance measured for each."""
+        if not m_own:
+            return True
+        if self.acceptance is None:
+            return m_glob > m_own
+        from radixserve.spec.policy import evidence_key
+
+        return (self.acceptance.alpha(evidence_key(m_glob, False, OTHER_OUTPUTS))
+                > self.acceptance.alpha(evidence_key(m_own, False)))
 
     def on_finished(self, request_id: str, token_ids: list[int], num_prompt: int) -> None:
         self.own.on_finished(request_id, token_ids, num_prompt)

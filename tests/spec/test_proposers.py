@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from radixserve.spec.policy import SpecPolicy, SpecState
-from radixserve.spec.proposer import NO_DRAFT, NO_PROPOSER, Draft, make_proposer
+from radixserve.spec.policy import SpecPolicy, SpecState, evidence_key
+from radixserve.spec.proposer import (NO_DRAFT, NO_PROPOSER, OTHER_OUTPUTS, Draft,
+                                      make_proposer)
 from radixserve.spec.suffix import SuffixProposer, SuffixTree
 
 
@@ -37,11 +38,22 @@ def test_suffix_own_context_and_other_requests_outputs():
     assert p.propose("a", [1, 2, 3, 4, 1, 2], 6, 2) == Draft([3, 4], 2)
     p.on_finished("a", [1, 2, 3, 4, 1, 2, 3, 4], 6)
     p.on_finished("b", [9, 9, 50, 51, 52, 53, 54], 2)  # an output another request may repeat
-    assert p.propose("c", [7, 50, 51], 3, 3) == Draft([52, 53, 54], 2)
+    assert p.propose("c", [7, 50, 51], 3, 3) == Draft([52, 53, 54], 2, OTHER_OUTPUTS)
     assert p.propose("c", [7, 50, 51, 52, 53, 54], 3, 3).tokens == []  # nothing followed it
     # the request's own context wins where its match is as long as the outputs' one
     assert p.propose("d", [50, 51, 60, 7, 50, 51], 6, 2) == Draft([60, 7], 2)
-    assert p.propose("e", [51, 60, 7, 50, 51], 5, 2) == Draft([52, 53], 2)  # 50 51 | 51 ...
+    assert p.propose("e", [51, 60, 7, 50, 51], 5, 2) == Draft([52, 53], 2, OTHER_OUTPUTS)
+
+
+def test_suffix_picks_the_source_whose_evidence_was_accepted_more():
+    policy = SpecPolicy(k_max=4)
+    p = make_proposer("suffix", acceptance=policy.table)
+    p.on_finished("b", [9, 1, 2, 3, 50, 51], 1)
+    ctx = [7, 3, 60, 1, 2, 3]  # own: 3 -> 60 (1 token); other outputs: 1 2 3 -> 50 (3)
+    assert p.propose("a", ctx, 6, 2) == Draft([50, 51], 3, OTHER_OUTPUTS)
+    for _ in range(50):  # other requests' outputs turned out to predict this workload badly
+        policy.record(4, 0, evidence_key(3, False, OTHER_OUTPUTS))
+    assert p.propose("a", ctx, 6, 2) == Draft([60, 1], 1)
 
 
 def test_suffix_tree_match_is_the_longest_tail_with_a_continuation():

@@ -158,9 +158,14 @@ def test_evidence_buckets_and_their_unmeasured_acceptance():
     assert [evidence_key(m, False)[0] for m in (1, 2, 3, 4, 5, 6, 7, 9, 10, 14, 15, 40)] == \
         [1, 2, 3, 4, 5, 5, 7, 7, 10, 10, 15, 15]
     table = SpecPolicy(4).table
-    alphas = [table.alpha((m, False)) for m in (1, 2, 3, 4, 5, 7, 10, 15)]
+    alphas = [table.alpha(evidence_key(m, False)) for m in (1, 2, 3, 4, 5, 7, 10, 15)]
     assert alphas == sorted(alphas) and alphas[0] == pytest.approx(0.4)
-    assert table.alpha((4, True)) == pytest.approx(0.8 * table.alpha((4, False)))
+    four = table.alpha(evidence_key(4, False))
+    assert table.alpha(evidence_key(4, True)) == pytest.approx(0.5 * four)  # sampled
+    assert table.alpha(evidence_key(4, False, 1)) == pytest.approx(0.8 * four)  # other outputs
+    for _ in range(8):  # a new bucket learns fast: 8 missed drafts take 0.73 to a third
+        table.record(evidence_key(4, False), 2, 0)
+    assert table.alpha(evidence_key(4, False)) == pytest.approx(four / 3)
     # with evidence the backoff of a request's own misses does not apply
     policy = _policy(lambda n: 0.010 * (1 + 0.025 * (n - 1)), (1, 2, 3, 4, 5))
     state = SpecState()
