@@ -64,7 +64,7 @@ NO_PROPOSER = NoProposer()
 
 
 def make_proposer(name: str, max_ngram: int = 4, min_ngram: int = 1,
-                  suffix_max_tokens: int = 1 << 20, acceptance=None) -> Proposer | NoProposer:
+                  acceptance=None) -> Proposer | NoProposer:
     """The proposer called ``name`` (one of PROPOSERS). ``auto`` is ``suffix``: it covers the
     prompt lookup of ``ngram`` and adds what earlier requests generated. ``acceptance``: the
     policy's AcceptanceTable, by which ``suffix`` picks between its two sources."""
@@ -76,7 +76,7 @@ def make_proposer(name: str, max_ngram: int = 4, min_ngram: int = 1,
     if name == "ngram":
         return NgramProposer(max_ngram, min_ngram)
     if name in ("suffix", "auto"):
-        return SuffixProposer(max_tokens=suffix_max_tokens, acceptance=acceptance)
+        return SuffixProposer(acceptance=acceptance)
     if name == "draft":
         raise ValueError("the draft-model proposer needs its KV pool: build it with "
                          "spec.drafter.make_spec")

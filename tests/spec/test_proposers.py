@@ -75,13 +75,43 @@ def test_suffix_tree_match_is_the_longest_tail_with_a_continuation():
         assert (node is None) == (best == 0)
 
 
+def test_suffix_tree_counts_every_substring_through_adds_and_removes():
+    """The flat tree against a plain count of substrings (length <= depth) of the sequences
+    currently in it, after random adds and removes (freed node ids are reused)."""
+    rng = random.Random(1)
+    for _ in range(30):
+        depth, tree, held = rng.randint(2, 6), None, []
+        tree = SuffixTree(depth)
+        for _ in range(12):
+            if held and rng.random() < 0.4:
+                tree.remove(held.pop(rng.randrange(len(held))))
+            else:
+                seq = [rng.randint(0, 3) for _ in range(rng.randint(1, 9))]
+                tree.add(seq)
+                held.append(seq)
+            want: dict[tuple[int, ...], int] = {}
+            for seq in held:
+                for i in range(len(seq)):
+                    for n in range(1, min(depth, len(seq) - i) + 1):
+                        key = tuple(seq[i:i + n])
+                        want[key] = want.get(key, 0) + 1
+            got, stack = {}, [((), 0)]
+            while stack:
+                path, node = stack.pop()
+                for token, child in tree.children(node).items():
+                    got[path + (token,)] = tree._count[child]
+                    stack.append((path + (token,), child))
+            assert got == want
+            assert tree.num_nodes == len(want) + 1
+
+
 def test_suffix_tree_is_bounded_and_remove_undoes_add():
     t = SuffixTree(depth=6)
     t.add([1, 2, 3, 4])
     n = t.num_nodes
     t.add([5, 6, 1, 2])
     t.remove([5, 6, 1, 2])
-    assert t.num_nodes == n and set(t.root.children) == {1, 2, 3, 4}
+    assert t.num_nodes == n and set(t.children()) == {1, 2, 3, 4}
     p = SuffixProposer(depth=8, max_nodes=300)
     for i in range(100):
         p.on_finished(f"r{i}", [0] + list(range(i * 20, i * 20 + 20)), 1)
