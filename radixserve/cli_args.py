@@ -55,15 +55,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-structured-fast-forward", action="store_true",
                    help="sample every token of a structured output, even those its grammar "
                         "forces (default: forced tokens are emitted without a forward each)")
-    g.add_argument("--speculative", default="off",
+    g.add_argument("--speculative", default=None,
                    choices=["off", "ngram", "suffix", "auto", "draft"],
                    help="speculative decoding: draft tokens and verify them in the same batched "
                         "forward. ngram: prompt lookup in the request's own prompt and output; "
-                        "suffix: suffix trees over the request's context and earlier outputs; "
-                        "auto: suffix; draft: a smaller model with the same tokenizer "
+                        "suffix: prompt lookup plus a suffix tree over earlier requests' "
+                        "outputs; auto: suffix; draft: a smaller model with the same tokenizer "
                         "(--draft-model). Greedy output is unchanged, sampling keeps its "
-                        "distribution; each draft's length adapts to its acceptance and the "
-                        "measured step cost (0 under load)")
+                        "distribution; each draft's length follows the acceptance measured "
+                        "for its evidence and the measured step cost (0 where drafts do not "
+                        "pay). Default: auto (draft with --draft-model); off turns it off")
     g.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
                    help="most tokens drafted per request and step (1..7)")
     g.add_argument("--no-speculative-adaptive", action="store_true",

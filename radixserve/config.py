@@ -179,6 +179,9 @@ class StructuredConfig:
 MAX_SPECULATIVE_TOKENS = 7  # 1 + 7 fed tokens still run as decode rows (attention backends)
 
 
+DEFAULT_SPECULATIVE = "auto"
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding: ``method`` (radixserve/spec/proposer.py: off, ngram, suffix,
@@ -188,7 +191,7 @@ class SpeculativeConfig:
     ``draft_model``: the draft model's path (any source the loader takes) for method
     ``draft``, which needs one; the other methods refuse one (see `resolve_method`)."""
 
-    method: str = "off"
+    method: str = DEFAULT_SPECULATIVE
     num_speculative_tokens: int = 4
     adaptive: bool = True
     draft_model: str | None = None
@@ -210,10 +213,13 @@ class SpeculativeConfig:
                              f"{self.method!r}")
 
     @staticmethod
-    def resolve_method(method: str, draft_model: str | None) -> str:
-        """``--draft-model`` alone implies ``--speculative draft`` (the default "off" is
-        taken as not chosen); any other explicit method with a draft model is refused."""
-        return "draft" if draft_model is not None and method == "off" else method
+    def resolve_method(method: str | None, draft_model: str | None) -> str:
+        """The method when none was chosen (None): ``draft`` with a draft model, else
+        ``auto``, the default (measured never to lose more than 3%: docs/benchmarks.md); any
+        other explicit method with a draft model is refused."""
+        if method is None:
+            return "draft" if draft_model is not None else DEFAULT_SPECULATIVE
+        return method
 
 
 @dataclass(frozen=True)
@@ -263,7 +269,7 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                   scheduling_policy: str = "fcfs", device: str = "cpu", dtype: str | None = None,
                   quantization: str = "auto", threads: int | None = None,
                   kv_cache_dtype: str = "auto", seed: int = 0,
-                  structured_fast_forward: bool = True, speculative: str = "off",
+                  structured_fast_forward: bool = True, speculative: str | None = None,
                   num_speculative_tokens: int = 4,
                   speculative_adaptive: bool = True, tensor_parallel_size: int = 1,
                   tp_all_reduce: str = "auto",

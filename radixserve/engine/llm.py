@@ -29,6 +29,8 @@ class LLM:
     the CPUs the process may use, from its affinity mask and cgroup quota).
     ``tensor_parallel_size``: ranks splitting the model (this process is rank 0; the others
     are processes it starts, each pinned to its share of the CPUs; ``close()`` stops them).
+    ``speculative``: the speculative decoding method (default ``auto``: drafts only where
+    they are measured to pay; ``off``; see `SpeculativeConfig`).
     ``draft_model``: a smaller model with the same vocabulary that drafts for speculative
     decoding (implies ``speculative="draft"``; ValueError with another method).
 
@@ -44,7 +46,7 @@ class LLM:
                  threads: int | None = None, kv_cache_dtype: str = "auto", seed: int = 0,
                  enable_prefix_caching: bool = True,
                  scheduling_policy: str = "fcfs", structured_fast_forward: bool = True,
-                 speculative: str = "off", num_speculative_tokens: int = 4,
+                 speculative: str | None = None, num_speculative_tokens: int = 4,
                  speculative_adaptive: bool = True, tensor_parallel_size: int = 1,
                  tp_all_reduce: str = "auto", draft_model: str | None = None,
                  show_progress: bool = True) -> None:

@@ -91,6 +91,13 @@ def test_env_reports_the_draft_model(tiny_hf_dirs, tiny_draft_dir):
 def test_draft_model_flag_implies_the_method_and_conflicts_are_refused():
     p = argparse.ArgumentParser()
     add_engine_args(p)
+    assert engine_config(**engine_kwargs(p.parse_args([]))).speculative.method == "auto"
+    assert engine_config().speculative.method == "auto"  # the default, for LLM(...) too
+    args = p.parse_args(["--speculative", "off"])
+    assert engine_config(**engine_kwargs(args)).speculative.method == "off"
+    with pytest.raises(ValueError, match="only used by speculative method 'draft', not 'off'"):
+        engine_config(**engine_kwargs(p.parse_args(["--speculative", "off",
+                                                    "--draft-model", "d.gguf"])))
     spec = engine_config(**engine_kwargs(p.parse_args(["--draft-model", "d.gguf"]))).speculative
     assert (spec.method, spec.draft_model) == ("draft", "d.gguf")
     args = p.parse_args(["--speculative", "draft", "--draft-model", "d.gguf"])
