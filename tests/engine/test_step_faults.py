@@ -118,6 +118,11 @@ class RaisingGrammar:
     def forced_tokens(self) -> list[int]:
         return []
 
+    can_draft = True
+
+    def draftable(self, draft: list[int]) -> list[int]:
+        return draft
+
 
 def test_a_grammar_error_fails_only_its_request(engine, reference):
     add(engine, "a", PROMPTS["a"])

@@ -15,7 +15,7 @@ from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.scheduler import Scheduler
-from radixserve.spec.drafter import NO_SPEC, make_spec
+from radixserve.spec.drafter import make_spec
 
 PROMPTS = ["1, 2, 3, 4, 5, 6, 7, 8,", "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
            "The capital of France is"]
@@ -174,5 +174,6 @@ def test_seeded_sampling_independent_of_drafts_and_batch(embedded_llm, reference
     assert s.spec.num_draft_tokens > 0
 
 
-def test_default_is_off(embedded_llm):
-    assert embedded_llm.engine.scheduler.spec is NO_SPEC
+def test_default_is_auto(embedded_llm):
+    spec = embedded_llm.engine.scheduler.spec
+    assert spec.enabled and spec.proposer.name == "suffix" and spec.policy.adaptive
