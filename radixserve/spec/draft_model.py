@@ -45,6 +45,7 @@ class DraftModelProposer:
     """The draft pool's block tables and the latest proposal per request."""
 
     name = "draft"
+    gives_evidence = False  # no match length: each request goes by its own acceptance
 
     def __init__(self, pool: BlockPool, block_size: int) -> None:
         self.pool = pool

@@ -26,6 +26,7 @@ class _Index:
 
 class NgramProposer:
     name = "ngram"
+    gives_evidence = True  # its drafts carry a match length (spec/proposer.py)
     enabled = True
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1) -> None:

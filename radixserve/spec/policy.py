@@ -125,6 +125,15 @@ class AcceptanceTable:
             rate = max(_PRIOR_RATE, 1.0 / (_PRIOR_WEIGHT + bucket[1]))
             bucket[0] += rate * ((1.0 if i < accepted else 0.0) - bucket[0])
 
+    def best(self, sampled: bool) -> float:
+        """The highest acceptance any draft of a greedy or ``sampled`` request may expect:
+        over the measured buckets of that kind and the priors of the unmeasured ones."""
+        top = 0.0
+        for match in (1, 2, 3, 4, 5, 7, 10, 15):
+            for source in (0, 1):
+                top = max(top, self.alpha((match, sampled, source)))
+        return top
+
     def snapshot(self) -> dict[Key, float]:
         """The measured buckets' acceptance (for logs and tests)."""
         return {k: b[0] for k, b in sorted(self._buckets.items())}
@@ -218,13 +227,14 @@ class SpecPolicy:
         return state.alpha if state.num_drafted else self.prior.alpha
 
     def may_draft(self, num_requests: int, num_tokens: int, num_rows: int,
-                  proposer_s: float = 0.0) -> bool:
-        """Whether drafting could pay in this step even if every one of ``num_requests``
-        requests were predicted well (α = 0.95): when not, proposing is not worth its time."""
+                  alpha: float = 0.95) -> bool:
+        """Whether drafting could pay in this step if every one of ``num_requests`` requests
+        were predicted at ``alpha`` (the best its drafts may expect): when not, proposing is
+        not worth its time."""
         if not self.adaptive:
             return True
-        return any(self.draft_lens([SpecState(alpha=0.95, num_drafted=1)] * num_requests,
-                                   num_tokens, num_rows, proposer_s))
+        return any(self.draft_lens([SpecState(alpha=alpha, num_drafted=1)] * num_requests,
+                                   num_tokens, num_rows))
 
     def draft_lens(self, states: list[SpecState], num_tokens: int, num_rows: int,
                    proposer_s: float = 0.0, keys: list | None = None,

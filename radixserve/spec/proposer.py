@@ -33,6 +33,7 @@ NO_DRAFT = Draft([], 0)
 
 class Proposer(Protocol):
     name: str
+    gives_evidence: bool  # its drafts carry a match length (the policy's table reads it)
     # Every drafted token is a point mass (q(d) = 1): the proposer is deterministic.
 
     def propose(self, request_id: str, token_ids: list[int], num_prompt: int,
@@ -51,6 +52,7 @@ class NoProposer:
 
     name = "off"
     enabled = False
+    gives_evidence = False
 
     def propose(self, request_id: str, token_ids: list[int], num_prompt: int,
                 k: int) -> Draft:

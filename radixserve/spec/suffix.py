@@ -173,11 +173,15 @@ class SuffixTree:
 
 class SuffixProposer:
     name = "suffix"
+    gives_evidence = True  # its drafts carry a match length (spec/proposer.py)
     enabled = True
 
-    def __init__(self, depth: int = 24, max_match: int = 12, min_prob: float = 0.1,
+    def __init__(self, depth: int = 16, max_match: int = 12, min_prob: float = 0.1,
                  max_nodes: int = 1 << 18, acceptance=None) -> None:
-        """``max_nodes`` bounds the global tree (about 120 bytes a node: 30 MiB by default).
+        """``depth``: the tree keeps ``max_match`` tokens of match and 4 of continuation
+        (every output token is walked ``depth`` times when it is added: the add is the
+        proposer's main cost). ``max_nodes`` bounds the global tree (about 120 bytes a node:
+        30 MiB by default).
         ``acceptance``: the policy's AcceptanceTable (None: the longer match drafts)."""
         self.depth, self.max_match, self.min_prob = depth, max_match, min_prob
         self.acceptance = acceptance

@@ -183,3 +183,10 @@ def test_may_draft_only_where_good_drafts_could_pay():
     # 64 streams: a token more costs 1 ms against 64 tokens per 43.2 ms: none pays
     assert not policy.may_draft(64, 64, 64)
     assert SpecPolicy(4, adaptive=False).may_draft(64, 64, 64)
+    # sampled drafts at temperature 1 are rarely accepted: once measured, not even proposed
+    for match in (1, 2, 3, 4, 5, 7, 10, 15):
+        for source in (0, 1):
+            for _ in range(40):
+                policy.record(2, 0, evidence_key(match, True, source))
+    assert policy.table.best(True) < 0.1 < 0.9 < policy.table.best(False)
+    assert not policy.may_draft(16, 16, 16, policy.table.best(True))
