@@ -54,11 +54,12 @@ class SuffixTree:
         self._first = array("q", [-1])  # first child, -1: none
         self._next = array("q", [-1])  # siblings: a doubly linked list per parent
         self._prev = array("q", [-1])
+        self._best = array("q", [-1])  # the most frequent child (-2: to find again)
         self._free = array("q")
         self.num_nodes = 1
 
     def add(self, token_ids: list[int]) -> None:
-        edges, count = self._edges, self._count
+        edges, count, best = self._edges, self._count, self._best
         for i in range(len(token_ids)):
             node = 0
             for t in token_ids[i:i + self.depth]:
@@ -66,6 +67,9 @@ class SuffixTree:
                 if child is None:
                     child = self._new_child(node, t)
                 count[child] += 1
+                top = best[node]
+                if top == -1 or (top >= 0 and count[child] >= count[top]):
+                    best[node] = child  # ties: the latest
                 node = child
 
     def remove(self, token_ids: list[int]) -> None:
@@ -77,6 +81,8 @@ class SuffixTree:
             for t in token_ids[i:i + self.depth]:
                 child = edges[node * _VOCAB_BOUND + t]
                 count[child] -= 1
+                if self._best[node] == child:
+                    self._best[node] = -2  # another child may be ahead now: found when read
                 if count[child] == 0:
                     self._free_subtree(node, child)
                     break
@@ -104,18 +110,27 @@ class SuffixTree:
     def follow(self, node: int, k: int, min_prob: float) -> list[int]:
         """The most frequent path below ``node``, at most ``k`` tokens, while each step keeps
         ``min_prob`` of the count before it."""
-        count, nxt, draft = self._count, self._next, []
+        count, draft = self._count, []
         while len(draft) < k:
-            best, child = -1, self._first[node]
-            while child >= 0:
-                if best < 0 or count[child] > count[best]:
-                    best = child
-                child = nxt[child]
+            best = self._best[node]
+            if best == -2:
+                best = self._best[node] = self._most_frequent(node)
             if best < 0 or count[best] < min_prob * count[node]:
                 break
             draft.append(self._token[best])
             node = best
         return draft
+
+    def _most_frequent(self, node: int) -> int:
+        """Scan ``node``'s children (only after a remove lowered its most frequent one:
+        kept up to date by ``add``, so that a draft costs O(k), not O(children), which at
+        temperature 1 are hundreds under a common token)."""
+        count, nxt, best, child = self._count, self._next, -1, self._first[node]
+        while child >= 0:
+            if best < 0 or count[child] > count[best]:
+                best = child
+            child = nxt[child]
+        return best
 
     def children(self, node: int = 0) -> dict[int, int]:
         """token -> child node (for tests and inspection)."""
@@ -138,9 +153,11 @@ class SuffixTree:
             child = self._free.pop()
         else:
             child = len(self._count)
-            for a in (self._count, self._token, self._first, self._next, self._prev):
+            for a in (self._count, self._token, self._first, self._next, self._prev,
+                      self._best):
                 a.append(-1)
         self._count[child], self._token[child], self._first[child] = 0, token, -1
+        self._best[child] = -1
         head = self._first[parent]
         self._next[child], self._prev[child] = head, -1
         if head >= 0:
@@ -158,6 +175,8 @@ class SuffixTree:
             self._first[parent] = nxt
         if nxt >= 0:
             self._prev[nxt] = prev
+        if self._best[parent] == root:
+            self._best[parent] = -2
         stack = [(parent, root)]
         while stack:
             up, node = stack.pop()

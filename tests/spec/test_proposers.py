@@ -98,9 +98,14 @@ def test_suffix_tree_counts_every_substring_through_adds_and_removes():
             got, stack = {}, [((), 0)]
             while stack:
                 path, node = stack.pop()
-                for token, child in tree.children(node).items():
+                children = tree.children(node)
+                for token, child in children.items():
                     got[path + (token,)] = tree._count[child]
                     stack.append((path + (token,), child))
+                if children and node:  # the draft follows a most frequent child
+                    [token] = tree.follow(node, 1, 0.0)
+                    top = max(tree._count[c] for c in children.values())
+                    assert tree._count[children[token]] == top
             assert got == want
             assert tree.num_nodes == len(want) + 1
 
