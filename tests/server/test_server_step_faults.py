@@ -5,7 +5,8 @@ on serving; then a kill -9 of the engine: it is replaced and serves the same KV 
 
 Engine steps are counted from 1 per engine process and the requests below run one at a time,
 so each fault lands in a known request: a prompt is prefilled in one step that also samples
-the first token, and each further token takes one step.
+the first token, and each further token takes one step (speculation off: a verified draft
+emits several tokens in one step).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ FAULTS = "forward@3,sample@8"
 def server(tmp_path_factory):
     path = make_hf_model("llama", tmp_path_factory.mktemp("faulty") / "m", seed=7)
     s = ServerProc("--model", str(path), "--num-kv-blocks", "64", "--block-size", "4",
-                   timeout=180, env={"RADIXSERVE_FAULT_INJECT": FAULTS})
+                   "--speculative", "off", timeout=180, env={"RADIXSERVE_FAULT_INJECT": FAULTS})
     yield s
     assert s.stop() == 0
 
