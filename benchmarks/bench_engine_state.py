@@ -16,7 +16,7 @@ import msgspec
 
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.radix_cache import RadixCache
-from radixserve.engine.messages import EngineCoreOutputs, EngineStateQuery
+from radixserve.messages import EngineCoreOutputs, EngineStateQuery
 
 
 def big_tree_cost() -> float:
@@ -42,7 +42,7 @@ def big_tree_cost() -> float:
 
 def step_cost(seconds: float = 24.0) -> None:
     from radixserve import LLM
-    from radixserve.engine.messages import EngineCoreRequest
+    from radixserve.messages import EngineCoreRequest
     from radixserve.sampling_params import SamplingParams
 
     llm = LLM(show_progress=False)

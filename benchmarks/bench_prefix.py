@@ -18,7 +18,7 @@ import statistics
 import time
 
 from radixserve import LLM, SamplingParams
-from radixserve.engine.messages import EngineCoreRequest
+from radixserve.messages import EngineCoreRequest
 
 WORDS = ("time year people way day man thing woman life child world school state family "
          "student group country problem hand part place case week company system program "

@@ -35,7 +35,7 @@ def _allreduce_rank(rank: int, port: int, shm_path: str, hidden: int, out) -> No
     import torch
     import torch.distributed as dist
 
-    from radixserve.distributed.shm_comm import ShmComm
+    from radixserve.parallel.shm_comm import ShmComm
 
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -65,7 +65,7 @@ def bench_allreduce(hidden: int) -> None:
     import multiprocessing as mp
     import socket
 
-    from radixserve.distributed.shm_comm import ShmComm
+    from radixserve.parallel.shm_comm import ShmComm
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -107,7 +107,7 @@ def _default_model() -> str:
 
 def _steps_child(model: str, tp: int, threads: int, batch: int) -> dict:
     from radixserve import LLM, SamplingParams
-    from radixserve.engine.messages import EngineCoreRequest
+    from radixserve.messages import EngineCoreRequest
 
     llm = LLM(model, tensor_parallel_size=tp, threads=threads, num_kv_blocks=1024,
               show_progress=False)

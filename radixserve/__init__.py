@@ -12,7 +12,7 @@ __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", 
 def __getattr__(name: str):
     # Lazy: importing radixserve (e.g. for SamplingParams) must not pull in torch.
     if name == "LLM":
-        from radixserve.engine.llm import LLM
+        from radixserve.llm import LLM
         return LLM
     if name in ("RequestOutput", "CompletionOutput"):
         from radixserve import outputs

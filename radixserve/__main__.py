@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     add_sampling_args(chat, temperature=0.7, max_tokens=512)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    from radixserve.server.launch import add_serve_args
+    from radixserve.serve import add_serve_args
     add_serve_args(serve)
 
     env = sub.add_parser("env", help="versions, CPU features, the kernel level and what each "
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "chat":
             return _chat(args)
         if args.command == "serve":
-            from radixserve.server.launch import serve
+            from radixserve.serve import serve
             return serve(args)
         if args.command == "bench":
             return _bench(args)

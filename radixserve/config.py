@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixserve.cpu_threads import check_threads
+from radixserve.cpu.threads import check_threads
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ class DeviceConfig:
     bfloat16; ``quantization`` ("auto", "none", "int8", "gguf") is resolved against the checkpoint at
     load (models/quantization.py). ``threads``: the engine's CPU threads (torch's pool, which the
     native kernels share); None: the CPUs the process may use (affinity mask and cgroup quota,
-    see cpu_threads.py)."""
+    see cpu/threads.py)."""
 
     device: str = "cpu"
     dtype: str | None = None
@@ -232,7 +232,7 @@ class ParallelConfig:
     all_reduce: str = "auto"
 
     def __post_init__(self) -> None:
-        from radixserve.distributed.tp_comm import TP_ALL_REDUCES
+        from radixserve.parallel.comm import TP_ALL_REDUCES
 
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import platform
 from importlib import metadata
 
-from radixserve import cpu_threads
+from radixserve.cpu import threads as cpu_threads
 from radixserve.kernels import native
 
 _PACKAGES = ("radixserve", "torch", "numpy", "gguf", "tokenizers", "safetensors", "llguidance",
@@ -149,8 +149,8 @@ def report(model: str | None, quantization: str = "auto",
 def tensor_parallel_lines(config, reader=None) -> list[str]:
     """What ``--tensor-parallel-size`` would run: the sizes this model splits into and the
     all-reduce ``auto`` picks (distributed/tp_comm.py)."""
-    from radixserve.distributed.tp_comm import describe_all_reduce, resolve_all_reduce
-    from radixserve.distributed.tp_shard import (TP_ARCHITECTURES, row_parallel_block,
+    from radixserve.parallel.comm import describe_all_reduce, resolve_all_reduce
+    from radixserve.models.tp_shard import (TP_ARCHITECTURES, row_parallel_block,
                                                  valid_tp_sizes)
 
     if config.architecture not in TP_ARCHITECTURES or config.moe is not None:

@@ -8,7 +8,7 @@ returns the final-norm hidden states of its tokens pooled into one vector:
 - ``mean``: the mean over every prompt token's hidden state.
 
 The engine returns the raw pooled vector; normalisation and ``dimensions`` truncation are the
-frontend's (`radixserve.engine.pooling`).
+frontend's (`radixserve.frontend.pooling`).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from radixserve import cpu_threads
+from radixserve.cpu import threads as cpu_threads
 from radixserve.__main__ import main
-from radixserve.cpu_threads import available_cpus, cgroup_cpu_limit, engine_threads
+from radixserve.cpu.threads import available_cpus, cgroup_cpu_limit, engine_threads
 
 
 def _root(tmp_path, files: dict[str, str], proc: str = "0::/\n"):
@@ -234,11 +234,11 @@ def test_api_process_and_engine_entry_do_not_load_torch():
     OMP_NUM_THREADS before libgomp reads it)."""
     out = _python("""
         import sys
-        import radixserve.__main__, radixserve.cpu_threads, radixserve.server.launch
+        import radixserve.__main__, radixserve.cpu.threads, radixserve.serve
         import radixserve.engine.core_proc
         before = [m for m in ("torch", "numpy") if m in sys.modules]
-        import radixserve.engine.async_engine, radixserve.engine.core_client
-        import radixserve.engine.tokenizer, radixserve.server.app
+        import radixserve.frontend.async_llm, radixserve.frontend.core_client
+        import radixserve.tokenizer.tokenizer, radixserve.frontend.app
         print(before, "torch" in sys.modules)
     """)
     assert out == "[] False"
@@ -249,7 +249,7 @@ def test_engine_threads_set_before_torch_reach_other_threads():
     (libgomp's default), not only in the thread that called torch.set_num_threads."""
     out = _python("""
         import threading
-        from radixserve.cpu_threads import apply_engine_threads
+        from radixserve.cpu.threads import apply_engine_threads
         apply_engine_threads(1)
         import torch
         seen = []

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import pre_tokenizers
 
-from radixserve.engine.byte_pieces import ByteLevelDetokenizer
-from radixserve.engine.detokenizer import IncrementalDetokenizer
-from radixserve.engine.tokenizer import Tokenizer
+from radixserve.tokenizer.byte_pieces import ByteLevelDetokenizer
+from radixserve.tokenizer.detokenizer import IncrementalDetokenizer
+from radixserve.tokenizer.tokenizer import Tokenizer
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -14,7 +14,7 @@ import random
 import time
 from collections import OrderedDict
 
-from radixserve.engine.messages import (
+from radixserve.messages import (
     EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineState, EngineStateQuery,
     RequestInfo, SchedulerStats)
 

@@ -19,7 +19,7 @@ from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.request import Request, RequestStatus
 from radixserve.core.sched_output import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from radixserve.core.stop import check_stop
-from radixserve.engine.messages import EngineCoreOutput, SchedulerStats
+from radixserve.messages import EngineCoreOutput, SchedulerStats
 from radixserve.spec.drafter import NO_SPEC, NoSpec, SpecDecoding
 
 

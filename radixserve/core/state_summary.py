@@ -11,7 +11,7 @@ import itertools
 import time
 
 from radixserve.core.request import Request
-from radixserve.engine.messages import EngineState, EngineStateQuery, RequestInfo
+from radixserve.messages import EngineState, EngineStateQuery, RequestInfo
 
 
 def engine_state(scheduler, query: EngineStateQuery) -> EngineState:

@@ -23,7 +23,7 @@ import traceback
 import msgspec
 import zmq
 
-from radixserve.engine.messages import (
+from radixserve.messages import (
     AbortRequests, EngineCoreOutput, EngineCoreOutputs, EngineInput, EngineReady,
     EngineStateQuery, Shutdown)
 

@@ -17,7 +17,7 @@ import torch
 
 from radixserve.config import EngineConfig, ModelConfig
 from radixserve.engine.context_len import model_window
-from radixserve.engine.tokenizer import load_tokenizer
+from radixserve.tokenizer.tokenizer import load_tokenizer
 from radixserve.models.half_stored import checkpoint_dtype
 from radixserve.models.loader import load_model, load_model_config, open_gguf
 from radixserve.models.quantization import resolve_quantization

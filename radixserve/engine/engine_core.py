@@ -22,15 +22,15 @@ from radixserve.core.kv.no_cache import NoPrefixCache
 from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
-from radixserve.cpu_threads import apply_engine_threads
-from radixserve.distributed.tp_ranks import start_tensor_parallel
+from radixserve.cpu.threads import apply_engine_threads
+from radixserve.engine.tp.ranks import start_tensor_parallel
 from radixserve.env_report import python_only_layers, startup_line, stored_types
 from radixserve.engine.context_len import resolve_max_model_len
 from radixserve.engine.draft_setup import build_draft_runner, open_draft
 from radixserve.core.state_summary import engine_state
-from radixserve.engine.messages import (
+from radixserve.messages import (
     EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineState, EngineStateQuery)
-from radixserve.engine.tokenizer import Tokenizer, load_tokenizer
+from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.half_stored import checkpoint_dtype
 from radixserve.models.loader import load_model, load_model_config, open_gguf
 from radixserve.models.quantization import resolve_quantization

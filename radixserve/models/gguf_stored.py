@@ -31,7 +31,7 @@ from torch import nn
 from tqdm import tqdm
 
 from radixserve.config import ModelConfig
-from radixserve.distributed.tp_shard import TensorShard
+from radixserve.models.tp_shard import TensorShard
 from radixserve.layers.block_linear import FORMATS, PACK_ROWS, BlockLinear, packed_bytes
 from radixserve.layers.block_rows import PackedEmbedding
 from radixserve.layers.int8_linear import Int8Linear

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from radixserve.distributed.tp_shard import TensorShard
+from radixserve.models.tp_shard import TensorShard
 from radixserve.layers.block_linear import BlockLinear, packed_bytes
 from radixserve.layers.block_rows import PackedEmbedding
 from radixserve.models.gguf_stored import _materialize, _trim_heap

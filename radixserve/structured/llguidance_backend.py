@@ -14,7 +14,7 @@ import llguidance
 import llguidance.torch as llg_torch
 import torch
 
-from radixserve.engine.tokenizer import Tokenizer
+from radixserve.tokenizer.tokenizer import Tokenizer
 from radixserve.structured.backend import GrammarError
 from radixserve.structured.llguidance_probe import (
     LIMIT_STOP_REASONS,

@@ -10,7 +10,7 @@ from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
 from radixserve.core.state_summary import engine_state
-from radixserve.engine.messages import EngineState, EngineStateQuery
+from radixserve.messages import EngineState, EngineStateQuery
 from radixserve.sampling_params import SamplingParams
 import msgspec
 

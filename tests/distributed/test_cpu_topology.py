@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.distributed.cpu_split import split_cpus
-from radixserve.distributed.cpu_topology import CpuTopology, parse_cpu_list
+from radixserve.cpu.split import split_cpus
+from radixserve.cpu.topology import CpuTopology, parse_cpu_list
 
 
 def _sysfs(root: Path, nodes: dict[int, str], siblings: dict[int, str]) -> str:

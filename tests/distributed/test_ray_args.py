@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from radixserve.distributed.dp_args import ray_config, replica_builds
-from radixserve.distributed.ray_executor import RayConfig, require_ray
-from radixserve.server.launch import add_serve_args
+from radixserve.cluster.dp_args import ray_config, replica_builds
+from radixserve.cluster.ray_executor import RayConfig, require_ray
+from radixserve.serve import add_serve_args
 
 
 def _args(*flags: str):

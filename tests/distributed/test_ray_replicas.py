@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 from server_proc import ServerProc  # noqa: E402
 from tiny_models import make_hf_model  # noqa: E402
 
-from radixserve.distributed.ray_executor import NAMESPACE  # noqa: E402
+from radixserve.cluster.ray_executor import NAMESPACE  # noqa: E402
 
 ROOT = Path(__file__).parents[2]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 import os
 
-from radixserve.distributed import dp_args
-from radixserve.distributed.cpu_topology import CpuTopology
-from radixserve.distributed.dp_args import build_pinned, replica_builds
+from radixserve.cluster import dp_args
+from radixserve.cpu.topology import CpuTopology
+from radixserve.cluster.dp_args import build_pinned, replica_builds
 
 
 def _make_build(threads):
@@ -23,7 +23,7 @@ def test_one_replica_is_built_unpinned_with_the_requested_threads():
 def test_replicas_get_disjoint_cpu_runs_and_their_share_of_threads(monkeypatch):
     monkeypatch.setattr(dp_args, "affinity_list", lambda: [0, 1, 2, 3, 4])
     monkeypatch.setattr(dp_args.CpuTopology, "read", CpuTopology)  # one node, no siblings
-    monkeypatch.setattr("radixserve.distributed.cpu_split.available_cpus", lambda: 5)
+    monkeypatch.setattr("radixserve.cpu.split.available_cpus", lambda: 5)
     builds = replica_builds(2, _make_build, None)
     assert [b.func for b in builds] == [build_pinned, build_pinned]
     assert [b.args[0] for b in builds] == [[0, 1, 2], [3, 4]]

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from radixserve.distributed.cpu_split import replica_threads, split_cpus
-from radixserve.distributed.dp_args import _cpu_ranges
-from radixserve.distributed.dp_client import sum_stats
-from radixserve.distributed.prefix_index import PrefixIndex, block_hashes
-from radixserve.distributed.routing import (
+from radixserve.cpu.split import replica_threads, split_cpus
+from radixserve.cluster.dp_args import _cpu_ranges
+from radixserve.cluster.dp_client import sum_stats
+from radixserve.cluster.prefix_index import PrefixIndex, block_hashes
+from radixserve.cluster.routing import (
     CacheAwareRouter, LeastLoadRouter, NoReplicaError, RoundRobinRouter, RoutingConfig,
     make_router)
-from radixserve.engine.messages import SchedulerStats
+from radixserve.messages import SchedulerStats
 
 BS = 4
 

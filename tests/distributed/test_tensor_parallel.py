@@ -23,7 +23,7 @@ import torch
 
 from radixserve import LLM, SamplingParams
 from radixserve.core.sched_output import ScheduledSeq
-from radixserve.distributed.tp_ranks import rank_cpus
+from radixserve.engine.tp.ranks import rank_cpus
 from radixserve.kernels import native
 
 NUM_TOKENS = 24
@@ -129,14 +129,14 @@ def test_a_size_that_does_not_divide_the_heads_names_the_valid_sizes():
 
 
 def test_more_ranks_than_cpus_share_them_with_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="radixserve.distributed.tp_ranks"):
+    with caplog.at_level(logging.WARNING, logger="radixserve.engine.tp.ranks"):
         assert rank_cpus([0, 1], 3) == [[0], [1], [0]]
     assert "3 ranks on 2 CPU(s) share them" in caplog.text
     assert rank_cpus([0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
 
 
 def test_a_shard_takes_rows_of_column_parallel_and_whole_blocks_of_row_parallel_matrices():
-    from radixserve.distributed.tp_shard import TensorShard
+    from radixserve.models.tp_shard import TensorShard
 
     w = torch.arange(8 * 64.0).reshape(8, 64)
     one = TensorShard(1, 2)
@@ -152,7 +152,7 @@ def test_a_shard_takes_rows_of_column_parallel_and_whole_blocks_of_row_parallel_
 
 
 def test_a_step_message_carries_what_the_forward_needs():
-    from radixserve.distributed.tp_runner import STOP, decode_step, encode_step
+    from radixserve.engine.tp.runner import STOP, decode_step, encode_step
 
     seqs = [ScheduledSeq("a", [5, 6, 7], 0, [3], True),
             ScheduledSeq("b", [9, 1], 14, [0, 7], True, num_draft=1),
@@ -165,7 +165,7 @@ def test_a_step_message_carries_what_the_forward_needs():
 
 def test_valid_sizes_divide_the_heads_and_keep_row_parallel_columns_whole_blocks():
     from radixserve.config import ModelConfig
-    from radixserve.distributed.tp_shard import check_tp_size, valid_tp_sizes
+    from radixserve.models.tp_shard import check_tp_size, valid_tp_sizes
 
     cfg = ModelConfig("LlamaForCausalLM", 1000, 1024, 2, 16, 8, 64, 2816)
     assert valid_tp_sizes(cfg) == [1, 2, 4, 8]

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from radixserve.engine.batch_encoder import BatchEncoder
-from radixserve.engine.tokenizer import Tokenizer
+from radixserve.frontend.batch_encoder import BatchEncoder
+from radixserve.tokenizer.tokenizer import Tokenizer
 from radixserve.models.default import default_model_path
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from radixserve import LLM
-from radixserve.engine.messages import EngineCoreRequest
-from radixserve.engine.pooling import finish_vector
+from radixserve.messages import EngineCoreRequest
+from radixserve.frontend.pooling import finish_vector
 from radixserve.pooling_params import PoolingParams
 from radixserve.sampling_params import SamplingParams
 

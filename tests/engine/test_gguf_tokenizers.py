@@ -26,15 +26,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from real_models import gemma3_270m
 
-from radixserve.engine.byte_pieces import ByteLevelDetokenizer, _byte_of_char
-from radixserve.engine.detokenizer import IncrementalDetokenizer
-from radixserve.engine.gguf_pre_tokenizers import (
+from radixserve.tokenizer.byte_pieces import ByteLevelDetokenizer, _byte_of_char
+from radixserve.tokenizer.detokenizer import IncrementalDetokenizer
+from radixserve.tokenizer.gguf_pre_tokenizers import (
     _DEEPSEEK_CODER,
     _DEEPSEEK_LLM,
     _DEEPSEEK_V3,
     gguf_pre_tokenizer,
 )
-from radixserve.engine.tokenizer import Tokenizer, load_tokenizer
+from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.source import ModelSource
 
 transformers = pytest.importorskip("transformers")

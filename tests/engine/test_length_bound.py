@@ -11,8 +11,8 @@ import pytest
 from tiny_models import _tokenizer_json
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from radixserve.engine.length_bound import max_chars_per_token
-from radixserve.engine.tokenizer import load_tokenizer
+from radixserve.tokenizer.length_bound import max_chars_per_token
+from radixserve.tokenizer.tokenizer import load_tokenizer
 from radixserve.models.source import ModelSource
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixserve.engine.parsers import (
+from radixserve.frontend.parsers import (
     ReasoningParser,
     ToolCall,
     ToolCallDelta,
@@ -20,7 +20,7 @@ from radixserve.engine.parsers import (
     get_tool_parser,
     make_call_id,
 )
-from radixserve.engine.parsers.reasoning import BoundaryTrimmer, trim_at_marks
+from radixserve.frontend.parsers.reasoning import BoundaryTrimmer, trim_at_marks
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -11,10 +11,10 @@ import pytest
 from tiny_models import make_hf_model
 
 from radixserve import LLM
-from radixserve.engine.async_engine import AsyncLLM, EngineStepError
-from radixserve.engine.messages import EngineCoreOutput, EngineCoreRequest
-from radixserve.engine.output_buffer import OutputBuffer
-from radixserve.engine.output_processor import RequestState
+from radixserve.frontend.async_llm import AsyncLLM, EngineStepError
+from radixserve.messages import EngineCoreOutput, EngineCoreRequest
+from radixserve.frontend.output_buffer import OutputBuffer
+from radixserve.frontend.output_processor import RequestState
 from radixserve.runner import fault_injection
 from radixserve.runner.fault_injection import FaultPlan, FaultyRunner, InjectedFault
 from radixserve.sampling_params import SamplingParams

@@ -26,7 +26,7 @@ from radixserve import SamplingParams
 from radixserve.config import engine_config
 from radixserve.core.sched_output import ScheduledSeq, SchedulerOutput
 from radixserve.engine.engine_core import EngineCore
-from radixserve.engine.messages import EngineCoreRequest
+from radixserve.messages import EngineCoreRequest
 from radixserve.kernels import native
 from radixserve.layers.block_linear import BlockLinear
 from radixserve.models.source import ModelSource

@@ -10,10 +10,10 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from radixserve.engine.parsers import ForcedToolParser, get_reasoning_parser, get_tool_parser
-from radixserve.server.anthropic_blocks import BlockAssembler
-from radixserve.server.protocol_anthropic import CountTokensRequest, MessagesRequest
-from radixserve.server.serving_chat import _ChoiceStream
+from radixserve.frontend.parsers import ForcedToolParser, get_reasoning_parser, get_tool_parser
+from radixserve.frontend.anthropic.blocks import BlockAssembler
+from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
+from radixserve.frontend.openai.serving_chat import _ChoiceStream
 
 OUTPUTS = [
     "plain text only",

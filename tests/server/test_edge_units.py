@@ -9,14 +9,14 @@ import json
 import msgspec
 import pytest
 
-from radixserve.engine.async_engine import AsyncLLM
-from radixserve.engine.core_client import EngineCoreClient
-from radixserve.engine.messages import AddRequest, EngineCoreRequest
-from radixserve.engine.output_buffer import OutputBuffer
+from radixserve.frontend.async_llm import AsyncLLM
+from radixserve.frontend.core_client import EngineCoreClient
+from radixserve.messages import AddRequest, EngineCoreRequest
+from radixserve.frontend.output_buffer import OutputBuffer
 from radixserve.sampling_params import SamplingParams
-from radixserve.server.content_type import unsupported_media_type
-from radixserve.server.asgi_io import SSE_HEADERS, send_stream
-from radixserve.server.generation_routes import _error_chunk
+from radixserve.frontend.http.content_type import unsupported_media_type
+from radixserve.frontend.http.asgi_io import SSE_HEADERS, send_stream
+from radixserve.frontend.openai.routes import _error_chunk
 
 
 class _Tokenizer:

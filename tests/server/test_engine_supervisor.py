@@ -11,8 +11,8 @@ import time
 
 from supervisor_builds import mock_unless_marker
 
-from radixserve.engine.core_client import EngineCoreClient
-from radixserve.server.engine_supervisor import EngineSupervisor, RestartPolicy
+from radixserve.frontend.core_client import EngineCoreClient
+from radixserve.cluster.engine_supervisor import EngineSupervisor, RestartPolicy
 
 
 def test_the_back_off_doubles_from_an_immediate_first_restart_up_to_its_cap():

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry
 
-from radixserve.engine.core_client import EngineDeadError
-from radixserve.engine.messages import CacheNodeInfo, EngineState, RequestInfo
-from radixserve.server.engine_view import state_json
+from radixserve.frontend.core_client import EngineDeadError
+from radixserve.messages import CacheNodeInfo, EngineState, RequestInfo
+from radixserve.frontend.http.engine_view import state_json
 
 CTX = SimpleNamespace(model_name="tiny",
                       tokenizer=SimpleNamespace(decode=lambda ids, **_: f"<{len(ids)}>"))

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from radixserve.server.protocol import (ChatCompletionChoice, ChatCompletionMessage,
+from radixserve.frontend.openai.protocol import (ChatCompletionChoice, ChatCompletionMessage,
                                         ChatCompletionRequest, ChatCompletionResponse,
                                         ChatCompletionStreamChoice, ChatCompletionStreamResponse,
                                         ChatLogprobs, ChatTokenLogprob, ChatTopLogprob,
@@ -346,12 +346,12 @@ def test_fastapi_request_validation_error_body():
 def test_chunk_template_equals_the_model_dump():
     import json as _json
 
-    from radixserve.server.protocol_chat import (
+    from radixserve.frontend.openai.protocol_chat import (
         ChatCompletionStreamChoice,
         ChatCompletionStreamResponse,
         DeltaMessage,
     )
-    from radixserve.server.serving import TEXT_MARK, ChunkTemplate, sse
+    from radixserve.frontend.openai.serving import TEXT_MARK, ChunkTemplate, sse
 
     def completion(text):
         return CompletionStreamResponse(id="cmpl-1", created=1, model="m",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from radixserve.server.protocol import CompletionRequest
-from radixserve.server.protocol_chat import ChatCompletionRequest
+from radixserve.frontend.openai.protocol import CompletionRequest
+from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
 
 ROUTER_CHAT = {"logprobs": False, "no_stop_trim": False, "ignore_eos": False,
                "continue_final_message": False, "skip_special_tokens": True,

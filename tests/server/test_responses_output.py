@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from radixserve.engine.parsers import ReasoningParser, ToolCallParser
-from radixserve.server.protocol_responses import ResponsesRequest, chat_messages, stored_items
-from radixserve.server.responses_output import OutputBuilder
+from radixserve.frontend.parsers import ReasoningParser, ToolCallParser
+from radixserve.frontend.responses.protocol import ResponsesRequest, chat_messages, stored_items
+from radixserve.frontend.responses.output import OutputBuilder
 
 TEXT = ("<think>\nfirst I look up the weather\n</think>\n\nLet me check."
         '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'

@@ -11,7 +11,7 @@ from test_spec_embedded import GREEDY, PROMPTS, reference, speculating, token_id
 
 from radixserve import SamplingParams
 from radixserve.config import SpeculativeConfig
-from radixserve.engine.messages import EngineCoreRequest
+from radixserve.messages import EngineCoreRequest
 from radixserve.runner.draft_runner import NO_DRAFT_RUNNER, DraftRunner
 from radixserve.runner.model_runner import ModelRunner
 from radixserve.spec.draft_model import make_draft_spec

@@ -11,8 +11,8 @@ from prometheus_client import generate_latest
 from radixserve.bench.metrics import parse_prometheus, spec_counters, summarize
 from radixserve.cli_args import add_engine_args, engine_kwargs
 from radixserve.config import SpeculativeConfig, engine_config
-from radixserve.engine.messages import SchedulerStats
-from radixserve.server.metrics import ServerMetrics
+from radixserve.messages import SchedulerStats
+from radixserve.frontend.http.metrics import ServerMetrics
 
 
 def test_metrics_expose_drafts_accepted_and_rate_per_position():

@@ -9,11 +9,11 @@ import json
 import llguidance
 import pytest
 
-from radixserve.engine.tokenizer import load_tokenizer
+from radixserve.tokenizer.tokenizer import load_tokenizer
 from radixserve.models.source import ModelSource
 from radixserve.sampling_params import SamplingParams
-from radixserve.server.protocol_structured import ResponseFormat, structured_params
-from radixserve.server.serving import ServingContext
+from radixserve.frontend.openai.protocol_structured import ResponseFormat, structured_params
+from radixserve.frontend.openai.serving import ServingContext
 from radixserve.structured.llguidance_spec import grammar_text
 from radixserve.structured.params import StructuredOutputsParams as SO
 from radixserve.structured.strict_schema import STRICT_JSON_OPTIONS, strict_schema

@@ -16,8 +16,8 @@ from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.sched_output import ModelRunnerOutput
 from radixserve.core.scheduler import Scheduler
 from radixserve.engine.engine_core import EngineCore
-from radixserve.engine.messages import EngineCoreRequest
-from radixserve.engine.tokenizer import load_tokenizer
+from radixserve.messages import EngineCoreRequest
+from radixserve.tokenizer.tokenizer import load_tokenizer
 from radixserve.models.source import ModelSource
 from radixserve.sampling_params import SamplingParams
 from radixserve.structured.backend import GrammarError

@@ -1,0 +1,251 @@
+"""Anthropic Messages API request models (``POST /v1/messages``, ``/v1/messages/count_tokens``)
+and their mapping onto a `ChatCompletionRequest`, so a Messages request runs through the chat
+pipeline (template, tool-call and reasoning parsers, structured output) unchanged.
+
+Requests forbid unknown top-level fields, as the OpenAI models do (an unsupported parameter is
+refused by name); content blocks and tools ignore fields they do not use (``cache_control``:
+the prefix cache is automatic; ``citations``, ``caller``...), so a client may send back the
+blocks it received as they are. Content blocks are ``text``, ``tool_use``,
+``tool_result``, ``thinking`` and ``redacted_thinking``; any other block type (images,
+documents) is refused by name.
+
+How a conversation becomes chat messages:
+
+* ``system`` (a string or text blocks) is one system message;
+* a user message's ``tool_result`` blocks become ``tool`` messages (``tool_call_id`` set), in
+  order, followed by a user message with its text blocks, if any;
+* an assistant message's text, ``tool_use`` blocks (``tool_calls`` with ``input`` as JSON
+  arguments) and ``thinking`` (``reasoning_content``) become one assistant message.
+
+``tool_choice``: ``auto`` → ``"auto"``, ``any`` → ``"required"``, ``tool`` → the named
+function, ``none`` → ``"none"``; ``disable_parallel_tool_use`` → ``parallel_tool_calls=False``.
+``thinking`` sets the template's ``enable_thinking``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from radixserve.frontend.openai.protocol_chat import (
+    ChatCompletionRequest,
+    ChatMessage,
+    FunctionCall,
+    FunctionDefinition,
+    NamedFunction,
+    NamedToolChoice,
+    Tool,
+    ToolCall,
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextBlock(_Block):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(_Block):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Block):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = None
+
+    def text(self) -> str:
+        """The result as one string; an error result is marked as such for the model."""
+        if isinstance(self.content, list):
+            text = "\n".join(block.text for block in self.content)
+        else:
+            text = self.content or ""
+        return f"Error: {text}" if self.is_error else text
+
+
+class ThinkingBlock(_Block):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(_Block):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+ContentBlock = Annotated[
+    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    Field(discriminator="type"),
+]
+
+
+class Message(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+    @model_validator(mode="after")
+    def _blocks_fit_role(self) -> Message:
+        allowed = ({"text", "tool_result"} if self.role == "user"
+                   else {"text", "tool_use", "thinking", "redacted_thinking"})
+        for block in self.content if isinstance(self.content, list) else ():
+            if block.type not in allowed:
+                raise ValueError(f"{self.role} messages may not hold {block.type} blocks "
+                                 f"(allowed: {', '.join(sorted(allowed))})")
+        return self
+
+    def chat_messages(self) -> list[ChatMessage]:
+        """This message as chat messages (see the module docstring)."""
+        if isinstance(self.content, str):
+            return [ChatMessage(role=self.role, content=self.content)]
+        texts = [b.text for b in self.content if b.type == "text"]
+        if self.role == "user":
+            out = [ChatMessage(role="tool", content=b.text(), tool_call_id=b.tool_use_id)
+                   for b in self.content if b.type == "tool_result"]
+            if texts or not out:
+                out.append(ChatMessage(role="user", content="\n".join(texts)))
+            return out
+        calls = [ToolCall(id=b.id, function=FunctionCall(
+                     name=b.name, arguments=json.dumps(b.input, ensure_ascii=False)))
+                 for b in self.content if b.type == "tool_use"]
+        thinking = "".join(b.thinking for b in self.content if b.type == "thinking")
+        # NOTE: content "" (not None) without text: simple templates concatenate it
+        return [ChatMessage(role="assistant", content="\n".join(texts),
+                            tool_calls=calls or None, reasoning_content=thinking or None)]
+
+
+class ToolDefinition(_Block):
+    """A client tool; Anthropic's server tools (web search, bash...) are not served here."""
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+
+
+class ToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+    @model_validator(mode="after")
+    def _name_iff_tool(self) -> ToolChoice:
+        if (self.type == "tool") != (self.name is not None):
+            raise ValueError("tool_choice needs a 'name' exactly when its type is 'tool'")
+        return self
+
+
+class ThinkingConfig(_Strict):
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(None, ge=1)
+
+
+class OutputFormat(_Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Strict):
+    """``format`` constrains the text to a JSON schema (the structured-output path);
+    ``effort`` goes to the chat template as ``reasoning_effort``."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: OutputFormat | None = None
+
+
+class Metadata(_Strict):
+    user_id: str | None = None
+
+
+class CountTokensRequest(_Strict):
+    """``POST /v1/messages/count_tokens``: the prompt part of a Messages request."""
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    cache_control: dict[str, Any] | None = None  # accepted: the prefix cache is automatic
+
+    @model_validator(mode="after")
+    def _choice_names_a_tool(self):
+        choice, names = self.tool_choice, [t.name for t in self.tools or ()]
+        if choice is not None and choice.type in ("any", "tool") and not names:
+            raise ValueError(f"tool_choice of type '{choice.type}' needs tools")
+        if choice is not None and choice.type == "tool" and choice.name not in names:
+            raise ValueError(f"tool_choice names {choice.name!r}, which is not in tools")
+        return self
+
+    def to_chat(self) -> ChatCompletionRequest:
+        """The equivalent chat request."""
+        messages: list[ChatMessage] = []
+        if self.system:
+            system = (self.system if isinstance(self.system, str)
+                      else "\n".join(b.text for b in self.system))
+            messages.append(ChatMessage(role="system", content=system))
+        for m in self.messages:
+            messages += m.chat_messages()
+        tools = [Tool(function=FunctionDefinition(name=t.name, description=t.description,
+                                                  parameters=t.input_schema))
+                 for t in self.tools] if self.tools else None
+        choice = self.tool_choice
+        kwargs = ({"enable_thinking": self.thinking.type == "enabled"}
+                  if self.thinking is not None else None)
+        output = self.output_config or OutputConfig()
+        response_format = None
+        if output.format is not None:
+            response_format = {"type": "json_schema",
+                               "json_schema": {"name": "output", "schema": output.format.schema_}}
+        return ChatCompletionRequest(
+            model=self.model, messages=messages, tools=tools,
+            tool_choice=_chat_tool_choice(choice) if tools else None,
+            parallel_tool_calls=not (choice and choice.disable_parallel_tool_use),
+            chat_template_kwargs=kwargs, reasoning_effort=output.effort,
+            response_format=response_format, **self._sampling())
+
+    def _sampling(self) -> dict[str, Any]:
+        """The chat request's sampling fields (none for counting tokens)."""
+        return {}
+
+
+def _chat_tool_choice(choice: ToolChoice | None):
+    if choice is None or choice.type == "auto":
+        return "auto"
+    if choice.type == "tool":
+        return NamedToolChoice(function=NamedFunction(name=choice.name))
+    return {"any": "required", "none": "none"}[choice.type]
+
+
+class MessagesRequest(CountTokensRequest):
+    """``POST /v1/messages``."""
+
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    metadata: Metadata | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None  # accepted, one tier here
+    ignore_eos: bool = False  # radixserve's extension (as vLLM's on chat): for benchmarks
+
+    def _sampling(self) -> dict[str, Any]:
+        return dict(max_tokens=self.max_tokens, stop=list(self.stop_sequences or []),
+                    temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                    user=self.metadata.user_id if self.metadata else None, stream=self.stream,
+                    ignore_eos=self.ignore_eos)

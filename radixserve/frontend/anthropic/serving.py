@@ -1,0 +1,140 @@
+"""POST /v1/messages and /v1/messages/count_tokens: the Anthropic Messages API on the chat
+pipeline.
+
+A Messages request becomes a chat request (`MessagesRequest.to_chat`) and is prepared by the
+chat server itself (template, tools, a forced ``tool_choice`` as structured output, sampling
+checks); the engine's text goes through the chat's per-sample parsers, whose deltas
+`BlockAssembler` turns into Anthropic blocks, whole or as stream events. Errors use
+Anthropic's shape (`anthropic_error_response`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from radixserve.frontend.async_llm import NO_TICKET, EngineRequestError, QueueTicket
+from radixserve.frontend.output_processor import RequestState
+from radixserve.frontend.anthropic.blocks import (
+    MESSAGE_STOP, PING, BlockAssembler, event, stop_reason, usage)
+from radixserve.frontend.http.errors import error_headers, error_response, send_json
+from radixserve.frontend.openai.protocol import random_id
+from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
+from radixserve.frontend.openai.serving import ServingContext
+from radixserve.frontend.openai.serving_chat import ChatServer, _ChoiceStream, render_messages
+
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
+                408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
+                500: "api_error", 503: "overloaded_error", 504: "timeout_error",
+                529: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    """``{"type": "error", "error": {"type", "message"}}``, the type named for ``status``."""
+    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_error_response(exc: Exception) -> tuple[int, dict | None]:
+    """(status, Anthropic error body) for ``exc``: the status and message the OpenAI routes
+    give (`errors.error_response`), the offending field named in the message."""
+    if isinstance(exc, EngineRequestError):
+        return 400, anthropic_error_body(400, str(exc))
+    status, body = error_response(exc)
+    if body is None:
+        return status, None
+    message, param = body["error"]["message"], body["error"].get("param")
+    if param and param not in message:
+        message = f"{param}: {message}"
+    return status, anthropic_error_body(status, message)
+
+
+async def send_anthropic_error(send, exc: Exception) -> None:
+    status, body = anthropic_error_response(exc)
+    await send_json(send, status, msgspec.json.encode(body) if body is not None else b"",
+                    error_headers(exc))
+
+
+def stream_error_event(exc: Exception) -> str:
+    """The ``error`` event that ends a stream which failed after it started."""
+    _, body = anthropic_error_response(exc)
+    return event("error", {"error": body["error"]})
+
+
+class MessagesServer:
+    def __init__(self, ctx: ServingContext, chat: ChatServer | None = None) -> None:
+        self.ctx = ctx
+        self.chat = chat or ChatServer(ctx)
+
+    async def prepare(self, body: MessagesRequest):
+        """(prompt ids, SamplingParams, tool-call parser or None), as `ChatServer.prepare`."""
+        return await self.chat.prepare(body.to_chat())
+
+    async def count_tokens(self, body: CountTokensRequest) -> bytes:
+        """``{"input_tokens": n}``: the prompt a Messages request with these fields gets."""
+        self.ctx.check_model(body.model)
+        chat = body.to_chat()
+        self.ctx.prep.check_messages(chat.messages)
+        _, ids = await self.ctx.prep.chat_prompt(lambda: render_messages(self.ctx, chat))
+        return msgspec.json.encode({"input_tokens": len(ids)})
+
+    def _generate(self, ids, params, message_id: str, arrival: float, ticket: QueueTicket):
+        return contextlib.aclosing(
+            self.ctx.engine.generate(ids, params, message_id, 0, arrival, ticket))
+
+    def _message(self, message_id: str, content: list, reason, sequence, usage_: dict) -> dict:
+        return {"id": message_id, "type": "message", "role": "assistant",
+                "model": self.ctx.model_name, "content": content, "stop_reason": reason,
+                "stop_sequence": sequence, "usage": usage_}
+
+    async def full(self, ids, params, tool_parser, arrival: float,
+                   ticket: QueueTicket = NO_TICKET) -> bytes:
+        message_id = random_id("msg_")
+        state: RequestState | None = None
+        async with self._generate(ids, params, message_id, arrival, ticket) as steps:
+            async for step in steps:
+                state = step.state
+        parsers = _ChoiceStream(self.ctx.reasoning_parser, tool_parser)
+        blocks = BlockAssembler()
+        for delta in parsers.feed(state.text) + parsers.finish():
+            blocks.add(delta)
+        blocks.close()
+        reason, sequence = stop_reason(state, blocks.has_tool_calls)
+        return msgspec.json.encode(self._message(message_id, blocks.blocks, reason, sequence,
+                                                 usage(len(ids), state)))
+
+    async def stream(self, ids, params, tool_parser, arrival: float,
+                     ticket: QueueTicket = NO_TICKET) -> AsyncIterator[str]:
+        """The event stream, one write per engine step. ``message_start`` waits for the first
+        step, so its usage knows the prefix-cache hit; ``message_delta`` carries the final
+        usage and the stop reason."""
+        message_id = random_id("msg_")
+        parsers = _ChoiceStream(self.ctx.reasoning_parser, tool_parser)
+        blocks = BlockAssembler()
+        started = False
+        async with self._generate(ids, params, message_id, arrival, ticket) as steps:
+            async for step in steps:
+                state = step.state
+                out: list[str] = []
+                if not started:
+                    started = True
+                    start_usage = dict(usage(len(ids), state), output_tokens=0)
+                    out += [event("message_start", {"message": self._message(
+                        message_id, [], None, None, start_usage)}), PING]
+                deltas = parsers.feed(step.text)
+                if state.finished:
+                    deltas += parsers.finish()
+                for delta in deltas:
+                    out += blocks.add(delta)
+                if state.finished:
+                    out += blocks.close()
+                    reason, sequence = stop_reason(state, blocks.has_tool_calls)
+                    out += [event("message_delta", {
+                        "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                        "usage": usage(len(ids), state)}), MESSAGE_STOP]
+                yield "".join(out)

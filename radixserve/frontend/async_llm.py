@@ -1,0 +1,249 @@
+"""AsyncLLM: the API process's engine: requests in, per-step text deltas out.
+
+Owns what is text: the prompt's token ids come in, each of the ``n`` samples becomes one
+engine request (sharing the prompt), and every engine step's output is turned into a text delta
+by that sample's ``RequestState`` (detokenizer, stop strings, logprobs). A consumer that stops
+iterating (client gone) aborts whatever is unfinished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from radixserve.frontend.core_client import EngineCoreClient, EngineDeadError
+from radixserve.messages import EngineCoreOutput, EngineCoreRequest
+from radixserve.frontend.output_buffer import OutputBuffer
+from radixserve.frontend.output_processor import RequestState
+from radixserve.tokenizer.tokenizer import Tokenizer
+from radixserve.pooling_params import PoolingParams
+from radixserve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_NO_SAMPLING = SamplingParams(max_tokens=1)  # what an embedding request carries (never read)
+
+
+class EngineRequestError(ValueError):
+    """The engine refused a request (message from the engine)."""
+
+
+class EngineStepError(RuntimeError):
+    """A fault while running the request ended it: in the engine's step (the forward, the
+    sampler, its grammar) or in turning its tokens into text here. A server error (500); the
+    engine and the other requests go on."""
+
+
+@dataclass(slots=True)
+class StepDelta:
+    """One sample's progress since the previous delta (one engine step, or several merged
+    when the consumer fell behind; ``output`` then holds all their tokens)."""
+
+    index: int
+    text: str
+    state: RequestState
+    output: EngineCoreOutput
+
+
+class QueueTicket:
+    """Null ticket: no queue deadline, nothing counted. The server's admission gate hands out
+    a subclass per request (`radixserve.frontend.http.admission.Ticket`)."""
+
+    __slots__ = ()
+    deadline: float | None = None  # time.monotonic() by which every sample must have started
+
+    def started(self, num_prompt_tokens: int) -> None:
+        """One sample got its first output (its prompt is prefilled)."""
+
+    def timed_out(self, waited: float) -> Exception:
+        """The error to raise when ``deadline`` passed with a sample not started."""
+        return EngineRequestError(f"the request did not start within {waited:.1f} s")
+
+
+NO_TICKET = QueueTicket()
+
+
+class MetricsSink:
+    """Null metrics: the server passes a Prometheus-backed subclass."""
+
+    def on_first_token(self, ttft: float, queue_time: float | None) -> None: ...
+    def on_token(self, itl: float) -> None:
+        """The gap since the previous delivery of this request's tokens (one per engine step,
+        or several when the consumer fell behind and they were merged)."""
+    def on_finish(self, state: RequestState, num_prompt: int, e2e: float) -> None: ...
+    def on_abort(self, num_requests: int) -> None:
+        """Engine requests aborted unfinished (the consumer stopped: client gone, timeout,
+        error)."""
+
+
+class AsyncLLM:
+    def __init__(self, client: EngineCoreClient, tokenizer: Tokenizer, max_model_len: int,
+                 metrics: MetricsSink | None = None) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.metrics = metrics or MetricsSink()
+        self.eos_token_ids = sorted(tokenizer.eos_token_ids)
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                       request_id: str, priority: int = 0,
+                       arrival_time: float | None = None,
+                       ticket: QueueTicket = NO_TICKET) -> AsyncIterator[StepDelta]:
+        """Yield each sample's text deltas as engine steps arrive, until all samples finish.
+
+        ``ticket.started`` is called as each sample gets its first output; a sample not started
+        by ``ticket.deadline`` aborts the request and raises ``ticket.timed_out(...)``.
+        Raises EngineRequestError if the engine refused the request, EngineStepError if a
+        fault while running it ended it, EngineDeadError if the engine died.
+
+        NOTE: however it ends (finished, refused, an exception here or in the consumer, the
+        consumer closing it), every sample it registered with the client is unregistered:
+        the ``finally`` aborts whatever is unfinished, including samples whose registration
+        raised half-way.
+        """
+        arrival = arrival_time or time.time()
+        buffer = OutputBuffer()
+        states: dict[str, RequestState] = {}
+        unfinished: set[str] = set()
+        not_started: set[str] = set()
+        last_token_time = None
+        try:
+            for i in range(params.n):
+                child = params.for_sample(i)
+                rid = f"{request_id}-{i}" if params.n > 1 else request_id
+                states[rid] = RequestState(i, prompt_token_ids, child, self.tokenizer)
+                req = EngineCoreRequest(request_id=rid, prompt_token_ids=prompt_token_ids,
+                                        sampling_params=child, eos_token_ids=self.eos_token_ids,
+                                        arrival_time=arrival, priority=priority)
+                unfinished.add(rid)
+                not_started.add(rid)
+                await self.client.add_request(req, buffer)
+            while unfinished:
+                # NOTE: a consumer that falls behind gets every output waiting for it at once,
+                # merged into one delta per sample: fewer wake-ups and chunks, the same text.
+                if not_started and ticket.deadline is not None:
+                    pending = await _take_before(buffer, ticket, arrival)
+                else:
+                    pending = await buffer.take()
+                now = time.time()
+                for rid, outs in _by_request(pending).items():
+                    state = states[rid]
+                    if rid in not_started:
+                        not_started.discard(rid)
+                        ticket.started(len(prompt_token_ids))
+                    if state.finished:
+                        continue  # sent before our abort of a stop-string finish arrived
+                    try:
+                        text, applied = _process(state, outs)
+                    except Exception as exc:  # noqa: BLE001 - this request's fault alone
+                        logger.error("request %s: processing its output failed", rid,
+                                     exc_info=exc)
+                        raise EngineStepError(f"processing the request's output failed: "
+                                              f"{type(exc).__name__}: {exc}") from exc
+                    if state.finished:
+                        unfinished.discard(rid)
+                        if applied.finish_reason is None:  # a stop string ended it here
+                            await self.client.abort([rid])
+                        self.metrics.on_finish(state, len(prompt_token_ids), now - arrival)
+                    yield StepDelta(state.index, text, state, applied)
+                # one latency observation per wake-up, however many steps it delivered
+                if last_token_time is None:
+                    self.metrics.on_first_token(now - arrival, pending[0].queue_time)
+                else:
+                    self.metrics.on_token(now - last_token_time)
+                last_token_time = now
+        finally:
+            if unfinished:
+                self.metrics.on_abort(len(unfinished))
+                await self.client.abort(list(unfinished))
+
+
+    async def embed(self, prompt_token_ids: list[int], pooling: PoolingParams,
+                    request_id: str, priority: int = 0, arrival_time: float | None = None,
+                    ticket: QueueTicket = NO_TICKET) -> EngineCoreOutput:
+        """Prefill ``prompt_token_ids`` as an embedding request; its one output, whose
+        ``pooled`` holds the raw pooled vector. Raises as `generate` does; a consumer that is
+        cancelled meanwhile aborts the request."""
+        arrival = arrival_time or time.time()
+        buffer = OutputBuffer()
+        req = EngineCoreRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
+                                sampling_params=_NO_SAMPLING, arrival_time=arrival,
+                                priority=priority, pooling_params=pooling)
+        await self.client.add_request(req, buffer)
+        finished = False
+        try:
+            while True:
+                pending = (await _take_before(buffer, ticket, arrival)
+                           if ticket.deadline is not None else await buffer.take())
+                for out in _by_request(pending).get(request_id, ()):
+                    if out.finish_reason is not None:
+                        finished = True
+                        ticket.started(len(prompt_token_ids))
+                        return out
+        finally:
+            if not finished:
+                await self.client.abort([request_id])
+
+
+async def _take_before(buffer: OutputBuffer, ticket: QueueTicket, arrival: float) -> list:
+    """``buffer.take()``, raising ``ticket.timed_out`` once its deadline has passed."""
+    try:
+        async with asyncio.timeout(max(0.0, ticket.deadline - time.monotonic())):
+            return await buffer.take()
+    except TimeoutError:
+        raise ticket.timed_out(time.time() - arrival) from None
+
+
+def _by_request(pending: list) -> dict[str, list[EngineCoreOutput]]:
+    """The outputs taken from the buffer, grouped per request in arrival order; raises what
+    the engine reported instead of an output."""
+    grouped: dict[str, list[EngineCoreOutput]] = {}
+    for out in pending:
+        if isinstance(out, EngineDeadError):
+            raise out
+        if out.error is not None:
+            if out.finish_reason == "error":
+                raise EngineStepError(out.error)
+            raise EngineRequestError(out.error)
+        outs = grouped.get(out.request_id)
+        if outs is None:
+            grouped[out.request_id] = [out]
+        else:
+            outs.append(out)
+    return grouped
+
+
+def _process(state: RequestState, outs: list[EngineCoreOutput]) -> tuple[str, EngineCoreOutput]:
+    """Apply consecutive outputs of one request; return the text they release and the
+    outputs applied, merged into one.
+
+    Without stop strings they are applied as one merged output (one detokenizer call per
+    wake-up, not per token). With stop strings each is applied in turn, so that the output's
+    token ids end at the step that completed the stop string, whatever was merged.
+    """
+    if not state.params.stop:
+        merged = _merge(outs)
+        return state.process(merged), merged
+    text, applied = "", 0
+    for out in outs:
+        text += state.process(out)
+        applied += 1
+        if state.finished:
+            break
+    return text, _merge(outs[:applied])
+
+
+def _merge(outs: list[EngineCoreOutput]) -> EngineCoreOutput:
+    """Consecutive outputs of one request as one."""
+    if len(outs) == 1:
+        return outs[0]
+    last = outs[-1]
+    with_logprobs = outs[0].logprobs is not None
+    return EngineCoreOutput(
+        last.request_id, [t for o in outs for t in o.new_token_ids], last.finish_reason,
+        [lp for o in outs for lp in o.logprobs or []] if with_logprobs else None,
+        [top for o in outs for top in o.top_logprobs or []] if with_logprobs else None,
+        last.num_cached_tokens, outs[0].queue_time, None)

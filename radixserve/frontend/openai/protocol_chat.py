@@ -1,0 +1,286 @@
+"""OpenAI chat-completion and vLLM tokenize/detokenize models (see `protocol` for conventions)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, NonNegativeInt, ValidationInfo, field_validator, model_validator
+
+from radixserve.frontend.openai.protocol import (MAX_OPENAI_LOGPROBS, OpenAIRequest, OpenAIResponse,
+                                        SamplingRequest, UsageInfo, _now, _or, random_id)
+
+# ----------------------------------------------------------------------------- messages and tools
+
+
+class TextContentPart(OpenAIRequest):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(OpenAIRequest):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(OpenAIRequest):
+    """A tool call of an assistant message (in requests and responses)."""
+
+    id: str = Field(default_factory=lambda: random_id("chatcmpl-tool-"))
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(OpenAIRequest):
+    """One message; content is a string or a list of text parts (other parts are rejected)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant only
+    tool_call_id: str | None = None  # tool messages: the call this answers
+    reasoning_content: str | None = None  # assistant, echoed back by clients
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, value):
+        for part in value if isinstance(value, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+            if kind != "text":
+                raise ValueError(f"only text content is supported, got a {kind!r} content part")
+            if isinstance(part, dict) and not isinstance(part.get("text"), str):
+                raise ValueError("a text content part needs a 'text' string")
+        return value
+
+    @model_validator(mode="after")
+    def _check_role(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"only assistant messages may have tool_calls, not {self.role}")
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"{self.role} messages must have content")
+        return self
+
+    def text(self) -> str | None:
+        """The content as one string: text parts joined by newlines (as vLLM does)."""
+        if isinstance(self.content, list):
+            return "\n".join(part.text for part in self.content)
+        return self.content
+
+
+class FunctionDefinition(OpenAIRequest):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON schema
+    strict: bool | None = None
+
+
+class Tool(OpenAIRequest):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIRequest):
+    name: str
+
+
+class NamedToolChoice(OpenAIRequest):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+@classmethod
+def _continue_or_generate(cls, value, info: ValidationInfo):
+    """``continue_final_message`` validator of the requests that render a chat template."""
+    if value and info.data.get("add_generation_prompt"):
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+    return value
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """``POST /v1/chat/completions``. ``max_completion_tokens`` wins over ``max_tokens``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None  # deprecated by OpenAI; None: the server's default
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_OPENAI_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # passed through to the chat template
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_needs_tools(cls, value, info: ValidationInfo):
+        names = [tool.function.name for tool in info.data.get("tools") or ()]
+        if value == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        if isinstance(value, NamedToolChoice) and value.function.name not in names:
+            raise ValueError(f"tool_choice names {value.function.name!r}, which is not in tools")
+        return value
+
+    _not_both = field_validator("continue_final_message")(_continue_or_generate)
+
+    def requested_max_tokens(self) -> int | None:
+        return _or(self.max_completion_tokens, self.max_tokens)
+
+    def requested_logprobs(self) -> tuple[int | None, str]:
+        return (_or(self.top_logprobs, 0) if self.logprobs else None), "top_logprobs"
+
+
+class TokenizeRequest(OpenAIRequest):
+    """``POST /tokenize``: either ``prompt`` or chat ``messages`` (rendered with the template).
+
+    ``add_special_tokens`` defaults to true for a prompt and false for messages (the template
+    adds them), as in vLLM; see `effective_add_special_tokens`.
+    """
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    return_token_strs: bool | None = False
+
+    _not_both = field_validator("continue_final_message")(_continue_or_generate)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of prompt or messages must be given")
+        return self
+
+    @property
+    def effective_add_special_tokens(self) -> bool:
+        return _or(self.add_special_tokens, self.messages is None)
+
+
+class DetokenizeRequest(OpenAIRequest):
+    """``POST /detokenize``."""
+
+    model: str | None = None
+    tokens: list[NonNegativeInt]
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+class ChatCompletionMessage(OpenAIResponse):
+    _keep_none = frozenset({"content"})
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatTopLogprob(OpenAIResponse):
+    _keep_none = frozenset({"bytes"})
+    token: str
+    logprob: float
+    bytes: list[int] | None = None  # UTF-8 bytes of the token
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(OpenAIResponse):
+    _keep_none = frozenset({"content"})
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatCompletionChoice(OpenAIResponse):
+    _keep_none = frozenset({"logprobs", "finish_reason", "stop_reason"})
+    index: int
+    message: ChatCompletionMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None  # vLLM extension
+
+
+class ChatCompletionResponse(OpenAIResponse):
+    id: str = Field(default_factory=lambda: random_id("chatcmpl-"))
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class DeltaFunctionCall(OpenAIResponse):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(OpenAIResponse):
+    """A piece of a streamed tool call; ``id``/``type``/``name`` come in its first piece."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
+class DeltaMessage(OpenAIResponse):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
+class ChatCompletionStreamChoice(OpenAIResponse):
+    _keep_none = frozenset({"logprobs", "finish_reason"})
+    index: int
+    delta: DeltaMessage = Field(default_factory=DeltaMessage)
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionStreamResponse(OpenAIResponse):
+    """A ``chat.completion.chunk``; ``usage`` only in the final usage chunk (else omitted)."""
+
+    id: str = Field(default_factory=lambda: random_id("chatcmpl-"))
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatCompletionStreamChoice] = Field(default_factory=list)
+    usage: UsageInfo | None = None
+
+
+class TokenizeResponse(OpenAIResponse):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(OpenAIResponse):
+    prompt: str
+
+
+class RenderResponse(OpenAIResponse):
+    """``POST /v1/chat/completions/render``: the rendered template and its token ids (also
+    as vLLM's ``token_ids``, which routers read; ``/v1/completions/render``: a list of
+    these, one per prompt)."""
+
+    model: str
+    token_ids: list[int]
+    prompt: str
+    prompt_token_ids: list[int]
+    count: int

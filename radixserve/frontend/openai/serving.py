@@ -1,0 +1,190 @@
+"""What both OpenAI endpoints share: the served model, request checks, SSE, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from radixserve.frontend.async_llm import AsyncLLM
+from radixserve.frontend.batch_encoder import BatchEncoder
+from radixserve.frontend.core_client import EngineDeadError
+from radixserve.frontend.parsers import ReasoningParser, ToolCallParser
+from radixserve.frontend.pooling import EmbeddingSetup
+from radixserve.sampling_params import SamplingParams
+from radixserve.frontend.openai.protocol import ParamError, SamplingRequest
+from radixserve.frontend.responses.store import ResponseStore
+from radixserve.structured.backend import GrammarError
+from radixserve.structured.validator import GrammarValidator
+
+
+class OpenAIError(Exception):
+    """An error answered with an OpenAI error body."""
+
+    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.type, self.param, self.code = (
+            message, status, type, param, code)
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+@dataclass
+class ServingContext:
+    engine: AsyncLLM
+    model_name: str
+    max_n: int = 16
+    tool_parser: ToolCallParser | None = None
+    reasoning_parser: ReasoningParser | None = None
+    grammar_validator: GrammarValidator = field(default_factory=GrammarValidator)
+    structured_strict: bool = True  # what a JSON schema without "strict" gets
+    max_prompts_per_request: int = 128  # a /v1/completions prompt list's longest length
+    embedding: EmbeddingSetup = EmbeddingSetup(None, "this server does not serve embeddings")
+    model_path: str | None = None  # the GGUF file or model folder (Ollama's model routes)
+    response_store: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @functools.cached_property
+    def encoder(self) -> BatchEncoder:
+        """Prompt tokenization off the event loop (long texts batched on a worker thread)."""
+        return BatchEncoder(self.engine.tokenizer)
+
+    @functools.cached_property
+    def prep(self):
+        """Templating and tokenizing large prompts off the event loop, after a length check
+        (a `PromptPrep`)."""
+        from radixserve.frontend.http.prompt_prep import PromptPrep
+
+        return PromptPrep(self.engine.tokenizer, self.engine.max_model_len)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def check_alive(self) -> None:
+        """503 up front (not a 200 stream carrying an error) when the engine is gone."""
+        if self.engine.client.dead:
+            raise EngineDeadError(self.engine.client.dead)
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise OpenAIError(f"The model `{model}` does not exist.", 404,
+                              "NotFoundError", "model", "model_not_found")
+
+    def sampling_params(self, body: SamplingRequest, num_prompt_tokens: int,
+                        prompt_param: str = "messages") -> SamplingParams:
+        """SamplingParams for one prompt; 400 if it cannot fit the context window (naming
+        ``prompt_param``, the route's prompt field, when the prompt alone fills it). Without
+        ``max_tokens`` the completion may fill what the prompt leaves."""
+        if num_prompt_tokens == 0:
+            raise OpenAIError("the prompt is empty", param="prompt")
+        room = self.max_model_len - num_prompt_tokens
+        asked = body.requested_max_tokens()
+        if room < 1 or (asked is not None and asked > room):
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {num_prompt_tokens + (asked or 1)} tokens ({num_prompt_tokens} "
+                f"in the prompt, {asked or 1} in the completion). Please reduce the length of "
+                f"the prompt or completion.", param="max_tokens" if room >= 1 else prompt_param,
+                code="context_length_exceeded")
+        params = body.to_sampling_params(default_max_tokens=room)
+        if params.n > self.max_n:
+            raise ParamError("n", f"n must be <= {self.max_n}, got {params.n}")
+        params.validate_vocab(self.tokenizer.vocab_size)
+        return params
+
+    async def check_structured(self, param: str, params: list[SamplingParams]) -> None:
+        """400 naming ``param`` if a structured-output spec is invalid (checked off the
+        event loop, under a time limit). Sets an unset ``strict`` to the server's default
+        first, so the engine compiles what was checked."""
+        for p in params:
+            if p.structured_outputs is not None:
+                if p.structured_outputs.strict is None:
+                    p.structured_outputs.strict = self.structured_strict
+                try:
+                    await self.grammar_validator.check(p.structured_outputs)
+                except GrammarError as exc:
+                    raise OpenAIError(str(exc), param=param) from None
+
+
+def sse(payload) -> str:
+    data = payload if isinstance(payload, str) else payload.model_dump_json()
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+TEXT_MARK = "\ue000radixserve-text\ue000"  # stands for the text in a `ChunkTemplate`
+
+
+class ChunkTemplate:
+    """The SSE event of a stream chunk whose only varying part is one text field.
+
+    Built once per response (and choice) from a response model holding `TEXT_MARK` in that
+    field; each token then splices its JSON-encoded text in, instead of building and
+    serialising a pydantic model per token. Same JSON as ``sse(model)`` with the text set.
+    """
+
+    def __init__(self, model) -> None:
+        mark = msgspec.json.encode(TEXT_MARK).decode()
+        head, found, tail = model.model_dump_json().partition(mark)
+        assert found, "the model does not hold TEXT_MARK"
+        self._head, self._tail = f"data: {head}", f"{tail}\n\n"
+
+    def sse(self, text: str) -> str:
+        return self._head + msgspec.json.encode(text).decode() + self._tail
+
+
+def json_sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+async def merge(iterators: list[AsyncIterator]) -> AsyncIterator:
+    """Interleave several async iterators as their items arrive."""
+    if len(iterators) == 1:
+        async with contextlib.aclosing(iterators[0]) as it:
+            async for item in it:
+                yield item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(it):
+        try:
+            async with contextlib.aclosing(it):
+                async for item in it:
+                    await queue.put(item)
+            await queue.put(done)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            await queue.put(exc)
+
+    tasks = [asyncio.ensure_future(pump(it)) for it in iterators]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def token_bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8"))

@@ -1,0 +1,367 @@
+"""POST /v1/chat/completions: the model's chat template in, assistant messages out.
+
+Each sample's text goes through the reasoning parser (``<think>`` → ``reasoning_content``)
+and then the tool-call parser (``<tool_call>`` → ``tool_calls``) when those are active; the
+streamed deltas add up to the non-streamed message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from radixserve.frontend.async_llm import NO_TICKET, QueueTicket
+from radixserve.frontend.output_processor import RequestState
+from radixserve.frontend.parsers import ForcedToolParser, ToolCallDelta, required_tools_schema
+from radixserve.frontend.openai.protocol import (
+    ChatCompletionRequest,
+    PromptTokensDetails,
+    UsageInfo,
+    random_id,
+)
+from radixserve.frontend.openai.protocol_chat import (
+    ChatCompletionChoice,
+    ChatCompletionMessage,
+    ChatCompletionStreamResponse,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    ChatTopLogprob,
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
+)
+from radixserve.frontend.openai.protocol_chat import ChatCompletionStreamChoice as StreamChoice
+from radixserve.frontend.openai.protocol_chat import ChatCompletionResponse
+from radixserve.frontend.openai.serving import (
+    SSE_DONE,
+    TEXT_MARK,
+    ChunkTemplate,
+    OpenAIError,
+    ServingContext,
+    sse,
+    token_bytes,
+)
+from radixserve.structured.params import StructuredOutputsParams
+
+
+def render_messages(ctx: ServingContext, body) -> str:
+    """The chat template applied to a chat request (or a tokenize request in chat form)."""
+    messages = [_message_dict(m) for m in body.messages]
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    kwargs = dict(body.chat_template_kwargs or {})
+    if getattr(body, "reasoning_effort", None) is not None:
+        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+    try:
+        text = ctx.tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+            tools=tools,
+            **kwargs,
+        )
+    except ValueError as exc:
+        raise OpenAIError(str(exc), param="messages") from exc
+    except Exception as exc:  # a template's raise_exception or a rendering error
+        raise OpenAIError(f"the chat template failed: {exc}", param="messages") from exc
+    if body.continue_final_message:
+        last = messages[-1].get("content") or ""
+        cut = text.rfind(last)
+        if cut >= 0:
+            text = text[: cut + len(last)]
+    return text
+
+
+def _forced_tools(body: ChatCompletionRequest):
+    """(ForcedToolParser, constraint) for a forced tool_choice, else None."""
+    choice = body.tool_choice
+    if not body.tools or choice is None or isinstance(choice, str) and choice != "required":
+        return None
+    tools = {t.function.name: t.function.parameters for t in body.tools}
+    if isinstance(choice, str):  # "required"
+        schema = required_tools_schema(list(tools.items()), body.parallel_tool_calls is not False)
+        return ForcedToolParser(None), StructuredOutputsParams(json=schema)
+    name = choice.function.name
+    return ForcedToolParser(name), StructuredOutputsParams(json=tools[name] or {"type": "object"})
+
+
+def _message_dict(m) -> dict:
+    d = {"role": m.role, "content": m.text()}
+    if m.name is not None:
+        d["name"] = m.name
+    if m.tool_calls:
+        d["tool_calls"] = [tc.model_dump() for tc in m.tool_calls]
+    if m.tool_call_id is not None:
+        d["tool_call_id"] = m.tool_call_id
+    return d
+
+
+class ChatServer:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def prepare(self, body: ChatCompletionRequest):
+        """(prompt ids, SamplingParams, tool-call parser or None); errors before queueing.
+        The template and the tokenizer run off the event loop (`PromptPrep`).
+
+        A forced ``tool_choice`` (``"required"`` or a named function) becomes a JSON-schema
+        constraint on the output, read back by a `ForcedToolParser`; ``"auto"`` needs the
+        server's tool-call parser. With a reasoning parser, a constraint starts after the
+        reasoning section unless ``structured_outputs.after_reasoning`` is false.
+        """
+        ctx = self.ctx
+        ctx.check_model(body.model)
+        forced = _forced_tools(body)
+        use_tools = bool(body.tools) and body.tool_choice != "none"
+        if use_tools and forced is None and ctx.tool_parser is None:
+            raise OpenAIError(
+                "tool calling needs a tool-call parser: start the server with "
+                "--tool-call-parser hermes (or force a call with tool_choice)",
+                param="tools",
+            )
+        ctx.prep.check_messages(body.messages)
+        text, ids = await ctx.prep.chat_prompt(lambda: render_messages(ctx, body))
+        params = ctx.sampling_params(body, len(ids))
+        tool_parser = ctx.tool_parser if use_tools else None
+        if forced is not None:
+            if params.structured_outputs is not None:
+                raise OpenAIError("a forced tool_choice cannot be combined with response_format "
+                                  "or structured_outputs", param="tool_choice")
+            tool_parser, constraint = forced
+            params.structured_outputs = constraint
+        if params.structured_outputs is not None:
+            self._gate_on_reasoning(params.structured_outputs, text)
+        return ids, params, tool_parser
+
+    def _gate_on_reasoning(self, constraint: StructuredOutputsParams, prompt: str) -> None:
+        """Start the constraint after the reasoning end tag, unless there is no reasoning
+        parser, the request turned it off, or the prompt already closed the block."""
+        parser = self.ctx.reasoning_parser
+        if parser is None or constraint.after_reasoning is False:
+            return
+        if prompt.rfind(parser.end_tag) > prompt.rfind(parser.start_tag):
+            return  # e.g. Qwen3 with thinking off: the template wrote an empty block
+        constraint.reasoning_end_token_ids = self.ctx.tokenizer.encode(
+            parser.end_tag, add_special_tokens=False)
+
+    async def full(
+        self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
+        ticket: QueueTicket = NO_TICKET,
+    ) -> ChatCompletionResponse:
+        request_id = random_id("chatcmpl-")
+        reasoning_parser = self.ctx.reasoning_parser
+        finals: dict[int, RequestState] = {}
+        async with contextlib.aclosing(
+            self.ctx.engine.generate(ids, params, request_id, body.priority, arrival, ticket)
+        ) as steps:
+            async for step in steps:
+                if step.state.finished:
+                    finals[step.index] = step.state
+        choices = []
+        for index in sorted(finals):
+            state = finals[index]
+            reasoning, content = None, state.text
+            if reasoning_parser is not None:
+                reasoning, content = reasoning_parser.extract(content)
+            calls = []
+            if tool_parser is not None:
+                content, calls = tool_parser.extract(content)
+            finish = "tool_calls" if calls else state.finish_reason
+            message = ChatCompletionMessage(
+                content=content,
+                reasoning_content=reasoning,
+                tool_calls=[
+                    ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+                    for c in calls
+                ]
+                or None,
+            )
+            choices.append(
+                ChatCompletionChoice(
+                    index=index,
+                    message=message,
+                    finish_reason=finish,
+                    stop_reason=state.stop_reason,
+                    logprobs=_logprobs(state, 0) if state.logprobs is not None else None,
+                )
+            )
+        return ChatCompletionResponse(
+            id=request_id,
+            model=self.ctx.model_name,
+            choices=choices,
+            usage=_usage(len(ids), list(finals.values())),
+        )
+
+    async def stream(
+        self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
+        ticket: QueueTicket = NO_TICKET,
+    ) -> AsyncIterator[str]:
+        request_id = random_id("chatcmpl-")
+        created = int(time.time())
+        model = self.ctx.model_name
+        reasoning_parser = self.ctx.reasoning_parser
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        templates: dict[int, ChunkTemplate] = {}  # per choice: its plain content chunk
+
+        def chunk(index, delta, finish=None, logprobs=None, stop_reason=None):
+            if (finish is None and logprobs is None and delta.content
+                    and delta.role is None and delta.reasoning_content is None
+                    and delta.tool_calls is None):
+                template = templates.get(index)
+                if template is None:
+                    template = templates[index] = ChunkTemplate(ChatCompletionStreamResponse(
+                        id=request_id, created=created, model=model,
+                        choices=[StreamChoice(index=index,
+                                              delta=DeltaMessage(content=TEXT_MARK))]))
+                return template.sse(delta.content)
+            return sse(
+                ChatCompletionStreamResponse(
+                    id=request_id,
+                    created=created,
+                    model=model,
+                    choices=[
+                        StreamChoice(
+                            index=index,
+                            delta=delta,
+                            logprobs=logprobs,
+                            finish_reason=finish,
+                            stop_reason=stop_reason,
+                        )
+                    ],
+                )
+            )
+
+        for i in range(params.n):
+            yield chunk(i, DeltaMessage(role="assistant", content=""))
+        streams = {}
+        states: dict[int, RequestState] = {}
+        unfinished = params.n
+        tail = ""  # the last choice's finish chunk, sent with the end of the stream
+        async with contextlib.aclosing(
+            self.ctx.engine.generate(ids, params, request_id, body.priority, arrival, ticket)
+        ) as steps:
+            async for step in steps:
+                state = states[step.index] = step.state
+                if step.index not in streams:
+                    streams[step.index] = _ChoiceStream(reasoning_parser, tool_parser)
+                cs = streams[step.index]
+                deltas = cs.feed(step.text)
+                if state.finished:
+                    deltas += cs.finish()
+                logprobs = None
+                if state.logprobs is not None:
+                    logprobs = _logprobs(
+                        state, len(state.token_ids) - len(step.output.new_token_ids)
+                    )
+                for delta in deltas:
+                    yield chunk(step.index, delta, logprobs=logprobs)
+                    logprobs = None
+                if logprobs is not None:
+                    yield chunk(step.index, DeltaMessage(), logprobs=logprobs)
+                if state.finished:
+                    finish = "tool_calls" if cs.has_tool_calls else state.finish_reason
+                    event = chunk(step.index, DeltaMessage(), finish,
+                                  stop_reason=state.stop_reason)
+                    unfinished -= 1
+                    if unfinished:
+                        yield event
+                    else:
+                        tail = event
+        if include_usage:
+            tail += sse(ChatCompletionStreamResponse(
+                id=request_id, created=created, model=model, choices=[],
+                usage=_usage(len(ids), list(states.values()))))
+        yield tail + SSE_DONE  # one write ends the response
+
+
+class _ChoiceStream:
+    """One sample's streaming parsers: reasoning first, then tool calls on the content."""
+
+    def __init__(self, reasoning_parser, tool_parser) -> None:
+        self.reasoning = reasoning_parser.new_stream() if reasoning_parser else None
+        self.tools = tool_parser.new_stream() if tool_parser else None
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return self.tools is not None and self.tools.has_tool_calls
+
+    def feed(self, text: str) -> list[DeltaMessage]:
+        if not text:
+            return []
+        if self.reasoning is None:
+            return self._content(text, final=False)
+        reasoning, content = self.reasoning.feed(text)
+        return self._merge(reasoning, content, final=False)
+
+    def finish(self) -> list[DeltaMessage]:
+        if self.reasoning is None:
+            return self._content("", final=True)
+        reasoning, content = self.reasoning.finish()
+        return self._merge(reasoning, content, final=True)
+
+    def _merge(self, reasoning: str, content: str, final: bool) -> list[DeltaMessage]:
+        out = [DeltaMessage(reasoning_content=reasoning)] if reasoning else []
+        return out + self._content(content, final)
+
+    def _content(self, text: str, final: bool) -> list[DeltaMessage]:
+        if self.tools is None:
+            return [DeltaMessage(content=text)] if text else []
+        items = self.tools.feed(text) if text else []
+        if final:
+            items += self.tools.finish()
+        out = []
+        for item in items:
+            if isinstance(item, ToolCallDelta):
+                out.append(
+                    DeltaMessage(
+                        tool_calls=[
+                            DeltaToolCall(
+                                index=item.index,
+                                id=item.id,
+                                type="function" if item.id else None,
+                                function=DeltaFunctionCall(
+                                    name=item.name, arguments=item.arguments_delta
+                                ),
+                            )
+                        ]
+                    )
+                )
+            else:
+                out.append(DeltaMessage(content=item))
+        return out
+
+
+def _usage(num_prompt: int, states: list[RequestState]) -> UsageInfo:
+    num_completion = sum(len(s.token_ids) for s in states)
+    cached = max((s.num_cached_tokens for s in states), default=0)
+    return UsageInfo(
+        prompt_tokens=num_prompt,
+        completion_tokens=num_completion,
+        total_tokens=num_prompt + num_completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
+
+
+def _logprobs(state: RequestState, start: int) -> ChatLogprobs:
+    content = []
+    for token_id, entry in zip(state.token_ids[start:], state.logprobs[start:]):
+        chosen = entry[token_id]
+        tops = sorted((lp for lp in entry.values() if lp.rank is not None), key=lambda lp: lp.rank)
+        content.append(
+            ChatTokenLogprob(
+                token=chosen.decoded_token,
+                logprob=chosen.logprob,
+                bytes=token_bytes(chosen.decoded_token),
+                top_logprobs=[
+                    ChatTopLogprob(
+                        token=lp.decoded_token,
+                        logprob=lp.logprob,
+                        bytes=token_bytes(lp.decoded_token),
+                    )
+                    for lp in tops
+                ],
+            )
+        )
+    return ChatLogprobs(content=content)

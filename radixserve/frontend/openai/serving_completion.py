@@ -1,0 +1,239 @@
+"""POST /v1/completions: text in, text out, streamed (SSE) or whole."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from radixserve.frontend.async_llm import NO_TICKET, QueueTicket, StepDelta
+from radixserve.frontend.output_processor import RequestState
+from radixserve.frontend.openai.protocol import (
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionStreamResponse,
+    PromptTokensDetails,
+    UsageInfo,
+    random_id,
+)
+from radixserve.frontend.openai.serving import (
+    SSE_DONE,
+    TEXT_MARK,
+    ChunkTemplate,
+    OpenAIError,
+    ServingContext,
+    merge,
+    sse,
+)
+
+
+_MAX_GATHERED = 8  # a request with more text prompts than this is encoded on its own
+
+
+async def _prompts(ctx: ServingContext,
+                   body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif prompt and isinstance(prompt[0], int):
+        prompt = [prompt]
+    if len(prompt) > ctx.max_prompts_per_request:  # counted before any is tokenized
+        raise OpenAIError(f"prompt lists {len(prompt)} prompts; this server accepts at most "
+                          f"{ctx.max_prompts_per_request} per request "
+                          "(--max-prompts-per-request)", param="prompt")
+    strings = [p for p in prompt if isinstance(p, str)]
+    for text in strings:  # before any tokenizing: a prompt too long by its length alone
+        ctx.prep.check_length(len(text), "prompt")
+    if len(strings) > _MAX_GATHERED:  # one batch on a worker thread, not a task per prompt
+        encoded = await ctx.prep.encode_batch(strings)
+    else:  # with the texts of concurrent requests, in one batch on the encoder's thread
+        encoded = await asyncio.gather(*(ctx.encoder.encode(p) for p in strings))
+    texts = iter(encoded)
+    return [(p, next(texts)) if isinstance(p, str) else (None, list(p)) for p in prompt]
+
+
+class CompletionServer:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def prepare(self, body: CompletionRequest):
+        """Validate and tokenize; OpenAIError / ValueError before anything is queued."""
+        self.ctx.check_model(body.model)
+        if body.echo and body.logprobs is not None:
+            raise OpenAIError("echo together with logprobs is not supported", param="echo")
+        prompts = await _prompts(self.ctx, body)
+        for _, ids in prompts:
+            if ids and (min(ids) < 0 or max(ids) >= self.ctx.tokenizer.vocab_size):
+                raise OpenAIError("prompt token ids are out of the vocabulary", param="prompt")
+        params = []
+        for i, (_, ids) in enumerate(prompts):
+            params.append(self.ctx.sampling_params(body, len(ids), "prompt"))
+            if i % 64 == 63:
+                await asyncio.sleep(0)  # a long prompt list must not hold the loop
+        return prompts, params
+
+    def _streams(self, body, prompts, params, request_id, arrival, ticket):
+        """Every sample's deltas, ``index`` being its choice index (prompt-major)."""
+        n = params[0].n
+        streams = [self.ctx.engine.generate(ids, p, f"{request_id}-{i}", body.priority, arrival,
+                                               ticket)
+                   for i, ((_, ids), p) in enumerate(zip(prompts, params))]
+        if len(streams) == 1:
+            return streams[0]
+        return merge([_offset(stream, i * n) for i, stream in enumerate(streams)])
+
+    async def full(
+        self, body: CompletionRequest, prompts, params, arrival: float,
+        ticket: QueueTicket = NO_TICKET,
+    ) -> CompletionResponse:
+        request_id = random_id("cmpl-")
+        finals: dict[int, tuple[RequestState, int]] = {}
+        async with contextlib.aclosing(
+            self._streams(body, prompts, params, request_id, arrival, ticket)
+        ) as steps:
+            async for step in steps:
+                if step.state.finished:
+                    finals[step.index] = (step.state, step.index // params[0].n)
+        choices = []
+        for index in sorted(finals):
+            state, prompt_idx = finals[index]
+            text = state.text
+            if body.echo:
+                text = _echo_text(self.ctx, prompts[prompt_idx]) + text
+            choices.append(
+                CompletionResponseChoice(
+                    index=index,
+                    text=text,
+                    finish_reason=state.finish_reason,
+                    stop_reason=state.stop_reason,
+                    logprobs=_logprobs(state, 0, len(state.token_ids))
+                    if state.logprobs is not None
+                    else None,
+                )
+            )
+        usage = _usage(prompts, params, [s for s, _ in finals.values()])
+        return CompletionResponse(
+            id=request_id, model=self.ctx.model_name, choices=choices, usage=usage
+        )
+
+    async def stream(
+        self, body: CompletionRequest, prompts, params, arrival: float,
+        ticket: QueueTicket = NO_TICKET,
+    ) -> AsyncIterator[str]:
+        request_id = random_id("cmpl-")
+        created = int(time.time())
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        states: dict[int, RequestState] = {}
+        sent_echo: set[int] = set()
+        text_offsets: dict[int, int] = {}  # per choice: text offset of its next token
+        templates: dict[int, ChunkTemplate] = {}  # per choice: its plain text chunk
+        unfinished = len(prompts) * params[0].n
+        tail = ""  # the last choice's finish chunk, sent with the end of the stream
+        async with contextlib.aclosing(
+            self._streams(body, prompts, params, request_id, arrival, ticket)
+        ) as steps:
+            async for step in steps:
+                index, state = step.index, step.state
+                states[index] = state
+                text = step.text
+                if body.echo and index not in sent_echo:
+                    sent_echo.add(index)
+                    text = _echo_text(self.ctx, prompts[index // params[0].n]) + text
+                if not text and not state.finished:
+                    continue
+                if state.logprobs is None and not state.finished:
+                    template = templates.get(index)
+                    if template is None:
+                        template = templates[index] = ChunkTemplate(CompletionStreamResponse(
+                            id=request_id, created=created, model=self.ctx.model_name,
+                            choices=[CompletionResponseChoice(index=index, text=TEXT_MARK)]))
+                    yield template.sse(text)
+                    continue
+                logprobs = None
+                if state.logprobs is not None:
+                    new = len(step.output.new_token_ids)
+                    start = len(state.token_ids) - new
+                    logprobs = _logprobs(state, start, len(state.token_ids),
+                                         text_offsets.get(index, 0))
+                    text_offsets[index] = text_offsets.get(index, 0) + sum(
+                        len(t) for t in logprobs.tokens)
+                choice = CompletionResponseChoice(
+                    index=index,
+                    text=text,
+                    logprobs=logprobs,
+                    finish_reason=state.finish_reason if state.finished else None,
+                    stop_reason=state.stop_reason if state.finished else None,
+                )
+                event = sse(CompletionStreamResponse(
+                    id=request_id, created=created, model=self.ctx.model_name, choices=[choice]))
+                unfinished -= state.finished
+                if unfinished:
+                    yield event
+                else:
+                    tail = event
+        if include_usage:
+            usage = _usage(prompts, params, list(states.values()))
+            tail += sse(CompletionStreamResponse(id=request_id, created=created,
+                                                 model=self.ctx.model_name, choices=[],
+                                                 usage=usage))
+        yield tail + SSE_DONE  # one write ends the response
+
+
+async def _offset(steps: AsyncIterator[StepDelta], base: int):
+    """``steps`` with their sample index shifted by ``base`` (the prompt's first choice)."""
+    async with contextlib.aclosing(steps) as deltas:
+        async for step in deltas:
+            step.index += base
+            yield step
+
+
+def request_size(ctx: ServingContext, body: CompletionRequest) -> tuple[int, int]:
+    """(sequences, the fewest prompt tokens they can have) of a request, before tokenizing:
+    what admission control checks first. 400 if a prompt is too long by its length alone."""
+    prompt = body.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompt = [prompt]
+    for p in prompt:
+        if isinstance(p, str):
+            ctx.prep.check_length(len(p), "prompt")
+    min_tokens = sum(ctx.prep.min_tokens(len(p)) if isinstance(p, str) else len(p)
+                     for p in prompt)
+    n = body.n or 1
+    return len(prompt) * n, min_tokens  # n samples share their prompt's prefill
+
+
+def _echo_text(ctx: ServingContext, prompt: tuple[str | None, list[int]]) -> str:
+    text, ids = prompt
+    return text if text is not None else ctx.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _usage(prompts, params, states: list[RequestState]) -> UsageInfo:
+    num_prompt = sum(len(ids) for _, ids in prompts)
+    num_completion = sum(len(s.token_ids) for s in states)
+    cached = sum(s.num_cached_tokens for s in states if s.index == 0)
+    return UsageInfo(
+        prompt_tokens=num_prompt,
+        completion_tokens=num_completion,
+        total_tokens=num_prompt + num_completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
+
+
+def _logprobs(state: RequestState, start: int, end: int,
+              offset: int = 0) -> CompletionLogprobs:
+    """OpenAI completions logprobs for tokens ``start:end`` of ``state``; ``offset`` is the
+    text offset of token ``start`` (the caller carries it across stream chunks)."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for token_id, entry in zip(state.token_ids[start:end], state.logprobs[start:end]):
+        text = entry[token_id].decoded_token
+        tokens.append(text)
+        token_lps.append(entry[token_id].logprob)
+        tops.append({lp.decoded_token: lp.logprob for lp in entry.values()
+                     if lp.rank is not None})
+        offsets.append(offset)
+        offset += len(text)
+    return CompletionLogprobs(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops,
+                              text_offset=offsets)

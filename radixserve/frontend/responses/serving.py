@@ -1,0 +1,184 @@
+"""POST /v1/responses on the chat endpoint's path, and the stored-response routes.
+
+`ResponsesServer.prepare` rebuilds the conversation (the stored ``previous_response_id`` chain,
+then the new input), turns it into a chat request (`protocol_responses.chat_request`) and
+hands that to `ChatServer.prepare`: the same template, tokenization, SamplingParams, forced
+tool calls and structured-output constraint as ``/v1/chat/completions``. The engine's text
+then goes through the chat parsers into Responses items (`OutputBuilder`), streamed as typed
+events or returned whole. A response with ``store`` (the default) is kept in the
+`ResponseStore` once it has finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+
+from radixserve.frontend.async_llm import NO_TICKET, EngineRequestError, EngineStepError
+from radixserve.frontend.core_client import EngineDeadError
+from radixserve.frontend.output_processor import RequestState
+from radixserve.sampling_params import SamplingParams
+from radixserve.frontend.openai.protocol import random_id
+from radixserve.frontend.responses.protocol import (
+    ResponsesRequest,
+    chat_messages,
+    chat_request,
+    stored_items,
+)
+from radixserve.frontend.responses.store import BrokenChain
+from radixserve.frontend.responses.output import OutputBuilder
+from radixserve.frontend.openai.serving import OpenAIError, ServingContext
+from radixserve.frontend.openai.serving_chat import ChatServer
+
+
+@dataclass
+class ResponsePlan:
+    """A validated request ready for the engine."""
+
+    body: ResponsesRequest
+    input_items: list[dict]  # this request's own, as stored
+    ids: list[int]
+    params: SamplingParams
+    tool_parser: object | None
+    response_id: str
+    created_at: int
+
+
+class ResponsesServer:
+    def __init__(self, ctx: ServingContext, chat: ChatServer) -> None:
+        self.ctx, self.chat = ctx, chat
+
+    async def prepare(self, body: ResponsesRequest) -> ResponsePlan:
+        """Errors (404 for an unknown previous response, 400 for bad input) before queueing."""
+        self.ctx.check_model(body.model)
+        history: list[dict] = []
+        if body.previous_response_id is not None:
+            try:
+                history = await self.ctx.response_store.conversation(body.previous_response_id)
+            except BrokenChain as exc:
+                raise OpenAIError(f"Previous response with id '{exc.missing_id}' not found.",
+                                  404, param="previous_response_id",
+                                  code="previous_response_not_found") from None
+        items = stored_items(body.input_items())
+        chat_body = chat_request(body, chat_messages(body.instructions, history + items))
+        ids, params, tool_parser = await self.chat.prepare(chat_body)
+        return ResponsePlan(body, items, ids, params, tool_parser, random_id("resp_"),
+                            int(time.time()))
+
+    async def full(self, plan: ResponsePlan, arrival: float, ticket=NO_TICKET) -> bytes:
+        state = None
+        async with contextlib.aclosing(self._generate(plan, arrival, ticket)) as steps:
+            async for step in steps:
+                state = step.state
+        builder = OutputBuilder(self.ctx.reasoning_parser, plan.tool_parser)
+        builder.feed(state.text)
+        builder.finish(_status(state))
+        response = self._response(plan, builder, state, _status(state))
+        await self._store(plan, response)
+        return msgspec.json.encode(response)
+
+    async def stream(self, plan: ResponsePlan, arrival: float,
+                     ticket=NO_TICKET) -> AsyncIterator[str]:
+        """The typed SSE events; an engine failure after the start becomes an ``error`` event
+        and ``response.failed``."""
+        seq = _Sequencer()
+        builder = OutputBuilder(self.ctx.reasoning_parser, plan.tool_parser)
+        yield seq.event({"type": "response.created",
+                         "response": self._response(plan, builder, None, "in_progress")})
+        yield seq.event({"type": "response.in_progress",
+                         "response": self._response(plan, builder, None, "in_progress")})
+        state = None
+        try:
+            async with contextlib.aclosing(self._generate(plan, arrival, ticket)) as steps:
+                async for step in steps:
+                    state = step.state
+                    events = builder.feed(step.text)
+                    if events:
+                        yield "".join(map(seq.event, events))
+        except (EngineDeadError, EngineStepError, EngineRequestError, OpenAIError) as exc:
+            message = exc.message if isinstance(exc, OpenAIError) else str(exc)
+            failed = self._response(plan, builder, state, "failed")
+            failed["error"] = {"code": "server_error", "message": message}
+            yield seq.event({"type": "error", "code": "server_error", "message": message,
+                             "param": None}) + seq.event(
+                {"type": "response.failed", "response": failed})
+            return
+        status = _status(state)
+        events = builder.finish(status)
+        response = self._response(plan, builder, state, status)
+        await self._store(plan, response)
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        yield "".join(map(seq.event, events)) + seq.event({"type": kind, "response": response})
+
+    def _generate(self, plan: ResponsePlan, arrival: float, ticket):
+        return self.ctx.engine.generate(plan.ids, plan.params, plan.response_id,
+                                        plan.body.priority, arrival, ticket)
+
+    async def _store(self, plan: ResponsePlan, response: dict) -> None:
+        if plan.body.store is not False:
+            await self.ctx.response_store.put(response, plan.input_items)
+
+    def _response(self, plan: ResponsePlan, builder: OutputBuilder,
+                  state: RequestState | None, status: str) -> dict:
+        """The ``response`` object (see OpenAI's Response); ``usage`` once finished."""
+        body, params = plan.body, plan.params
+        fmt = body.format().model_dump(exclude_none=True, by_alias=True)
+        response = {
+            "id": plan.response_id, "object": "response", "created_at": plan.created_at,
+            "status": status, "background": False, "error": None,
+            "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete"
+                                   else None),
+            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+            "max_tool_calls": None, "model": self.ctx.model_name,
+            "output": list(builder.items) if status != "in_progress" else [],
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "previous_response_id": body.previous_response_id,
+            "reasoning": {"effort": body.reasoning and body.reasoning.effort, "summary": None},
+            "store": body.store is not False, "temperature": params.temperature,
+            "text": {"format": fmt}, "tool_choice": _tool_choice(body),
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
+            "top_p": params.top_p, "truncation": "disabled", "usage": None,
+            "user": body.user, "metadata": body.metadata or {},
+        }
+        if state is not None and status != "in_progress":
+            response["usage"] = self._usage(plan, builder, state)
+        return response
+
+    def _usage(self, plan: ResponsePlan, builder: OutputBuilder, state: RequestState) -> dict:
+        reasoning = builder.reasoning_text()
+        # the reasoning text re-encoded: the parser keeps text, not the tokens it came from
+        num_reasoning = len(self.ctx.tokenizer.encode(reasoning, add_special_tokens=False)
+                            ) if reasoning else 0
+        num_out = len(state.token_ids)
+        return {"input_tokens": len(plan.ids),
+                "input_tokens_details": {"cached_tokens": state.num_cached_tokens},
+                "output_tokens": num_out,
+                "output_tokens_details": {"reasoning_tokens": min(num_reasoning, num_out)},
+                "total_tokens": len(plan.ids) + num_out}
+
+
+def _status(state: RequestState) -> str:
+    return "incomplete" if state.finish_reason == "length" else "completed"
+
+
+def _tool_choice(body: ResponsesRequest):
+    choice = body.tool_choice
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else choice.model_dump()
+
+
+class _Sequencer:
+    """Numbers the events of one stream and writes them as SSE."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def event(self, payload: dict) -> str:
+        payload["sequence_number"] = self.next
+        self.next += 1
+        return f"event: {payload['type']}\ndata: {msgspec.json.encode(payload).decode()}\n\n"
