@@ -3,7 +3,7 @@
 The installed ``gguf`` package can dequantize these types but not quantize them; tests and
 benchmarks need them to build realistic (Q4_K_M-like) GGUF files from float weights.
 :func:`quantize_k` writes ggml's block bytes (``ggml-common.h``), so ``gguf.quants.dequantize``
-and ``radixserve.models.gguf_quant.dequantize`` decode them. Super-blocks hold QK_K = 256 values:
+and ``radixserve.layers.gguf_quant.dequantize`` decode them. Super-blocks hold QK_K = 256 values:
 
 * Q4_K (144 bytes): f16 ``d``, f16 ``dmin``, 12 bytes of eight packed 6-bit (scale, min) pairs,
   128 bytes of nibbles; weight = d * sc * q - dmin * m, q in 0..15, per sub-block of 32.

@@ -1,4 +1,4 @@
-"""Tests for radixserve.models.gguf_quant against the gguf package's numpy reference."""
+"""Tests for radixserve.layers.gguf_quant against the gguf package's numpy reference."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf import quants as gq
 
-from radixserve.models.gguf_quant import SUPPORTED_TYPES, dequantize
+from radixserve.layers.gguf_quant import SUPPORTED_TYPES, dequantize
 
 T = GGMLQuantizationType
 SIMPLE_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]  # gguf can quantize these

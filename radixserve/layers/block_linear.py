@@ -33,7 +33,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from radixserve.kernels import native
-from radixserve.models.gguf_quant import split_blocks
+from radixserve.layers.gguf_quant import split_blocks
 
 _T = GGMLQuantizationType
 # the kernel's format ids (block_linear.cpp: Format)

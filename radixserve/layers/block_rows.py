@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType
 from torch import nn
 
 from radixserve.layers.block_linear import _BITS, _K_QUANTS, HALF_TYPES, BlockLinear, packed_bytes
-from radixserve.models.gguf_quant import join_blocks
+from radixserve.layers.gguf_quant import join_blocks
 
 _T = GGMLQuantizationType
 _HALF_DTYPES = {_T.F16: torch.float16, _T.BF16: torch.bfloat16}

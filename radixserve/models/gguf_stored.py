@@ -35,7 +35,7 @@ from radixserve.models.tp_shard import TensorShard
 from radixserve.layers.block_linear import FORMATS, PACK_ROWS, BlockLinear, packed_bytes
 from radixserve.layers.block_rows import PackedEmbedding
 from radixserve.layers.int8_linear import Int8Linear
-from radixserve.models.gguf_quant import dequantize, to_torch
+from radixserve.layers.gguf_quant import dequantize, to_torch
 from radixserve.models.moe import expand_experts
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from radixserve.config import ModelConfig
 from radixserve.models.tp_shard import TensorShard
-from radixserve.models.gguf_quant import dequantize
+from radixserve.layers.gguf_quant import dequantize
 from radixserve.models.gemma_config import (gemma_gguf_config, gemma_hf_config, gemma_hf_name,
                                             is_gemma)
 from radixserve.models.gguf_stored import load_stored

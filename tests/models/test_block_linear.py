@@ -16,7 +16,7 @@ from tiny_models import hf_to_gguf, make_hf_model
 from radixserve.kernels import native
 from radixserve.layers.block_linear import FORMATS, HALF_TYPES, BlockLinear, pack, packed_bytes
 from radixserve.layers.block_rows import PackedEmbedding, gather_rows
-from radixserve.models.gguf_quant import dequantize
+from radixserve.layers.gguf_quant import dequantize
 from radixserve.models.gguf_stored import StoredEmbedding, memory_plan
 from radixserve.models.quantization import resolve_quantization
 

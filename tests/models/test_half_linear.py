@@ -21,7 +21,7 @@ from radixserve.env_report import report
 from radixserve.kernels import native
 from radixserve.layers.block_linear import FORMATS, BlockLinear, packed_bytes
 from radixserve.layers.block_rows import PackedEmbedding
-from radixserve.models.gguf_quant import dequantize
+from radixserve.layers.gguf_quant import dequantize
 from radixserve.models.gguf_stored import memory_plan
 from radixserve.models.half_stored import checkpoint_dtype
 from radixserve.models.native_stack import NativeLayerStack
