@@ -13,13 +13,13 @@ import itertools
 import logging
 import time
 
-from radixserve.config import SchedulerConfig
 from radixserve.core import pooled
 from radixserve.core.kv.kv_manager import KVCacheManager
+from radixserve.core.reports import EngineCoreOutput, SchedulerStats
 from radixserve.core.request import Request, RequestStatus
+from radixserve.core.sched_config import SchedulerConfig
 from radixserve.core.sched_output import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from radixserve.core.stop import check_stop
-from radixserve.messages import EngineCoreOutput, SchedulerStats
 from radixserve.spec.drafter import NO_SPEC, NoSpec, SpecDecoding
 
 

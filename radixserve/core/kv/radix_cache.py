@@ -47,7 +47,7 @@ from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.prefix_cache import PrefixMatch
 from radixserve.core.kv.radix_summary import summarize
-from radixserve.messages import CacheNodeInfo
+from radixserve.core.reports import CacheNodeInfo
 
 
 @dataclass(slots=True, eq=False)
