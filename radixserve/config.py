@@ -116,8 +116,8 @@ class SpeculativeConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     """Tensor parallel: ``tensor_parallel_size`` ranks each hold their share of every layer's
-    heads and MLP (distributed/tp_shard.py), their partial outputs summed by ``all_reduce``
-    (distributed/tp_comm.py: auto, shm, torch)."""
+    heads and MLP (models/tp_shard.py), their partial outputs summed by ``all_reduce``
+    (parallel/comm.py: auto, shm, torch)."""
 
     tensor_parallel_size: int = 1
     all_reduce: str = "auto"
