@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from radixserve.config import SchedulerConfig
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.no_cache import NoPrefixCache
 from radixserve.core.request import Request
+from radixserve.core.sched_config import SchedulerConfig
 from radixserve.core.sched_output import ModelRunnerOutput
 from radixserve.core.scheduler import Scheduler
 from radixserve.sampling_params import SamplingParams

@@ -1,94 +1,19 @@
-"""Frozen configuration, one dataclass per concern, resolved once at engine start."""
+"""Frozen configuration of the engine's options, one dataclass per concern, resolved once at
+engine start. Torch-free (both processes import it): names are checked against plain tuples
+here, and what they resolve to (torch dtypes, backends) is looked up where it is built. A
+model's shape is models/model_config.py; the scheduler's limits are core/sched_config.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
+from radixserve.core.sched_config import SchedulerConfig
 from radixserve.cpu.threads import check_threads
 
-
-@dataclass(frozen=True)
-class MoeConfig:
-    """The sparse mixture-of-experts blocks of a decoder (Qwen2-MoE, Qwen3-MoE, Mixtral): each
-    token's MLP is the weighted sum of ``top_k`` of ``num_experts`` SwiGLU experts of width
-    ``intermediate_size``, picked by a linear router (softmax over all experts, top-k, the k
-    weights renormalized to sum 1 when ``norm_topk_prob``), plus, where
-    ``shared_expert_size`` > 0 (Qwen2-MoE), a shared SwiGLU expert of that width every token
-    runs, scaled by sigmoid of a one-output linear gate. ``dense_layers``: the layers that
-    keep a dense MLP of the model's ``intermediate_size`` (``mlp_only_layers`` and
-    ``decoder_sparse_step``)."""
-
-    num_experts: int
-    top_k: int
-    intermediate_size: int
-    norm_topk_prob: bool = True
-    dense_layers: tuple[int, ...] = ()
-    shared_expert_size: int = 0
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.top_k <= self.num_experts:
-            raise ValueError(f"experts per token must be in 1..{self.num_experts} (the number "
-                             f"of experts), got {self.top_k}")
-
-    def is_sparse(self, layer_idx: int) -> bool:
-        return layer_idx not in self.dense_layers
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape of a Llama-family decoder, read from config.json or GGUF metadata."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
-    max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    qk_norm: bool = False
-    moe: MoeConfig | None = None  # None: every layer has a dense MLP
-    rotary_dim: int | None = None  # rope on the first dims of each head only; None: all
-    sliding_window: int | None = None  # keys a windowed layer attends to (its last ones)
-    # the layers the window applies to (Gemma's sliding layers, Qwen2's from
-    # max_window_layers on); None: every layer (Mistral, Phi-3)
-    sliding_layers: tuple[bool, ...] | None = None
-    gemma: GemmaParams | None = None  # Gemma 2 / 3 specifics
-
-    def layer_window(self, layer_idx: int) -> int | None:
-        """The sliding window of layer ``layer_idx``, None for full attention."""
-        if self.sliding_layers is not None and not self.sliding_layers[layer_idx]:
-            return None
-        return self.sliding_window
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-
-@dataclass(frozen=True)
-class GemmaParams:
-    """What Gemma 2 / 3 add to the Llama shape (models/gemma.py): the sliding layers' rope base
-    (the global layers keep ``rope_theta`` and ``rope_scaling``; which layers slide is
-    ``ModelConfig.sliding_layers``), the query scale's ``query_pre_attn_scalar ** -0.5``, and
-    the tanh soft-caps (None: off)."""
-
-    rope_local_theta: float = 10000.0
-    query_pre_attn_scalar: float = 256.0
-    attn_logit_softcapping: float | None = None
-    final_logit_softcapping: float | None = None
+DTYPES = ("float32", "bfloat16", "float16")  # model and KV element types (models/loader.py)
+# speculative methods (spec/proposer.py) and tensor-parallel all-reduces (parallel/comm.py)
+PROPOSERS = ("off", "ngram", "suffix", "auto", "draft")
+TP_ALL_REDUCES = ("auto", "shm", "torch")
 
 
 @dataclass(frozen=True)
@@ -102,9 +27,9 @@ class CacheConfig:
     kv_cache_dtype: str = "auto"  # or "float32", "float16", "bfloat16", "int8" (runner/kv_cache.py)
 
     def __post_init__(self) -> None:
-        if self.kv_cache_dtype not in ("auto", "int8") and self.kv_cache_dtype not in _DTYPES:
+        if self.kv_cache_dtype not in ("auto", "int8") and self.kv_cache_dtype not in DTYPES:
             raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; supported: "
-                             f"{['auto', *sorted(_DTYPES), 'int8']}")
+                             f"{['auto', *sorted(DTYPES), 'int8']}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.kv_cache_memory_gb <= 0:
@@ -114,28 +39,10 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
-    """Per-step limits: running requests, and the token budget shared by decodes and chunks."""
-
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    policy: str = "fcfs"  # or "lpm": longest prefix match first (cache-aware)
-
-    def __post_init__(self) -> None:
-        if self.policy not in ("fcfs", "lpm"):
-            raise ValueError(f"unknown scheduling policy {self.policy!r}; supported: fcfs, lpm")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(
-                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-
-
-@dataclass(frozen=True)
 class DeviceConfig:
     """Where the model runs and in what number format. CPU defaults to float32, CUDA to
-    bfloat16; ``quantization`` ("auto", "none", "int8", "gguf") is resolved against the checkpoint at
+    bfloat16 (the torch device and dtype: ``device_and_dtype`` in models/loader.py);
+    ``quantization`` ("auto", "none", "int8", "gguf") is resolved against the checkpoint at
     load (models/quantization.py). ``threads``: the engine's CPU threads (torch's pool, which the
     native kernels share); None: the CPUs the process may use (affinity mask and cgroup quota,
     see cpu/threads.py)."""
@@ -147,20 +54,6 @@ class DeviceConfig:
 
     def __post_init__(self) -> None:
         check_threads(self.threads)
-
-    @property
-    def torch_device(self) -> torch.device:
-        return torch.device(self.device)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        name = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
-        if name not in _DTYPES:
-            raise ValueError(f"unsupported dtype {name!r}; supported: {sorted(_DTYPES)}")
-        return _DTYPES[name]
-
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -197,8 +90,6 @@ class SpeculativeConfig:
     draft_model: str | None = None
 
     def __post_init__(self) -> None:
-        from radixserve.spec.proposer import PROPOSERS
-
         if self.method not in PROPOSERS:
             raise ValueError(f"unknown speculative method {self.method!r}; supported: "
                              f"{', '.join(PROPOSERS)}")
@@ -225,15 +116,13 @@ class SpeculativeConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     """Tensor parallel: ``tensor_parallel_size`` ranks each hold their share of every layer's
-    heads and MLP (distributed/tp_shard.py), their partial outputs summed by ``all_reduce``
-    (distributed/tp_comm.py: auto, shm, torch)."""
+    heads and MLP (models/tp_shard.py), their partial outputs summed by ``all_reduce``
+    (parallel/comm.py: auto, shm, torch)."""
 
     tensor_parallel_size: int = 1
     all_reduce: str = "auto"
 
     def __post_init__(self) -> None:
-        from radixserve.parallel.comm import TP_ALL_REDUCES
-
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got "
                              f"{self.tensor_parallel_size}")

@@ -14,9 +14,8 @@ import random
 import time
 from collections import OrderedDict
 
-from radixserve.messages import (
-    EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineState, EngineStateQuery,
-    RequestInfo, SchedulerStats)
+from radixserve.core.reports import EngineCoreOutput, EngineState, RequestInfo, SchedulerStats
+from radixserve.messages import EngineCoreOutputs, EngineCoreRequest, EngineStateQuery
 
 
 class _MockKV:

@@ -13,7 +13,8 @@ import asyncio
 from collections.abc import Callable
 
 from radixserve.frontend.core_client import EngineCoreClient, EngineDeadError
-from radixserve.messages import EngineCoreRequest, SchedulerStats
+from radixserve.core.reports import SchedulerStats
+from radixserve.messages import EngineCoreRequest
 from radixserve.frontend.output_buffer import OutputBuffer
 from radixserve.cluster.routing import NoReplicaError
 

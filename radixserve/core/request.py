@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
+from radixserve.core.grammar_hooks import NO_GRAMMAR, Grammar
+from radixserve.core.spec_hooks import NO_SPEC_STATE
 from radixserve.pooling_params import PoolingParams
 from radixserve.sampling_params import SamplingParams
-from radixserve.spec.policy import SpecState
-from radixserve.structured.request_grammar import NO_GRAMMAR, NoGrammar, RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -48,8 +49,8 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     queue_time: float | None = None
-    grammar: RequestGrammar | NoGrammar = NO_GRAMMAR
-    spec: SpecState = field(default_factory=SpecState)  # speculative decoding's estimate
+    grammar: Grammar = NO_GRAMMAR
+    spec: Any = NO_SPEC_STATE  # speculative decoding's estimate (set by the scheduler's hooks)
     # an embedding request: prefill-only, pooled instead of sampled (``max_tokens`` 0);
     # ``pooled_sum`` adds up its chunks' hidden-state sums (mean pooling)
     pooling: PoolingParams | None = None

@@ -13,14 +13,14 @@ import itertools
 import logging
 import time
 
-from radixserve.config import SchedulerConfig
 from radixserve.core import pooled
 from radixserve.core.kv.kv_manager import KVCacheManager
+from radixserve.core.reports import EngineCoreOutput, SchedulerStats
 from radixserve.core.request import Request, RequestStatus
+from radixserve.core.sched_config import SchedulerConfig
 from radixserve.core.sched_output import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from radixserve.core.spec_hooks import NO_SPEC, SpecHooks
 from radixserve.core.stop import check_stop
-from radixserve.messages import EngineCoreOutput, SchedulerStats
-from radixserve.spec.drafter import NO_SPEC, NoSpec, SpecDecoding
 
 
 def _next_page(request: Request, computed: int, page: int) -> tuple | None:
@@ -39,7 +39,7 @@ _LPM_MAX_WAITING = 256  # beyond this, matching every waiting request costs more
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int,
-                 spec: SpecDecoding | NoSpec = NO_SPEC) -> None:
+                 spec: SpecHooks = NO_SPEC) -> None:
         """``spec``: speculative decoding (drafts added after each step's real work)."""
         self.config = config
         self.spec = spec
@@ -66,6 +66,7 @@ class Scheduler:
             raise ValueError(
                 f"request needs up to {need} KV blocks ({longest} tokens) but the pool holds "
                 f"{self.kv.num_usable_blocks}; raise the KV cache memory budget")
+        request.spec = self.spec.new_state()
         self.requests[request.request_id] = request
         self._queue_keys[request.request_id] = (request.priority, request.arrival_time,
                                                 next(self._order))

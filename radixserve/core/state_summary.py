@@ -10,12 +10,13 @@ from __future__ import annotations
 import itertools
 import time
 
+from radixserve.core.reports import EngineState, RequestInfo
 from radixserve.core.request import Request
-from radixserve.messages import EngineState, EngineStateQuery, RequestInfo
 
 
-def engine_state(scheduler, query: EngineStateQuery) -> EngineState:
-    """``scheduler``: a `Scheduler` (its ``running``, ``waiting`` and ``kv``). Read-only."""
+def engine_state(scheduler, query) -> EngineState:
+    """``scheduler``: a `Scheduler` (its ``running``, ``waiting`` and ``kv``); ``query``: the
+    limits (an ``EngineStateQuery``: ``max_requests``, ``max_nodes``, ``max_depth``). Read-only."""
     start = time.perf_counter()
     kv = scheduler.kv
     cache, pool = kv.prefix_cache, kv.block_pool

@@ -23,9 +23,9 @@ import traceback
 import msgspec
 import zmq
 
+from radixserve.core.reports import EngineCoreOutput
 from radixserve.messages import (
-    AbortRequests, EngineCoreOutput, EngineCoreOutputs, EngineInput, EngineReady,
-    EngineStateQuery, Shutdown)
+    AbortRequests, EngineCoreOutputs, EngineInput, EngineReady, EngineStateQuery, Shutdown)
 
 _IDLE_POLL_MS = 1000
 _SEND_TIMEOUT_MS = 1000

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.config import EngineConfig, ModelConfig
+from radixserve.config import EngineConfig
 from radixserve.engine.context_len import model_window
 from radixserve.tokenizer.tokenizer import load_tokenizer
 from radixserve.models.half_stored import checkpoint_dtype
-from radixserve.models.loader import load_model, load_model_config, open_gguf
+from radixserve.models.loader import (device_and_dtype, load_model, load_model_config,
+                                      open_gguf)
+from radixserve.models.model_config import ModelConfig
 from radixserve.models.quantization import resolve_quantization
 from radixserve.models.source import ModelSource
 from radixserve.runner.draft_runner import DraftRunner
@@ -75,7 +77,7 @@ def build_draft_runner(config: EngineConfig, draft: DraftSource, num_blocks: int
                        show_progress: bool = True) -> DraftRunner:
     """Load the draft model and its runner over a pool of ``num_blocks`` blocks; logs the
     choice once."""
-    device, dtype = config.device.torch_device, config.device.torch_dtype
+    device, dtype = device_and_dtype(config.device)
     quantization = resolve_quantization(config.device.quantization, device, draft.reader,
                                         checkpoint_dtype(draft.source))
     model = load_model(draft.source, draft.config, device, dtype, draft.reader,

@@ -20,6 +20,7 @@ from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.no_cache import NoPrefixCache
 from radixserve.core.kv.radix_cache import RadixCache
+from radixserve.core.reports import EngineCoreOutput, EngineState
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
 from radixserve.cpu.threads import apply_engine_threads
@@ -28,11 +29,11 @@ from radixserve.env_report import python_only_layers, startup_line, stored_types
 from radixserve.engine.context_len import resolve_max_model_len
 from radixserve.engine.draft_setup import build_draft_runner, open_draft
 from radixserve.core.state_summary import engine_state
-from radixserve.messages import (
-    EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineState, EngineStateQuery)
+from radixserve.messages import EngineCoreOutputs, EngineCoreRequest, EngineStateQuery
 from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.half_stored import checkpoint_dtype
-from radixserve.models.loader import load_model, load_model_config, open_gguf
+from radixserve.models.loader import (device_and_dtype, load_model, load_model_config,
+                                      open_gguf)
 from radixserve.models.quantization import resolve_quantization
 from radixserve.models.source import ModelSource
 from radixserve.runner.fault_injection import inject_faults_from_env
@@ -74,7 +75,7 @@ class EngineCore:
         model_config = load_model_config(source, reader)
         tp = tp or start_tensor_parallel(config, source, model_config, reader)
         threads = apply_engine_threads(tp.rank_threads(config.device.threads))  # before the model
-        device, dtype = config.device.torch_device, config.device.torch_dtype
+        device, dtype = device_and_dtype(config.device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' was asked for but CUDA is not available")
         quantization = resolve_quantization(config.device.quantization, device, reader,

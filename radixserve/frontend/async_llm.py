@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from radixserve.frontend.core_client import EngineCoreClient, EngineDeadError
-from radixserve.messages import EngineCoreOutput, EngineCoreRequest
+from radixserve.core.reports import EngineCoreOutput
+from radixserve.messages import EngineCoreRequest
 from radixserve.frontend.output_buffer import OutputBuffer
 from radixserve.frontend.output_processor import RequestState
 from radixserve.tokenizer.tokenizer import Tokenizer

@@ -17,15 +17,14 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from radixserve.core.reports import EngineState, SchedulerStats
 from radixserve.messages import (
     AbortRequests,
     AddRequest,
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineReady,
-    EngineState,
     EngineStateQuery,
-    SchedulerStats,
     Shutdown,
 )
 from radixserve.frontend.output_buffer import OutputBuffer

@@ -7,7 +7,7 @@ out to be the start of a stop string is held back until it cannot.
 
 from __future__ import annotations
 
-from radixserve.messages import EngineCoreOutput
+from radixserve.core.reports import EngineCoreOutput
 from radixserve.tokenizer.tokenizer import Tokenizer
 from radixserve.outputs import CompletionOutput, Logprob
 from radixserve.sampling_params import SamplingParams

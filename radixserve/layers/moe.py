@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixserve.config import MoeConfig
+from radixserve.models.model_config import MoeConfig
 from radixserve.layers.activation import silu_and_mul
 
 

@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from radixserve.config import ModelConfig
+from radixserve.models.model_config import ModelConfig
 from radixserve.layers.activation import silu_and_mul
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import torch
 from tqdm import tqdm
 
-from radixserve.config import ModelConfig
+from radixserve.config import DTYPES, DeviceConfig
 from radixserve.models.tp_shard import TensorShard
 from radixserve.layers.gguf_quant import dequantize
 from radixserve.models.gemma_config import (gemma_gguf_config, gemma_hf_config, gemma_hf_name,
@@ -26,6 +26,7 @@ from radixserve.models.gguf_stored import load_stored
 from radixserve.models.moe import (GGUF_EXPERT_NAMES, moe_from_gguf, moe_from_hf,
                                    split_expert_weights)
 from radixserve.models.half_stored import load_half_stored
+from radixserve.models.model_config import ModelConfig
 from radixserve.models.quantization import quantize_linears_
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
 from radixserve.models.rope_config import gguf_rope_fields, hf_rope_fields
@@ -41,6 +42,18 @@ def open_gguf(path: str):
         return gguf.GGUFReader(path)
     except Exception as exc:  # the reader raises assorted errors on bad files
         raise ValueError(f"{path} is not a valid GGUF file (corrupt or truncated?): {exc}") from exc
+
+
+_TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
+
+
+def device_and_dtype(config: DeviceConfig) -> tuple[torch.device, torch.dtype]:
+    """The torch device and the model's element type that ``config`` names (its dtype, else
+    bfloat16 on CUDA and float32 elsewhere); ValueError for a dtype not in ``DTYPES``."""
+    name = config.dtype or ("bfloat16" if config.device.startswith("cuda") else "float32")
+    if name not in _TORCH_DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; supported: {sorted(_TORCH_DTYPES)}")
+    return torch.device(config.device), _TORCH_DTYPES[name]
 
 
 def load_model_config(source: ModelSource, reader=None) -> ModelConfig:

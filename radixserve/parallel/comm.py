@@ -23,11 +23,10 @@ import time
 import numpy as np
 import torch
 
+from radixserve.config import TP_ALL_REDUCES
 from radixserve.parallel.shm_comm import RankLost
 
 logger = logging.getLogger(__name__)
-
-TP_ALL_REDUCES = ("auto", "shm", "torch")
 
 
 def resolve_all_reduce(name: str) -> str:

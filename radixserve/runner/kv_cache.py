@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.config import CacheConfig, ModelConfig
+from radixserve.config import CacheConfig
 from radixserve.core.kv.kv_groups import KVGroups
+from radixserve.models.model_config import ModelConfig
 
 
 _KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,

@@ -13,7 +13,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from radixserve.config import ModelConfig
+from radixserve.models.model_config import ModelConfig
 from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.sched_output import (
     GrammarBitmask,

@@ -16,46 +16,17 @@ import logging
 import time
 
 from radixserve.core.sched_output import DraftResult, ScheduledSeq
-from radixserve.spec.policy import SpecPolicy, evidence_key
+from radixserve.core.spec_hooks import NO_SPEC, SpecHooks
+from radixserve.spec.policy import SpecPolicy, SpecState, evidence_key
 from radixserve.spec.proposer import NO_DRAFT, Proposer
 
 logger = logging.getLogger(__name__)
 
 
-class NoSpec:
-    """Null object: speculation off."""
-
-    enabled = False
-    num_drafts = num_draft_tokens = num_accepted_tokens = 0
-    accepted_per_pos: list[int] = []
-    drafted_per_pos: list[int] = []
-
-    def add_drafts(self, seqs, requests, budget, kv, max_model_len) -> int:
-        return 0
-
-    def observe_step(self, num_tokens: int, seconds: float) -> None:
-        pass
-
-    def record(self, request, result: DraftResult) -> None:
-        pass
-
-    def on_finished(self, request) -> None:
-        pass
-
-    def on_preempted(self, request) -> None:
-        pass
-
-    def after_step(self, result, requests: dict) -> None:
-        pass
-
-    def check_integrity(self, requests: dict) -> None:
-        pass
-
-
-NO_SPEC = NoSpec()
-
-
 class SpecDecoding:
+    """Speculation on (core/spec_hooks.py's `SpecHooks`): a proposer drafts, the policy sizes
+    each draft; each request carries a `SpecState`."""
+
     enabled = True
 
     def __init__(self, proposer: Proposer, policy: SpecPolicy) -> None:
@@ -70,6 +41,9 @@ class SpecDecoding:
         self._decodes_only = False  # the step being run holds decodes (and drafts) only
         logger.info("speculative decoding: %s proposer, up to %d tokens per step%s",
                     proposer.name, policy.k_max, " (adaptive)" if policy.adaptive else "")
+
+    def new_state(self) -> SpecState:
+        return SpecState()
 
     def add_drafts(self, seqs: list[ScheduledSeq], requests: dict, budget: int, kv,
                    max_model_len: int) -> int:
@@ -177,8 +151,7 @@ class SpecDecoding:
         pass
 
 
-def make_spec(config, num_draft_blocks: int = 0, block_size: int = 16
-              ) -> SpecDecoding | NoSpec:
+def make_spec(config, num_draft_blocks: int = 0, block_size: int = 16) -> SpecHooks:
     """From a SpeculativeConfig; ``draft`` takes the draft model's KV pool size in blocks
     (the runner holds the pool itself, engine/draft_setup.py)."""
     from radixserve.spec.proposer import make_proposer

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-PROPOSERS = ("off", "ngram", "suffix", "auto", "draft")
+from radixserve.config import PROPOSERS
 
 
 class Draft(NamedTuple):

@@ -13,11 +13,12 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
+from radixserve.core.grammar_hooks import NO_GRAMMAR, Grammar
 from radixserve.core.request import Request
 from radixserve.core.sched_output import GrammarBitmask, SchedulerOutput
 from radixserve.structured.backend import CompiledGrammar, StructuredBackend
 from radixserve.structured.params import GrammarSpec, StructuredOutputsParams
-from radixserve.structured.request_grammar import NO_GRAMMAR, NoGrammar, RequestGrammar
+from radixserve.structured.request_grammar import RequestGrammar
 
 _CACHE_SIZE = 256
 
@@ -37,7 +38,7 @@ class StructuredOutputManager:
         if params is not None:
             self.backend.validate(params.spec())
 
-    def grammar_for(self, params: StructuredOutputsParams | None) -> RequestGrammar | NoGrammar:
+    def grammar_for(self, params: StructuredOutputsParams | None) -> Grammar:
         """The request's grammar state; its compile starts now unless cached."""
         if params is None:
             return NO_GRAMMAR
@@ -53,7 +54,7 @@ class StructuredOutputManager:
         return RequestGrammar(future, tuple(params.reasoning_end_token_ids), self.fast_forward,
                               time.monotonic() + self.compile_timeout_s)
 
-    def wait_for_compiles(self, grammars: Iterable[RequestGrammar | NoGrammar],
+    def wait_for_compiles(self, grammars: Iterable[Grammar],
                           timeout: float) -> None:
         """Block until one of the pending compiles finishes, or ``timeout`` seconds."""
         pending = {g.pending_compile for g in grammars} - {None}

@@ -2,8 +2,8 @@
 
 A constrained request carries a `RequestGrammar`: it waits for its compile (the scheduler does
 not start it before ``is_ready``), then follows the output token by token. With a reasoning end
-marker the constraint starts only after the marker appears in the output. Unconstrained
-requests carry `NO_GRAMMAR`, which accepts everything and never masks.
+marker the constraint starts only after the marker appears in the output. It implements
+core/grammar_hooks.py's `Grammar`; unconstrained requests carry that module's `NO_GRAMMAR`.
 """
 
 from __future__ import annotations
@@ -12,31 +12,6 @@ import time
 from concurrent.futures import Future
 
 from radixserve.structured.backend import CompiledGrammar, GrammarMatcher
-
-
-class NoGrammar:
-    """Null object for an unconstrained request."""
-
-    pending_compile = None
-    is_ready = True
-    is_active = False
-    is_terminated = False
-    error: str | None = None
-    matcher = None
-
-    def accept(self, token_id: int, output_token_ids: list[int]) -> str | None:
-        return None
-
-    def forced_tokens(self) -> list[int]:
-        return []
-
-    can_draft = True
-
-    def draftable(self, token_ids: list[int]) -> list[int]:
-        return token_ids
-
-
-NO_GRAMMAR = NoGrammar()
 
 
 class RequestGrammar:

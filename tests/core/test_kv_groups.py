@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.config import SchedulerConfig
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_groups import KVGroup, KVGroups
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.no_cache import NoPrefixCache
 from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.request import Request
+from radixserve.core.sched_config import SchedulerConfig
 from radixserve.core.sched_output import ModelRunnerOutput
 from radixserve.core.scheduler import Scheduler
 from radixserve.sampling_params import SamplingParams

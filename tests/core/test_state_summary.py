@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from radixserve.config import SchedulerConfig
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.no_cache import NoPrefixCache
 from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.request import Request
+from radixserve.core.sched_config import SchedulerConfig
 from radixserve.core.scheduler import Scheduler
 from radixserve.core.state_summary import engine_state
-from radixserve.messages import EngineState, EngineStateQuery
+from radixserve.core.reports import EngineState
+from radixserve.messages import EngineStateQuery
 from radixserve.sampling_params import SamplingParams
 import msgspec
 

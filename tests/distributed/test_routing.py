@@ -13,7 +13,7 @@ from radixserve.cluster.prefix_index import PrefixIndex, block_hashes
 from radixserve.cluster.routing import (
     CacheAwareRouter, LeastLoadRouter, NoReplicaError, RoundRobinRouter, RoutingConfig,
     make_router)
-from radixserve.messages import SchedulerStats
+from radixserve.core.reports import SchedulerStats
 
 BS = 4
 

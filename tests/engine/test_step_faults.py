@@ -12,7 +12,8 @@ from tiny_models import make_hf_model
 
 from radixserve import LLM
 from radixserve.frontend.async_llm import AsyncLLM, EngineStepError
-from radixserve.messages import EngineCoreOutput, EngineCoreRequest
+from radixserve.core.reports import EngineCoreOutput
+from radixserve.messages import EngineCoreRequest
 from radixserve.frontend.output_buffer import OutputBuffer
 from radixserve.frontend.output_processor import RequestState
 from radixserve.runner import fault_injection

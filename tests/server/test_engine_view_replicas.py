@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from prometheus_client import CollectorRegistry
 
 from radixserve.frontend.core_client import EngineDeadError
-from radixserve.messages import CacheNodeInfo, EngineState, RequestInfo
+from radixserve.core.reports import CacheNodeInfo, EngineState, RequestInfo
 from radixserve.frontend.http.engine_view import state_json
 
 CTX = SimpleNamespace(model_name="tiny",

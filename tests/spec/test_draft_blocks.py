@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from radixserve.config import SchedulerConfig, SpeculativeConfig
+from radixserve.config import SpeculativeConfig
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.request import Request
+from radixserve.core.sched_config import SchedulerConfig
 from radixserve.core.sched_output import DraftResult, ModelRunnerOutput, Proposal, ScheduledSeq
 from radixserve.core.scheduler import Scheduler
 from radixserve.sampling_params import SamplingParams

@@ -12,6 +12,7 @@ from test_spec_embedded import GREEDY, PROMPTS, reference, speculating, token_id
 from radixserve import SamplingParams
 from radixserve.config import SpeculativeConfig
 from radixserve.messages import EngineCoreRequest
+from radixserve.models.loader import device_and_dtype
 from radixserve.runner.draft_runner import NO_DRAFT_RUNNER, DraftRunner
 from radixserve.runner.model_runner import ModelRunner
 from radixserve.spec.draft_model import make_draft_spec
@@ -31,7 +32,7 @@ class self_drafting(speculating):
                                     draft_blocks, self.block_size)
         self.new.spec = self.spec
         draft = ModelRunner(target.model, target.config, draft_blocks, self.block_size,
-                            target.device, llm.config.device.torch_dtype,
+                            target.device, device_and_dtype(llm.config.device)[1],
                             kv_dtype=target.kv_caches[0][0].dtype)
         self.drafter = DraftRunner(draft, "self")
 

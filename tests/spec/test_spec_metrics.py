@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from radixserve.bench.metrics import parse_prometheus, spec_counters, summarize
 from radixserve.cli_args import add_engine_args, engine_kwargs
 from radixserve.config import SpeculativeConfig, engine_config
-from radixserve.messages import SchedulerStats
+from radixserve.core.reports import SchedulerStats
 from radixserve.frontend.http.metrics import ServerMetrics
 
 

@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from radixserve.config import SchedulerConfig
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.radix_cache import RadixCache
+from radixserve.core.sched_config import SchedulerConfig
 from radixserve.core.sched_output import ModelRunnerOutput
 from radixserve.core.scheduler import Scheduler
 from radixserve.engine.engine_core import EngineCore

@@ -32,7 +32,8 @@ The arena never won, so the simpler objects stay.
 KV groups (kv_groups.py): with sliding-window layers a node holds one table per group —
 ``blocks`` for the first group, ``window_blocks`` for the others, ``units_per_page`` ids a
 page — and a sliding group's page may hold the null block (released). Counters are in pool
-units. What is found and kept for those groups is in ``radix_windows.py``.
+units. What is found and kept for those groups is the cache's window policy
+(``radix_windows.py``: `SlidingWindows`, or the null object `FullAttention` with one group).
 """
 
 from __future__ import annotations
@@ -42,12 +43,12 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from radixserve.core.kv import radix_windows
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.prefix_cache import PrefixMatch
 from radixserve.core.kv.radix_summary import summarize
-from radixserve.messages import CacheNodeInfo
+from radixserve.core.kv.radix_windows import window_policy
+from radixserve.core.reports import CacheNodeInfo
 
 
 @dataclass(slots=True, eq=False)
@@ -85,8 +86,8 @@ class RadixCache:
         self.block_pool = block_pool
         self.block_size = block_size
         self.groups = (groups or KVGroups.single(0)).groups
-        self.is_windowed = any(g.is_sliding for g in self.groups)
-        assert not self.is_windowed or block_pool.null_block is not None, "needs a null block"
+        self._window = window_policy(self.groups, block_pool, block_size, self._descend,
+                                     self._add_units)
         self.root = _Node([], [], None, 0, 0, window_blocks=[[] for _ in self.groups[1:]])
         self._uids = itertools.count(1)
         self._clock = 0  # LRU time: ticks once per match/insert
@@ -105,9 +106,7 @@ class RadixCache:
         Touches the LRU time of the matched path. ``handle`` is the deepest matched node.
         """
         tables: list[list[int]] = [[] for _ in self.groups]
-        n = len(token_ids) - len(token_ids) % self.block_size
-        if self.is_windowed:
-            n = radix_windows.hit_len(self, token_ids, n)
+        n = self._window.hit_limit(token_ids, len(token_ids) - len(token_ids) % self.block_size)
         node, num_tokens = self._walk(token_ids, n, tables)
         self.num_queries_tokens += len(token_ids)
         self.num_hit_tokens += num_tokens
@@ -115,24 +114,14 @@ class RadixCache:
         while hit.parent is not None:
             hit.hits += 1
             hit = hit.parent
-        if self.is_windowed:
-            radix_windows.null_unneeded(self, tables, num_tokens)
+        self._window.null_unneeded(tables, num_tokens)
         return PrefixMatch(tables[0], num_tokens, node, tables[1:])
 
     def cached_len(self, token_ids: list[int]) -> int:
         """Tokens of ``token_ids`` that ``match_prefix`` would find now, without its side
         effects: no split, no LRU touch, not counted in the hit statistics."""
         n = len(token_ids) - len(token_ids) % self.block_size
-        if self.is_windowed:
-            return radix_windows.hit_len(self, token_ids, n)
-        node, pos = self.root, 0
-        while pos < n:
-            child, matched = self._match_child(node, token_ids, pos, n)
-            pos += matched
-            if child is None or matched < len(child.key):
-                break
-            node = child
-        return pos
+        return self._window.hit_len(*self._descend(token_ids, n))
 
     def lock(self, handle: _Node | None) -> None:
         """Ref count +1 on every node from ``handle`` up to (not including) the root."""
@@ -169,16 +158,15 @@ class RadixCache:
         tables = [block_ids, *window_block_ids]
         self._insert(token_ids, tables)
         self.unlock(handle)
-        null = self.block_pool.null_block
         for table in tables:
-            self.block_pool.free([b for b in table if b != null] if self.is_windowed else table)
+            self.block_pool.free(self._window.owned(table))
 
     def forget(self, handle: _Node | None, group: int, lo: int, released: list[int],
                keep_end: int = 0) -> None:
         """Drop the tree's copies of the released pages from ``lo`` on of sliding ``group``
-        on ``handle``'s path that no likely hit needs (radix_windows.forget)."""
+        on ``handle``'s path that no likely hit needs (`SlidingWindows.forget`)."""
         if handle is not None and handle.parent is not None:
-            radix_windows.forget(self, handle, group, lo, released, keep_end)
+            self._window.forget(handle, group, lo, released, keep_end)
 
     def cache_blocks(self, token_ids: list[int], block_ids: list[int],
                      window_block_ids: list[list[int]] = ()) -> _Node:
@@ -201,9 +189,7 @@ class RadixCache:
         number of tree references dropped (each returns a block to the pool, as no request
         holds an unlocked block).
         """
-        if self.is_windowed:
-            return radix_windows.evict(self, num_blocks)
-        heap, freed = self._heap, 0
+        heap, freed, bs = self._heap, 0, self.block_size
         while freed < num_blocks and heap:
             when, _, node = heap[0]
             if node.parent is None or node.children or node.lock_ref:
@@ -212,15 +198,16 @@ class RadixCache:
             if when != node.last_access:
                 heapq.heapreplace(heap, (node.last_access, node.uid, node))
                 continue
-            take = min(num_blocks - freed, len(node.blocks))
-            self.block_pool.free(node.blocks[-take:])
-            self._evictable -= take
-            node.units -= take
-            freed += take
-            if take < len(node.blocks):
-                del node.blocks[-take:]
-                del node.key[-take * self.block_size:]
-                node.end -= take * self.block_size
+            pages, units = self._window.tail(node, num_blocks - freed)
+            self.block_pool.free(units)
+            self._evictable -= len(units)
+            node.units -= len(units)
+            freed += len(units)
+            if pages * bs < len(node.key):  # (then the loop ends: enough was freed)
+                for group, table in zip(self.groups, node.tables):
+                    del table[len(table) - pages * group.units_per_page:]
+                del node.key[-pages * bs:]
+                node.end -= pages * bs
             else:
                 heapq.heappop(heap)
                 self._remove_leaf(node)
@@ -314,6 +301,20 @@ class RadixCache:
                 break
         return node, pos
 
+    def _descend(self, token_ids: list[int], n: int) -> tuple[_Node, int]:
+        """Read-only `_walk`: the deepest node the cached path of ``token_ids[:n]`` reaches
+        (the one it ends inside, if any) and the tokens it matches (``n`` page-aligned)."""
+        node, pos = self.root, 0
+        while pos < n:
+            child, matched = self._match_child(node, token_ids, pos, n)
+            if child is None:
+                break
+            pos += matched
+            node = child
+            if matched < len(child.key):
+                break
+        return node, pos
+
     def _match_child(self, node: _Node, token_ids: list[int], pos: int,
                      n: int) -> tuple[_Node | None, int]:
         """The child of ``node`` that continues ``token_ids[pos:n]``, and how many of its
@@ -372,8 +373,7 @@ class RadixCache:
         assert len(tables[0]) >= num_pages * m0, f"{len(tables[0])} blocks, {num_pages} pages"
         n = num_pages * bs
         node, pos = self._walk(token_ids, n, None)
-        if self.is_windowed:
-            radix_windows.fill(self, node, tables, pos)
+        self._window.fill(node, tables, pos)
         if pos == n:
             return node
         first = pos // bs
@@ -383,22 +383,23 @@ class RadixCache:
                      window_blocks=parts[1:], end=n)
         leaf.units = self._count_units(leaf)
         for part in parts:
-            self.block_pool.share(self._owned(part))
+            self.block_pool.share(self._window.owned(part))
         node.children[tuple(leaf.key[:bs])] = leaf
         self._num_nodes += 1
         self._evictable += leaf.units
         self._push_if_candidate(leaf)
         return leaf
 
-    def _owned(self, table: list[int]) -> list[int]:
-        """The ids of ``table`` that are pool references (not the null block)."""
-        if not self.is_windowed:
-            return table
-        null = self.block_pool.null_block
-        return [b for b in table if b != null]
-
     def _count_units(self, node: _Node) -> int:
-        return sum(len(self._owned(t)) for t in node.tables)
+        return sum(len(self._window.owned(t)) for t in node.tables)
+
+    def _add_units(self, node: _Node, units: int) -> None:
+        """``node`` holds ``units`` more pool references (fewer if negative)."""
+        node.units += units
+        if node.lock_ref:
+            self._protected += units
+        else:
+            self._evictable += units
 
     def _remove_leaf(self, node: _Node) -> None:
         """Unlink an emptied leaf (its blocks already freed); its parent may become a candidate."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from radixserve.messages import CacheNodeInfo
+from radixserve.core.reports import CacheNodeInfo
 
 HEAD_TOKENS = 16  # token ids of each node's key sent for a preview
 MAX_CHILDREN = 6

@@ -1,4 +1,6 @@
-"""What the radix tree finds, keeps and evicts for sliding-window KV groups (kv_groups.py).
+"""What the radix tree finds, keeps and evicts for sliding-window KV groups (kv_groups.py): the
+window policy `RadixCache` calls, `SlidingWindows`, and its null object `FullAttention` (a model
+without sliding layers: every page is kept and a match is the whole cached path).
 
 A query at position p of a sliding group reads only pages ``first_needed_page(p)`` .. p's
 page, so a request releases older pages (the null block takes their table slots) and the tree
@@ -30,142 +32,208 @@ The rules, all correct by construction (the first is what makes hits right):
 from __future__ import annotations
 
 import bisect
-import heapq
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from radixserve.core.kv.block_pool import BlockPool
+from radixserve.core.kv.kv_groups import KVGroup
+
+# Nodes are radix_cache._Node records: ``key``, ``end`` (tokens from the root to the end of its
+# key), ``parent`` (None: the root), ``children``, ``tables`` (one block table per group).
+Node = Any
 
 
-def hit_len(cache, token_ids: list[int], n: int) -> int:
-    """Tokens of the longest cached page-aligned prefix of ``token_ids[:n]`` whose sliding
-    groups hold the window before it; read-only.
+class WindowPolicy(Protocol):
+    """What `RadixCache` asks about its KV groups' windows. The methods that take a node read
+    or write only that node's path and tables, and report a change of a node's pool references
+    through the cache's ``add_units`` (given at construction), never touching the cache."""
 
-    The whole match is found as without groups (whole keys compared at once); then the hit
-    point h steps back from its end: a page missing from the window before h rules out every
-    hit point from it up to h, so h becomes that page. Cost: the match plus about a window's
-    pages per sliding group when the window is there.
-    """
-    bs, null = cache.block_size, cache.block_pool.null_block
-    firsts, nodes = [], []  # each matched node's first page
-    node, pos = cache.root, 0
-    while pos < n:
-        child, matched = cache._match_child(node, token_ids, pos, n)
-        if child is None:
-            break
-        firsts.append(pos // bs)
-        nodes.append(child)
-        pos += matched
-        if matched < len(child.key):
-            break
-        node = child
-    h = pos // bs
-    sliding = [(g, group) for g, group in enumerate(cache.groups) if group.is_sliding]
-    while h > 0:
-        missing = None
-        for g, group in sliding:
-            m = group.units_per_page
-            for k in range(h - 1, group.first_needed_page(h * bs, bs) - 1, -1):
-                i = bisect.bisect_right(firsts, k) - 1
-                if nodes[i].tables[g][(k - firsts[i]) * m] == null:
-                    missing = k
+    def hit_limit(self, token_ids: list[int], n: int) -> int:
+        """Where a match of ``token_ids[:n]`` (``n`` page-aligned) may end at most; read-only."""
+
+    def hit_len(self, node: Node, pos: int) -> int:
+        """The hit of a cached path that spells its first ``pos`` tokens down to ``node`` (the
+        node it ends inside, if any); read-only."""
+
+    def null_unneeded(self, tables: list[list[int]], num_tokens: int) -> None:
+        """Null, in a match's ``tables``, the pages a request resuming at ``num_tokens``
+        never reads (it takes no reference to them)."""
+
+    def owned(self, table: list[int]) -> list[int]:
+        """The ids of ``table`` that are pool references (not the null block)."""
+
+    def fill(self, node: Node, tables: list[list[int]], end: int) -> None:
+        """After an insert along the path ending at ``node`` (``end`` tokens): give its
+        released pages the inserting request's blocks (``tables``) where it holds them."""
+
+    def forget(self, handle: Node, g: int, lo: int, released: list[int],
+               keep_end: int) -> None:
+        """Drop the tree's copies of pages of group ``g`` a request released (see `forget`)."""
+
+    def tail(self, node: Node, wanted: int) -> tuple[int, list[int]]:
+        """Eviction of leaf ``node``: how many tail pages to cut to free ``wanted`` pool
+        references (all of them at most), and those references; read-only."""
+
+
+class FullAttention:
+    """Null object: no sliding group, every cached page is held and found."""
+
+    def hit_limit(self, token_ids: list[int], n: int) -> int:
+        return n
+
+    def hit_len(self, node: Node, pos: int) -> int:
+        return pos
+
+    def null_unneeded(self, tables: list[list[int]], num_tokens: int) -> None:
+        pass
+
+    def owned(self, table: list[int]) -> list[int]:
+        return table
+
+    def fill(self, node: Node, tables: list[list[int]], end: int) -> None:
+        pass
+
+    def forget(self, handle: Node, g: int, lo: int, released: list[int],
+               keep_end: int) -> None:
+        pass
+
+    def tail(self, node: Node, wanted: int) -> tuple[int, list[int]]:
+        take = min(wanted, len(node.blocks))  # one group, one id a page
+        return take, node.blocks[-take:]
+
+
+FULL_ATTENTION = FullAttention()
+
+
+def window_policy(groups: tuple[KVGroup, ...], block_pool: BlockPool, block_size: int,
+                  descend: Callable[[list[int], int], tuple[Node, int]],
+                  add_units: Callable[[Node, int], None]) -> WindowPolicy:
+    """`SlidingWindows` when a group slides, else `FULL_ATTENTION`. ``descend(token_ids, n)``:
+    the cache's read-only walk, ``(node, pos)`` as `WindowPolicy.hit_len` takes them;
+    ``add_units(node, units)``: count ``units`` more pool references held by ``node``."""
+    if not any(g.is_sliding for g in groups):
+        return FULL_ATTENTION
+    return SlidingWindows(groups, block_pool, block_size, descend, add_units)
+
+
+class SlidingWindows:
+    """The rules of the module docstring for a tree with sliding groups (needs the pool's
+    null block)."""
+
+    def __init__(self, groups: tuple[KVGroup, ...], block_pool: BlockPool, block_size: int,
+                 descend: Callable[[list[int], int], tuple[Node, int]],
+                 add_units: Callable[[Node, int], None]) -> None:
+        assert block_pool.null_block is not None, "needs a null block"
+        self.groups = groups
+        self.block_pool = block_pool
+        self.block_size = block_size
+        self.null = block_pool.null_block
+        self._descend = descend
+        self._add_units = add_units
+
+    def hit_limit(self, token_ids: list[int], n: int) -> int:
+        return self.hit_len(*self._descend(token_ids, n))
+
+    def hit_len(self, node: Node, pos: int) -> int:
+        """The longest page-aligned prefix of the path whose sliding groups hold the window
+        before it. The hit point h steps back from the path's end: a page missing from the
+        window before h rules out every hit point from it up to h, so h becomes that page.
+        Cost: the path plus about a window's pages per sliding group when the window is there.
+        """
+        bs, null = self.block_size, self.null
+        nodes = []
+        while node.parent is not None:
+            nodes.append(node)
+            node = node.parent
+        nodes.reverse()
+        firsts = [(x.end - len(x.key)) // bs for x in nodes]  # each node's first page
+        h = pos // bs
+        sliding = [(g, group) for g, group in enumerate(self.groups) if group.is_sliding]
+        while h > 0:
+            missing = None
+            for g, group in sliding:
+                m = group.units_per_page
+                for k in range(h - 1, group.first_needed_page(h * bs, bs) - 1, -1):
+                    i = bisect.bisect_right(firsts, k) - 1
+                    if nodes[i].tables[g][(k - firsts[i]) * m] == null:
+                        missing = k
+                        break
+                if missing is not None:
                     break
-            if missing is not None:
+            if missing is None:
                 break
-        if missing is None:
-            break
-        h = missing
-    return h * bs
+            h = missing
+        return h * bs
 
+    def null_unneeded(self, tables: list[list[int]], num_tokens: int) -> None:
+        null = self.null
+        for group, table in zip(self.groups, tables):
+            first = group.first_needed_page(num_tokens, self.block_size) * group.units_per_page
+            table[:first] = [null] * first
 
-def null_unneeded(cache, tables: list[list[int]], num_tokens: int) -> None:
-    """Replace, in a match's ``tables``, the pages of sliding groups that a request resuming
-    at ``num_tokens`` never reads by the null block (it takes no reference to them)."""
-    null = cache.block_pool.null_block
-    for group, table in zip(cache.groups, tables):
-        first = group.first_needed_page(num_tokens, cache.block_size) * group.units_per_page
-        table[:first] = [null] * first
+    def owned(self, table: list[int]) -> list[int]:
+        null = self.null
+        return [b for b in table if b != null]
 
+    def fill(self, node: Node, tables: list[list[int]], end: int) -> None:
+        bs, null = self.block_size, self.null
+        for g, group in enumerate(self.groups):
+            if not group.is_sliding:
+                continue
+            m, table = group.units_per_page, tables[g]
+            lo = _first_present_page(table, m, null)
+            x = node
+            while x.parent is not None and x.end > lo * bs:
+                start = (x.end - len(x.key)) // bs
+                mine = x.tables[g]
+                for k in range(max(start, lo), x.end // bs):
+                    i = (k - start) * m
+                    if mine[i] == null and table[k * m] != null:
+                        units = table[k * m:(k + 1) * m]
+                        mine[i:i + m] = units
+                        self.block_pool.share(units)
+                        self._add_units(x, m)
+                x = x.parent
 
-def fill(cache, node, tables: list[list[int]], end: int) -> None:
-    """On the path ending at ``node`` (``end`` tokens), give each sliding page the tree has
-    released the request's block for it, where the request holds one (``tables``)."""
-    bs, null = cache.block_size, cache.block_pool.null_block
-    for g, group in enumerate(cache.groups):
-        if not group.is_sliding:
-            continue
-        m, table = group.units_per_page, tables[g]
-        lo = _first_present_page(table, m, null)
-        x = node
+    def forget(self, handle: Node, g: int, lo: int, released: list[int],
+               keep_end: int) -> None:
+        """Drop the tree's copies of the pages from ``lo`` on of group ``g`` that a request
+        released (``released``: their ids) on ``handle``'s path — where the tree holds the
+        request's own block — but those in the window before an anchor (a node that branches,
+        page ``keep_end``)."""
+        bs, null, group = self.block_size, self.null, self.groups[g]
+        m = group.units_per_page
+        hi = lo + len(released) // m
+        path = []
+        x = handle
         while x.parent is not None and x.end > lo * bs:
+            path.append(x)
+            x = x.parent
+        keep = set(range(group.first_needed_page(keep_end * bs, bs), keep_end))
+        for x in path:
+            if len(x.children) > 1:
+                keep.update(range(group.first_needed_page(x.end, bs), x.end // bs))
+        for x in path:
             start = (x.end - len(x.key)) // bs
             mine = x.tables[g]
-            for k in range(max(start, lo), x.end // bs):
-                i = (k - start) * m
-                if mine[i] == null and table[k * m] != null:
-                    units = table[k * m:(k + 1) * m]
-                    mine[i:i + m] = units
-                    cache.block_pool.share(units)
-                    _count(cache, x, m)
-            x = x.parent
+            for k in range(max(start, lo), min(hi, x.end // bs)):
+                i, j = (k - start) * m, (k - lo) * m
+                if k in keep or mine[i] == null or mine[i:i + m] != released[j:j + m]:
+                    continue
+                self.block_pool.free(mine[i:i + m])
+                mine[i:i + m] = [null] * m
+                self._add_units(x, -m)
 
-
-def forget(cache, handle, g: int, lo: int, released: list[int], keep_end: int) -> None:
-    """Drop the tree's copies of the pages from ``lo`` on of group ``g`` that a request
-    released (``released``: their ids) on ``handle``'s path — where the tree holds the
-    request's own block — but those in the window before an anchor (a node that branches,
-    page ``keep_end``)."""
-    bs, null, group = cache.block_size, cache.block_pool.null_block, cache.groups[g]
-    m = group.units_per_page
-    hi = lo + len(released) // m
-    path = []
-    x = handle
-    while x.parent is not None and x.end > lo * bs:
-        path.append(x)
-        x = x.parent
-    keep = set(range(group.first_needed_page(keep_end * bs, bs), keep_end))
-    for x in path:
-        if len(x.children) > 1:
-            keep.update(range(group.first_needed_page(x.end, bs), x.end // bs))
-    for x in path:
-        start = (x.end - len(x.key)) // bs
-        mine = x.tables[g]
-        for k in range(max(start, lo), min(hi, x.end // bs)):
-            i, j = (k - start) * m, (k - lo) * m
-            if k in keep or mine[i] == null or mine[i:i + m] != released[j:j + m]:
-                continue
-            cache.block_pool.free(mine[i:i + m])
-            mine[i:i + m] = [null] * m
-            _count(cache, x, -m)
-
-
-def evict(cache, num_blocks: int) -> int:
-    """``RadixCache.evict`` with several groups: tail pages, each with all its units."""
-    heap, freed, bs, null = cache._heap, 0, cache.block_size, cache.block_pool.null_block
-    while freed < num_blocks and heap:
-        when, _, node = heap[0]
-        if node.parent is None or node.children or node.lock_ref:
-            heapq.heappop(heap)
-            continue
-        if when != node.last_access:
-            heapq.heapreplace(heap, (node.last_access, node.uid, node))
-            continue
-        num_pages, take, units = len(node.key) // bs, 0, []
-        while freed + len(units) < num_blocks and take < num_pages:
+    def tail(self, node: Node, wanted: int) -> tuple[int, list[int]]:
+        """Tail pages, each with all its groups' units (so a few more than ``wanted``)."""
+        num_pages, take, units, null = len(node.key) // self.block_size, 0, [], self.null
+        while len(units) < wanted and take < num_pages:
             take += 1
             k = num_pages - take
-            for group, table in zip(cache.groups, node.tables):
+            for group, table in zip(self.groups, node.tables):
                 m = group.units_per_page
                 units += [b for b in table[k * m:(k + 1) * m] if b != null]
-        cache.block_pool.free(units)
-        cache._evictable -= len(units)
-        node.units -= len(units)
-        freed += len(units)
-        if take < num_pages:
-            for group, table in zip(cache.groups, node.tables):
-                del table[(num_pages - take) * group.units_per_page:]
-            del node.key[-take * bs:]
-            node.end -= take * bs
-        else:
-            heapq.heappop(heap)
-            cache._remove_leaf(node)
-    return freed
+        return take, units
 
 
 def _first_present_page(table: list[int], m: int, null: int) -> int:
@@ -178,11 +246,3 @@ def _first_present_page(table: list[int], m: int, null: int) -> int:
         else:
             hi = mid
     return lo
-
-
-def _count(cache, node, units: int) -> None:
-    node.units += units
-    if node.lock_ref:
-        cache._protected += units
-    else:
-        cache._evictable += units

@@ -15,7 +15,7 @@ import time
 from fastapi import FastAPI
 
 from radixserve.frontend.core_client import EngineDeadError
-from radixserve.messages import EngineState, RequestInfo
+from radixserve.core.reports import EngineState, RequestInfo
 from radixserve.frontend.openai.serving import OpenAIError, ServingContext
 
 _TOTALS = (  # (JSON name, Prometheus sample name without the model label)

@@ -1,0 +1,100 @@
+"""What the engine core reports upward, as plain records: each step's new tokens per request
+(`EngineCoreOutput`) and counters (`SchedulerStats`), and the on-demand summary of what it
+holds (`EngineState`, with `RequestInfo` and `CacheNodeInfo`).
+
+They are msgspec Structs so the wire (radixserve/messages.py) embeds them as they are: no
+conversion per token. Like the messages, they hold only numbers, strings and lists of them (no
+reference cycles possible), so the garbage collector does not track them (``gc=False``).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """New tokens of one request from one step. ``top_logprobs`` rows are [(id, logprob), ...].
+
+    ``queue_time`` (seconds from arrival to first scheduling) rides on the first output only.
+    ``error`` is set, with finish_reason "abort", when the engine refused the request, and
+    with finish_reason "error" when a fault while running it ended it (a server error).
+    ``pooled`` is an embedding request's pooled hidden state (its one, finishing output).
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    num_cached_tokens: int = 0
+    queue_time: float | None = None
+    error: str | None = None
+    pooled: list[float] | None = None
+
+
+class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    num_kv_blocks: int = 0
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    num_preemptions: int = 0
+    spec_num_drafts: int = 0  # speculative decoding: verified drafts, their tokens, accepted
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = []  # drafts whose i-th token was accepted
+    spec_drafted_per_pos: list[int] = []  # drafts that had an i-th token
+
+
+class RequestInfo(msgspec.Struct, array_like=True, gc=False):
+    """One running or waiting request as the engine view shows it."""
+
+    request_id: str
+    status: str  # "running" | "waiting"
+    num_computed_tokens: int
+    num_tokens: int
+    num_prompt_tokens: int
+    max_tokens: int  # output tokens it may make
+    priority: int
+    arrival_time: float  # wall clock (time.time())
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+
+
+class CacheNodeInfo(msgspec.Struct, array_like=True, gc=False):
+    """One radix-tree node of the summary; ``parent`` indexes the summary's node list (-1:
+    a child of the root). ``head`` is its first few token ids (for a preview);
+    ``num_hidden_children`` counts the children left out of the summary."""
+
+    parent: int
+    depth: int
+    num_tokens: int
+    num_blocks: int
+    hits: int
+    lock_ref: int
+    num_children: int
+    num_hidden_children: int
+    head: list[int]
+
+
+class EngineState(msgspec.Struct, array_like=True, gc=False):
+    """A bounded summary of what the engine holds, answered to an ``EngineStateQuery``:
+    at most ``max_requests`` requests of each kind and ``max_nodes`` tree nodes; the ``num_*``
+    totals count everything."""
+
+    running: list[RequestInfo]
+    waiting: list[RequestInfo]
+    num_running: int
+    num_waiting: int
+    num_kv_blocks: int
+    num_free_blocks: int
+    num_evictable_blocks: int  # cached, referenced by no request
+    num_cached_blocks: int  # all blocks the prefix cache holds (evictable + protected)
+    block_size: int
+    cache_nodes: list[CacheNodeInfo]
+    num_cache_nodes: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    num_preemptions: int
+    summary_us: float = 0.0  # what building this summary cost the engine

@@ -1,0 +1,88 @@
+"""The shape of a model: what its checkpoint (config.json or GGUF metadata) says about its
+layers, heads, experts and attention windows (read by models/loader.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """The sparse mixture-of-experts blocks of a decoder (Qwen2-MoE, Qwen3-MoE, Mixtral): each
+    token's MLP is the weighted sum of ``top_k`` of ``num_experts`` SwiGLU experts of width
+    ``intermediate_size``, picked by a linear router (softmax over all experts, top-k, the k
+    weights renormalized to sum 1 when ``norm_topk_prob``), plus, where
+    ``shared_expert_size`` > 0 (Qwen2-MoE), a shared SwiGLU expert of that width every token
+    runs, scaled by sigmoid of a one-output linear gate. ``dense_layers``: the layers that
+    keep a dense MLP of the model's ``intermediate_size`` (``mlp_only_layers`` and
+    ``decoder_sparse_step``)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool = True
+    dense_layers: tuple[int, ...] = ()
+    shared_expert_size: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"experts per token must be in 1..{self.num_experts} (the number "
+                             f"of experts), got {self.top_k}")
+
+    def is_sparse(self, layer_idx: int) -> bool:
+        return layer_idx not in self.dense_layers
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Llama-family decoder, read from config.json or GGUF metadata."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    moe: MoeConfig | None = None  # None: every layer has a dense MLP
+    rotary_dim: int | None = None  # rope on the first dims of each head only; None: all
+    sliding_window: int | None = None  # keys a windowed layer attends to (its last ones)
+    # the layers the window applies to (Gemma's sliding layers, Qwen2's from
+    # max_window_layers on); None: every layer (Mistral, Phi-3)
+    sliding_layers: tuple[bool, ...] | None = None
+    gemma: GemmaParams | None = None  # Gemma 2 / 3 specifics
+
+    def layer_window(self, layer_idx: int) -> int | None:
+        """The sliding window of layer ``layer_idx``, None for full attention."""
+        if self.sliding_layers is not None and not self.sliding_layers[layer_idx]:
+            return None
+        return self.sliding_window
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class GemmaParams:
+    """What Gemma 2 / 3 add to the Llama shape (models/gemma.py): the sliding layers' rope base
+    (the global layers keep ``rope_theta`` and ``rope_scaling``; which layers slide is
+    ``ModelConfig.sliding_layers``), the query scale's ``query_pre_attn_scalar ** -0.5``, and
+    the tanh soft-caps (None: off)."""
+
+    rope_local_theta: float = 10000.0
+    query_pre_attn_scalar: float = 256.0
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
