@@ -9,7 +9,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 
 from radixserve.config import engine_config
-from radixserve.engine.engine_core import EngineCore
+from radixserve.engine.build import build_engine_core
 from radixserve.messages import EngineCoreRequest
 from radixserve.frontend.output_processor import RequestState
 from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
@@ -64,8 +64,8 @@ class LLM:
             draft_model=draft_model)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
-        self.engine = EngineCore.from_config(self.config, self.source, show_progress, reader,
-                                             lambda: self.tokenizer)
+        self.engine = build_engine_core(self.config, self.source, show_progress, reader,
+                                        lambda: self.tokenizer)
         self.tokenizer = load_tokenizer(self.source, reader)
         self._ids = itertools.count()
 

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import functools
 import gc
-import logging
 import os
 import shutil
 import signal
@@ -89,38 +88,6 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     add_limit_args(parser)
 
 
-
-
-def _build_real_engine(kwargs: dict, model: str | None):
-    # Runs in the engine process: say what runs (the kernel level, threads, the layers' paths)
-    # on stderr, and size the thread pools before torch (and its libgomp) loads.
-    _log_engine_choices()
-    from radixserve.cpu.threads import apply_engine_threads
-
-    apply_engine_threads(kwargs.get("threads"))
-    from radixserve.config import engine_config
-    from radixserve.engine.engine_core import EngineCore
-    from radixserve.models.source import ModelSource
-
-    config = engine_config(model, **kwargs)
-    return EngineCore.from_config(config, ModelSource.resolve(model), show_progress=False)
-
-
-def _log_engine_choices() -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("radixserve engine %(levelname)s: %(message)s"))
-    root = logging.getLogger("radixserve")
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-
-
-def _build_mock_engine(vocab_size: int, max_model_len: int, step_time: float,
-                       max_num_seqs: int):
-    from radixserve.bench.mock_engine import MockEngine
-
-    return MockEngine(vocab_size, max_model_len, max_num_seqs, step_time=step_time)
-
-
 def serve(args: argparse.Namespace) -> int:
     from radixserve.cpu.threads import limit_api_threads
 
@@ -141,14 +108,17 @@ def serve(args: argparse.Namespace) -> int:
     embedding = _embedding_setup(source, args)
     kwargs = engine_kwargs(args)
     if args.mock_engine:
+        from radixserve.bench.mock_engine import MockEngine
+
         def make_build(threads):
-            return functools.partial(_build_mock_engine, tokenizer.vocab_size,
-                                     args.max_model_len or 8192, args.mock_step_ms / 1000,
-                                     args.mock_max_seqs)
+            return functools.partial(MockEngine, tokenizer.vocab_size,
+                                     args.max_model_len or 8192, args.mock_max_seqs,
+                                     step_time=args.mock_step_ms / 1000)
     else:
-        def make_build(threads):
-            return functools.partial(_build_real_engine, {**kwargs, "threads": threads},
-                                     args.model)
+        from radixserve.engine.core_proc import build_engine
+
+        def make_build(threads):  # built in the engine process (core_proc.py)
+            return functools.partial(build_engine, {**kwargs, "threads": threads}, args.model)
     from radixserve.cluster.dp_args import ray_config, replica_builds
 
     builds = replica_builds(args.data_parallel_size, make_build, args.threads,

@@ -108,3 +108,16 @@ def pin_to(cpus: list[int]) -> None:
         os.sched_setaffinity(0, cpus)
     except (AttributeError, OSError) as exc:
         logger.warning("could not pin the replica to CPUs %s: %s", cpus, exc)
+
+
+def pin_process(cpus: list[int]) -> None:
+    """Restrict every thread of this process to ``cpus`` (threads started later inherit it)."""
+    try:
+        tasks = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tasks = [0]
+    for tid in tasks:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except (AttributeError, OSError) as exc:
+            logger.warning("could not pin thread %d to CPUs %s: %s", tid, cpus, exc)

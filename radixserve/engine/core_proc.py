@@ -11,10 +11,14 @@ are drained (its ``state`` set; every other message carries None there, one byte
 Idle, it blocks on the input socket (waking every second to notice an orphaned process).
 A fault while stepping fails the requests it belongs to inside ``engine.step()``; one that
 escapes it ends this process, and the API process starts a new one.
+
+Torch-free at import: the API process imports this module to start the process, and
+`build_engine` sizes the thread pools before torch loads.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -24,6 +28,7 @@ import msgspec
 import zmq
 
 from radixserve.core.reports import EngineCoreOutput
+from radixserve.cpu.threads import apply_engine_threads
 from radixserve.messages import (
     AbortRequests, EngineCoreOutputs, EngineInput, EngineReady, EngineStateQuery, Shutdown)
 
@@ -44,6 +49,24 @@ def _send(out: zmq.Socket, data: bytes, parent: int) -> None:
         except zmq.Again:
             if os.getppid() != parent:
                 raise _Orphaned() from None
+
+
+def build_engine(kwargs: dict, model: str | None):
+    """``radixserve serve``'s engine, built in the engine process (``kwargs``: `engine_config`'s,
+    with ``threads``): say what runs (the kernel level, threads, the layers' paths) on stderr,
+    and size the thread pools before torch (and its libgomp) loads."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("radixserve engine %(levelname)s: %(message)s"))
+    root = logging.getLogger("radixserve")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    apply_engine_threads(kwargs.get("threads"))
+    from radixserve.config import engine_config  # torch loads from here on
+    from radixserve.engine.build import build_engine_core
+    from radixserve.models.source import ModelSource
+
+    config = engine_config(model, **kwargs)
+    return build_engine_core(config, ModelSource.resolve(model), show_progress=False)
 
 
 def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:

@@ -2,6 +2,8 @@
 
 The offline ``LLM`` runs it in-process; the server runs it in its own process behind ZMQ.
 It works on token ids only: text (detokenization, stop strings) lives in the frontend.
+It is handed its parts built (engine/build.py builds them from the config; tests pass a fake
+runner: any object with ``execute(sched, bitmask) -> ModelRunnerOutput``).
 """
 
 from __future__ import annotations
@@ -10,45 +12,19 @@ import logging
 import random
 import time
 from concurrent import futures
-from collections.abc import Callable
 
-import torch
-
-from radixserve.config import EngineConfig
-from radixserve.core.kv.block_pool import BlockPool
-from radixserve.core.kv.kv_groups import KVGroups
-from radixserve.core.kv.kv_manager import KVCacheManager
-from radixserve.core.kv.no_cache import NoPrefixCache
-from radixserve.core.kv.radix_cache import RadixCache
-from radixserve.core.reports import EngineCoreOutput, EngineState
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
-from radixserve.cpu.threads import apply_engine_threads
-from radixserve.engine.tp.ranks import start_tensor_parallel
-from radixserve.env_report import python_only_layers, startup_line, stored_types
-from radixserve.engine.context_len import resolve_max_model_len
-from radixserve.engine.draft_setup import build_draft_runner, open_draft
 from radixserve.core.state_summary import engine_state
+from radixserve.core.reports import EngineCoreOutput, EngineState
 from radixserve.messages import EngineCoreOutputs, EngineCoreRequest, EngineStateQuery
-from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
-from radixserve.models.half_stored import checkpoint_dtype
-from radixserve.models.loader import (device_and_dtype, load_model, load_model_config,
-                                      open_gguf)
-from radixserve.models.quantization import resolve_quantization
-from radixserve.models.source import ModelSource
-from radixserve.runner.fault_injection import inject_faults_from_env
-from radixserve.runner.kv_cache import (draft_pool_blocks, num_blocks_for_budget,
-                                        resolve_kv_dtype)
-from radixserve.runner.model_runner import ModelRunner
 from radixserve.sampling_params import SamplingParams
-from radixserve.spec.drafter import make_spec
-from radixserve.structured.llguidance_backend import LLGuidanceBackend
 from radixserve.structured.manager import StructuredOutputManager
 
 _COMPILE_WAIT_S = 0.005  # an idle step waits this long for a grammar compile to finish
 
-
 logger = logging.getLogger(__name__)
+
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner, vocab_size: int, seed: int = 0,
@@ -60,62 +36,6 @@ class EngineCore:
         self.vocab_size = vocab_size
         self.structured = structured
         self._rng = random.Random(seed)
-
-    @classmethod
-    def from_config(cls, config: EngineConfig, source: ModelSource,
-                    show_progress: bool = True, reader=None,
-                    tokenizer: Callable[[], Tokenizer] | None = None, tp=None) -> EngineCore:
-        """Load the model and size the KV pool; ``reader``: an open GGUFReader to reuse;
-        ``tokenizer`` returns the caller's `Tokenizer` (default: load it from ``source``);
-        it is called on the first structured-output request. ``tp``: this process's
-        tensor-parallel rank (distributed/tp_group.py; default: rank 0, which starts the
-        others when ``config.parallel`` asks for several)."""
-        if reader is None and source.kind == "gguf":
-            reader = open_gguf(source.path)
-        model_config = load_model_config(source, reader)
-        tp = tp or start_tensor_parallel(config, source, model_config, reader)
-        threads = apply_engine_threads(tp.rank_threads(config.device.threads))  # before the model
-        device, dtype = device_and_dtype(config.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device 'cuda' was asked for but CUDA is not available")
-        quantization = resolve_quantization(config.device.quantization, device, reader,
-                                            checkpoint_dtype(source))
-        model = load_model(source, model_config, device, dtype, reader, show_progress,
-                           quantization, tp.shard)
-        draft = None
-        if config.speculative.draft_model is not None:  # its vocabulary checked here
-            draft = open_draft(config.speculative.draft_model, source, model_config, reader)
-        kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, device, dtype)
-        # model.config: this rank's shape (its KV heads); the pool is per rank
-        groups = KVGroups.from_windows([model_config.layer_window(i)
-                                        for i in range(model_config.num_layers)])
-        num_blocks = num_blocks_for_budget(model.config, config.cache, kv_dtype, groups,
-                                           draft and draft.config)
-        block_size = config.cache.block_size
-        runner = ModelRunner(model, model.config, num_blocks, block_size, device, dtype,
-                             kv_dtype=kv_dtype, groups=groups)
-        if device.type == "cpu":
-            logger.info("engine: %s", startup_line(
-                quantization, runner.backend_name, python_only_layers(model_config), threads,
-                kv_dtype, stored_types(reader)))
-        kv = _kv_manager(config, groups, num_blocks)
-        held = groups.max_tokens(kv.num_usable_blocks, block_size,
-                                 config.scheduler.max_num_batched_tokens)
-        max_len = resolve_max_model_len(config.scheduler.max_model_len, model_config,
-                                        held // block_size, block_size)
-        model.rotary.set_context_len(max_len)  # the rope fixed for this context (rotary.py)
-        draft_blocks = draft_pool_blocks(model.config, num_blocks, groups) if draft else 0
-        if draft is not None:
-            runner.drafter = build_draft_runner(config, draft, draft_blocks, max_len, kv_dtype,
-                                                show_progress)
-        scheduler = Scheduler(config.scheduler, kv, max_len,
-                              make_spec(config.speculative, draft_blocks, block_size))
-        backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source)),
-                                    model_config.vocab_size)
-        structured = StructuredOutputManager(backend, config.structured.fast_forward,
-                                             config.structured.compile_timeout_s)
-        runner = inject_faults_from_env(tp.runner(runner))  # faults: tests only
-        return cls(scheduler, runner, model_config.vocab_size, config.seed, structured)
 
     @property
     def max_model_len(self) -> int:
@@ -236,15 +156,3 @@ class EngineCore:
             self.scheduler.abort_requests([rid for rid, _ in broken])
         return [EngineCoreOutput(rid, [], "abort", error=error) for rid, error in broken]
 
-
-def _kv_manager(config: EngineConfig, groups: KVGroups, num_blocks: int) -> KVCacheManager:
-    """The scheduler's KV blocks: the pool (with a null block where sliding layers release
-    theirs), the prefix cache or its null object, the manager over both."""
-    block_size = config.cache.block_size
-    pool = BlockPool(num_blocks, with_null_block=groups.has_sliding)
-    cache = (RadixCache(pool, block_size, groups) if config.cache.enable_prefix_caching
-             else NoPrefixCache(pool))
-    if len(groups.groups) > 1 or groups.has_sliding:
-        logger.info("KV groups: %s, blocks of %d layers (%d in the pool)",
-                    groups.describe(), groups.unit_layers, num_blocks)
-    return KVCacheManager(pool, cache, block_size, groups)

@@ -41,7 +41,7 @@ _HALF = ("F16", "BF16", "F32", "F64")
 @dataclass(frozen=True)
 class TensorShard:
     """Rank ``rank`` of ``size``; ``comm`` sums a row-parallel layer's output over the ranks
-    (a `tp_comm` object; None for one rank)."""
+    (a parallel/comm.py object; None for one rank)."""
 
     rank: int = 0
     size: int = 1
@@ -133,7 +133,7 @@ def check_tp_size(cfg: ModelConfig, size: int, reader=None) -> None:
         raise ValueError(f"tensor parallel supports dense {', '.join(TP_ARCHITECTURES)} models, "
                          f"not {cfg.architecture}{' (MoE)' if cfg.moe is not None else ''}")
     if len({cfg.layer_window(i) for i in range(cfg.num_layers)}) > 1:
-        # several KV groups: the step message (tp_runner.py) carries one block table a seq
+        # several KV groups: the step message (engine/tp/runner.py) carries one block table a seq
         raise ValueError("tensor parallel does not split a model whose layers mix sliding-"
                          "window and full attention (several KV groups)")
     block = row_parallel_block(reader)

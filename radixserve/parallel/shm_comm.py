@@ -19,7 +19,7 @@ A tensor larger than a slot goes through in slot-sized pieces, one call each.
 
 NOTE: the flag protocol relies on x86-64's store order (a rank's data stores are seen before
 its flag store, plain loads are not reordered with each other); elsewhere ``auto`` picks the
-torch.distributed all-reduce (tp_comm.py).
+torch.distributed all-reduce (comm.py).
 
 Waiting spins briefly (the ranks do the same work, so a barrier is usually met within
 microseconds), then yields the CPU, then sleeps in growing naps (an idle engine's ranks wait

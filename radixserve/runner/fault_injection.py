@@ -1,6 +1,6 @@
 """Test-only fault injection: a runner wrapper that raises on chosen engine steps.
 
-Nothing here is active in a normal run: ``EngineCore.from_config`` wraps its runner only when
+Nothing here is active in a normal run: ``build_engine_core`` wraps its runner only when
 the environment variable ``RADIXSERVE_FAULT_INJECT`` is set (it is read once, when the engine
 is built, and a WARNING says so); tests may also wrap a runner themselves (``FaultyRunner``).
 

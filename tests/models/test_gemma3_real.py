@@ -25,6 +25,7 @@ import torch
 from radixserve import SamplingParams
 from radixserve.config import engine_config
 from radixserve.core.sched_output import ScheduledSeq, SchedulerOutput
+from radixserve.engine.build import build_engine_core
 from radixserve.engine.engine_core import EngineCore
 from radixserve.messages import EngineCoreRequest
 from radixserve.kernels import native
@@ -98,8 +99,8 @@ def reference():
 
 def _engine(reader, **options) -> EngineCore:
     path = real_models.gemma3_270m()
-    return EngineCore.from_config(engine_config(path, **options), ModelSource.resolve(path),
-                                  False, reader)
+    return build_engine_core(engine_config(path, **options), ModelSource.resolve(path), False,
+                             reader)
 
 
 def _greedy(engine: EngineCore, prompts: list[list[int]]) -> list[list[int]]:

@@ -23,7 +23,7 @@ BODY = {"model": "tiny", "messages": [{"role": "user", "content": "the quick bro
 def _rank_pids(engine_pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(engine_pid)], capture_output=True,
                          text=True).stdout
-    return [int(p) for p in out.split() if b"tp_ranks" in _cmdline(int(p))]
+    return [int(p) for p in out.split() if b"radixserve.engine.tp.worker" in _cmdline(int(p))]
 
 
 def _cmdline(pid: int) -> bytes:

@@ -1,14 +1,14 @@
-"""This process's place in a tensor-parallel engine, as `EngineCore.from_config` sees it.
+"""This process's place in a tensor-parallel engine, as engine/build.py sees it.
 
     SingleRank               one rank (no tensor parallel): the whole model, the runner as is
-    TensorParallelGroup      rank r of N: its `TensorShard`, its comm (tp_comm.py); rank 0
+    TensorParallelGroup      rank r of N: its `TensorShard`, its comm (parallel/); rank 0
                              wraps its runner to broadcast each step and owns the other ranks'
                              processes; rank r > 0 serves the steps rank 0 sends
 
-Rank 0 is the engine-core process (the scheduler runs there only); tp_ranks.py starts the
-others. Ranks die together: rank 0 notices a lost rank at its next step (`RankLost`, which ends
-the engine process, and the API process starts a new engine), the other ranks die with rank 0
-(``PR_SET_PDEATHSIG``) or notice it gone while waiting.
+Rank 0 is the engine-core process (the scheduler runs there only); ranks.py starts the
+others (worker.py). Ranks die together: rank 0 notices a lost rank at its next step
+(`RankLost`, which ends the engine process, and the API process starts a new engine), the other
+ranks die with rank 0 (``PR_SET_PDEATHSIG``) or notice it gone while waiting.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from radixserve.parallel.shm_comm import RankLost
+from radixserve.cpu.split import pin_process
+from radixserve.engine.tp.runner import STOP, TensorParallelRunner, serve_steps
 from radixserve.models.tp_shard import TensorShard
+from radixserve.parallel.shm_comm import RankLost
 
 _READY_POLL_S = 0.02
 
 
 class SingleRank:
-    """No tensor parallel (the null object `from_config` uses by default)."""
+    """No tensor parallel (the null object `start_tensor_parallel` returns for one rank)."""
 
     shard = TensorShard()
 
@@ -53,7 +55,6 @@ class TensorParallelGroup:
     parent_pid: int = 0  # ranks > 0: rank 0's process (their parent)
     prior_cpus: list[int] | None = None  # rank 0: its CPUs before it pinned itself
     shm_path: str | None = None
-    _runner: object = None
     _closed: bool = False
 
     @property
@@ -70,26 +71,20 @@ class TensorParallelGroup:
             return all(p.poll() is None for p in self.procs)
         return os.getppid() == self.parent_pid
 
-    def runner(self, runner):
-        """Rank 0: wait until every rank has built its shard, then the broadcasting runner.
-        Rank r > 0: report ready; the runner is served by ``serve()``."""
-        from radixserve.engine.tp.runner import TensorParallelRunner
-
-        if self.rank > 0:
-            self._runner = runner
-            self.store.set(f"ready/{self.rank}", "ok")
-            return runner
+    def runner(self, runner) -> TensorParallelRunner:
+        """Rank 0: wait until every rank has built its shard, then the broadcasting runner."""
+        assert self.rank == 0, "ranks > 0 serve rank 0's steps"
         self._wait_ready()
         if self.shm_path is not None:  # every rank has it mapped: nothing is left on a crash
             os.unlink(self.shm_path)
             self.shm_path = None
         return TensorParallelRunner(runner, self)
 
-    def serve(self) -> None:
-        """Rank r > 0: run rank 0's steps until it sends the stop message."""
-        from radixserve.engine.tp.runner import serve_steps
-
-        serve_steps(self._runner, self.comm)
+    def serve(self, runner) -> None:
+        """Rank r > 0: report ready, then run rank 0's steps on ``runner`` until it sends the
+        stop message."""
+        self.store.set(f"ready/{self.rank}", "ok")
+        serve_steps(runner, self.comm)
 
     def _wait_ready(self) -> None:
         pending = list(range(1, self.world))
@@ -115,8 +110,6 @@ class TensorParallelGroup:
         self._closed = True
         if self.rank == 0 and self.procs:
             if self.alive():
-                from radixserve.engine.tp.runner import STOP
-
                 try:
                     self.comm.send_step(STOP)
                 except RankLost:
@@ -134,8 +127,6 @@ class TensorParallelGroup:
             self.shm_path = None
         _leave_process_group()
         if self.prior_cpus is not None:  # an offline LLM's process goes on after it
-            from radixserve.engine.tp.ranks import pin_process
-
             pin_process(self.prior_cpus)
 
 

@@ -1,12 +1,12 @@
 """Starting a tensor-parallel engine's ranks on this machine.
 
-    engine-core process (rank 0)                     ranks 1..N-1 (python -m this module)
+    engine-core process (rank 0)                     ranks 1..N-1 (python -m tp/worker.py)
     start_tensor_parallel():
       split the CPUs (cpu_split), pin itself
       host a TCPStore, create the shm segment
       start_tp_ranks() ──── a RankSpec on stdin ───▶ run_tp_rank(): die with rank 0, pin,
       join the process group (gloo) ◀──────────────▶   threads, join the process group,
-      build its shard (EngineCore.from_config)         build its shard (EngineCore.from_config)
+      build the engine (build_engine_core)             build its runner (build_rank_runner)
       wait for every "ready/r" in the store ◀───────   set "ready/r", serve_steps() until stop
 
 `start_tp_ranks` (processes) and `run_tp_rank` (what each rank > 0 runs) are the two pieces a
@@ -17,18 +17,16 @@ Ray executor would replace and reuse: an actor per rank calling `run_tp_rank` wi
 from __future__ import annotations
 
 import atexit
-import ctypes
 import logging
 import os
 import pickle
-import signal
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 
 from radixserve.config import EngineConfig
-from radixserve.cpu.split import affinity_list, replica_threads, split_cpus
+from radixserve.cpu.split import affinity_list, pin_process, replica_threads, split_cpus
 from radixserve.parallel.shm_comm import ShmComm
 from radixserve.parallel.comm import TorchComm, describe_all_reduce, resolve_all_reduce
 from radixserve.engine.tp.group import SingleRank, TensorParallelGroup
@@ -37,9 +35,9 @@ from radixserve.models.source import ModelSource
 
 logger = logging.getLogger(__name__)
 
-_PG_TIMEOUT = timedelta(days=7)  # an idle engine's ranks wait for the next step this long
+PG_TIMEOUT = timedelta(days=7)  # an idle engine's ranks wait for the next step this long
 _MESSAGE_BYTES_MIN = 1 << 20
-_PR_SET_PDEATHSIG = 1
+_WORKER = "radixserve.engine.tp.worker"  # what ranks > 0 run (python -m)
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,7 @@ def start_tensor_parallel(config: EngineConfig, source: ModelSource, model_confi
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
-                     timeout=_PG_TIMEOUT)
+                     timeout=PG_TIMEOUT)
     slot_elems = config.scheduler.max_num_batched_tokens * model_config.hidden_size
     message_bytes = _message_bytes(config, model_config)
     shm_path = (ShmComm.create("/dev/shm" if os.path.isdir("/dev/shm") else None, world,
@@ -127,7 +125,7 @@ def start_tp_ranks(specs: list[RankSpec]) -> list[subprocess.Popen]:
     procs = []
     for spec in specs:
         env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads)}
-        proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", _WORKER], stdin=subprocess.PIPE,
                                 env=env)
         proc.stdin.write(pickle.dumps(spec))
         proc.stdin.close()
@@ -141,7 +139,7 @@ def join(spec: RankSpec, store, procs: list | None = None) -> TensorParallelGrou
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=store, rank=spec.rank, world_size=spec.world,
-                            timeout=_PG_TIMEOUT)
+                            timeout=PG_TIMEOUT)
     group = TensorParallelGroup(spec.rank, spec.world, None, store, spec.threads,
                                 procs=procs or [], parent_pid=os.getppid(),
                                 shm_path=spec.shm_path)
@@ -155,54 +153,6 @@ def join(spec: RankSpec, store, procs: list | None = None) -> TensorParallelGrou
     return group
 
 
-def run_tp_rank(spec: RankSpec) -> None:
-    """A rank > 0: die with rank 0, pin to its CPUs, join, build its shard, report ready
-    (or the error) in the store and serve steps until rank 0 says stop."""
-    _die_with_parent()
-    pin_process(list(spec.cpus))
-    from radixserve.cpu.threads import apply_engine_threads
-
-    apply_engine_threads(spec.threads)
-    from torch.distributed import TCPStore
-
-    store = TCPStore(spec.store_host, spec.store_port, spec.world, is_master=False,
-                     timeout=_PG_TIMEOUT)
-    try:
-        group = join(spec, store)
-        from radixserve.engine.engine_core import EngineCore
-
-        config = replace(spec.config, device=replace(spec.config.device, threads=spec.threads))
-        EngineCore.from_config(config, spec.source, show_progress=False, tp=group)
-    except Exception as exc:
-        store.set(f"ready/{spec.rank}", f"{type(exc).__name__}: {exc}")
-        raise
-    try:
-        group.serve()
-    finally:
-        group.close()
-
-
-def pin_process(cpus: list[int]) -> None:
-    """Restrict every thread of this process to ``cpus`` (threads started later inherit it)."""
-    try:
-        tasks = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tasks = [0]
-    for tid in tasks:
-        try:
-            os.sched_setaffinity(tid, cpus)
-        except (AttributeError, OSError) as exc:
-            logger.warning("could not pin thread %d to CPUs %s: %s", tid, cpus, exc)
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent (rank 0) dies, however it dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
 def _message_bytes(config: EngineConfig, model_config) -> int:
     """A bound on one step message: every fed token, and every running seq's fields and
     whole block table."""
@@ -212,14 +162,3 @@ def _message_bytes(config: EngineConfig, model_config) -> int:
         5 + blocks)
     return max(_MESSAGE_BYTES_MIN, 8 * words)
 
-
-def _main() -> None:
-    spec = pickle.loads(sys.stdin.buffer.read())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 decides when the ranks stop
-    logging.basicConfig(level=logging.WARNING,
-                        format=f"radixserve tp rank {spec.rank} %(levelname)s: %(message)s")
-    run_tp_rank(spec)
-
-
-if __name__ == "__main__":
-    _main()

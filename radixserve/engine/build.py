@@ -1,0 +1,160 @@
+"""The engine-core process's composition root: the parts of an `EngineCore` from the config.
+
+    build_engine_core(config, source)            rank 0, or the only rank
+      model config ─▶ tensor parallel (ranks 1..N-1 started meanwhile: tp/ranks.py) ─▶ threads
+      ─▶ this rank's shard of the model ─▶ draft model opened ─▶ KV pool sized from the budget
+      ─▶ ModelRunner ─▶ KV manager (block pool + prefix cache) ─▶ context length ─▶ draft
+      runner ─▶ scheduler (+ speculation) ─▶ grammar backend ─▶ EngineCore
+    build_rank_runner(config, source, group)     a tensor-parallel rank > 0 (tp/worker.py)
+      its shard and the ModelRunner over its share of the pool, sized by the same arithmetic as
+      rank 0's; nothing else: the scheduler, KV manager, prefix cache and grammar backend are
+      rank 0's alone
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from radixserve.config import EngineConfig
+from radixserve.models.model_config import ModelConfig
+from radixserve.core.kv.block_pool import BlockPool
+from radixserve.core.kv.kv_groups import KVGroups
+from radixserve.core.kv.kv_manager import KVCacheManager
+from radixserve.core.kv.no_cache import NoPrefixCache
+from radixserve.core.kv.radix_cache import RadixCache
+from radixserve.core.scheduler import Scheduler
+from radixserve.cpu.threads import apply_engine_threads
+from radixserve.engine.context_len import resolve_max_model_len
+from radixserve.engine.draft_setup import build_draft_runner, open_draft
+from radixserve.engine.engine_core import EngineCore
+from radixserve.engine.tp.group import TensorParallelGroup
+from radixserve.engine.tp.ranks import start_tensor_parallel
+from radixserve.env_report import python_only_layers, startup_line, stored_types
+from radixserve.models.half_stored import checkpoint_dtype
+from radixserve.models.loader import (device_and_dtype, load_model, load_model_config,
+                                      open_gguf)
+from radixserve.models.quantization import resolve_quantization
+from radixserve.models.source import ModelSource
+from radixserve.models.tp_shard import TensorShard
+from radixserve.runner.fault_injection import inject_faults_from_env
+from radixserve.runner.kv_cache import (draft_pool_blocks, num_blocks_for_budget,
+                                        resolve_kv_dtype)
+from radixserve.runner.model_runner import ModelRunner
+from radixserve.spec.drafter import make_spec
+from radixserve.structured.llguidance_backend import LLGuidanceBackend
+from radixserve.structured.manager import StructuredOutputManager
+from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: bool = True,
+                      reader=None,
+                      tokenizer: Callable[[], Tokenizer] | None = None) -> EngineCore:
+    """Load the model and size the KV pool; ``reader``: an open GGUFReader to reuse;
+    ``tokenizer`` returns the caller's `Tokenizer` (default: load it from ``source``); it is
+    called on the first structured-output request. This process is rank 0: it starts the
+    other tensor-parallel ranks when ``config.parallel`` asks for several."""
+    if reader is None and source.kind == "gguf":
+        reader = open_gguf(source.path)
+    model_config = load_model_config(source, reader)
+    tp = start_tensor_parallel(config, source, model_config, reader)
+    threads = apply_engine_threads(tp.rank_threads(config.device.threads))  # before the model
+    model, quantization = _load_shard(config, source, model_config, reader, tp.shard,
+                                      show_progress)
+    draft = None
+    if config.speculative.draft_model is not None:  # its vocabulary checked here
+        draft = open_draft(config.speculative.draft_model, source, model_config, reader)
+    runner, num_blocks, kv_dtype = _runner(config, model_config, model, draft and draft.config)
+    device, groups, block_size = runner.device, runner.groups, config.cache.block_size
+    if device.type == "cpu":
+        logger.info("engine: %s", startup_line(
+            quantization, runner.backend_name, python_only_layers(model_config), threads,
+            kv_dtype, stored_types(reader)))
+    kv = _kv_manager(config, groups, num_blocks)
+    max_len = _fix_context_len(config, model_config, runner, num_blocks)
+    draft_blocks = draft_pool_blocks(model.config, num_blocks, groups) if draft else 0
+    if draft is not None:
+        runner.drafter = build_draft_runner(config, draft, draft_blocks, max_len, kv_dtype,
+                                            show_progress)
+    scheduler = Scheduler(config.scheduler, kv, max_len,
+                          make_spec(config.speculative, draft_blocks, block_size))
+    backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source)),
+                                model_config.vocab_size)
+    structured = StructuredOutputManager(backend, config.structured.fast_forward,
+                                         config.structured.compile_timeout_s)
+    engine_runner = inject_faults_from_env(tp.runner(runner))  # faults: tests only
+    return EngineCore(scheduler, engine_runner, model_config.vocab_size, config.seed,
+                      structured)
+
+
+def build_rank_runner(config: EngineConfig, source: ModelSource,
+                      group: TensorParallelGroup) -> ModelRunner:
+    """A tensor-parallel rank > 0 (its threads already applied): its shard of the model and
+    the runner over its share of the KV pool, with rank 0's block count and context length
+    (the same config, the same arithmetic). No draft model: it runs on one rank only (the
+    config refuses one with tensor parallel)."""
+    reader = open_gguf(source.path) if source.kind == "gguf" else None
+    model_config = load_model_config(source, reader)
+    model, _ = _load_shard(config, source, model_config, reader, group.shard, False)
+    runner, num_blocks, _ = _runner(config, model_config, model, None)
+    _fix_context_len(config, model_config, runner, num_blocks)
+    return runner
+
+
+def _load_shard(config: EngineConfig, source: ModelSource, model_config: ModelConfig, reader,
+                shard: TensorShard, show_progress: bool) -> tuple[torch.nn.Module, str]:
+    """This rank's share of the model (``shard``; the whole model on one rank) and the
+    quantization it was loaded with."""
+    device, dtype = device_and_dtype(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but CUDA is not available")
+    quantization = resolve_quantization(config.device.quantization, device, reader,
+                                        checkpoint_dtype(source))
+    model = load_model(source, model_config, device, dtype, reader, show_progress,
+                       quantization, shard)
+    return model, quantization
+
+
+def _runner(config: EngineConfig, model_config: ModelConfig, model: torch.nn.Module,
+            draft: ModelConfig | None) -> tuple[ModelRunner, int, torch.dtype]:
+    """The runner over this rank's KV pool, its number of blocks and their dtype: as many as
+    the budget holds (beside the ``draft`` model's pool, if any)."""
+    device, dtype = device_and_dtype(config.device)
+    kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, device, dtype)
+    # model.config: this rank's shape (its KV heads); the pool is per rank
+    groups = KVGroups.from_windows([model_config.layer_window(i)
+                                    for i in range(model_config.num_layers)])
+    num_blocks = num_blocks_for_budget(model.config, config.cache, kv_dtype, groups, draft)
+    runner = ModelRunner(model, model.config, num_blocks, config.cache.block_size, device,
+                         dtype, kv_dtype=kv_dtype, groups=groups)
+    return runner, num_blocks, kv_dtype
+
+
+def _fix_context_len(config: EngineConfig, model_config: ModelConfig, runner: ModelRunner,
+                     num_blocks: int) -> int:
+    """``max_model_len`` (context_len.py: at most what the pool holds), fixed in the model's
+    rope (rotary.py)."""
+    block_size, groups = config.cache.block_size, runner.groups
+    usable = num_blocks - groups.has_sliding  # NOTE: KVCacheManager.num_usable_blocks
+    held = groups.max_tokens(usable, block_size, config.scheduler.max_num_batched_tokens)
+    max_len = resolve_max_model_len(config.scheduler.max_model_len, model_config,
+                                    held // block_size, block_size)
+    runner.model.rotary.set_context_len(max_len)
+    return max_len
+
+
+def _kv_manager(config: EngineConfig, groups: KVGroups, num_blocks: int) -> KVCacheManager:
+    """The scheduler's KV blocks: the pool (with a null block where sliding layers release
+    theirs), the prefix cache or its null object, the manager over both."""
+    block_size = config.cache.block_size
+    pool = BlockPool(num_blocks, with_null_block=groups.has_sliding)
+    cache = (RadixCache(pool, block_size, groups) if config.cache.enable_prefix_caching
+             else NoPrefixCache(pool))
+    if len(groups.groups) > 1 or groups.has_sliding:
+        logger.info("KV groups: %s, blocks of %d layers (%d in the pool)",
+                    groups.describe(), groups.unit_layers, num_blocks)
+    return KVCacheManager(pool, cache, block_size, groups)
