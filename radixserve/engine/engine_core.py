@@ -24,7 +24,6 @@ from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
 from radixserve.cpu.threads import apply_engine_threads
 from radixserve.engine.tp.ranks import start_tensor_parallel
-from radixserve.env_report import python_only_layers, startup_line, stored_types
 from radixserve.engine.context_len import resolve_max_model_len
 from radixserve.engine.draft_setup import build_draft_runner, open_draft
 from radixserve.core.state_summary import engine_state
@@ -94,9 +93,7 @@ class EngineCore:
         runner = ModelRunner(model, model.config, num_blocks, block_size, device, dtype,
                              kv_dtype=kv_dtype, groups=groups)
         if device.type == "cpu":
-            logger.info("engine: %s", startup_line(
-                quantization, runner.backend_name, python_only_layers(model_config), threads,
-                kv_dtype, stored_types(reader)))
+            logger.info("engine: %s", model.kernel_plan.startup_line(kv_dtype, threads))
         kv = _kv_manager(config, groups, num_blocks)
         held = groups.max_tokens(kv.num_usable_blocks, block_size,
                                  config.scheduler.max_num_batched_tokens)
