@@ -56,3 +56,17 @@ def test_only_moe_blocks_and_partial_rotary_keep_the_python_layers():
                                          head_dim=64))
     assert python_only_layers(Config(moe=object(), rotary_dim=None, head_dim=64))
     assert python_only_layers(Config(moe=None, rotary_dim=32, head_dim=64))
+
+
+@needs_native
+def test_env_and_the_built_model_agree_on_what_runs(embedded_llm):
+    """The engine's line reads the built model's plan; ``env`` applies the build's rule to the
+    model's metadata: the two agree on the embedded model."""
+    from radixserve.env_report import python_layers_of
+
+    model = embedded_llm.engine.runner.model
+    plan = model.kernel_plan
+    assert plan.python_layers is None and plan.elementwise and plan.attention == "cpu_native"
+    assert python_layers_of(model.config, "gguf", plan.attention, plan.level) is None
+    assert plan.linears == f"GGUF blocks as stored (Q4_1, Q8_0), native ({plan.level})"
+    assert "decoder layers: one native call per layer" in plan.startup_line("float16", 2)

@@ -22,11 +22,26 @@ def _calls_data_ptr(path: Path) -> bool:
                for node in ast.walk(tree)) or "data_ptr" in path.read_text()
 
 
+def _calls_kernels(path: Path) -> bool:
+    """An ``x.rs_*`` attribute: a call into the library (kernels/native.py's signatures)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return any(isinstance(node, ast.Attribute) and node.attr.startswith("rs_")
+               for node in ast.walk(tree))
+
+
 def test_only_ops_takes_data_ptr():
+    ops_path = ROOT / "kernels" / "ops.py"
     offenders = [str(p.relative_to(ROOT)) for p in sorted(ROOT.rglob("*.py"))
-                 if p != ROOT / "kernels" / "ops.py" and _calls_data_ptr(p)]
+                 if p != ops_path and _calls_data_ptr(p)]
     assert offenders == []
-    assert _calls_data_ptr(ROOT / "kernels" / "ops.py")
+    assert _calls_data_ptr(ops_path)
+
+
+def test_only_ops_calls_the_kernels():
+    """native.py loads the library (its version, level and AMX set-up); ops.py runs it."""
+    allowed = {ROOT / "kernels" / "ops.py", ROOT / "kernels" / "native.py"}
+    assert [str(p.relative_to(ROOT)) for p in sorted(ROOT.rglob("*.py"))
+            if p not in allowed and _calls_kernels(p)] == []
 
 
 @needs_native
