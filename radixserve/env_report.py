@@ -1,8 +1,11 @@
-"""What runs here: ``radixserve env`` and the engine's one start-up line.
+"""What runs here: ``radixserve env`` (the CLI; above the engine, whose start-up line is the
+built model's ``KernelPlan.startup_line``, models/native_stack.py).
 
-Both say which CPU kernel level was chosen (and why), what the linear layers, the attention and
-the decoder layers compute with, and how many threads the engine uses, so a slow path is
-never a silent one. ``env`` works from the model's metadata alone (no weights are loaded).
+It says which CPU kernel level was chosen (and why), what the linear layers, the attention and
+the decoder layers would compute with, and how many threads the engine uses, so a slow path is
+never a silent one. It works from the model's metadata alone (no weights are loaded); whether
+the decoder layers run one native call each is the build's own rule
+(``native_stack.python_layers_reason``) on those facts.
 """
 
 from __future__ import annotations
@@ -17,20 +20,20 @@ _PACKAGES = ("radixserve", "torch", "numpy", "gguf", "tokenizers", "safetensors"
              "fastapi", "uvicorn", "msgspec", "pyzmq", "ray")
 
 
-def layer_plan(quantization: str, attention: str, kernels: str | None, python_layers: bool,
+def layer_plan(quantization: str, attention: str, kernels: str | None, python_layers: str | None,
                stored: tuple[str, ...] = ()) -> dict:
     """Per layer type, what computes it: ``quantization`` and ``attention`` are resolved names
     ("none" / "int8" / "gguf"; "cpu_native" / "torch"), ``kernels`` the loaded level or None,
-    ``stored`` the GGUF file's matrix types (``stored_types``); ``python_layers``: the layers
-    have a piece the native layer call lacks (sparse MoE blocks, partial rotary:
-    ``python_only_layers``)."""
+    ``stored`` the GGUF file's matrix types (``stored_types``); ``python_layers``: why the
+    decoder layers run as Python layers, None where one native call per layer runs
+    (``python_layers_of``)."""
+    from radixserve.models.native_stack import ONE_CALL
+
     native_kernel = f"native ({kernels})" if kernels else "torch"
     blocks = f"GGUF blocks as stored ({', '.join(stored) or '?'}), native ({kernels})"
     half = f"16 bits as stored, float32 activations, native ({kernels})"
     linears = {"none": "float (torch)", "int8": f"int8, native ({kernels})",
                "gguf": blocks, "16bit-stored": half}[quantization]
-    stack = ("one native call per layer" if kernels and attention == "cpu_native"
-             and quantization != "none" and not python_layers else "Python layers")
     return {
         "linear layers (qkv, o, gate_up, down)": linears,
         "lm_head": {"none": "float (torch)", "int8": f"int8, native ({kernels})",
@@ -40,14 +43,21 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, python_la
         "attention": (f"cpu_native: paged, native ({kernels})" if attention == "cpu_native"
                       else "torch: paged, SDPA"),
         "RMSNorm, rotary, SiLU / GELU": native_kernel,
-        "decoder layers": stack,
+        "decoder layers": (ONE_CALL if python_layers is None
+                           else f"Python layers ({python_layers})"),
     }
 
 
-def python_only_layers(config) -> bool:
-    """Whether a model's decoder layers run as Python layers whatever the kernels (sparse MoE
-    blocks, partial rotary: see models/native_stack.py)."""
-    return config.moe is not None or config.rotary_dim is not None
+def python_layers_of(config, quantization: str, attention: str,
+                     kernels: str | None) -> str | None:
+    """Why a float32 CPU model of ``config`` would run Python layers (None: one native call
+    per layer), by the rule the build applies (``python_layers_reason``): sparse MoE blocks,
+    partial rotary or float linears keep the Python layers."""
+    from radixserve.models.native_stack import python_layers_reason
+
+    partial = config.rotary_dim is not None and config.rotary_dim != config.head_dim
+    return python_layers_reason(kernels, attention, True, config.moe is not None,
+                                quantization != "none" and not partial)
 
 
 def stored_types(reader) -> tuple[str, ...]:
@@ -60,18 +70,6 @@ def stored_types(reader) -> tuple[str, ...]:
         if len(t.shape) in (2, 3):  # 3-D: a MoE layer's experts
             counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
     return tuple(sorted(counts, key=lambda name: -counts[name]))
-
-
-def startup_line(quantization: str, attention: str, python_layers: bool, threads: int,
-                 kv_dtype, stored: tuple[str, ...] = ()) -> str:
-    """The engine's one line at start (logged by EngineCore.from_config)."""
-    info = native.describe()
-    plan = layer_plan(quantization, attention, info.level, python_layers, stored)
-    kernels = (f"{info.level} ({info.reason}{', AMX tiles' if info.amx_tiles else ''})"
-               if info.level else f"none ({info.reason})")
-    return (f"kernels {kernels}; linears {plan['linear layers (qkv, o, gate_up, down)']}; "
-            f"attention {attention}, KV cache {str(kv_dtype).removeprefix('torch.')}; "
-            f"decoder layers: {plan['decoder layers']}; threads {threads}")
 
 
 def report(model: str | None, quantization: str = "auto",
@@ -120,7 +118,8 @@ def report(model: str | None, quantization: str = "auto",
     attention = resolve_attn_backend("auto", cpu, torch.float32, kv_dtype)
     lines += [f"model: {source.path} ({config.architecture}, {config.num_layers} layers, "
               f"quantization {quantization} -> {resolved}, on cpu float32)"]
-    for layer, how in layer_plan(resolved, attention, info.level, python_only_layers(config),
+    python_layers = python_layers_of(config, resolved, attention, info.level)
+    for layer, how in layer_plan(resolved, attention, info.level, python_layers,
                                  stored_types(reader)).items():
         lines.append(f"  {layer}: {how}")
     lines.append(f"  KV cache: {str(kv_dtype).removeprefix('torch.')} (--kv-cache-dtype auto)")

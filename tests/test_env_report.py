@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixserve.env_report import layer_plan, report, startup_line, stored_types
+from radixserve.env_report import layer_plan, report, stored_types
 from radixserve.kernels import native
 
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
@@ -26,24 +26,47 @@ def test_report_names_the_level_the_layers_and_the_memory_of_the_embedded_model(
 
 
 def test_layer_plan_and_startup_line_say_what_each_layer_type_runs():
-    plan = layer_plan("gguf", "cpu_native", "avx2", False, ("Q4_K", "Q6_K"))
+    plan = layer_plan("gguf", "cpu_native", "avx2", None, ("Q4_K", "Q6_K"))
     assert plan["linear layers (qkv, o, gate_up, down)"] == \
         "GGUF blocks as stored (Q4_K, Q6_K), native (avx2)"
     assert plan["embedding"] == "stored rows, dequantized per lookup"
     assert plan["decoder layers"] == "one native call per layer"
-    assert layer_plan("none", "torch", None, False)["linear layers (qkv, o, gate_up, down)"] \
+    assert layer_plan("none", "torch", None, "no native kernels")[
+        "linear layers (qkv, o, gate_up, down)"] \
         == "float (torch)"
     assert stored_types(None) == ()
-    line = startup_line("int8", "cpu_native", True, 2, "torch.float16")
+    from radixserve.models.native_stack import KernelPlan
+
+    line = KernelPlan("avx2", "int8, native (avx2)", True, "cpu_native",
+                      "sparse MoE blocks have no native layer call").startup_line(
+        "torch.float16", 2)
     assert "int8, native" in line and "Python layers" in line and "threads 2" in line
 
 
 def test_only_moe_blocks_and_partial_rotary_keep_the_python_layers():
     from types import SimpleNamespace as Config
 
-    from radixserve.env_report import python_only_layers
+    from radixserve.env_report import python_layers_of
+
+    def python_only_layers(config):
+        return python_layers_of(config, "gguf", "cpu_native", "avx2") is not None
 
     # Gemma's layers and q/k norms (Qwen3, Gemma 3) run one native call per layer
-    assert not python_only_layers(Config(moe=None, rotary_dim=None, qk_norm=True, gemma=object()))
-    assert python_only_layers(Config(moe=object(), rotary_dim=None))
-    assert python_only_layers(Config(moe=None, rotary_dim=32))
+    assert not python_only_layers(Config(moe=None, rotary_dim=None, qk_norm=True, gemma=object(),
+                                         head_dim=64))
+    assert python_only_layers(Config(moe=object(), rotary_dim=None, head_dim=64))
+    assert python_only_layers(Config(moe=None, rotary_dim=32, head_dim=64))
+
+
+@needs_native
+def test_env_and_the_built_model_agree_on_what_runs(embedded_llm):
+    """The engine's line reads the built model's plan; ``env`` applies the build's rule to the
+    model's metadata: the two agree on the embedded model."""
+    from radixserve.env_report import python_layers_of
+
+    model = embedded_llm.engine.runner.model
+    plan = model.kernel_plan
+    assert plan.python_layers is None and plan.elementwise and plan.attention == "cpu_native"
+    assert python_layers_of(model.config, "gguf", plan.attention, plan.level) is None
+    assert plan.linears == f"GGUF blocks as stored (Q4_1, Q8_0), native ({plan.level})"
+    assert "decoder layers: one native call per layer" in plan.startup_line("float16", 2)

@@ -32,7 +32,6 @@ from radixserve.engine.draft_setup import build_draft_runner, open_draft
 from radixserve.engine.engine_core import EngineCore
 from radixserve.engine.tp.group import TensorParallelGroup
 from radixserve.engine.tp.ranks import start_tensor_parallel
-from radixserve.env_report import python_only_layers, startup_line, stored_types
 from radixserve.models.half_stored import checkpoint_dtype
 from radixserve.models.loader import (device_and_dtype, load_model, load_model_config,
                                       open_gguf)
@@ -71,9 +70,7 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
     runner, num_blocks, kv_dtype = _runner(config, model_config, model, draft and draft.config)
     device, groups, block_size = runner.device, runner.groups, config.cache.block_size
     if device.type == "cpu":
-        logger.info("engine: %s", startup_line(
-            quantization, runner.backend_name, python_only_layers(model_config), threads,
-            kv_dtype, stored_types(reader)))
+        logger.info("engine: %s", model.kernel_plan.startup_line(kv_dtype, threads))
     kv = _kv_manager(config, groups, num_blocks)
     max_len = _fix_context_len(config, model_config, runner, num_blocks)
     draft_blocks = draft_pool_blocks(model.config, num_blocks, groups) if draft else 0

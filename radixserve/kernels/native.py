@@ -12,6 +12,7 @@ built), checks that the library was built from these sources, logs the choice on
 the library. Where no library can be used (not built, stale, failed to load) it logs a WARNING
 naming what runs instead (the torch paths) and returns None; ``RADIXSERVE_NATIVE_KERNELS=0``
 turns the kernels off on purpose. ``describe()`` reports all of it for ``radixserve env``.
+The kernels themselves are called through ``ops.py`` only (it checks their arguments).
 """
 
 from __future__ import annotations

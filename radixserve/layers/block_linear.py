@@ -10,7 +10,7 @@ The activations are quantized per row and block of 32 to 8 bits (llama.cpp's Q8_
 sum of each sub-block is exact and the float accumulation runs block by block in one fixed order, so a
 row's output is bit-identical alone or in any batch. The numerics and the packed layout are
 stated in ``kernels/block_linear.cpp``; ``pack`` here writes that layout from the file's bytes
-(through ``models/gguf_quant.split_blocks``).
+(through ``layers/gguf_quant.split_blocks``).
 
 F16 and BF16 matrices (GGUF's, or a safetensors folder's float16 / bfloat16 weights) are part
 types too: their 16-bit values are kept as they are and multiplied by float32 activations (no
@@ -25,14 +25,13 @@ elsewhere).
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
-from radixserve.kernels import native
+from radixserve.kernels import native, ops
 from radixserve.layers.gguf_quant import split_blocks
 
 _T = GGMLQuantizationType
@@ -45,32 +44,22 @@ _BITS = {_T.Q4_0: 4, _T.Q4_1: 4, _T.Q4_K: 4, _T.Q5_0: 5, _T.Q5_1: 5, _T.Q5_K: 5,
          _T.Q8_0: 8}
 
 
-class BlockPart(ctypes.Structure):
-    _fields_ = [("format", ctypes.c_int64), ("packed", ctypes.c_void_p), ("n", ctypes.c_int64),
-                ("bias", ctypes.c_void_p)]
-
-
 class BlockLinear(nn.Module):
     """``x`` [M, in_features] (any float dtype) → [M, out_features] in ``x``'s dtype. Build it
     with ``from_blocks`` (None where the native kernels do not load)."""
 
-    def __init__(self, lib: ctypes.CDLL, parts: Sequence[tuple[GGMLQuantizationType,
-                                                                 torch.Tensor]],
+    def __init__(self, parts: Sequence[tuple[GGMLQuantizationType, torch.Tensor]],
                  in_features: int, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = sum(raw.shape[0] for _, raw in parts)
         self.types = tuple(qtype.name for qtype, _ in parts)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
-        structs, row = [], 0
+        packed = []
         for i, (qtype, raw) in enumerate(parts):
-            packed = pack(qtype, raw, in_features)
-            self.register_buffer(f"packed{i}", packed)
-            bias_ptr = None if self.bias is None else self.bias[row:].data_ptr()
-            structs.append(BlockPart(FORMATS[qtype], packed.data_ptr(), raw.shape[0], bias_ptr))
-            row += raw.shape[0]
-        self._parts = (BlockPart * len(structs))(*structs)
-        self._call = lib.rs_block_linear
+            packed.append((FORMATS[qtype], pack(qtype, raw, in_features), raw.shape[0]))
+            self.register_buffer(f"packed{i}", packed[-1][1])
+        self._native = ops.BlockWeight(packed, in_features, self.bias)  # the kernel's parts
 
     @classmethod
     def from_stored(cls, parts: Sequence[tuple[GGMLQuantizationType, torch.Tensor]],
@@ -100,23 +89,10 @@ class BlockLinear(nn.Module):
                 merged[-1] = (qtype, torch.cat((merged[-1][1], raw)))
             else:
                 merged.append((qtype, raw))
-        lib = native.load()
-        return None if lib is None else cls(lib, merged, k, bias)
-
-    @property
-    def parts(self) -> ctypes.Array:
-        """The kernel's part descriptors (for the native decoder layer)."""
-        return self._parts
+        return None if native.load() is None else cls(merged, k, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float().contiguous()
-        m = xf.shape[0]
-        y = torch.empty(m, self.out_features, dtype=torch.float32)
-        if m:
-            rc = self._call(xf.data_ptr(), m, self.in_features, self._parts, len(self._parts),
-                            y.data_ptr(), self.out_features)
-            if rc:
-                raise MemoryError("native block linear: scratch allocation failed")
+        y = ops.block_linear(x.float().contiguous(), self._native)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def extra_repr(self) -> str:

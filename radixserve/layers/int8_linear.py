@@ -29,12 +29,10 @@ int8 GEMM, once the fallback, was measured far slower than fp32 on CPUs without 
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 from torch import nn
 
-from radixserve.kernels import native
+from radixserve.kernels import native, ops
 
 _LO = 254.0  # the low term's scale relative to the high one
 _TINY = 1e-30  # floor of a row's max, so an all-zero row quantizes to zeros
@@ -67,7 +65,8 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = qweight.shape
         self.register_buffer("w_scale", w_scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
-        self._native = _NativeWeight.build(qweight, w_scale, self.bias)
+        # the weight in the native kernel's layout where the kernels load (decided once, here)
+        self._native = _native_weight(qweight, w_scale, self.bias)
         if self._native is None:
             self.register_buffer("qweight", qweight)
 
@@ -81,7 +80,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_rows = x.shape[0]
         if self._native is not None:
-            y = self._native(x.float())
+            y = ops.int8_linear(x.float().contiguous(), self._native)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
         q, scale = quantize_rows(x)
         out = torch._int_mm(q, self.qweight.t()).float().mul_(self.w_scale)  # [hi; lo]·wq·ws
@@ -96,36 +95,8 @@ class Int8Linear(nn.Module):
                 f"bias={self.bias is not None}, int8")
 
 
-class _NativeWeight:
-    """The weight in the native kernel's layout, and the call: float32 ``x`` [M, K] → [M, N].
-    Pointers are taken once; the tensors are kept alive here."""
 
-    def __init__(self, lib: ctypes.CDLL, qweight: torch.Tensor, w_scale: torch.Tensor,
-                 bias: torch.Tensor | None) -> None:
-        n, k = qweight.shape
-        n16, k64 = -(-n // 16), -(-k // 64)
-        self.packed = torch.empty(n16 * k64 * 64 * 16, dtype=torch.int8)
-        self.comp = torch.empty(n16 * 16, dtype=torch.int32)
-        qweight = qweight.contiguous()
-        lib.rs_int8_pack(qweight.data_ptr(), n, k, self.packed.data_ptr(), self.comp.data_ptr())
-        self.w_scale = torch.zeros(n16 * 16, dtype=torch.float32)
-        self.w_scale[:n] = w_scale
-        self.bias = None if bias is None else bias.contiguous()
-        self.n, self.k = n, k
-        self._call = lib.rs_int8_linear
-        self._args = (self.packed.data_ptr(), self.comp.data_ptr(), self.w_scale.data_ptr(),
-                      None if bias is None else self.bias.data_ptr(), n)
-
-    @classmethod
-    def build(cls, qweight: torch.Tensor, w_scale: torch.Tensor,
-              bias: torch.Tensor | None) -> _NativeWeight | None:
-        lib = native.load()
-        return None if lib is None else cls(lib, qweight, w_scale, bias)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()
-        m = x.shape[0]
-        y = torch.empty(m, self.n, dtype=torch.float32)
-        if m and self._call(x.data_ptr(), m, self.k, *self._args, y.data_ptr(), self.n):
-            raise MemoryError("native int8 linear: scratch allocation failed")
-        return y
+def _native_weight(qweight: torch.Tensor, w_scale: torch.Tensor,
+                   bias: torch.Tensor | None) -> ops.Int8Weight | None:
+    """``qweight`` packed for ``ops.int8_linear``; None where the kernels do not load."""
+    return None if native.load() is None else ops.Int8Weight(qweight, w_scale, bias)

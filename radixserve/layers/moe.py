@@ -29,6 +29,8 @@ on), exactly as the dense layers of a float model are not.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -39,13 +41,16 @@ from radixserve.layers.activation import silu_and_mul
 class Expert(nn.Module):
     """One SwiGLU expert: gate and up fused in one linear, as the dense MLP."""
 
+    activation: ClassVar[str] = "silu"
+
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.native = False  # the activation's kernel, set by the model's KernelPlan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.native))
 
 
 class SparseMoeBlock(nn.Module):

@@ -4,9 +4,9 @@ the rest pass through).
 
 The cos/sin tables hold one row per position of the engine's context, the attention factor of
 yarn / longrope folded in; a position's row never changes once the context length is set (see
-rope_scaling.py on dynamic NTK and longrope). On CPU with float32 q/k, full-head rotation and
-the native kernels loaded, q and k are rotated in place in one call (``kernels/layer_ops.cpp``),
-bit-identical to the torch ops.
+rope_scaling.py on dynamic NTK and longrope). Where the model's ``KernelPlan`` says so
+(``native``: float32 q/k on CPU, full-head rotation, the kernels loaded), q and k are rotated in
+place in one call (``kernels/layer_ops.cpp``), bit-identical to the torch ops.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixserve.kernels import native
+from radixserve.kernels import ops
 from radixserve.layers.rope_scaling import rope_frequencies, rope_window
 
 
@@ -33,7 +33,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
         self.reset_tables()
-        self._native = native.load()
+        self.native = False  # set by the model's KernelPlan (models/native_stack.py)
 
     @property
     def is_partial(self) -> bool:
@@ -69,13 +69,8 @@ class RotaryEmbedding(nn.Module):
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, H, d], k [T, KVH, d] → rotated (q, k); the native path rotates them in place
         and returns the same tensors."""
-        if (self._native is not None and not self.is_partial and _native_ok(q)
-                and _native_ok(k) and self.cos.is_cpu and positions.dtype == torch.int64
-                and positions.is_contiguous()):
-            num_rows, num_heads, head_dim = q.shape
-            self._native.rs_rotary(q.data_ptr(), q.stride(0), num_heads, k.data_ptr(),
-                                   k.stride(0), k.shape[1], num_rows, head_dim,
-                                   positions.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr())
+        if self.native:
+            ops.rotary_(q, k, positions, self.cos, self.sin)
             return q, k
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
@@ -91,8 +86,3 @@ def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
-
-def _native_ok(x: torch.Tensor) -> bool:
-    """float32 on CPU, heads of a row contiguous (a row stride of its own is fine)."""
-    return (x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(2) == 1
-            and x.stride(1) == x.shape[2])

@@ -11,7 +11,7 @@ q/k/v and gate/up) with Gemma's differences:
 - queries scaled by ``query_pre_attn_scalar ** -0.5``; tanh soft-caps on the attention scores
   and the final logits (Gemma 2).
 
-The layer stack is chosen at the first forward, as for Llama: one native call per layer
+The layer stack is the model's ``KernelPlan``'s, as for Llama: one native call per layer
 (decoder_layer.cpp, which has Gemma's four norms, q/k norms, GeGLU, soft-cap and the layer's
 own rope tables) where every piece runs a native kernel, else the Python layers.
 """
@@ -40,13 +40,14 @@ class GemmaMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.native = False  # the activation's kernel, set by the model's KernelPlan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gelu_tanh_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(gelu_tanh_and_mul(self.gate_up_proj(x), self.native))
 
 
 class GemmaDecoderLayer(nn.Module):
-    # the norms by their place in the native layer's sequence (native_stack.py, _NORMS): the
+    # the norms by their place in the native layer's sequence (kernels/ops.py: NORM_PLACES): the
     # one before the MLP, added to the residual, is the pre-feedforward norm here
     native_norms: ClassVar[dict[str, str]] = {
         "input_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
@@ -117,11 +118,12 @@ class GemmaForCausalLM(LlamaForCausalLM):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+        self.kernel_plan = None
         self._stack = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Packed batch [T] → final hidden states [T, hidden] (the layer stack chosen at the
-        first call, see LlamaForCausalLM.forward)."""
+        """Packed batch [T] → final hidden states [T, hidden] (the layer stack of its
+        ``kernel_plan``, see LlamaForCausalLM.forward)."""
         if self._stack is None:
             self._stack = NativeLayerStack.build(self)
         self.rotary.check_positions(positions)

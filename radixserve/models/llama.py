@@ -61,9 +61,10 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.native = False  # the activation's kernel, set by the model's KernelPlan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.native))
 
 
 def _mlp(cfg: ModelConfig, layer_idx: int) -> nn.Module:
@@ -76,7 +77,7 @@ def _mlp(cfg: ModelConfig, layer_idx: int) -> nn.Module:
 
 
 class DecoderLayer(nn.Module):
-    # the norms by their place in the native layer's sequence (native_stack.py, _NORMS)
+    # the norms by their place in the native layer's sequence (kernels/ops.py: NORM_PLACES)
     native_norms: ClassVar[dict[str, str]] = {"input_norm": "input_layernorm",
                                               "post_norm": "post_attention_layernorm"}
 
@@ -117,12 +118,13 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+        self.kernel_plan = None  # what runs natively, set when its runner is built
         self._stack: NativeLayerStack | PythonLayerStack | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Packed batch [T] → final hidden states [T, hidden]. The layer stack is chosen at the
-        first call (one native call per layer where they all run native kernels, see
-        models/native_stack.py), so the modules must be final by then (quantized, loaded)."""
+        """Packed batch [T] → final hidden states [T, hidden]. The layer stack (one native call
+        per layer where they all run native kernels) is the one ``kernel_plan`` chose, see
+        models/native_stack.py."""
         if self._stack is None:
             self._stack = NativeLayerStack.build(self)
         self.rotary.check_positions(positions)

@@ -12,51 +12,128 @@ around attention and the MLP (the layer class's ``native_norms``), q/k norms, th
 ``activation``, a window, a soft-cap, its own rope tables — travels in its ``_Layer`` struct. A tensor-parallel rank's layers (their o and down
 projections `RowParallelLinear`) make two calls each, attention and MLP, with the sum over the
 ranks after each (the same kernels again: the same bits as its Python layers).
+
+Which of these run is decided once per model, when its runner is built (``plan_kernels``): the
+``KernelPlan`` is plain data on the model (``model.kernel_plan``), logged once, read by the
+layers (their ``native`` flags), the layer stack and the engine's start-up line.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
+from collections import Counter
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from radixserve.kernels import native
-from radixserve.layers.attn_backends.cpu_native import KV_DTYPE_CODES, NativeAttentionMetadata
-from radixserve.layers.int8_linear import Int8Linear
+from radixserve.kernels import native, ops
+from radixserve.layers.attn_backends.cpu_native import NativeAttentionMetadata
 from radixserve.layers.block_linear import BlockLinear
+from radixserve.layers.int8_linear import Int8Linear
+from radixserve.layers.norm import RMSNorm
+from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.layers.row_parallel import RowParallelLinear
 from radixserve.runner.forward_context import get_forward_context
 
 logger = logging.getLogger(__name__)
-_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+
+ONE_CALL = "one native call per layer"
 
 
-class _Linear(ctypes.Structure):
-    _fields_ = [("kind", _I64), ("in_features", _I64), ("out_features", _I64), ("packed", _P),
-                ("comp", _P), ("scale", _P), ("bias", _P), ("nparts", _I64)]
+@dataclass(frozen=True)
+class KernelPlan:
+    """What computes each piece of a built model (``plan_kernels``)."""
+
+    level: str | None  # the kernel library's level, None where the torch paths run
+    linears: str  # what the decoder layers' linears compute with
+    elementwise: bool  # RMSNorm, rotary on whole heads, SiLU / GELU: the native kernels
+    attention: str  # the runner's attention backend: "cpu_native" or "torch"
+    python_layers: str | None  # why the layers run one by one from Python; None: ONE_CALL
+
+    @property
+    def decoder_layers(self) -> str:
+        return ONE_CALL if self.python_layers is None else f"Python layers ({self.python_layers})"
+
+    def startup_line(self, kv_dtype, threads: int) -> str:
+        """The engine's one line at start (logged by EngineCore.from_config)."""
+        info = native.describe()
+        kernels = (f"{info.level} ({info.reason}{', AMX tiles' if info.amx_tiles else ''})"
+                   if info.level else f"none ({info.reason})")
+        return (f"kernels {kernels}; linears {self.linears}; attention {self.attention}, KV "
+                f"cache {str(kv_dtype).removeprefix('torch.')}; decoder layers: "
+                f"{self.decoder_layers}; threads {threads}")
 
 
-_NORMS = ("input_norm", "post_norm", "attn_out_norm", "mlp_out_norm")
-_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # decoder_layer.cpp's Activation
+def python_layers_reason(level: str | None, attention: str, elementwise: bool,
+                         sparse_moe: bool, layers_fit: bool) -> str | None:
+    """Why a model's decoder layers run as Python layers, None where one native call per
+    layer runs: the one rule for the built model (``plan_kernels``) and ``radixserve env``.
+    ``layers_fit``: every linear runs a native kernel (int8, blocks), rope rotates whole heads,
+    the layer's norms share one eps and its activation is one decoder_layer.cpp has."""
+    if level is None:
+        return "no native kernels"
+    if not elementwise:
+        return "the model is not float32 on the CPU"
+    if sparse_moe:
+        return ("sparse MoE blocks have no native layer call; their linears still run native "
+                "kernels")
+    if not layers_fit:
+        return "a piece of a layer has no native kernel: float linears or partial rotary"
+    if attention != "cpu_native":
+        return f"the {attention} attention backend"
+    return None
 
 
-class _Layer(ctypes.Structure):
-    _fields_ = [("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear), ("down", _Linear),
-                *((name, _P) for name in _NORMS), ("q_norm", _P), ("k_norm", _P),
-                ("cos", _P), ("sin", _P), ("k_pool", _P), ("v_pool", _P), ("kv_dtype", _I64),
-                ("hidden", _I64), ("heads", _I64), ("kv_heads", _I64), ("head_dim", _I64),
-                ("intermediate", _I64), ("block_size", _I64), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("window", _I64), ("softcap", ctypes.c_float),
-                ("activation", _I64)]
+def plan_kernels(model: nn.Module, attention: str) -> KernelPlan:
+    """Decide, once for ``model`` (final: loaded, quantized) run with the ``attention``
+    backend, what runs natively; set its layers' ``native`` flags and its layer stack, attach
+    the plan as ``model.kernel_plan`` and log it (a WARNING where a CPU model falls back to the
+    torch paths). Mutates ``model``; call before its first forward."""
+    info = native.describe()
+    weight = model.norm.weight
+    elementwise = native.load() is not None and weight.dtype == torch.float32 and weight.is_cpu
+    for m in model.modules():
+        if isinstance(m, RotaryEmbedding):
+            m.native = elementwise and not m.is_partial
+        elif isinstance(m, RMSNorm) or getattr(type(m), "activation", None) is not None:
+            m.native = elementwise  # norms and MLPs (their activation)
+    sparse = not all(hasattr(layer.mlp, "gate_up_proj") for layer in model.layers)
+    fit = not sparse and all(_layer_fits(layer) for layer in model.layers)
+    plan = KernelPlan(info.level, _describe_linears(model.layers, info.level), elementwise,
+                      attention, python_layers_reason(info.level, attention, elementwise,
+                                                      sparse, fit))
+    model.kernel_plan = plan
+    model._stack = NativeLayerStack.build(model)
+    logger.info("kernel plan of %s: linears %s; RMSNorm, rotary, SiLU / GELU %s; attention "
+                "%s; decoder layers: %s", model.config.architecture, plan.linears,
+                "native" if elementwise else "torch", attention, plan.decoder_layers)
+    if weight.is_cpu and not elementwise and "RADIXSERVE_NATIVE_KERNELS=0" not in info.reason:
+        logger.warning("%s runs the torch paths on the CPU (%s)", model.config.architecture,
+                       plan.python_layers)
+    return plan
 
 
-class _Step(ctypes.Structure):
-    _fields_ = [("rows", _I64), ("positions", _P), ("slots", _P),
-                ("table", _P), ("table_stride", _I64), ("row_seq", _P), ("row_len", _P),
-                ("x", _P), ("residual", _P), ("h", _P), ("qkv", _P), ("att", _P),
-                ("gate_up", _P), ("act", _P)]
+def _describe_linears(layers: nn.Module, level: str | None) -> str:
+    """The kinds of the layers' linears, most frequent block types first."""
+    blocks: Counter[str] = Counter()
+    kinds: list[str] = []
+    for m in layers.modules():
+        kind = None
+        if isinstance(m, BlockLinear):
+            blocks.update(m.types)
+        elif isinstance(m, Int8Linear):
+            kind = f"int8, native ({level})" if m._native is not None else "int8 (torch)"
+        elif isinstance(m, nn.Linear):
+            kind = "float (torch)"
+        if kind is not None and kind not in kinds:
+            kinds.append(kind)
+    if blocks and set(blocks) <= {"F16", "BF16"}:
+        kinds.insert(0, f"16 bits as stored, float32 activations, native ({level})")
+    elif blocks:
+        stored = ", ".join(name for name, _ in blocks.most_common())
+        kinds.insert(0, f"GGUF blocks as stored ({stored}), native ({level})")
+    return " + ".join(kinds) or "none"
 
 
 class PythonLayerStack:
@@ -74,149 +151,102 @@ class PythonLayerStack:
 
 
 class NativeLayerStack:
-    """One native call per layer; steps it cannot take (another attention backend, rows that
-    are not float32) go through ``fallback``."""
+    """One native call per layer (two on a tensor-parallel rank); the model's plan
+    guarantees every piece runs natively and the attention backend is ``cpu_native``."""
 
-    def __init__(self, lib: ctypes.CDLL, model: nn.Module, fallback: PythonLayerStack) -> None:
+    def __init__(self, model: nn.Module) -> None:
         cfg = model.config
-        self._call = lib.rs_decoder_layer
-        self._attention, self._mlp = lib.rs_decoder_attention, lib.rs_decoder_mlp
         o_proj = model.layers[0].self_attn.o_proj if len(model.layers) else None
         self._comm = o_proj.comm if isinstance(o_proj, RowParallelLinear) else None
-        self._fallback = fallback
         self._model = model
-        self._dims = (cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, cfg.q_size,
-                      cfg.intermediate_size)
+        self._widths = (cfg.q_size + 2 * cfg.kv_size, cfg.q_size, cfg.intermediate_size)
         rotaries = {id(layer.self_attn.rotary): layer.self_attn.rotary for layer in model.layers}
         self._rotaries = list(rotaries.values())  # Gemma: the sliding and the global layers'
-        self._layers: list[_Layer] = []
+        self._layers: list[ops.DecoderLayer] = []
         self._key: tuple | None = None
         self._kv_caches: list | None = None
 
     @classmethod
     def build(cls, model: nn.Module) -> NativeLayerStack | PythonLayerStack:
-        """The native stack where every layer can run natively, else the Python one (the
-        choice is logged, once per model)."""
-        fallback = PythonLayerStack(model.layers)
-        lib = native.load()
-        name = model.config.architecture
-        if lib is None:
-            return fallback
-        if not all(hasattr(layer.mlp, "gate_up_proj") for layer in model.layers):
-            logger.info("decoder layers of %s: Python layers (sparse MoE blocks have no native "
-                        "layer call; their linears still run native kernels)", name)
-            return fallback
-        if not all(_layer_ok(layer) for layer in model.layers):
-            logger.info("decoder layers of %s: Python layers (a piece of a layer has no native "
-                        "kernel: float linears, partial rotary or non-float32 norms)", name)
-            return fallback
-        logger.info("decoder layers of %s: one native call per layer (decoder_layer.cpp)", name)
-        return cls(lib, model, fallback)
+        """The stack ``model.kernel_plan`` chose (``plan_kernels`` first)."""
+        native_layers = model.kernel_plan.python_layers is None
+        return cls(model) if native_layers else PythonLayerStack(model.layers)
 
     def __call__(self, positions: torch.Tensor, x: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         ctx = get_forward_context()
         meta = ctx.attn_metadata
-        if not (isinstance(meta, NativeAttentionMetadata) and x.dtype == torch.float32
-                and x.is_contiguous() and positions.dtype == torch.int64
-                and ctx.kv_caches[0][0].dtype in KV_DTYPE_CODES):
-            return self._fallback(positions, x)
+        assert isinstance(meta, NativeAttentionMetadata), "the plan runs cpu_native attention"
         layers = self._layer_structs(ctx.kv_caches, meta.block_size)
-        rows = x.shape[0]
-        _, qkv_width, q_width, inter = self._dims
-        buffers = {"x": x, "residual": torch.empty_like(x), "h": torch.empty_like(x),
-                   "qkv": torch.empty(rows, qkv_width), "att": torch.empty(rows, q_width),
-                   "gate_up": torch.empty(rows, 2 * inter), "act": torch.empty(rows, inter)}
-        step = _Step(rows=rows, positions=positions.data_ptr(), slots=meta.slot_mapping.data_ptr(),
-                     table=meta.block_table.data_ptr(), table_stride=meta.block_table.shape[1],
-                     row_seq=meta.row_seq.data_ptr(), row_len=meta.row_len.data_ptr(),
-                     **{name: t.data_ptr() for name, t in buffers.items()})
-        step_ptr = ctypes.addressof(step)
-        if rows:
+        step = ops.DecoderStep(x, positions, meta, self._widths)
+        if x.shape[0]:
             current = meta
             for i, layer in enumerate(layers):
                 layer_meta = ctx.layer_metadata[i]
                 if layer_meta is not current:  # another KV group's table (kv_groups.py)
-                    step.slots = layer_meta.slot_mapping.data_ptr()
-                    step.table = layer_meta.block_table.data_ptr()
-                    step.table_stride = layer_meta.block_table.shape[1]
+                    step.set_table(layer_meta)
                     current = layer_meta
-                layer_ptr = ctypes.addressof(layer)
                 if self._comm is None:
-                    if self._call(layer_ptr, step_ptr, i == 0):
+                    if step.layer(layer, i == 0):
                         raise RuntimeError(f"native decoder layer {i} failed (memory or shapes)")
                     continue
                 # a tensor-parallel rank: sum x over the ranks after each half
-                if self._attention(layer_ptr, step_ptr, i == 0):
+                if step.attention(layer, i == 0):
                     raise RuntimeError(f"native decoder layer {i} failed (memory or shapes)")
                 self._comm.all_reduce(x)
-                if self._mlp(layer_ptr, step_ptr):
+                if step.mlp(layer):
                     raise RuntimeError(f"native decoder layer {i} failed (memory)")
                 self._comm.all_reduce(x)
-        return x, buffers["residual"]
+        return x, step.residual
 
-    def _layer_structs(self, kv_caches: list, block_size: int) -> list[_Layer]:
+    def _layer_structs(self, kv_caches: list, block_size: int) -> list[ops.DecoderLayer]:
         """The layers' structs for this KV pool and these rope tables (a runner allocates its
         pool list once; the list is held here, so a new one is never mistaken for it; the
-        engine may reset the tables, ``set_context_len``)."""
-        key = (block_size, *(r.cos.data_ptr() for r in self._rotaries),
-               *(r.sin.data_ptr() for r in self._rotaries))
-        if kv_caches is not self._kv_caches or key != self._key:
+        engine may reset the tables, ``set_context_len``, which makes new tensors)."""
+        key = (block_size, *(t for r in self._rotaries for t in (r.cos, r.sin)))
+        if (kv_caches is not self._kv_caches or self._key is None or len(key) != len(self._key)
+                or any(a is not b for a, b in zip(key, self._key))):
             self._layers = [_layer_struct(layer, kv, block_size)
                             for layer, kv in zip(self._model.layers, kv_caches)]
             self._kv_caches, self._key = kv_caches, key
         return self._layers
 
 
-def _layer_ok(layer: nn.Module) -> bool:
+def _layer_fits(layer: nn.Module) -> bool:
     attn, mlp = layer.self_attn, layer.mlp
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     norms = [*_norms(layer).values(), *([attn.q_norm, attn.k_norm] if attn.q_norm else [])]
     # NOTE: the native layer rotates whole heads (rs_rotary); partial rotary stays in Python.
     # It applies one eps to all the layer's norms.
-    return (not attn.rotary.is_partial and attn.rotary.cos.is_cpu
-            and getattr(mlp, "activation", None) in _ACTIVATIONS
-            and all(_linear_ok(m) for m in linears)
-            and all(n.weight.dtype == torch.float32 and n.weight.is_cpu
-                    and n.eps == layer.input_layernorm.eps for n in norms))
+    return (not attn.rotary.is_partial and getattr(mlp, "activation", None) in ops.ACTIVATIONS
+            and all(_native_weight(m) is not None for m in linears)
+            and all(n.eps == layer.input_layernorm.eps for n in norms))
 
 
 def _norms(layer: nn.Module) -> dict[str, nn.Module]:
-    """The layer's norms by their place in decoder_layer.cpp's sequence (``_NORMS``; the layer
-    class names them in ``native_norms``)."""
+    """The layer's norms by their place in decoder_layer.cpp's sequence (``ops.NORM_PLACES``;
+    the layer class names them in ``native_norms``)."""
     return {place: getattr(layer, attr) for place, attr in layer.native_norms.items()}
 
 
-def _linear_ok(m: nn.Module) -> bool:
+def _native_weight(m: nn.Module) -> ops.Int8Weight | ops.BlockWeight | None:
+    """The kernel handle of a linear that runs natively (int8, blocks), else None."""
     m = m.local if isinstance(m, RowParallelLinear) else m
-    return isinstance(m, BlockLinear) or (isinstance(m, Int8Linear) and m._native is not None)
-
-
-def _linear_struct(m: nn.Module) -> _Linear:
-    m = m.local if isinstance(m, RowParallelLinear) else m
-    if isinstance(m, BlockLinear):  # the parts carry their biases
-        return _Linear(1, m.in_features, m.out_features, ctypes.addressof(m.parts), None, None,
-                       None, len(m.parts))
-    w = m._native
-    return _Linear(0, w.k, w.n, w.packed.data_ptr(), w.comp.data_ptr(), w.w_scale.data_ptr(),
-                   None if w.bias is None else w.bias.data_ptr(), 0)
+    return m._native if isinstance(m, (BlockLinear, Int8Linear)) else None
 
 
 def _layer_struct(layer: nn.Module, kv: tuple[torch.Tensor, torch.Tensor],
-                  block_size: int) -> _Layer:
+                  block_size: int) -> ops.DecoderLayer:
     attn, mlp = layer.self_attn, layer.mlp
-    k_pool, v_pool = kv
-    norms = {place: n.weight.data_ptr() for place, n in _norms(layer).items()}
-    qk_norms = ({} if attn.q_norm is None else
-                {"q_norm": attn.q_norm.weight.data_ptr(), "k_norm": attn.k_norm.weight.data_ptr()})
-    return _Layer(
-        qkv=_linear_struct(attn.qkv_proj), o=_linear_struct(attn.o_proj),
-        gate_up=_linear_struct(mlp.gate_up_proj), down=_linear_struct(mlp.down_proj),
-        **norms, **qk_norms, cos=attn.rotary.cos.data_ptr(), sin=attn.rotary.sin.data_ptr(),
-        k_pool=k_pool.data_ptr(), v_pool=v_pool.data_ptr(),
-        kv_dtype=KV_DTYPE_CODES[k_pool.dtype],
-        hidden=layer.input_layernorm.weight.shape[0], heads=attn.num_heads,
-        kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
-        intermediate=mlp.down_proj.in_features, block_size=block_size,
-        eps=layer.input_layernorm.eps, scale=attn.scale, window=attn.window or 0,
-        softcap=attn.softcap or 0.0, activation=_ACTIVATIONS[mlp.activation])
+    norms = {place: n.weight for place, n in _norms(layer).items()}
+    if attn.q_norm is not None:
+        norms.update(q_norm=attn.q_norm.weight, k_norm=attn.k_norm.weight)
+    linears = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj,
+               "down": mlp.down_proj}
+    shape = {"hidden": layer.input_layernorm.weight.shape[0], "heads": attn.num_heads,
+             "kv_heads": attn.num_kv_heads, "head_dim": attn.head_dim,
+             "intermediate": mlp.down_proj.in_features, "block_size": block_size}
+    return ops.decoder_layer({name: _native_weight(m) for name, m in linears.items()}, norms,
+                             attn.rotary.cos, attn.rotary.sin, kv, shape,
+                             layer.input_layernorm.eps, attn.scale, attn.window, attn.softcap,
+                             mlp.activation)

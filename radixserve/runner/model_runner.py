@@ -22,6 +22,7 @@ from radixserve.core.sched_output import (
     SchedulerOutput,
 )
 from radixserve.layers.attn_backends import get_attn_backend, resolve_attn_backend
+from radixserve.models.native_stack import plan_kernels
 from radixserve.runner.draft_runner import NO_DRAFT_RUNNER
 from radixserve.runner.forward_context import ForwardContext, forward_context
 from radixserve.runner.kv_cache import allocate_kv_cache
@@ -58,6 +59,7 @@ class ModelRunner:
         self._layer_table = [self._tables.index((g, col))
                              for g, col, _ in self.groups.layer_slots()]
         self.backend = get_attn_backend(self.backend_name)
+        plan_kernels(model, self.backend_name)  # what runs natively: model.kernel_plan
         self.sampler = Sampler()
         self.drafter = NO_DRAFT_RUNNER  # a draft model proposes after each step (draft_runner)
 

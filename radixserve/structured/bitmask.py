@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from radixserve.kernels import native
+from radixserve.kernels import native, ops
 
 
 def banned_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -23,15 +23,9 @@ def banned_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
     """In place: ``logits[rows[i], t] = -inf`` wherever row i of ``bitmask`` bans token t
     (one native pass over the packed bits on CPU float32 logits where the kernels load)."""
-    lib = native.load()
-    if (lib is not None and logits.dtype == torch.float32 and logits.device.type == "cpu"
-            and logits.is_contiguous() and bitmask.device.type == "cpu"):
-        rows = rows.to(torch.int64).contiguous()
-        bitmask = bitmask.to(torch.int32).contiguous()
-        if bitmask.shape[0]:
-            lib.rs_apply_bitmask(logits.data_ptr(), logits.shape[1], rows.data_ptr(),
-                                 bitmask.shape[0], bitmask.data_ptr(), bitmask.shape[1],
-                                 logits.shape[1])
+    if logits.is_cpu and native.load() is not None:  # CPU logits: float32 (the sampler's)
+        ops.apply_bitmask(logits, rows.to(torch.int64).contiguous(),
+                          bitmask.to(torch.int32).contiguous())
         return
     banned = banned_tokens(bitmask, logits.shape[1]).to(logits.device)
     logits[rows] = logits[rows].masked_fill(banned, float("-inf"))

@@ -54,10 +54,10 @@ def _run(runner, tokens, seqs=(0, 1)):
 @pytest.mark.parametrize("ftype,quantization", [("Q4_K_M", "gguf"), ("Q8_0", "int8")])
 def test_native_stack_is_bit_identical_to_the_python_gemma_layers(arch, ftype, quantization,
                                                                   gemma_files, caplog):
-    runner = runner_for(gemma_files(arch, ftype), quantization=quantization)
-    tokens = prompts(runner.config.vocab_size, _LENGTHS, seed=9)
     with caplog.at_level(logging.INFO, logger="radixserve.models.native_stack"):
-        native_out = _run(runner, tokens)
+        runner = runner_for(gemma_files(arch, ftype), quantization=quantization)
+    tokens = prompts(runner.config.vocab_size, _LENGTHS, seed=9)
+    native_out = _run(runner, tokens)
     assert isinstance(runner.model._stack, NativeLayerStack)
     assert "one native call per layer" in caplog.text
     runner.model._stack = PythonLayerStack(runner.model.layers)

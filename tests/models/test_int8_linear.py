@@ -25,7 +25,7 @@ def gemm(request, monkeypatch):
         if native.load() is None:
             pytest.skip("native kernels unavailable here")
         return request.param
-    monkeypatch.setattr(int8_linear._NativeWeight, "build", lambda *args: None)
+    monkeypatch.setattr(int8_linear, "_native_weight", lambda *args: None)
     return request.param
 
 
@@ -76,8 +76,8 @@ def test_other_float_dtypes_come_back_in_their_dtype(gemm):
 
 def _with_int_mm(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(int8_linear._NativeWeight, "build", lambda *args: None)
-        mp.setattr(int8_linear._NativeWeight, "build", lambda *args: None)
+        mp.setattr(int8_linear, "_native_weight", lambda *args: None)
+        mp.setattr(int8_linear, "_native_weight", lambda *args: None)
         return Int8Linear.from_float(weight, bias)
 
 

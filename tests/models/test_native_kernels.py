@@ -29,7 +29,7 @@ def fresh_load(monkeypatch):
 
 def _torch_path(weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Linear:
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(int8_linear._NativeWeight, "build", lambda *args: None)
+        mp.setattr(int8_linear, "_native_weight", lambda *args: None)
         return Int8Linear.from_float(weight, bias)
 
 
@@ -145,9 +145,15 @@ def test_the_best_level_not_built_falls_to_the_next(fresh_load, monkeypatch):
     assert "is not built" in native.describe().reason
 
 
-def _without_native(module):
-    module._native = None
+def _native(module, on=True):
+    """``module`` with its native kernel on (as a float32 CPU model's ``KernelPlan`` sets it)
+    or off."""
+    module.native = on
     return module
+
+
+def _without_native(module):
+    return _native(module, on=False)
 
 
 @needs_native
@@ -156,7 +162,7 @@ def test_rms_norm_native_matches_torch(dim):
     from radixserve.layers.norm import RMSNorm
 
     gen = torch.Generator().manual_seed(dim)
-    norm, reference = RMSNorm(dim, 1e-5), _without_native(RMSNorm(dim, 1e-5))
+    norm, reference = _native(RMSNorm(dim, 1e-5)), _without_native(RMSNorm(dim, 1e-5))
     weight = torch.randn(dim, generator=gen)
     norm.weight.data.copy_(weight)
     reference.weight.data.copy_(weight)
@@ -174,7 +180,7 @@ def test_rms_norm_native_matches_torch(dim):
 def test_rotary_native_is_bit_identical_to_torch():
     from radixserve.layers.rotary import RotaryEmbedding
 
-    rope = RotaryEmbedding(64, 4096, 10000.0, None)
+    rope = _native(RotaryEmbedding(64, 4096, 10000.0, None))
     reference = _without_native(RotaryEmbedding(64, 4096, 10000.0, None))
     gen = torch.Generator().manual_seed(0)
     qkv = torch.randn(19, (9 + 3 + 3) * 64, generator=gen)
@@ -195,7 +201,7 @@ def test_silu_and_mul_native_matches_torch():
 
     x = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(3999) * 4]).view(4, 2000)
     gate, up = x.chunk(2, dim=-1)
-    torch.testing.assert_close(silu_and_mul(x), F.silu(gate) * up, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(silu_and_mul(x, native=True), F.silu(gate) * up, rtol=1e-6, atol=1e-6)
 
 
 @needs_native
@@ -211,11 +217,11 @@ def test_gelu_tanh_and_mul_native_matches_torch():
     x = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(3999) * 4]).view(4, 2000)
     gate, up = x.chunk(2, dim=-1)
     want = F.gelu(gate, approximate="tanh") * up
-    got = gelu_tanh_and_mul(x)
+    got = gelu_tanh_and_mul(x, native=True)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=2e-6)
-    assert torch.equal(gelu_tanh_and_mul(x[2:3]), got[2:3])
+    assert torch.equal(gelu_tanh_and_mul(x[2:3], native=True), got[2:3])
     edges = torch.tensor([[0.0, 1e-30, -200.0, 200.0, 1.0, 1.0, 1.0, 1.0]])
-    assert torch.equal(gelu_tanh_and_mul(edges), torch.tensor([[0.0, 5e-31, -0.0, 200.0]]))
+    assert torch.equal(gelu_tanh_and_mul(edges, native=True), torch.tensor([[0.0, 5e-31, -0.0, 200.0]]))
 
 
 @needs_native
@@ -226,7 +232,7 @@ def test_head_norms_native_match_torch_and_the_row_kernel():
     from radixserve.layers.norm import RMSNorm
 
     gen = torch.Generator().manual_seed(1)
-    norm, reference = RMSNorm(16, 1e-6), _without_native(RMSNorm(16, 1e-6))
+    norm, reference = _native(RMSNorm(16, 1e-6)), _without_native(RMSNorm(16, 1e-6))
     weight = 1 + torch.randn(16, generator=gen)
     norm.weight.data.copy_(weight)
     reference.weight.data.copy_(weight)

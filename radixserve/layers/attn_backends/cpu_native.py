@@ -17,12 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from radixserve.kernels import native
+from radixserve.kernels import native, ops
 from radixserve.layers.attn_backends.torch_paged import is_decode_like
-
-
-# The pool element codes of rs_paged_attention (paged_attention.cpp).
-KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
 
 
 @dataclass(slots=True)
@@ -39,11 +35,9 @@ class NativeCpuPagedAttention:
     is_decode_like = staticmethod(is_decode_like)
 
     def __init__(self) -> None:
-        lib = native.load()
-        if lib is None:
+        if native.load() is None:
             raise ValueError("the cpu_native attention backend needs the native CPU kernels, "
                              "which are unavailable here (see radixserve.kernels' log)")
-        self._kernel = lib.rs_paged_attention
 
     def build_metadata(self, *, slot_mapping: torch.Tensor, block_table: torch.Tensor,
                        context_lens: list[int], q_lens: list[int], start_pos: list[int],
@@ -69,20 +63,9 @@ class NativeCpuPagedAttention:
         The kernel writes k/v into the pool first. ``window``: a row at position p attends to
         keys p - window < j <= p only (a sliding-window layer); ``softcap``: scores capped to
         softcap * tanh(score / softcap) (Gemma 2)."""
-        q, k, v = _rows(q), _rows(k), _rows(v)
         k_cache, v_cache = kv_cache
-        num_rows, num_heads, head_dim = q.shape
-        assert k.shape[0] == v.shape[0] == meta.slot_mapping.shape[0] == num_rows
-        out = torch.empty(num_rows, num_heads, head_dim)
-        if num_rows and self._kernel(
-                q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-                meta.slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                KV_DTYPE_CODES[k_cache.dtype],
-                meta.block_table.data_ptr(), meta.block_table.shape[1], meta.row_seq.data_ptr(),
-                meta.row_len.data_ptr(), num_rows, num_heads, k_cache.shape[2], head_dim,
-                meta.block_size, scale, window or 0, softcap or 0.0, out.data_ptr()):
-            raise RuntimeError("native paged attention failed (shape or memory)")
-        return out
+        return ops.paged_attention(_rows(q), _rows(k), _rows(v), k_cache, v_cache, meta, scale,
+                                   window, softcap)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
