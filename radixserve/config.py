@@ -1,7 +1,7 @@
 """Frozen configuration of the engine's options, one dataclass per concern, resolved once at
 engine start. Torch-free (both processes import it): names are checked against plain tuples
 here, and what they resolve to (torch dtypes, backends) is looked up where it is built. A
-model's shape is models/model_config.py; the scheduler's limits are core/sched_config.py."""
+model's shape is model_config.py; the scheduler's limits are core/sched_config.py."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from radixserve.config import EngineConfig
-from radixserve.models.model_config import ModelConfig
+from radixserve.model_config import ModelConfig
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.kv_manager import KVCacheManager

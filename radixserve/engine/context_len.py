@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from radixserve.models.model_config import ModelConfig
+from radixserve.model_config import ModelConfig
 from radixserve.layers.rope_scaling import rope_window
 
 logger = logging.getLogger(__name__)

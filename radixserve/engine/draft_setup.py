@@ -21,7 +21,7 @@ from radixserve.tokenizer.tokenizer import load_tokenizer
 from radixserve.models.half_stored import checkpoint_dtype
 from radixserve.models.loader import (device_and_dtype, load_model, load_model_config,
                                       open_gguf)
-from radixserve.models.model_config import ModelConfig
+from radixserve.model_config import ModelConfig
 from radixserve.models.quantization import resolve_quantization
 from radixserve.models.source import ModelSource
 from radixserve.runner.draft_runner import DraftRunner

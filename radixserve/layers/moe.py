@@ -34,7 +34,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from radixserve.models.model_config import MoeConfig
+from radixserve.model_config import MoeConfig
 from radixserve.layers.activation import silu_and_mul
 
 

@@ -24,7 +24,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from radixserve.models.model_config import ModelConfig
+from radixserve.model_config import ModelConfig
 from radixserve.layers.activation import gelu_tanh_and_mul
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding

@@ -12,7 +12,7 @@ config.json's ``query_pre_attn_scalar`` says.
 
 from __future__ import annotations
 
-from radixserve.models.model_config import GemmaParams, ModelConfig
+from radixserve.model_config import GemmaParams, ModelConfig
 
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 _SUPPORTED_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")

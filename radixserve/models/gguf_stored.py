@@ -30,7 +30,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 from tqdm import tqdm
 
-from radixserve.models.model_config import ModelConfig
+from radixserve.model_config import ModelConfig
 from radixserve.models.tp_shard import TensorShard
 from radixserve.layers.block_linear import FORMATS, PACK_ROWS, BlockLinear, packed_bytes
 from radixserve.layers.block_rows import PackedEmbedding

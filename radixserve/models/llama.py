@@ -13,12 +13,12 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from radixserve.models.model_config import ModelConfig
+from radixserve.model_config import ModelConfig
 from radixserve.layers.activation import silu_and_mul
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.models.native_stack import NativeLayerStack, PythonLayerStack
-from radixserve.runner.forward_context import get_forward_context
+from radixserve.layers.forward_context import get_forward_context
 
 
 class Attention(nn.Module):

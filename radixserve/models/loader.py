@@ -26,7 +26,7 @@ from radixserve.models.gguf_stored import load_stored
 from radixserve.models.moe import (GGUF_EXPERT_NAMES, moe_from_gguf, moe_from_hf,
                                    split_expert_weights)
 from radixserve.models.half_stored import load_half_stored
-from radixserve.models.model_config import ModelConfig
+from radixserve.model_config import ModelConfig
 from radixserve.models.quantization import quantize_linears_
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
 from radixserve.models.rope_config import gguf_rope_fields, hf_rope_fields

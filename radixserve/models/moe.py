@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from radixserve.models.model_config import MoeConfig
+from radixserve.model_config import MoeConfig
 from radixserve.models.llama import LlamaForCausalLM
 
 MOE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")

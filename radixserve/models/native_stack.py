@@ -34,7 +34,7 @@ from radixserve.layers.int8_linear import Int8Linear
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.layers.row_parallel import RowParallelLinear
-from radixserve.runner.forward_context import get_forward_context
+from radixserve.layers.forward_context import get_forward_context
 
 logger = logging.getLogger(__name__)
 

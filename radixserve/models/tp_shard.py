@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from radixserve.models.model_config import ModelConfig
+from radixserve.model_config import ModelConfig
 
 TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                     "Qwen3ForCausalLM")

@@ -10,7 +10,7 @@ import torch
 
 from radixserve.config import CacheConfig
 from radixserve.core.kv.kv_groups import KVGroups
-from radixserve.models.model_config import ModelConfig
+from radixserve.model_config import ModelConfig
 
 
 _KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,

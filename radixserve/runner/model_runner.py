@@ -13,7 +13,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from radixserve.models.model_config import ModelConfig
+from radixserve.model_config import ModelConfig
 from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.sched_output import (
     GrammarBitmask,
@@ -24,7 +24,7 @@ from radixserve.core.sched_output import (
 from radixserve.layers.attn_backends import get_attn_backend, resolve_attn_backend
 from radixserve.models.native_stack import plan_kernels
 from radixserve.runner.draft_runner import NO_DRAFT_RUNNER
-from radixserve.runner.forward_context import ForwardContext, forward_context
+from radixserve.layers.forward_context import ForwardContext, forward_context
 from radixserve.runner.kv_cache import allocate_kv_cache
 from radixserve.runner.pooler import pool_hidden
 from radixserve.runner.sampler import Sampler, SamplingBatch

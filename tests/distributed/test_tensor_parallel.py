@@ -164,7 +164,7 @@ def test_a_step_message_carries_what_the_forward_needs():
 
 
 def test_valid_sizes_divide_the_heads_and_keep_row_parallel_columns_whole_blocks():
-    from radixserve.models.model_config import ModelConfig
+    from radixserve.model_config import ModelConfig
     from radixserve.models.tp_shard import check_tp_size, valid_tp_sizes
 
     cfg = ModelConfig("LlamaForCausalLM", 1000, 1024, 2, 16, 8, 64, 2816)

@@ -9,7 +9,7 @@ import pytest
 from tiny_models import make_hf_model
 
 from radixserve import LLM, SamplingParams
-from radixserve.models.model_config import ModelConfig
+from radixserve.model_config import ModelConfig
 from radixserve.engine.context_len import resolve_max_model_len
 
 BLOCKS, BLOCK = 16, 4  # a 64-token pool; the tiny model's window is 512

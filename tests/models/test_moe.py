@@ -295,7 +295,7 @@ def test_qwen2_moe_normalized_top_k_matches_transformers(tmp_path):
 
 
 def test_shared_expert_runs_on_every_token_gated():
-    from radixserve.models.model_config import MoeConfig
+    from radixserve.model_config import MoeConfig
 
     block = SparseMoeBlock(8, MoeConfig(4, 2, 4, shared_expert_size=6))
     plain = SparseMoeBlock(8, MoeConfig(4, 2, 4))
