@@ -147,7 +147,7 @@ def report(model: str | None, quantization: str = "auto",
 
 def tensor_parallel_lines(config, reader=None) -> list[str]:
     """What ``--tensor-parallel-size`` would run: the sizes this model splits into and the
-    all-reduce ``auto`` picks (distributed/tp_comm.py)."""
+    all-reduce ``auto`` picks (parallel/comm.py)."""
     from radixserve.parallel.comm import describe_all_reduce, resolve_all_reduce
     from radixserve.models.tp_shard import (TP_ARCHITECTURES, row_parallel_block,
                                                  valid_tp_sizes)

@@ -1,4 +1,4 @@
-"""A row-parallel linear layer of a tensor-parallel rank (distributed/tp_shard.py): the rank's
+"""A row-parallel linear layer of a tensor-parallel rank (models/tp_shard.py): the rank's
 input columns of the matrix, then the sum of every rank's partial output (one all-reduce)."""
 
 from __future__ import annotations

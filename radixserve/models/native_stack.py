@@ -56,7 +56,7 @@ class KernelPlan:
         return ONE_CALL if self.python_layers is None else f"Python layers ({self.python_layers})"
 
     def startup_line(self, kv_dtype, threads: int) -> str:
-        """The engine's one line at start (logged by EngineCore.from_config)."""
+        """The engine's one line at start (logged by engine/build.py)."""
         info = native.describe()
         kernels = (f"{info.level} ({info.reason}{', AMX tiles' if info.amx_tiles else ''})"
                    if info.level else f"none ({info.reason})")
