@@ -71,7 +71,7 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
     "gguf" or "16bit-stored" (see models/quantization.py; "gguf": the file's matrices as
     stored, "16bit-stored": a float16 / bfloat16 folder's linear weights in 16 bits; no float
     copy of those matrices either way). ``shard``: the tensor-parallel rank's share to build
-    and load (distributed/tp_shard.py; the default keeps the whole model); its ``config`` is
+    and load (models/tp_shard.py; the default keeps the whole model); its ``config`` is
     then the rank's shape."""
     cls = get_model_class(config.architecture)
     with torch.device("meta"):
