@@ -45,15 +45,11 @@ def gate_on_reasoning(params: SamplingParams, parser: ReasoningParser | None, pr
         constraint, reasoning_end_token_ids=end))
 
 
-def sample_request_id(request_id: str, index: int, n: int) -> str:
-    """The engine request id of sample ``index`` of ``n``: the request's own id when n is 1."""
-    return f"{request_id}-{index}" if n > 1 else request_id
-
-
 class Fanout:
     """The ``n`` samples of one request: one engine request each, sharing the prompt, with the
     seed `SamplingParams.for_sample` derives, and one `RequestState` each (``states``, keyed by
-    engine request id, in sample order).
+    engine request id, in sample order). Sample i's id is ``f"{request_id}-{i}"``, or the
+    request's own id when n is 1.
 
     ``unfinished`` holds the engine request ids the caller must abort if it stops early.
     NOTE: `requests` counts a sample there as it yields its request, before the caller
@@ -77,7 +73,7 @@ class Fanout:
         n = self.params.n
         for i in range(n):
             child = self.params.for_sample(i)
-            rid = sample_request_id(self.request_id, i, n)
+            rid = f"{self.request_id}-{i}" if n > 1 else self.request_id
             self.states[rid] = RequestState(i, self.prompt_token_ids, child, self.tokenizer)
             self.unfinished.add(rid)
             yield EngineCoreRequest(request_id=rid, prompt_token_ids=self.prompt_token_ids,
