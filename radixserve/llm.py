@@ -10,8 +10,8 @@ from collections.abc import Iterator, Sequence
 
 from radixserve.config import engine_config
 from radixserve.engine.build import build_engine_core
-from radixserve.messages import EngineCoreRequest
-from radixserve.frontend.output_processor import RequestState
+from radixserve.frontend.fanout import Fanout, gate_on_reasoning
+from radixserve.frontend.parsers import get_reasoning_parser
 from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.loader import open_gguf
 from radixserve.models.source import ModelSource
@@ -19,7 +19,6 @@ from radixserve.outputs import RequestOutput
 from radixserve.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict
-REASONING_END_TAG = "</think>"  # where after_reasoning constraints start, offline
 
 
 class LLM:
@@ -33,6 +32,9 @@ class LLM:
     they are measured to pay; ``off``; see `SpeculativeConfig`).
     ``draft_model``: a smaller model with the same vocabulary that drafts for speculative
     decoding (implies ``speculative="draft"``; ValueError with another method).
+    ``reasoning_parser``: as ``radixserve serve --reasoning-parser`` (think, qwen3, deepseek_r1):
+    structured outputs start after its end tag; without one they start at the first token,
+    whatever ``after_reasoning`` says (`gate_on_reasoning`). The text keeps the reasoning.
 
     Errors in the arguments raise ValueError / FileNotFoundError before anything is queued,
     so the object keeps working after a bad call.
@@ -49,7 +51,9 @@ class LLM:
                  speculative: str | None = None, num_speculative_tokens: int = 4,
                  speculative_adaptive: bool = True, tensor_parallel_size: int = 1,
                  tp_all_reduce: str = "auto", draft_model: str | None = None,
-                 show_progress: bool = True) -> None:
+                 reasoning_parser: str | None = None, show_progress: bool = True) -> None:
+        self.reasoning_parser = get_reasoning_parser(reasoning_parser) if reasoning_parser \
+            else None
         self.config = engine_config(
             model, block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
             num_kv_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
@@ -114,20 +118,18 @@ class LLM:
             item = (text, self.tokenizer.encode_prompt(text))
         else:
             item = self._tokenize(prompt)
-        rid = f"stream-{next(self._ids)}"
-        state = RequestState(0, item[1], params, self.tokenizer)
-        self._submit(rid, item[1], params, 0)
+        fanout = Fanout(f"stream-{next(self._ids)}", item[1],
+                        self._gate(params, item), self.tokenizer)
+        self._submit(fanout, 0)
         try:
-            while not state.finished:
+            while fanout.unfinished:
                 for out in self.engine.step().outputs:
-                    delta = state.process(out)
+                    delta = self._apply(fanout, out)
                     if delta:
                         yield delta
-                    if state.finished and out.finish_reason is None:
-                        self.engine.abort_requests([rid])
         finally:
-            if not state.finished:
-                self.engine.abort_requests([rid])
+            if fanout.unfinished:
+                self.engine.abort_requests(list(fanout.unfinished))
 
     # -- internals -------------------------------------------------------------------------
 
@@ -148,49 +150,45 @@ class LLM:
         raise ValueError(f"a prompt must be a string, a list of token ids or a dict, "
                          f"got {type(prompt).__name__}")
 
-    def _submit(self, rid: str, token_ids: list[int], params: SamplingParams,
-                priority: int) -> None:
-        constraint = params.structured_outputs
-        if constraint is not None and constraint.after_reasoning and not \
-                constraint.reasoning_end_token_ids:
-            constraint.reasoning_end_token_ids = self.tokenizer.encode(
-                REASONING_END_TAG, add_special_tokens=False)
-        req = EngineCoreRequest(request_id=rid, prompt_token_ids=token_ids,
-                                sampling_params=params,
-                                eos_token_ids=sorted(self.tokenizer.eos_token_ids),
-                                priority=priority)
-        self.engine.add_request(req)
+    def _gate(self, params: SamplingParams, item: tuple[str | None, list[int]]
+              ) -> SamplingParams:
+        if self.reasoning_parser is None or params.structured_outputs is None:
+            return params  # nothing to gate: spare decoding the prompt
+        text, ids = item
+        if text is None:
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return gate_on_reasoning(params, self.reasoning_parser, text, self.tokenizer)
+
+    def _submit(self, fanout: Fanout, priority: int) -> None:
+        for req in fanout.requests(sorted(self.tokenizer.eos_token_ids), priority):
+            self.engine.add_request(req)
+
+    def _apply(self, fanout: Fanout, out) -> str:
+        """Apply one output; abort its sample if a stop string ended it. The text released."""
+        step = fanout.apply(out.request_id, [out])
+        if step is not None and step[3]:
+            self.engine.abort_requests([out.request_id])
+        return "" if step is None else step[1]
 
     def _run(self, items: list[tuple[str | None, list[int]]], params: list[SamplingParams],
              priority: Sequence[int]) -> list[RequestOutput]:
         for (_, ids), p in zip(items, params):
             self.engine.check_request(ids, p)  # all prompts, before any is queued
-        results, states = [], {}
+        fanouts: list[Fanout] = []
+        owner: dict[str, Fanout] = {}
         try:
-            for (text, ids), p, prio in zip(items, params, priority):
-                result = RequestOutput(f"{next(self._ids)}", text, ids)
-                results.append(result)
-                for i in range(p.n):
-                    child = p.for_sample(i)
-                    rid = f"{result.request_id}-{i}"
-                    self._submit(rid, ids, child, prio)
-                    states[rid] = (result, RequestState(i, ids, child, self.tokenizer))
+            for item, p, prio in zip(items, params, priority):
+                fanout = Fanout(f"{next(self._ids)}", item[1], self._gate(p, item),
+                                self.tokenizer)
+                fanouts.append(fanout)
+                self._submit(fanout, prio)
+                owner.update(dict.fromkeys(fanout.states, fanout))
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step().outputs:
-                    result, state = states[out.request_id]
-                    state.process(out)
-                    if state.finished and out.finish_reason is None:
-                        self.engine.abort_requests([out.request_id])
+                    self._apply(owner[out.request_id], out)
         finally:
-            pending = [rid for rid, (_, s) in states.items() if not s.finished]
-            self.engine.abort_requests(pending)
-        for rid, (result, state) in states.items():
-            result.outputs.append(state.completion_output())
-            result.num_cached_tokens = state.num_cached_tokens
-        for result in results:
-            result.outputs.sort(key=lambda o: o.index)
-            result.finished = True
-        return results
+            self.engine.abort_requests([rid for f in fanouts for rid in f.unfinished])
+        return [f.request_output(text) for f, (text, _) in zip(fanouts, items)]
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:

@@ -2,8 +2,10 @@
 
 Owns what is text: the prompt's token ids come in, each of the ``n`` samples becomes one
 engine request (sharing the prompt), and every engine step's output is turned into a text delta
-by that sample's ``RequestState`` (detokenizer, stop strings, logprobs). A consumer that stops
-iterating (client gone) aborts whatever is unfinished.
+by that sample's ``RequestState`` (detokenizer, stop strings, logprobs) — all of it in
+`Fanout`, which the offline ``LLM`` shares; this class adds the transport (the engine-core
+client, waiting, deadlines, metrics). A consumer that stops iterating (client gone) aborts
+whatever is unfinished.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from radixserve.frontend.core_client import EngineCoreClient, EngineDeadError
 from radixserve.core.reports import EngineCoreOutput
+from radixserve.frontend.fanout import Fanout
 from radixserve.messages import EngineCoreRequest
 from radixserve.frontend.output_buffer import OutputBuffer
 from radixserve.frontend.output_processor import RequestState
@@ -107,22 +110,14 @@ class AsyncLLM:
         """
         arrival = arrival_time or time.time()
         buffer = OutputBuffer()
-        states: dict[str, RequestState] = {}
-        unfinished: set[str] = set()
+        fanout = Fanout(request_id, prompt_token_ids, params, self.tokenizer)
         not_started: set[str] = set()
         last_token_time = None
         try:
-            for i in range(params.n):
-                child = params.for_sample(i)
-                rid = f"{request_id}-{i}" if params.n > 1 else request_id
-                states[rid] = RequestState(i, prompt_token_ids, child, self.tokenizer)
-                req = EngineCoreRequest(request_id=rid, prompt_token_ids=prompt_token_ids,
-                                        sampling_params=child, eos_token_ids=self.eos_token_ids,
-                                        arrival_time=arrival, priority=priority)
-                unfinished.add(rid)
-                not_started.add(rid)
+            for req in fanout.requests(self.eos_token_ids, priority, arrival):
+                not_started.add(req.request_id)
                 await self.client.add_request(req, buffer)
-            while unfinished:
+            while fanout.unfinished:
                 # NOTE: a consumer that falls behind gets every output waiting for it at once,
                 # merged into one delta per sample: fewer wake-ups and chunks, the same text.
                 if not_started and ticket.deadline is not None:
@@ -131,22 +126,21 @@ class AsyncLLM:
                     pending = await buffer.take()
                 now = time.time()
                 for rid, outs in _by_request(pending).items():
-                    state = states[rid]
                     if rid in not_started:
                         not_started.discard(rid)
                         ticket.started(len(prompt_token_ids))
-                    if state.finished:
-                        continue  # sent before our abort of a stop-string finish arrived
                     try:
-                        text, applied = _process(state, outs)
+                        step = fanout.apply(rid, outs)
                     except Exception as exc:  # noqa: BLE001 - this request's fault alone
                         logger.error("request %s: processing its output failed", rid,
                                      exc_info=exc)
                         raise EngineStepError(f"processing the request's output failed: "
                                               f"{type(exc).__name__}: {exc}") from exc
+                    if step is None:
+                        continue  # sent before our abort of a stop-string finish arrived
+                    state, text, applied, abort = step
                     if state.finished:
-                        unfinished.discard(rid)
-                        if applied.finish_reason is None:  # a stop string ended it here
+                        if abort:
                             await self.client.abort([rid])
                         self.metrics.on_finish(state, len(prompt_token_ids), now - arrival)
                     yield StepDelta(state.index, text, state, applied)
@@ -157,10 +151,9 @@ class AsyncLLM:
                     self.metrics.on_token(now - last_token_time)
                 last_token_time = now
         finally:
-            if unfinished:
-                self.metrics.on_abort(len(unfinished))
-                await self.client.abort(list(unfinished))
-
+            if fanout.unfinished:
+                self.metrics.on_abort(len(fanout.unfinished))
+                await self.client.abort(list(fanout.unfinished))
 
     async def embed(self, prompt_token_ids: list[int], pooling: PoolingParams,
                     request_id: str, priority: int = 0, arrival_time: float | None = None,
@@ -216,35 +209,3 @@ def _by_request(pending: list) -> dict[str, list[EngineCoreOutput]]:
             outs.append(out)
     return grouped
 
-
-def _process(state: RequestState, outs: list[EngineCoreOutput]) -> tuple[str, EngineCoreOutput]:
-    """Apply consecutive outputs of one request; return the text they release and the
-    outputs applied, merged into one.
-
-    Without stop strings they are applied as one merged output (one detokenizer call per
-    wake-up, not per token). With stop strings each is applied in turn, so that the output's
-    token ids end at the step that completed the stop string, whatever was merged.
-    """
-    if not state.params.stop:
-        merged = _merge(outs)
-        return state.process(merged), merged
-    text, applied = "", 0
-    for out in outs:
-        text += state.process(out)
-        applied += 1
-        if state.finished:
-            break
-    return text, _merge(outs[:applied])
-
-
-def _merge(outs: list[EngineCoreOutput]) -> EngineCoreOutput:
-    """Consecutive outputs of one request as one."""
-    if len(outs) == 1:
-        return outs[0]
-    last = outs[-1]
-    with_logprobs = outs[0].logprobs is not None
-    return EngineCoreOutput(
-        last.request_id, [t for o in outs for t in o.new_token_ids], last.finish_reason,
-        [lp for o in outs for lp in o.logprobs or []] if with_logprobs else None,
-        [top for o in outs for top in o.top_logprobs or []] if with_logprobs else None,
-        last.num_cached_tokens, outs[0].queue_time, None)

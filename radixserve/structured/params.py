@@ -33,9 +33,10 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     object).
 
     ``after_reasoning``: for models that think first, leave the reasoning section free and start
-    the constraint after it ends (None: on when the server runs a reasoning parser; offline it
-    means off). ``reasoning_end_token_ids`` is that end marker as token ids, filled in by the
-    frontend; the constraint starts after the first output position where they appear.
+    the constraint after it ends (None: on; either way only where a reasoning parser names the
+    end tag: ``--reasoning-parser``, ``LLM(reasoning_parser=)``). ``reasoning_end_token_ids``
+    is that end tag as token ids, filled in by the frontend (`gate_on_reasoning`); the
+    constraint starts after the first output position where they appear.
 
     ``strict`` (JSON schemas only): close the schema's objects and fix its whitespace
     (`strict_schema`), so the answer cannot grow forever; False takes the schema as written
