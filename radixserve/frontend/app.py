@@ -25,7 +25,8 @@ from radixserve.frontend.http.limits import ServeLimits
 from radixserve.frontend.ollama.routes import OllamaRoutes
 from radixserve.frontend.http.metrics import ServerMetrics
 from radixserve.frontend.http.openapi import describe_generation_routes
-from radixserve.frontend.openai.protocol import ModelCard, ModelList, error_body
+from radixserve.frontend.openai.protocol import ModelCard, ModelList
+from radixserve.frontend.http.protocol_base import error_body
 from radixserve.frontend.responses.routes import add_response_routes
 from radixserve.frontend.openai.protocol_chat import (
     DetokenizeRequest,
@@ -33,7 +34,8 @@ from radixserve.frontend.openai.protocol_chat import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from radixserve.frontend.openai.serving import ClientDisconnected, OpenAIError, ServingContext
+from radixserve.frontend.http.protocol_base import ClientDisconnected, OpenAIError
+from radixserve.frontend.openai.serving import ServingContext
 from radixserve.frontend.anthropic.serving import ANTHROPIC_PATHS, send_anthropic_error
 from radixserve.frontend.openai.serving_chat import render_messages
 from radixserve.frontend.ui.routes import UI_PAGES, UI_STATIC, install_ui

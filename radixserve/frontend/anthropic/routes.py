@@ -11,7 +11,8 @@ from radixserve.frontend.http.asgi_io import SSE_HEADERS, read_body, send_stream
 from radixserve.frontend.http.errors import send_json
 from radixserve.frontend.openai.routes import _parse
 from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
-from radixserve.frontend.openai.serving import OpenAIError, ServingContext
+from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.frontend.openai.serving import ServingContext
 from radixserve.frontend.anthropic.blocks import MESSAGE_STOP
 from radixserve.frontend.anthropic.serving import (
     MessagesServer, send_anthropic_error, stream_error_event)

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from radixserve.frontend.openai.serving import ClientDisconnected
+from radixserve.frontend.http.protocol_base import ClientDisconnected
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                (b"cache-control", b"no-cache")]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from radixserve.frontend.openai.serving import ClientDisconnected, OpenAIError
+from radixserve.frontend.http.protocol_base import ClientDisconnected, OpenAIError
 
 
 class BodyRefused(OpenAIError):

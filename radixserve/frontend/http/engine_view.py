@@ -16,7 +16,8 @@ from fastapi import FastAPI
 
 from radixserve.frontend.core_client import EngineDeadError
 from radixserve.messages import EngineState, RequestInfo
-from radixserve.frontend.openai.serving import OpenAIError, ServingContext
+from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.frontend.openai.serving import ServingContext
 
 _TOTALS = (  # (JSON name, Prometheus sample name without the model label)
     ("prompt_tokens", "radixserve:prompt_tokens_total"),

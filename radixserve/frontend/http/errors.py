@@ -11,8 +11,9 @@ from starlette.exceptions import HTTPException
 
 from radixserve.frontend.async_llm import EngineStepError
 from radixserve.frontend.core_client import EngineDeadError
-from radixserve.frontend.openai.protocol import error_body, validation_error_body, value_error_body
-from radixserve.frontend.openai.serving import ClientDisconnected, OpenAIError
+from radixserve.frontend.http.protocol_base import (error_body, validation_error_body,
+                                                    value_error_body)
+from radixserve.frontend.http.protocol_base import ClientDisconnected, OpenAIError
 
 
 def error_response(exc: Exception) -> tuple[int, dict | None]:

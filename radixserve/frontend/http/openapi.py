@@ -15,13 +15,9 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from radixserve.frontend.openai.protocol import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionRequest,
-    CompletionResponse,
-    ErrorResponse,
-)
+from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest, ChatCompletionResponse
+from radixserve.frontend.openai.protocol import CompletionRequest, CompletionResponse
+from radixserve.frontend.http.protocol_base import ErrorResponse
 from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
 from radixserve.frontend.openai.protocol_chat import RenderResponse
 from radixserve.frontend.openai.protocol_embedding import EmbeddingRequest, EmbeddingResponse

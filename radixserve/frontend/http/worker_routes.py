@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 
 from radixserve import __version__
 from radixserve.sampling_params import SamplingParams
-from radixserve.frontend.openai.protocol import error_body
+from radixserve.frontend.http.protocol_base import error_body
 
 WORKER_PATHS = ("/get_model_info", "/get_server_info", "/get_load")  # no API key needed
 _HEALTH_GENERATE_TIMEOUT_S = 30.0

@@ -30,7 +30,7 @@ from radixserve.frontend.ollama.protocol import (
     OllamaGenerateRequest,
     OllamaShowRequest,
 )
-from radixserve.frontend.openai.serving import ClientDisconnected, OpenAIError
+from radixserve.frontend.http.protocol_base import ClientDisconnected, OpenAIError
 from radixserve.frontend.ollama.serving import (
     OllamaStreamError,
     Shape,

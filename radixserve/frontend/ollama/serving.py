@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from radixserve.frontend.openai.serving import OpenAIError
+from radixserve.frontend.http.protocol_base import OpenAIError
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "stop", "abort": "stop"}
 

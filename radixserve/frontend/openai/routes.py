@@ -25,11 +25,13 @@ from radixserve.frontend.http.admission import AdmissionGate, AdmissionLimits, T
 from radixserve.frontend.http.admission_metrics import NoAdmissionMetrics
 from radixserve.frontend.http.asgi_io import SSE_HEADERS, read_body, send_stream, until_disconnect
 from radixserve.frontend.http.errors import error_response, send_error, send_json
-from radixserve.frontend.openai.protocol import CompletionRequest, error_body
+from radixserve.frontend.openai.protocol import CompletionRequest
+from radixserve.frontend.http.protocol_base import error_body
 from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
 from radixserve.frontend.openai.protocol_embedding import EmbeddingRequest
 from radixserve.frontend.responses.protocol import ResponsesRequest, format_param
-from radixserve.frontend.openai.serving import SSE_DONE, OpenAIError, ServingContext
+from radixserve.frontend.openai.serving import SSE_DONE, ServingContext
+from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.openai.serving_chat import ChatServer, render_messages
 from radixserve.frontend.http.worker_routes import rendered_prompt
 from radixserve.frontend.openai.serving_completion import CompletionServer, request_size

@@ -17,24 +17,11 @@ from radixserve.frontend.core_client import EngineDeadError
 from radixserve.frontend.parsers import ReasoningParser, ToolCallParser
 from radixserve.frontend.pooling import EmbeddingSetup
 from radixserve.sampling_params import SamplingParams
-from radixserve.frontend.openai.protocol import ParamError, SamplingRequest
+from radixserve.frontend.http.protocol_base import OpenAIError, ParamError
+from radixserve.frontend.openai.protocol import SamplingRequest
 from radixserve.frontend.responses.store import ResponseStore
 from radixserve.structured.backend import GrammarError
 from radixserve.structured.validator import GrammarValidator
-
-
-class OpenAIError(Exception):
-    """An error answered with an OpenAI error body."""
-
-    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.status, self.type, self.param, self.code = (
-            message, status, type, param, code)
-
-
-class ClientDisconnected(Exception):
-    pass
 
 
 @dataclass

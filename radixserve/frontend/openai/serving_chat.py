@@ -14,12 +14,8 @@ from collections.abc import AsyncIterator
 from radixserve.frontend.async_llm import NO_TICKET, QueueTicket
 from radixserve.frontend.output_processor import RequestState
 from radixserve.frontend.parsers import ForcedToolParser, ToolCallDelta, required_tools_schema
-from radixserve.frontend.openai.protocol import (
-    ChatCompletionRequest,
-    PromptTokensDetails,
-    UsageInfo,
-    random_id,
-)
+from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
+from radixserve.frontend.openai.protocol import PromptTokensDetails, UsageInfo, random_id
 from radixserve.frontend.openai.protocol_chat import (
     ChatCompletionChoice,
     ChatCompletionMessage,
@@ -35,15 +31,9 @@ from radixserve.frontend.openai.protocol_chat import (
 )
 from radixserve.frontend.openai.protocol_chat import ChatCompletionStreamChoice as StreamChoice
 from radixserve.frontend.openai.protocol_chat import ChatCompletionResponse
-from radixserve.frontend.openai.serving import (
-    SSE_DONE,
-    TEXT_MARK,
-    ChunkTemplate,
-    OpenAIError,
-    ServingContext,
-    sse,
-    token_bytes,
-)
+from radixserve.frontend.openai.serving import (SSE_DONE, TEXT_MARK, ChunkTemplate, ServingContext,
+                                                sse, token_bytes)
+from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.structured.params import StructuredOutputsParams
 
 

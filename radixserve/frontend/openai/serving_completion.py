@@ -19,15 +19,9 @@ from radixserve.frontend.openai.protocol import (
     UsageInfo,
     random_id,
 )
-from radixserve.frontend.openai.serving import (
-    SSE_DONE,
-    TEXT_MARK,
-    ChunkTemplate,
-    OpenAIError,
-    ServingContext,
-    merge,
-    sse,
-)
+from radixserve.frontend.openai.serving import (SSE_DONE, TEXT_MARK, ChunkTemplate, ServingContext,
+                                                merge, sse)
+from radixserve.frontend.http.protocol_base import OpenAIError
 
 
 _MAX_GATHERED = 8  # a request with more text prompts than this is encoded on its own

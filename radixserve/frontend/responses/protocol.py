@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import (Discriminator, Field, Tag, ValidationError, field_validator,
                       model_validator)
 
-from radixserve.frontend.openai.protocol import OpenAIRequest, random_id
+from radixserve.frontend.http.protocol_base import OpenAIRequest
+from radixserve.frontend.openai.protocol import random_id
 from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
@@ -300,7 +301,7 @@ def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletion
     try:
         return ChatCompletionRequest.model_validate(fields)
     except ValidationError as exc:  # e.g. a tool message without its call: the input is bad
-        from radixserve.frontend.openai.serving import OpenAIError
+        from radixserve.frontend.http.protocol_base import OpenAIError
 
         first = exc.errors()[0]
         raise OpenAIError(f"the conversation is not valid: {first['msg']}",

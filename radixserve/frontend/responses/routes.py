@@ -6,7 +6,8 @@ import msgspec
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from radixserve.frontend.openai.serving import OpenAIError, ServingContext
+from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.frontend.openai.serving import ServingContext
 
 MAX_LIST_LIMIT = 100
 

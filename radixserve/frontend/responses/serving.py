@@ -31,7 +31,8 @@ from radixserve.frontend.responses.protocol import (
 )
 from radixserve.frontend.responses.store import BrokenChain
 from radixserve.frontend.responses.output import OutputBuilder
-from radixserve.frontend.openai.serving import OpenAIError, ServingContext
+from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.frontend.openai.serving import ServingContext
 from radixserve.frontend.openai.serving_chat import ChatServer
 
 
