@@ -1,6 +1,6 @@
 """Ollama's /api/chat and /api/generate on top of the OpenAI handlers (no second generation
 path): the Ollama request becomes the equivalent /v1/chat/completions request (or, for
-``/api/generate`` with ``raw``, a /v1/completions one), runs through `GenerationRoutes`'s own
+``/api/generate`` with ``raw``, a /v1/completions one), runs through `OpenAIRoutes`'s own
 handler (template, tokenizer, parsers, structured output, admission, engine), and its answer,
 whole or streamed, is rewritten in Ollama's shape: one JSON object, or NDJSON lines ending
 with a ``done: true`` line carrying the counts and durations (nanoseconds).

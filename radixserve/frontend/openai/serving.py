@@ -110,8 +110,6 @@ def sse(payload) -> str:
     return f"data: {data}\n\n"
 
 
-SSE_DONE = "data: [DONE]\n\n"
-
 TEXT_MARK = "\ue000radixserve-text\ue000"  # stands for the text in a `ChunkTemplate`
 
 

@@ -12,28 +12,21 @@ import time
 from collections.abc import AsyncIterator
 
 from radixserve.frontend.async_llm import NO_TICKET, QueueTicket
-from radixserve.frontend.output_processor import RequestState
-from radixserve.frontend.parsers import ForcedToolParser, ToolCallDelta, required_tools_schema
-from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
-from radixserve.frontend.openai.protocol import PromptTokensDetails, UsageInfo, random_id
-from radixserve.frontend.openai.protocol_chat import (
-    ChatCompletionChoice,
-    ChatCompletionMessage,
-    ChatCompletionStreamResponse,
-    ChatLogprobs,
-    ChatTokenLogprob,
-    ChatTopLogprob,
-    DeltaFunctionCall,
-    DeltaMessage,
-    DeltaToolCall,
-    FunctionCall,
-    ToolCall,
-)
-from radixserve.frontend.openai.protocol_chat import ChatCompletionStreamChoice as StreamChoice
-from radixserve.frontend.openai.protocol_chat import ChatCompletionResponse
-from radixserve.frontend.openai.serving import (SSE_DONE, TEXT_MARK, ChunkTemplate, ServingContext,
-                                                sse, token_bytes)
+from radixserve.frontend.http.asgi_io import SSE_DONE
 from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.frontend.openai.choice_stream import ChoiceStream
+from radixserve.frontend.openai.protocol import PromptTokensDetails, UsageInfo, random_id
+from radixserve.frontend.openai.protocol_chat import (ChatCompletionChoice, ChatCompletionMessage,
+                                                      ChatCompletionRequest,
+                                                      ChatCompletionResponse,
+                                                      ChatCompletionStreamResponse, ChatLogprobs,
+                                                      ChatTokenLogprob, ChatTopLogprob,
+                                                      DeltaMessage, FunctionCall, ToolCall)
+from radixserve.frontend.openai.protocol_chat import ChatCompletionStreamChoice as StreamChoice
+from radixserve.frontend.openai.serving import (TEXT_MARK, ChunkTemplate, ServingContext, sse,
+                                                token_bytes)
+from radixserve.frontend.output_processor import RequestState
+from radixserve.frontend.parsers import ForcedToolParser, required_tools_schema
 from radixserve.structured.params import StructuredOutputsParams
 
 
@@ -235,7 +228,7 @@ class ChatServer:
             async for step in steps:
                 state = states[step.index] = step.state
                 if step.index not in streams:
-                    streams[step.index] = _ChoiceStream(reasoning_parser, tool_parser)
+                    streams[step.index] = ChoiceStream(reasoning_parser, tool_parser)
                 cs = streams[step.index]
                 deltas = cs.feed(step.text)
                 if state.finished:
@@ -266,72 +259,12 @@ class ChatServer:
         yield tail + SSE_DONE  # one write ends the response
 
 
-class _ChoiceStream:
-    """One sample's streaming parsers: reasoning first, then tool calls on the content."""
-
-    def __init__(self, reasoning_parser, tool_parser) -> None:
-        self.reasoning = reasoning_parser.new_stream() if reasoning_parser else None
-        self.tools = tool_parser.new_stream() if tool_parser else None
-
-    @property
-    def has_tool_calls(self) -> bool:
-        return self.tools is not None and self.tools.has_tool_calls
-
-    def feed(self, text: str) -> list[DeltaMessage]:
-        if not text:
-            return []
-        if self.reasoning is None:
-            return self._content(text, final=False)
-        reasoning, content = self.reasoning.feed(text)
-        return self._merge(reasoning, content, final=False)
-
-    def finish(self) -> list[DeltaMessage]:
-        if self.reasoning is None:
-            return self._content("", final=True)
-        reasoning, content = self.reasoning.finish()
-        return self._merge(reasoning, content, final=True)
-
-    def _merge(self, reasoning: str, content: str, final: bool) -> list[DeltaMessage]:
-        out = [DeltaMessage(reasoning_content=reasoning)] if reasoning else []
-        return out + self._content(content, final)
-
-    def _content(self, text: str, final: bool) -> list[DeltaMessage]:
-        if self.tools is None:
-            return [DeltaMessage(content=text)] if text else []
-        items = self.tools.feed(text) if text else []
-        if final:
-            items += self.tools.finish()
-        out = []
-        for item in items:
-            if isinstance(item, ToolCallDelta):
-                out.append(
-                    DeltaMessage(
-                        tool_calls=[
-                            DeltaToolCall(
-                                index=item.index,
-                                id=item.id,
-                                type="function" if item.id else None,
-                                function=DeltaFunctionCall(
-                                    name=item.name, arguments=item.arguments_delta
-                                ),
-                            )
-                        ]
-                    )
-                )
-            else:
-                out.append(DeltaMessage(content=item))
-        return out
-
-
 def _usage(num_prompt: int, states: list[RequestState]) -> UsageInfo:
     num_completion = sum(len(s.token_ids) for s in states)
     cached = max((s.num_cached_tokens for s in states), default=0)
-    return UsageInfo(
-        prompt_tokens=num_prompt,
-        completion_tokens=num_completion,
-        total_tokens=num_prompt + num_completion,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-    )
+    return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
+                     total_tokens=num_prompt + num_completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 def _logprobs(state: RequestState, start: int) -> ChatLogprobs:
@@ -339,19 +272,9 @@ def _logprobs(state: RequestState, start: int) -> ChatLogprobs:
     for token_id, entry in zip(state.token_ids[start:], state.logprobs[start:]):
         chosen = entry[token_id]
         tops = sorted((lp for lp in entry.values() if lp.rank is not None), key=lambda lp: lp.rank)
-        content.append(
-            ChatTokenLogprob(
-                token=chosen.decoded_token,
-                logprob=chosen.logprob,
-                bytes=token_bytes(chosen.decoded_token),
-                top_logprobs=[
-                    ChatTopLogprob(
-                        token=lp.decoded_token,
-                        logprob=lp.logprob,
-                        bytes=token_bytes(lp.decoded_token),
-                    )
-                    for lp in tops
-                ],
-            )
-        )
+        content.append(ChatTokenLogprob(
+            token=chosen.decoded_token, logprob=chosen.logprob,
+            bytes=token_bytes(chosen.decoded_token),
+            top_logprobs=[ChatTopLogprob(token=lp.decoded_token, logprob=lp.logprob,
+                                         bytes=token_bytes(lp.decoded_token)) for lp in tops]))
     return ChatLogprobs(content=content)

@@ -19,8 +19,8 @@ from radixserve.frontend.openai.protocol import (
     UsageInfo,
     random_id,
 )
-from radixserve.frontend.openai.serving import (SSE_DONE, TEXT_MARK, ChunkTemplate, ServingContext,
-                                                merge, sse)
+from radixserve.frontend.http.asgi_io import SSE_DONE
+from radixserve.frontend.openai.serving import TEXT_MARK, ChunkTemplate, ServingContext, merge, sse
 from radixserve.frontend.http.protocol_base import OpenAIError
 
 
