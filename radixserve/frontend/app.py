@@ -1,4 +1,4 @@
-"""The API process's ASGI app: the guard (API key, body size, content type: `http.guard`) in
+"""The API process's ASGI app: the guard (API key, body size, content type: `Guard`) in
 front of one `Router` over one route table, which /openapi.json describes too. The table is
 the server's own routes (health, version, load, metrics, the API description) and each API's
 (`openai`, `responses`, `anthropic`, `ollama`), the browser pages (`ui`), what routers ask of
@@ -6,18 +6,22 @@ a worker (`http.worker_routes`) and the engine view's data (`http.engine_view`).
 
 from __future__ import annotations
 
+import hmac
+
 import msgspec
 from starlette.responses import JSONResponse, Response
 
 from radixserve import __version__
 from radixserve.frontend.anthropic.routes import AnthropicRoutes
+from radixserve.frontend.http import body_reader, memory
 from radixserve.frontend.http.admission import AdmissionGate
+from radixserve.frontend.http.content_type import unsupported_media_type
 from radixserve.frontend.http.engine_view import engine_view_routes
-from radixserve.frontend.http.guard import Guard
+from radixserve.frontend.http.errors import send_error
 from radixserve.frontend.http.limits import ServeLimits
 from radixserve.frontend.http.metrics import ServerMetrics
 from radixserve.frontend.http.openapi import openapi_schema
-from radixserve.frontend.http.protocol_base import error_body
+from radixserve.frontend.http.protocol_base import ClientDisconnected, OpenAIError, error_body
 from radixserve.frontend.http.router import OPENAI, Call, Route, Router
 from radixserve.frontend.http.worker_routes import worker_routes
 from radixserve.frontend.ollama.routes import OllamaRoutes
@@ -91,3 +95,60 @@ def description_routes(routes: list[Route]) -> list[Route]:
     return [Route("GET", "/openapi.json", schema, OPENAI, in_schema=False),
             Route("GET", "/docs", docs, OPENAI, media="text/html", in_schema=False),
             Route("GET", "/redoc", redoc, OPENAI, media="text/html", in_schema=False)]
+
+
+class Guard:
+    """In front of every route (pure ASGI: BaseHTTPMiddleware would hide client
+    disconnects from streams): with an API key, rejects requests without it (401) in
+    ``Authorization: Bearer KEY`` or (as Anthropic's clients send it) ``x-api-key: KEY``; POST
+    bodies that are not JSON (415, `content_type`); reads the body under its size and time limits
+    (413, 408: `body_reader`) before any route sees it. Refusals take the shape the route table
+    gives the path (`Wire.send_refusal`)."""
+
+    def __init__(self, router: Router, api_key: str | None, max_body_bytes: int,
+                 body_timeout: float | None = None, metrics: ServerMetrics | None = None) -> None:
+        self.router = router
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.router(scope, receive, send)
+        headers = dict(scope["headers"])
+        try:
+            body_reader.check_declared_length(headers, self.max_body_bytes)
+        except body_reader.BodyRefused as exc:
+            return await self._refuse(scope, send, exc)
+        if self.expected is not None and not self.router.is_open(scope["path"]):
+            given = (headers.get(b"authorization", b""),
+                     b"Bearer " + headers.get(b"x-api-key", b""))
+            if not any(hmac.compare_digest(key, self.expected) for key in given):
+                return await self._send(scope, send, OpenAIError(
+                    "invalid or missing API key", 401, "authentication_error",
+                    code="invalid_api_key"))
+        if (refusal := unsupported_media_type(scope["method"], headers)) is not None:
+            return await self._send(scope, send, refusal)
+        if not body_reader.has_body(headers):
+            return await self.router(scope, receive, send)
+        body = b""
+        try:
+            body = await body_reader.read_body(receive, self.max_body_bytes, self.body_timeout)
+            await self.router(scope, body_reader.replay(body, receive), send)
+        except body_reader.BodyRefused as exc:
+            return await self._refuse(scope, send, exc)
+        except ClientDisconnected:
+            return None
+        finally:
+            if len(body) >= memory.TRIM_AFTER_BYTES:
+                memory.trim_soon()
+
+    async def _refuse(self, scope, send, exc: body_reader.BodyRefused) -> None:
+        if self.metrics is not None:
+            self.metrics.admission.on_reject(exc.reason)
+        await self._send(scope, send, exc)
+
+    async def _send(self, scope, send, exc: Exception) -> None:
+        wire = self.router.wire_for(scope["path"])
+        await (send_error if wire is None else wire.send_refusal)(send, exc)

@@ -22,8 +22,7 @@ from radixserve.frontend.anthropic.blocks import (
 from radixserve.frontend.http.errors import error_headers, error_response, send_json
 from radixserve.frontend.openai.protocol import random_id
 from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
-from radixserve.frontend.openai.serving import ServingContext
-from radixserve.frontend.openai.choice_stream import ChoiceStream
+from radixserve.frontend.openai.serving import ChoiceStream, ServingContext
 from radixserve.frontend.openai.serving_chat import ChatServer, render_messages
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",

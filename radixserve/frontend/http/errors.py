@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 from pydantic import ValidationError
-from starlette.exceptions import HTTPException
 
 from radixserve.frontend.async_llm import EngineRequestError, EngineStepError
 from radixserve.frontend.core_client import EngineDeadError
@@ -25,8 +24,6 @@ def error_response(exc: Exception) -> tuple[int, dict | None]:
         return 503, error_body(f"engine unavailable: {exc}", "service_unavailable")
     if isinstance(exc, EngineStepError):
         return 500, error_body(str(exc), "internal_error")
-    if isinstance(exc, HTTPException):  # starlette's (the static files')
-        return exc.status_code, error_body(str(exc.detail))
     if isinstance(exc, ClientDisconnected):
         return 499, None
     if isinstance(exc, ValueError):  # SamplingParams checks, grammar errors, engine refusals
@@ -62,16 +59,14 @@ async def send_error(send, exc: Exception) -> None:
 
 
 def sse_error_chunk(exc: Exception) -> bytes | None:
-    """An engine error after an OpenAI stream started, as a last ``data:`` event carrying an
-    error body (any other exception, a bug, the event `error_response` describes)."""
+    """An error after an OpenAI stream started, as a last ``data:`` event carrying an error
+    body (an engine's error with its status as ``code``; others as `error_response` has it)."""
     if isinstance(exc, EngineDeadError):
         body = error_body(f"engine unavailable: {exc}", "service_unavailable", code=503)
     elif isinstance(exc, EngineStepError):
         body = error_body(str(exc), "internal_error", code=500)
     elif isinstance(exc, EngineRequestError):
         body = error_body(str(exc))
-    elif isinstance(exc, OpenAIError):  # e.g. a queue timeout before the first token
-        body = error_body(exc.message, exc.type, exc.param, exc.code)
-    else:
+    else:  # an OpenAIError (e.g. a queue timeout before the first token), or a bug
         body = error_response(exc)[1]
     return None if body is None else f"data: {json.dumps(body)}\n\n".encode()

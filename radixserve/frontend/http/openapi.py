@@ -42,19 +42,15 @@ def openapi_schema(routes: list[Route], title: str, version: str) -> dict[str, A
 def _operation(route: Route, refs: dict) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "the response"}
     if route.media is not None:
-        schema = ({"type": "object"} if route.media == "application/json" else
-                  {"type": "string"})
-        if route.response is not None:
-            schema = refs[(route.response, "serialization")]
+        schema = ({"type": "object" if route.media == "application/json" else "string"}
+                  if route.response is None else refs[(route.response, "serialization")])
         ok["content"] = {route.media: {"schema": schema}}
     if route.can_stream:
         ok["content"][route.wire.stream_media] = {"schema": {
             "type": "string", "description": route.wire.stream_doc}}
-    operation: dict[str, Any] = {
-        "summary": route.summary,
-        "operationId": f"{route.method.lower()}_{re.sub(r'[^a-z0-9]+', '_', route.path.lower())}"
-                       .rstrip("_"),
-        "responses": {"200": ok}}
+    name = re.sub(r"[^a-z0-9]+", "_", f"{route.method} {route.path}".lower()).strip("_")
+    operation: dict[str, Any] = {"summary": route.summary, "operationId": name,
+                                 "responses": {"200": ok}}
     parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                   for name in re.findall(r"\{(\w+)\}", route.path)]
     if route.query is not None:

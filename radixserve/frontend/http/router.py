@@ -1,18 +1,15 @@
 """The one route table and the plain-ASGI router that serves it.
 
 Each API's ``routes.py`` lists its `Route`s (method, path -> handler, and the models that
-describe it); `Router` dispatches them and `openapi.openapi_schema` describes them, from the
-same list. A request costs a dict lookup, one `Call` and the handler: no framework layers.
-The generation endpoints carry nearly all of a server's traffic and a stream sends a chunk per
-engine step; through FastAPI a request crossed about ten middleware and routing layers and
-each chunk five ``send`` wrappers (measured with the mock engine: a third of the API process).
+describe it); `Router` dispatches them and `openapi.openapi_schema` describes them. A request
+costs a dict lookup, one `Call` and the handler (through FastAPI a request crossed about ten
+layers and each stream chunk five ``send`` wrappers: a third of the API process, measured).
 
 A handler answers with ``bytes`` (a whole 200 JSON body), an async iterator of chunks (a 200
 stream in its route's `Wire` format; the client leaving closes it, which aborts the engine
 requests behind it), or any ASGI app (a starlette ``Response``: other statuses, media types,
 files). An exception is answered in the route's error shape (`Wire.send_error`). Admission
-tickets a handler puts in ``call.admitted`` are released when the response ends, however it
-ends.
+tickets a handler puts in ``call.admitted`` are released when the response ends, however.
 """
 
 from __future__ import annotations
@@ -53,10 +50,6 @@ class Call:
     def query(self) -> dict[str, str]:
         """The query string's parameters (the last of a repeated one)."""
         return dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
-
-    @property
-    def headers(self) -> dict[bytes, bytes]:
-        return dict(self.scope.get("headers") or ())
 
 
 @dataclass(frozen=True, slots=True)

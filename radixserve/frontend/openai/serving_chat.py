@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from radixserve.frontend.async_llm import NO_TICKET, QueueTicket
 from radixserve.frontend.http.asgi_io import SSE_DONE
 from radixserve.frontend.http.protocol_base import OpenAIError
-from radixserve.frontend.openai.choice_stream import ChoiceStream
 from radixserve.frontend.openai.protocol import PromptTokensDetails, UsageInfo, random_id
 from radixserve.frontend.openai.protocol_chat import (ChatCompletionChoice, ChatCompletionMessage,
                                                       ChatCompletionRequest,
@@ -23,8 +22,8 @@ from radixserve.frontend.openai.protocol_chat import (ChatCompletionChoice, Chat
                                                       ChatTokenLogprob, ChatTopLogprob,
                                                       DeltaMessage, FunctionCall, ToolCall)
 from radixserve.frontend.openai.protocol_chat import ChatCompletionStreamChoice as StreamChoice
-from radixserve.frontend.openai.serving import (TEXT_MARK, ChunkTemplate, ServingContext, sse,
-                                                token_bytes)
+from radixserve.frontend.openai.serving import (TEXT_MARK, ChoiceStream, ChunkTemplate,
+                                                ServingContext, sse, token_bytes)
 from radixserve.frontend.output_processor import RequestState
 from radixserve.frontend.parsers import ForcedToolParser, required_tools_schema
 from radixserve.structured.params import StructuredOutputsParams
@@ -39,11 +38,8 @@ def render_messages(ctx: ServingContext, body) -> str:
         kwargs.setdefault("reasoning_effort", body.reasoning_effort)
     try:
         text = ctx.tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
-            tools=tools,
-            **kwargs,
-        )
+            messages, tools=tools, **kwargs,
+            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message)
     except ValueError as exc:
         raise OpenAIError(str(exc), param="messages") from exc
     except Exception as exc:  # a template's raise_exception or a rendering error
@@ -98,11 +94,9 @@ class ChatServer:
         forced = _forced_tools(body)
         use_tools = bool(body.tools) and body.tool_choice != "none"
         if use_tools and forced is None and ctx.tool_parser is None:
-            raise OpenAIError(
-                "tool calling needs a tool-call parser: start the server with "
-                "--tool-call-parser hermes (or force a call with tool_choice)",
-                param="tools",
-            )
+            raise OpenAIError("tool calling needs a tool-call parser: start the server with "
+                              "--tool-call-parser hermes (or force a call with tool_choice)",
+                              param="tools")
         ctx.prep.check_messages(body.messages)
         text, ids = await ctx.prep.chat_prompt(lambda: render_messages(ctx, body))
         params = ctx.sampling_params(body, len(ids))
@@ -128,10 +122,8 @@ class ChatServer:
         constraint.reasoning_end_token_ids = self.ctx.tokenizer.encode(
             parser.end_tag, add_special_tokens=False)
 
-    async def full(
-        self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
-        ticket: QueueTicket = NO_TICKET,
-    ) -> ChatCompletionResponse:
+    async def full(self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
+                   ticket: QueueTicket = NO_TICKET) -> ChatCompletionResponse:
         request_id = random_id("chatcmpl-")
         reasoning_parser = self.ctx.reasoning_parser
         finals: dict[int, RequestState] = {}
@@ -151,35 +143,18 @@ class ChatServer:
             if tool_parser is not None:
                 content, calls = tool_parser.extract(content)
             finish = "tool_calls" if calls else state.finish_reason
-            message = ChatCompletionMessage(
-                content=content,
-                reasoning_content=reasoning,
-                tool_calls=[
-                    ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
-                    for c in calls
-                ]
-                or None,
-            )
-            choices.append(
-                ChatCompletionChoice(
-                    index=index,
-                    message=message,
-                    finish_reason=finish,
-                    stop_reason=state.stop_reason,
-                    logprobs=_logprobs(state, 0) if state.logprobs is not None else None,
-                )
-            )
-        return ChatCompletionResponse(
-            id=request_id,
-            model=self.ctx.model_name,
-            choices=choices,
-            usage=_usage(len(ids), list(finals.values())),
-        )
+            message = ChatCompletionMessage(content=content, reasoning_content=reasoning,
+                                            tool_calls=[ToolCall(id=c.id, function=FunctionCall(
+                                                name=c.name, arguments=c.arguments))
+                                                for c in calls] or None)
+            choices.append(ChatCompletionChoice(
+                index=index, message=message, finish_reason=finish, stop_reason=state.stop_reason,
+                logprobs=_logprobs(state, 0) if state.logprobs is not None else None))
+        return ChatCompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
+                                      usage=_usage(len(ids), list(finals.values())))
 
-    async def stream(
-        self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
-        ticket: QueueTicket = NO_TICKET,
-    ) -> AsyncIterator[str]:
+    async def stream(self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
+                     ticket: QueueTicket = NO_TICKET) -> AsyncIterator[str]:
         request_id = random_id("chatcmpl-")
         created = int(time.time())
         model = self.ctx.model_name
@@ -199,22 +174,10 @@ class ChatServer:
                         choices=[StreamChoice(index=index,
                                               delta=DeltaMessage(content=TEXT_MARK))]))
                 return template.sse(delta.content)
-            return sse(
-                ChatCompletionStreamResponse(
-                    id=request_id,
-                    created=created,
-                    model=model,
-                    choices=[
-                        StreamChoice(
-                            index=index,
-                            delta=delta,
-                            logprobs=logprobs,
-                            finish_reason=finish,
-                            stop_reason=stop_reason,
-                        )
-                    ],
-                )
-            )
+            return sse(ChatCompletionStreamResponse(
+                id=request_id, created=created, model=model,
+                choices=[StreamChoice(index=index, delta=delta, logprobs=logprobs,
+                                      finish_reason=finish, stop_reason=stop_reason)]))
 
         for i in range(params.n):
             yield chunk(i, DeltaMessage(role="assistant", content=""))
@@ -235,9 +198,8 @@ class ChatServer:
                     deltas += cs.finish()
                 logprobs = None
                 if state.logprobs is not None:
-                    logprobs = _logprobs(
-                        state, len(state.token_ids) - len(step.output.new_token_ids)
-                    )
+                    logprobs = _logprobs(state,
+                                         len(state.token_ids) - len(step.output.new_token_ids))
                 for delta in deltas:
                     yield chunk(step.index, delta, logprobs=logprobs)
                     logprobs = None

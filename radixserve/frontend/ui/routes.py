@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from starlette.exceptions import HTTPException
 from starlette.responses import FileResponse
 from starlette.staticfiles import StaticFiles
 
+from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.http.router import OPENAI, Call, Route
 
 UI_DIR = Path(__file__).parent
@@ -24,20 +26,26 @@ _NO_CACHE = {"Cache-Control": "no-cache"}  # revalidated (ETag): a new version s
 def ui_routes(not_browser) -> list[Route]:
     """The pages; ``GET /`` from a client that does not ask for HTML (Accept: text/html) goes
     to the handler ``not_browser`` instead (Ollama's liveness answer)."""
-    static = _Static(directory=UI_DIR / "static")
+    static = StaticFiles(directory=UI_DIR / "static")
 
     async def playground(call: Call):
-        if b"text/html" not in call.headers.get(b"accept", b""):
+        if b"text/html" not in dict(call.scope["headers"]).get(b"accept", b""):
             return await not_browser(call)
         return FileResponse(UI_DIR / "index.html", headers=_NO_CACHE)
 
     async def engine_page(call: Call):
         return FileResponse(UI_DIR / "engine.html", headers=_NO_CACHE)
 
-    async def static_file(call: Call):  # a missing file: starlette's 404, an error body
+    async def static_file(call: Call):
         scope = {**call.scope,
                  "root_path": call.scope.get("root_path", "") + UI_STATIC.rstrip("/")}
-        return await static.get_response(static.get_path(scope), scope)
+        try:
+            response = await static.get_response(static.get_path(scope), scope)
+        except HTTPException:  # no such file: the answer to an unknown path
+            raise OpenAIError(f"no route {scope['method']} {scope['path']}", 404,
+                              "not_found") from None
+        response.headers.update(_NO_CACHE)
+        return response
 
     return [Route("GET", "/", playground, OPENAI, media="text/html", is_open=True,
                   in_schema=False),
@@ -45,10 +53,3 @@ def ui_routes(not_browser) -> list[Route]:
                   in_schema=False),
             Route("GET", UI_STATIC, static_file, OPENAI, is_open=True, is_prefix=True,
                   in_schema=False)]
-
-
-class _Static(StaticFiles):
-    async def get_response(self, path, scope):
-        response = await super().get_response(path, scope)
-        response.headers.update(_NO_CACHE)
-        return response
