@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from radixserve.frontend.parsers import ForcedToolParser, get_reasoning_parser, get_tool_parser
 from radixserve.frontend.anthropic.blocks import BlockAssembler
 from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
-from radixserve.frontend.openai.serving_chat import _ChoiceStream
+from radixserve.frontend.openai.serving import ChoiceStream
 
 OUTPUTS = [
     "plain text only",
@@ -36,12 +36,12 @@ def _blocks(text: str, chunks: list[str], tool_parser) -> tuple[list[dict], list
     """(whole content, content accumulated from the stream's events)."""
     reasoning = get_reasoning_parser("think")
     whole = BlockAssembler()
-    parsers = _ChoiceStream(reasoning, tool_parser(_ids()))
+    parsers = ChoiceStream(reasoning, tool_parser(_ids()))
     for d in parsers.feed(text) + parsers.finish():
         whole.add(d)
     whole.close()
     streamed, events = BlockAssembler(), []
-    parsers = _ChoiceStream(reasoning, tool_parser(_ids()))
+    parsers = ChoiceStream(reasoning, tool_parser(_ids()))
     for i, chunk in enumerate(chunks):
         deltas = parsers.feed(chunk) + (parsers.finish() if i == len(chunks) - 1 else [])
         for d in deltas:

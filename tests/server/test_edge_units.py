@@ -16,7 +16,7 @@ from radixserve.frontend.output_buffer import OutputBuffer
 from radixserve.sampling_params import SamplingParams
 from radixserve.frontend.http.content_type import unsupported_media_type
 from radixserve.frontend.http.asgi_io import SSE_HEADERS, send_stream
-from radixserve.frontend.openai.routes import _error_chunk
+from radixserve.frontend.http.errors import sse_error_chunk
 
 
 class _Tokenizer:
@@ -105,7 +105,7 @@ def test_an_exception_inside_a_stream_ends_it_with_an_error_event_and_done():
         await asyncio.Event().wait()
 
     done = b"data: [DONE]\n\n"
-    asyncio.run(send_stream(chunks(), receive, send, SSE_HEADERS, _error_chunk, done, done))
+    asyncio.run(send_stream(chunks(), receive, send, SSE_HEADERS, sse_error_chunk, done, done))
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
     body = b"".join(m.get("body", b"") for m in sent[1:]).decode()
     events = [line[6:] for line in body.splitlines() if line.startswith("data: ")]
@@ -135,7 +135,7 @@ def test_a_client_leaving_mid_stream_closes_the_chunks_and_sends_nothing_more():
         await left.wait()
         return {"type": "http.disconnect"}
 
-    asyncio.run(send_stream(chunks(), receive, send, SSE_HEADERS, _error_chunk, b"", None))
+    asyncio.run(send_stream(chunks(), receive, send, SSE_HEADERS, sse_error_chunk, b"", None))
     assert closed == [True]
     assert [m.get("body") for m in sent[1:]] == [b"data: 1\n\n"]
 

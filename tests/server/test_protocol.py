@@ -13,18 +13,21 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from radixserve.frontend.openai.protocol import (ChatCompletionChoice, ChatCompletionMessage,
-                                        ChatCompletionRequest, ChatCompletionResponse,
-                                        ChatCompletionStreamChoice, ChatCompletionStreamResponse,
-                                        ChatLogprobs, ChatTokenLogprob, ChatTopLogprob,
-                                        CompletionLogprobs, CompletionRequest,
-                                        CompletionResponse, CompletionResponseChoice,
-                                        CompletionStreamResponse, DeltaFunctionCall,
-                                        DeltaMessage, DeltaToolCall, DetokenizeRequest,
-                                        ErrorInfo, ErrorResponse, FunctionCall, ModelCard,
-                                        ModelList, ParamError, PromptTokensDetails,
-                                        TokenizeRequest, ToolCall, UsageInfo, error_body,
-                                        random_id, validation_error_body, value_error_body)
+from radixserve.frontend.openai.protocol_chat import (ChatCompletionChoice, ChatCompletionMessage,
+                                                      ChatCompletionRequest, ChatCompletionResponse,
+                                                      ChatCompletionStreamChoice,
+                                                      ChatCompletionStreamResponse, ChatLogprobs,
+                                                      ChatTokenLogprob, ChatTopLogprob,
+                                                      DeltaFunctionCall, DeltaMessage,
+                                                      DeltaToolCall, DetokenizeRequest,
+                                                      FunctionCall, TokenizeRequest, ToolCall)
+from radixserve.frontend.openai.protocol import (CompletionLogprobs, CompletionRequest,
+                                                 CompletionResponse, CompletionResponseChoice,
+                                                 CompletionStreamResponse, ModelCard, ModelList,
+                                                 PromptTokensDetails, UsageInfo, random_id)
+from radixserve.frontend.http.protocol_base import (ErrorInfo, ErrorResponse, ParamError,
+                                                    error_body, validation_error_body,
+                                                    value_error_body)
 
 USER = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}

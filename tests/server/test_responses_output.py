@@ -8,7 +8,8 @@ import random
 import pytest
 
 from radixserve.frontend.parsers import ReasoningParser, ToolCallParser
-from radixserve.frontend.responses.protocol import ResponsesRequest, chat_messages, stored_items
+from radixserve.frontend.responses.protocol import ResponsesRequest
+from radixserve.frontend.responses.serving import chat_messages, stored_items
 from radixserve.frontend.responses.output import OutputBuilder
 
 TEXT = ("<think>\nfirst I look up the weather\n</think>\n\nLet me check."

@@ -1,64 +1,52 @@
-"""POST /v1/messages and /v1/messages/count_tokens as plain ASGI, in front of the other routes
-(as `generation_routes` does for the OpenAI endpoints: the same body reading, admission and
-disconnect handling), answering errors in Anthropic's shape. Any other path goes to ``app``."""
+"""The Anthropic Messages API's entries in the route table: ``POST /v1/messages`` and
+``/v1/messages/count_tokens``, answering errors (the guard's refusals included) in
+Anthropic's shape and streams as its events, closed by ``message_stop``."""
 
 from __future__ import annotations
 
 import time
 
-from radixserve.frontend.http.admission import AdmissionGate, Ticket
-from radixserve.frontend.http.asgi_io import SSE_HEADERS, read_body, send_stream, until_disconnect
-from radixserve.frontend.http.errors import send_json
-from radixserve.frontend.openai.routes import _parse
-from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
-from radixserve.frontend.openai.serving import OpenAIError, ServingContext
 from radixserve.frontend.anthropic.blocks import MESSAGE_STOP
-from radixserve.frontend.anthropic.serving import (
-    MessagesServer, send_anthropic_error, stream_error_event)
+from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
+from radixserve.frontend.anthropic.serving import (MessagesServer, send_anthropic_error,
+                                                   stream_error_event)
+from radixserve.frontend.http.admission import AdmissionGate
+from radixserve.frontend.http.asgi_io import SSE_HEADERS, until_disconnect
+from radixserve.frontend.http.body_reader import parse_body
+from radixserve.frontend.http.router import Call, Route, Wire
+from radixserve.frontend.openai.serving import ServingContext
+
+ANTHROPIC = Wire(send_anthropic_error, send_anthropic_error, SSE_HEADERS,
+                 lambda exc: stream_error_event(exc).encode(), ends=MESSAGE_STOP.encode(),
+                 stream_doc="with stream: true, Anthropic's server-sent events")
 
 
 class AnthropicRoutes:
-    def __init__(self, app, ctx: ServingContext, gate: AdmissionGate) -> None:
-        self.app, self.ctx, self.gate = app, ctx, gate
+    def __init__(self, ctx: ServingContext, gate: AdmissionGate) -> None:
+        self.ctx, self.gate = ctx, gate
         self.messages = MessagesServer(ctx)
-        self.routes = {"/v1/messages": self._messages,
-                       "/v1/messages/count_tokens": self._count_tokens}
 
-    async def __call__(self, scope, receive, send) -> None:
-        handler = self.routes.get(scope["path"]) if scope["type"] == "http" else None
-        if handler is None:
-            return await self.app(scope, receive, send)
-        if scope["method"] != "POST":
-            return await send_anthropic_error(send, OpenAIError(
-                f"method {scope['method']} not allowed on {scope['path']}", 405))
-        admitted: list[Ticket] = []
-        try:
-            try:
-                whole, chunks = await handler(await read_body(receive), receive, admitted)
-            except Exception as exc:  # noqa: BLE001 - every error is answered with a body
-                return await send_anthropic_error(send, exc)
-            if chunks is not None:
-                return await send_stream(chunks, receive, send, SSE_HEADERS,
-                                         lambda exc: stream_error_event(exc).encode(),
-                                         ends=MESSAGE_STOP.encode())
-            return await send_json(send, 200, whole)
-        finally:
-            for ticket in admitted:
-                ticket.release()
+    def routes(self) -> list[Route]:
+        return [
+            Route("POST", "/v1/messages", self.create, ANTHROPIC, "Anthropic Messages (its "
+                  "error shape on this route)", MessagesRequest, can_stream=True),
+            Route("POST", "/v1/messages/count_tokens", self.count_tokens, ANTHROPIC,
+                  "Anthropic token count", CountTokensRequest),
+        ]
 
-    async def _messages(self, raw: bytes, receive, admitted: list):
+    async def create(self, call: Call):
         arrival = time.time()
-        body = _parse(MessagesRequest, raw)
+        body = parse_body(MessagesRequest, call.body)
         self.gate.precheck(1, 0)
         ids, params, tool_parser = await self.messages.prepare(body)
         await self.ctx.check_structured("tool_choice", [params])
         self.ctx.check_alive()
         ticket = self.gate.admit(1, len(ids))
-        admitted.append(ticket)
+        call.admitted.append(ticket)
         if body.stream:
-            return None, self.messages.stream(ids, params, tool_parser, arrival, ticket)
+            return self.messages.stream(ids, params, tool_parser, arrival, ticket)
         work = self.messages.full(ids, params, tool_parser, arrival, ticket)
-        return await until_disconnect(receive, work), None
+        return await until_disconnect(call.receive, work)
 
-    async def _count_tokens(self, raw: bytes, receive, admitted: list):
-        return await self.messages.count_tokens(_parse(CountTokensRequest, raw)), None
+    async def count_tokens(self, call: Call):
+        return await self.messages.count_tokens(parse_body(CountTokensRequest, call.body))

@@ -22,10 +22,8 @@ from radixserve.frontend.anthropic.blocks import (
 from radixserve.frontend.http.errors import error_headers, error_response, send_json
 from radixserve.frontend.openai.protocol import random_id
 from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
-from radixserve.frontend.openai.serving import ServingContext
-from radixserve.frontend.openai.serving_chat import ChatServer, _ChoiceStream, render_messages
-
-ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+from radixserve.frontend.openai.serving import ChoiceStream, ServingContext
+from radixserve.frontend.openai.serving_chat import ChatServer, render_messages
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
@@ -99,7 +97,7 @@ class MessagesServer:
         async with self._generate(ids, params, message_id, arrival, ticket) as steps:
             async for step in steps:
                 state = step.state
-        parsers = _ChoiceStream(self.ctx.reasoning_parser, tool_parser)
+        parsers = ChoiceStream(self.ctx.reasoning_parser, tool_parser)
         blocks = BlockAssembler()
         for delta in parsers.feed(state.text) + parsers.finish():
             blocks.add(delta)
@@ -114,7 +112,7 @@ class MessagesServer:
         step, so its usage knows the prefix-cache hit; ``message_delta`` carries the final
         usage and the stop reason."""
         message_id = random_id("msg_")
-        parsers = _ChoiceStream(self.ctx.reasoning_parser, tool_parser)
+        parsers = ChoiceStream(self.ctx.reasoning_parser, tool_parser)
         blocks = BlockAssembler()
         started = False
         async with self._generate(ids, params, message_id, arrival, ticket) as steps:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from radixserve.frontend.async_llm import QueueTicket
-from radixserve.frontend.openai.serving import OpenAIError
+from radixserve.frontend.http.protocol_base import OpenAIError
 
 
 @dataclass(frozen=True, slots=True)

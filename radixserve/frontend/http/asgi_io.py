@@ -1,6 +1,5 @@
-"""The ASGI plumbing the plain routes share (`generation_routes`, `anthropic_routes`,
-`ollama_routes`): reading a request body, noticing the client leave, and sending a streamed
-response that stops as soon as it does.
+"""The ASGI plumbing every route shares (`router`): reading a request body, noticing the client
+leave, and sending a streamed response that stops as soon as it does.
 
 A client that leaves is the one event every path must handle the same way: the engine
 requests behind the response are aborted (by cancelling the work, or closing the stream's
@@ -13,10 +12,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from radixserve.frontend.openai.serving import ClientDisconnected
+from radixserve.frontend.http.protocol_base import ClientDisconnected
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                (b"cache-control", b"no-cache")]
+SSE_DONE = "data: [DONE]\n\n"  # how an OpenAI stream ends
 
 
 async def read_body(receive) -> bytes:

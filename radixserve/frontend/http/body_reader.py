@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from radixserve.frontend.openai.serving import ClientDisconnected, OpenAIError
+from pydantic import BaseModel
+
+from radixserve.frontend.http.protocol_base import ClientDisconnected, OpenAIError
 
 
 class BodyRefused(OpenAIError):
@@ -68,6 +70,14 @@ async def read_body(receive, max_bytes: int, timeout: float | None) -> bytes:
         parts.append(chunk)
         if not message.get("more_body", False):
             return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def parse_body(model: type[BaseModel], raw: bytes, missing: str = "Missing request body"):
+    """``raw`` validated into ``model`` (a ``ValidationError`` is a 400 naming the field); an
+    empty body is a 400 saying ``missing``."""
+    if not raw.strip():
+        raise OpenAIError(missing)
+    return model.model_validate_json(raw)
 
 
 def replay(body: bytes, receive):

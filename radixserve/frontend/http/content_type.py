@@ -8,7 +8,7 @@ page can only send ``application/json`` after a preflight, which this server nev
 
 from __future__ import annotations
 
-from radixserve.frontend.openai.serving import OpenAIError
+from radixserve.frontend.http.protocol_base import OpenAIError
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 _UTF8 = {b"utf-8", b"utf8"}

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import time
 
-from fastapi import FastAPI
+import msgspec
 
 from radixserve.frontend.core_client import EngineDeadError
 from radixserve.core.reports import EngineState, RequestInfo
-from radixserve.frontend.openai.serving import OpenAIError, ServingContext
+from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.frontend.http.router import OPENAI, Call, Route
+from radixserve.frontend.openai.serving import ServingContext
 
 _TOTALS = (  # (JSON name, Prometheus sample name without the model label)
     ("prompt_tokens", "radixserve:prompt_tokens_total"),
@@ -30,11 +32,10 @@ _TOTALS = (  # (JSON name, Prometheus sample name without the model label)
 )
 
 
-def install_engine_view(app: FastAPI, ctx: ServingContext, metrics) -> None:
+def engine_view_routes(ctx: ServingContext, metrics) -> list[Route]:
     client = ctx.engine.client
 
-    @app.get("/v1/engine/state")
-    async def engine_state():
+    async def engine_state(call: Call):
         states = await client.engine_states()
         if not any(isinstance(s, EngineState) for s in states):
             if client.dead:
@@ -42,7 +43,9 @@ def install_engine_view(app: FastAPI, ctx: ServingContext, metrics) -> None:
                                   "service_unavailable")
             raise OpenAIError(f"the engine did not answer: {_why(states[0])}", 503,
                               "service_unavailable")
-        return state_json(states, ctx, metrics)
+        return msgspec.json.encode(state_json(states, ctx, metrics))
+
+    return [Route("GET", "/v1/engine/state", engine_state, OPENAI, "The engine view's data")]
 
 
 def state_json(states: list, ctx: ServingContext, metrics) -> dict:

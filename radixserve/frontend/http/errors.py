@@ -1,24 +1,22 @@
-"""How an exception becomes an HTTP error answer: one mapping for the FastAPI routes and the
-plain-ASGI generation routes, so a request gets the same OpenAI error body either way."""
+"""How an exception becomes an HTTP error answer in OpenAI's shape: one mapping for every route
+(the Anthropic and Ollama routes restate its status and message in their own shapes)."""
 
 from __future__ import annotations
 
 import json
 
-from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
-from starlette.exceptions import HTTPException
 
-from radixserve.frontend.async_llm import EngineStepError
+from radixserve.frontend.async_llm import EngineRequestError, EngineStepError
 from radixserve.frontend.core_client import EngineDeadError
-from radixserve.frontend.openai.protocol import error_body, validation_error_body, value_error_body
-from radixserve.frontend.openai.serving import ClientDisconnected, OpenAIError
+from radixserve.frontend.http.protocol_base import (ClientDisconnected, OpenAIError, error_body,
+                                                    validation_error_body, value_error_body)
 
 
 def error_response(exc: Exception) -> tuple[int, dict | None]:
     """(HTTP status, OpenAI error body) for an exception raised while serving a request;
     a client that left gets 499 and no body (nobody reads it)."""
-    if isinstance(exc, RequestValidationError | ValidationError):
+    if isinstance(exc, ValidationError):
         return 400, validation_error_body(exc)
     if isinstance(exc, OpenAIError):
         return exc.status, error_body(exc.message, exc.type, exc.param, exc.code)
@@ -26,8 +24,6 @@ def error_response(exc: Exception) -> tuple[int, dict | None]:
         return 503, error_body(f"engine unavailable: {exc}", "service_unavailable")
     if isinstance(exc, EngineStepError):
         return 500, error_body(str(exc), "internal_error")
-    if isinstance(exc, HTTPException):  # FastAPI's own refusals, e.g. a body it cannot parse
-        return exc.status_code, error_body(str(exc.detail))
     if isinstance(exc, ClientDisconnected):
         return 499, None
     if isinstance(exc, ValueError):  # SamplingParams checks, grammar errors, engine refusals
@@ -60,3 +56,17 @@ async def send_error(send, exc: Exception) -> None:
     status, body = error_response(exc)
     await send_json(send, status, json.dumps(body, separators=(",", ":")).encode()
                     if body is not None else b"", error_headers(exc))
+
+
+def sse_error_chunk(exc: Exception) -> bytes | None:
+    """An error after an OpenAI stream started, as a last ``data:`` event carrying an error
+    body (an engine's error with its status as ``code``; others as `error_response` has it)."""
+    if isinstance(exc, EngineDeadError):
+        body = error_body(f"engine unavailable: {exc}", "service_unavailable", code=503)
+    elif isinstance(exc, EngineStepError):
+        body = error_body(str(exc), "internal_error", code=500)
+    elif isinstance(exc, EngineRequestError):
+        body = error_body(str(exc))
+    else:  # an OpenAIError (e.g. a queue timeout before the first token), or a bug
+        body = error_response(exc)[1]
+    return None if body is None else f"data: {json.dumps(body)}\n\n".encode()

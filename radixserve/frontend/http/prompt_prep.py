@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from radixserve.tokenizer.length_bound import max_chars_per_token
 from radixserve.tokenizer.tokenizer import Tokenizer
-from radixserve.frontend.openai.serving import OpenAIError
+from radixserve.frontend.http.protocol_base import OpenAIError
 
 logger = logging.getLogger(__name__)
 

@@ -21,46 +21,44 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from fastapi.responses import JSONResponse
+import msgspec
+from starlette.responses import JSONResponse
 
 from radixserve import __version__
+from radixserve.frontend.http.router import OPENAI, Call, Route
 from radixserve.sampling_params import SamplingParams
-from radixserve.frontend.openai.protocol import error_body
+from radixserve.frontend.http.protocol_base import error_body
 
-WORKER_PATHS = ("/get_model_info", "/get_server_info", "/get_load")  # no API key needed
+_ENCODE = msgspec.json.encode
 _HEALTH_GENERATE_TIMEOUT_S = 30.0
 _probe_ids = itertools.count()
 
 
-def add_worker_routes(app, ctx) -> None:
+def worker_routes(ctx) -> list[Route]:
     client = ctx.engine.client
 
-    @app.get("/get_model_info")
-    async def model_info():
-        return {"model_path": ctx.model_name, "tokenizer_path": ctx.model_name,
-                "served_model_name": ctx.model_name, "is_generation": True,
-                "max_model_len": ctx.max_model_len}
+    async def model_info(call: Call):
+        return _ENCODE({"model_path": ctx.model_name, "tokenizer_path": ctx.model_name,
+                        "served_model_name": ctx.model_name, "is_generation": True,
+                        "max_model_len": ctx.max_model_len})
 
-    @app.get("/get_server_info")
-    async def server_info():
+    async def server_info(call: Call):
         ready = client.ready
-        return {"version": __version__, "model_path": ctx.model_name,
-                "served_model_name": ctx.model_name, "max_model_len": ctx.max_model_len,
-                "block_size": ready.block_size if ready else None,
-                "page_size": ready.block_size if ready else None,
-                "data_parallel_size": len(client.replicas), "dp_size": len(client.replicas),
-                "load": client.load()}
+        return _ENCODE({"version": __version__, "model_path": ctx.model_name,
+                        "served_model_name": ctx.model_name, "max_model_len": ctx.max_model_len,
+                        "block_size": ready.block_size if ready else None,
+                        "page_size": ready.block_size if ready else None,
+                        "data_parallel_size": len(client.replicas),
+                        "dp_size": len(client.replicas), "load": client.load()})
 
-    @app.get("/get_load")
-    async def get_load():
+    async def get_load(call: Call):
         load = client.load()
-        return {"load": load["num_pending_requests"],
-                "num_requests_running": load["num_requests_running"],
-                "num_requests_waiting": load["num_requests_waiting"],
-                "data_parallel_size": load["data_parallel_size"]}
+        return _ENCODE({"load": load["num_pending_requests"],
+                        "num_requests_running": load["num_requests_running"],
+                        "num_requests_waiting": load["num_requests_waiting"],
+                        "data_parallel_size": load["data_parallel_size"]})
 
-    @app.get("/health_generate")
-    async def health_generate():
+    async def health_generate(call: Call):
         if client.dead:
             return _unavailable(f"engine unavailable: {client.dead}")
         params = SamplingParams(max_tokens=1, temperature=0.0)
@@ -73,7 +71,16 @@ def add_worker_routes(app, ctx) -> None:
             return _unavailable(f"no token within {_HEALTH_GENERATE_TIMEOUT_S:.0f} s")
         except Exception as exc:  # noqa: BLE001 - whatever failed, the answer is "unhealthy"
             return _unavailable(f"generation failed: {exc}")
-        return JSONResponse({"status": "ok"})
+        return _ENCODE({"status": "ok"})
+
+    return [Route("GET", "/get_model_info", model_info, OPENAI, "The model, for routers",
+                  is_open=True),
+            Route("GET", "/get_server_info", server_info, OPENAI,
+                  "The settings a router reads, and the load", is_open=True),
+            Route("GET", "/get_load", get_load, OPENAI, "Requests in flight here",
+                  is_open=True),
+            Route("GET", "/health_generate", health_generate, OPENAI,
+                  "200 once one token was generated (within 30 s), else 503")]
 
 
 def rendered_prompt(model: str, text: str, ids: list[int]) -> dict:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from radixserve.frontend.openai.protocol import ParamError
+from radixserve.frontend.http.protocol_base import ParamError
 
 _MAPPED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
            "seed": "seed", "stop": "stop", "repeat_penalty": "repetition_penalty",

@@ -1,6 +1,6 @@
 """Ollama's /api/chat and /api/generate on top of the OpenAI handlers (no second generation
 path): the Ollama request becomes the equivalent /v1/chat/completions request (or, for
-``/api/generate`` with ``raw``, a /v1/completions one), runs through `GenerationRoutes`'s own
+``/api/generate`` with ``raw``, a /v1/completions one), runs through `OpenAIRoutes`'s own
 handler (template, tokenizer, parsers, structured output, admission, engine), and its answer,
 whole or streamed, is rewritten in Ollama's shape: one JSON object, or NDJSON lines ending
 with a ``done: true`` line carrying the counts and durations (nanoseconds).
@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from radixserve.frontend.openai.serving import OpenAIError
+from radixserve.frontend.http.protocol_base import OpenAIError
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "stop", "abort": "stop"}
 

@@ -1,7 +1,7 @@
-"""OpenAI API models as vLLM serves them: completions, models, errors, and their helpers.
+"""OpenAI API models as vLLM serves them: completions, models, and their helpers.
 
-Chat completions and tokenize/detokenize live in `protocol_chat`; their names are also importable
-from here (lazily, since `protocol_chat` builds on this module).
+Chat completions and tokenize/detokenize live in `protocol_chat`, embeddings in
+`protocol_embedding`; the error bodies every API shares in `http.protocol_base`.
 
 Requests forbid unknown fields, are parsed strictly and refuse non-finite floats (see
 `protocol_base`); integers that reach the engine unchecked by `SamplingParams` (``seed``,
@@ -21,13 +21,13 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from pydantic import (BaseModel, Field, SerializerFunctionWrapHandler, ValidationInfo,
-                      field_validator, model_serializer)
+from pydantic import Field, ValidationInfo, field_validator
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.frontend.http.protocol_base import INT64_MAX, Int64, OpenAIRequest
+from radixserve.frontend.http.protocol_base import (INT64_MAX, Int64, OpenAIRequest,
+                                                    OpenAIResponse, ParamError)
 from radixserve.frontend.openai.protocol_router import RouterFields
 from radixserve.frontend.openai.protocol_structured import (
     ResponseFormat,
@@ -43,95 +43,17 @@ def random_id(prefix: str = "") -> str:
     return f"{prefix}{uuid.uuid4().hex}"
 
 
-def _now() -> int:
+def unix_now() -> int:
+    """The current time in whole seconds (a response's ``created``)."""
     return int(time.time())
 
 
-def _or(value, default):
+def or_default(value, default):
+    """``value``, or ``default`` where it is None (a request field left unset)."""
     return default if value is None else value
 
 
-# ----------------------------------------------------------------------------- errors
-
-
-class ParamError(ValueError):
-    """A bad request parameter found after parsing; ``param`` names it."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: int | str | None = None) -> dict:
-    """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def value_error_body(exc: ValueError) -> dict:
-    """Error body for a ``ValueError`` from `to_sampling_params` (a `ParamError` or one raised
-    by `SamplingParams`, whose ``"SamplingParams.<field> "`` prefix becomes ``param``)."""
-    message, param = str(exc), getattr(exc, "param", None)
-    if match := re.match(r"SamplingParams\.(\w+) ", message):
-        param, message = match[1], message.removeprefix("SamplingParams.")
-    return error_body(message, param=param)
-
-
-# Path segments pydantic adds for union members and dict keys ("str", "list[int]",
-# "NamedToolChoice", "[key]"); request field names are lower-case identifiers without brackets.
-_UNION_TAG = re.compile(r"\[|^[A-Z]|^(str|int|float|bool|list|dict|none)$")
-
-
-def _param(error: dict) -> str | None:
-    if error["type"] == "json_invalid":
-        return None
-    loc = list(error["loc"])
-    if loc[:1] == ["body"]:  # FastAPI's RequestValidationError prefixes the body's location
-        loc = loc[1:]
-    return ".".join(str(p) for p in loc if not (isinstance(p, str) and _UNION_TAG.search(p)))
-
-
-def _describe(param: str | None, errors: list[dict]) -> str:
-    kind = errors[0]["type"]
-    if kind == "extra_forbidden":
-        return f"Unsupported parameter: '{param}'"
-    if kind == "missing":
-        return f"Missing required parameter: '{param}'" if param else "Missing request body"
-    if kind == "json_invalid":
-        return f"Invalid JSON in request body: {errors[0].get('ctx', {}).get('error', '')}".strip()
-    msgs = dict.fromkeys(re.sub(r"^(Value error|Assertion failed), ", "", e["msg"])
-                         for e in errors)
-    text = " or ".join(msgs)
-    if all(e["type"] == "value_error" for e in errors):
-        return text  # our own messages already name the parameter
-    return f"Invalid value for '{param}': {text}" if param else f"Invalid request body: {text}"
-
-
-def validation_error_body(exc) -> dict:
-    """OpenAI error body for a ``pydantic.ValidationError`` or FastAPI ``RequestValidationError``.
-
-    ``param`` is the first offending field path (``"temperature"``, ``"messages.0.role"``);
-    the message describes every offending field, union alternatives joined by "or".
-    """
-    groups: dict[str | None, list[dict]] = {}
-    for error in exc.errors():
-        groups.setdefault(_param(error) or None, []).append(error)
-    message = "; ".join(_describe(param, errors) for param, errors in groups.items())
-    return error_body(message or "Invalid request", param=next(iter(groups), None))
-
-
 # ----------------------------------------------------------------------------- bases
-
-
-class OpenAIResponse(BaseModel):
-    """Base of response models: ``None`` fields are omitted when dumped, except ``_keep_none``."""
-
-    _keep_none: ClassVar[frozenset[str]] = frozenset()
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler: SerializerFunctionWrapHandler):
-        data = handler(self)
-        return {k: v for k, v in data.items() if v is not None or k in self._keep_none}
 
 
 class StreamOptions(OpenAIRequest):
@@ -200,12 +122,12 @@ class SamplingRequest(RouterFields, OpenAIRequest):
                              f"{logprobs_param} must be <= {max_logprobs}, got {logprobs}")
         max_tokens = self.requested_max_tokens()
         return SamplingParams(
-            n=_or(self.n, 1), temperature=_or(self.temperature, 1.0), top_p=_or(self.top_p, 1.0),
-            top_k=_or(self.top_k, -1), min_p=_or(self.min_p, 0.0),
-            presence_penalty=_or(self.presence_penalty, 0.0),
-            frequency_penalty=_or(self.frequency_penalty, 0.0),
-            repetition_penalty=_or(self.repetition_penalty, 1.0), seed=self.seed,
-            max_tokens=_or(max_tokens, default_max_tokens), min_tokens=self.min_tokens,
+            n=or_default(self.n, 1), temperature=or_default(self.temperature, 1.0), top_p=or_default(self.top_p, 1.0),
+            top_k=or_default(self.top_k, -1), min_p=or_default(self.min_p, 0.0),
+            presence_penalty=or_default(self.presence_penalty, 0.0),
+            frequency_penalty=or_default(self.frequency_penalty, 0.0),
+            repetition_penalty=or_default(self.repetition_penalty, 1.0), seed=self.seed,
+            max_tokens=or_default(max_tokens, default_max_tokens), min_tokens=self.min_tokens,
             stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
             stop_token_ids=list(self.stop_token_ids or []),
             include_stop_str_in_output=self.include_stop_str_in_output,
@@ -269,7 +191,7 @@ class CompletionRequest(SamplingRequest):
     @field_validator("best_of")
     @classmethod
     def _best_of_is_n(cls, value, info: ValidationInfo):
-        if value is not None and value != _or(info.data.get("n"), 1):
+        if value is not None and value != or_default(info.data.get("n"), 1):
             raise ValueError("best_of is only supported when equal to n")
         return value
 
@@ -311,7 +233,7 @@ class CompletionResponseChoice(OpenAIResponse):
 class CompletionResponse(OpenAIResponse):
     id: str = Field(default_factory=lambda: random_id("cmpl-"))
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=_now)
+    created: int = Field(default_factory=unix_now)
     model: str
     choices: list[CompletionResponseChoice]
     usage: UsageInfo | None = None
@@ -327,7 +249,7 @@ class CompletionStreamResponse(CompletionResponse):
 class ModelCard(OpenAIResponse):
     id: str
     object: Literal["model"] = "model"
-    created: int = Field(default_factory=_now)
+    created: int = Field(default_factory=unix_now)
     owned_by: str = "radixserve"
     max_model_len: int | None = None
 
@@ -335,24 +257,3 @@ class ModelCard(OpenAIResponse):
 class ModelList(OpenAIResponse):
     object: Literal["list"] = "list"
     data: list[ModelCard] = Field(default_factory=list)
-
-
-class ErrorInfo(OpenAIResponse):
-    _keep_none = frozenset({"param", "code"})
-    message: str
-    type: str = "invalid_request_error"
-    param: str | None = None
-    code: int | str | None = None
-
-
-class ErrorResponse(OpenAIResponse):
-    error: ErrorInfo
-
-
-def __getattr__(name: str):
-    """Re-export the chat and tokenize models of `protocol_chat` (imported on first use)."""
-    if not name.startswith("__"):
-        from radixserve.frontend.openai import protocol_chat
-        if hasattr(protocol_chat, name):
-            return getattr(protocol_chat, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

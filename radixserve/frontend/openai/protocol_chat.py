@@ -6,8 +6,9 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, ValidationInfo, field_validator, model_validator
 
-from radixserve.frontend.openai.protocol import (MAX_OPENAI_LOGPROBS, OpenAIRequest, OpenAIResponse,
-                                        SamplingRequest, UsageInfo, _now, _or, random_id)
+from radixserve.frontend.http.protocol_base import OpenAIRequest, OpenAIResponse
+from radixserve.frontend.openai.protocol import (MAX_OPENAI_LOGPROBS, SamplingRequest, UsageInfo,
+                                                 or_default, random_id, unix_now)
 
 # ----------------------------------------------------------------------------- messages and tools
 
@@ -134,10 +135,10 @@ class ChatCompletionRequest(SamplingRequest):
     _not_both = field_validator("continue_final_message")(_continue_or_generate)
 
     def requested_max_tokens(self) -> int | None:
-        return _or(self.max_completion_tokens, self.max_tokens)
+        return or_default(self.max_completion_tokens, self.max_tokens)
 
     def requested_logprobs(self) -> tuple[int | None, str]:
-        return (_or(self.top_logprobs, 0) if self.logprobs else None), "top_logprobs"
+        return (or_default(self.top_logprobs, 0) if self.logprobs else None), "top_logprobs"
 
 
 class TokenizeRequest(OpenAIRequest):
@@ -167,7 +168,7 @@ class TokenizeRequest(OpenAIRequest):
 
     @property
     def effective_add_special_tokens(self) -> bool:
-        return _or(self.add_special_tokens, self.messages is None)
+        return or_default(self.add_special_tokens, self.messages is None)
 
 
 class DetokenizeRequest(OpenAIRequest):
@@ -216,7 +217,7 @@ class ChatCompletionChoice(OpenAIResponse):
 class ChatCompletionResponse(OpenAIResponse):
     id: str = Field(default_factory=lambda: random_id("chatcmpl-"))
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=_now)
+    created: int = Field(default_factory=unix_now)
     model: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo | None = None
@@ -257,7 +258,7 @@ class ChatCompletionStreamResponse(OpenAIResponse):
 
     id: str = Field(default_factory=lambda: random_id("chatcmpl-"))
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=_now)
+    created: int = Field(default_factory=unix_now)
     model: str
     choices: list[ChatCompletionStreamChoice] = Field(default_factory=list)
     usage: UsageInfo | None = None

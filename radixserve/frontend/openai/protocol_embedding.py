@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from radixserve.frontend.openai.protocol import OpenAIRequest, OpenAIResponse, check_text_or_tokens
+from radixserve.frontend.http.protocol_base import OpenAIRequest, OpenAIResponse
+from radixserve.frontend.openai.protocol import check_text_or_tokens
 
 
 class EmbeddingRequest(OpenAIRequest):

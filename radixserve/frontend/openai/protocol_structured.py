@@ -49,7 +49,7 @@ def structured_params(response_format: ResponseFormat | None,
                       structured: StructuredOutputsRequest | None
                       ) -> StructuredOutputsParams | None:
     """The constraint a request asks for (None: unconstrained); ParamError naming the field."""
-    from radixserve.frontend.openai.protocol import ParamError
+    from radixserve.frontend.http.protocol_base import ParamError
     if response_format is not None and response_format.type != "text":
         if structured is not None:
             raise ParamError("structured_outputs", "give either response_format or "

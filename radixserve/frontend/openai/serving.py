@@ -1,4 +1,5 @@
-"""What both OpenAI endpoints share: the served model, request checks, SSE, disconnects."""
+"""What the generation endpoints share: the served model, request checks, SSE, and the chat
+parsers of one sample (`ChoiceStream`: chat, Responses and Anthropic build on it)."""
 
 from __future__ import annotations
 
@@ -14,27 +15,15 @@ import msgspec
 from radixserve.frontend.async_llm import AsyncLLM
 from radixserve.frontend.batch_encoder import BatchEncoder
 from radixserve.frontend.core_client import EngineDeadError
-from radixserve.frontend.parsers import ReasoningParser, ToolCallParser
+from radixserve.frontend.parsers import ReasoningParser, ToolCallDelta, ToolCallParser
 from radixserve.frontend.pooling import EmbeddingSetup
 from radixserve.sampling_params import SamplingParams
-from radixserve.frontend.openai.protocol import ParamError, SamplingRequest
+from radixserve.frontend.http.protocol_base import OpenAIError, ParamError
+from radixserve.frontend.openai.protocol import SamplingRequest
+from radixserve.frontend.openai.protocol_chat import DeltaFunctionCall, DeltaMessage, DeltaToolCall
 from radixserve.frontend.responses.store import ResponseStore
 from radixserve.structured.backend import GrammarError
 from radixserve.structured.validator import GrammarValidator
-
-
-class OpenAIError(Exception):
-    """An error answered with an OpenAI error body."""
-
-    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.status, self.type, self.param, self.code = (
-            message, status, type, param, code)
-
-
-class ClientDisconnected(Exception):
-    pass
 
 
 @dataclass
@@ -123,8 +112,6 @@ def sse(payload) -> str:
     return f"data: {data}\n\n"
 
 
-SSE_DONE = "data: [DONE]\n\n"
-
 TEXT_MARK = "\ue000radixserve-text\ue000"  # stands for the text in a `ChunkTemplate`
 
 
@@ -188,3 +175,49 @@ async def merge(iterators: list[AsyncIterator]) -> AsyncIterator:
 
 def token_bytes(text: str) -> list[int]:
     return list(text.encode("utf-8"))
+
+
+class ChoiceStream:
+    """One sample's streaming parsers: reasoning first, then tool calls on the content.
+
+    ``feed`` each new piece of the sample's text, then ``finish`` once at its end; each returns
+    the chat deltas that text completes (reasoning, content, tool-call pieces), in order. The
+    chat, Responses and Anthropic endpoints all build their output from these deltas."""
+
+    def __init__(self, reasoning_parser, tool_parser) -> None:
+        self.reasoning = reasoning_parser.new_stream() if reasoning_parser else None
+        self.tools = tool_parser.new_stream() if tool_parser else None
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return self.tools is not None and self.tools.has_tool_calls
+
+    def feed(self, text: str) -> list[DeltaMessage]:
+        if not text:
+            return []
+        if self.reasoning is None:
+            return self._content(text, final=False)
+        reasoning, content = self.reasoning.feed(text)
+        return self._merge(reasoning, content, final=False)
+
+    def finish(self) -> list[DeltaMessage]:
+        if self.reasoning is None:
+            return self._content("", final=True)
+        reasoning, content = self.reasoning.finish()
+        return self._merge(reasoning, content, final=True)
+
+    def _merge(self, reasoning: str, content: str, final: bool) -> list[DeltaMessage]:
+        out = [DeltaMessage(reasoning_content=reasoning)] if reasoning else []
+        return out + self._content(content, final)
+
+    def _content(self, text: str, final: bool) -> list[DeltaMessage]:
+        if self.tools is None:
+            return [DeltaMessage(content=text)] if text else []
+        items = self.tools.feed(text) if text else []
+        if final:
+            items += self.tools.finish()
+        return [DeltaMessage(tool_calls=[DeltaToolCall(
+                    index=item.index, id=item.id, type="function" if item.id else None,
+                    function=DeltaFunctionCall(name=item.name, arguments=item.arguments_delta))])
+                if isinstance(item, ToolCallDelta) else DeltaMessage(content=item)
+                for item in items]

@@ -12,38 +12,20 @@ import time
 from collections.abc import AsyncIterator
 
 from radixserve.frontend.async_llm import NO_TICKET, QueueTicket
-from radixserve.frontend.output_processor import RequestState
-from radixserve.frontend.parsers import ForcedToolParser, ToolCallDelta, required_tools_schema
-from radixserve.frontend.openai.protocol import (
-    ChatCompletionRequest,
-    PromptTokensDetails,
-    UsageInfo,
-    random_id,
-)
-from radixserve.frontend.openai.protocol_chat import (
-    ChatCompletionChoice,
-    ChatCompletionMessage,
-    ChatCompletionStreamResponse,
-    ChatLogprobs,
-    ChatTokenLogprob,
-    ChatTopLogprob,
-    DeltaFunctionCall,
-    DeltaMessage,
-    DeltaToolCall,
-    FunctionCall,
-    ToolCall,
-)
+from radixserve.frontend.http.asgi_io import SSE_DONE
+from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.frontend.openai.protocol import PromptTokensDetails, UsageInfo, random_id
+from radixserve.frontend.openai.protocol_chat import (ChatCompletionChoice, ChatCompletionMessage,
+                                                      ChatCompletionRequest,
+                                                      ChatCompletionResponse,
+                                                      ChatCompletionStreamResponse, ChatLogprobs,
+                                                      ChatTokenLogprob, ChatTopLogprob,
+                                                      DeltaMessage, FunctionCall, ToolCall)
 from radixserve.frontend.openai.protocol_chat import ChatCompletionStreamChoice as StreamChoice
-from radixserve.frontend.openai.protocol_chat import ChatCompletionResponse
-from radixserve.frontend.openai.serving import (
-    SSE_DONE,
-    TEXT_MARK,
-    ChunkTemplate,
-    OpenAIError,
-    ServingContext,
-    sse,
-    token_bytes,
-)
+from radixserve.frontend.openai.serving import (TEXT_MARK, ChoiceStream, ChunkTemplate,
+                                                ServingContext, sse, token_bytes)
+from radixserve.frontend.output_processor import RequestState
+from radixserve.frontend.parsers import ForcedToolParser, required_tools_schema
 from radixserve.structured.params import StructuredOutputsParams
 
 
@@ -56,11 +38,8 @@ def render_messages(ctx: ServingContext, body) -> str:
         kwargs.setdefault("reasoning_effort", body.reasoning_effort)
     try:
         text = ctx.tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
-            tools=tools,
-            **kwargs,
-        )
+            messages, tools=tools, **kwargs,
+            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message)
     except ValueError as exc:
         raise OpenAIError(str(exc), param="messages") from exc
     except Exception as exc:  # a template's raise_exception or a rendering error
@@ -115,11 +94,9 @@ class ChatServer:
         forced = _forced_tools(body)
         use_tools = bool(body.tools) and body.tool_choice != "none"
         if use_tools and forced is None and ctx.tool_parser is None:
-            raise OpenAIError(
-                "tool calling needs a tool-call parser: start the server with "
-                "--tool-call-parser hermes (or force a call with tool_choice)",
-                param="tools",
-            )
+            raise OpenAIError("tool calling needs a tool-call parser: start the server with "
+                              "--tool-call-parser hermes (or force a call with tool_choice)",
+                              param="tools")
         ctx.prep.check_messages(body.messages)
         text, ids = await ctx.prep.chat_prompt(lambda: render_messages(ctx, body))
         params = ctx.sampling_params(body, len(ids))
@@ -145,10 +122,8 @@ class ChatServer:
         constraint.reasoning_end_token_ids = self.ctx.tokenizer.encode(
             parser.end_tag, add_special_tokens=False)
 
-    async def full(
-        self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
-        ticket: QueueTicket = NO_TICKET,
-    ) -> ChatCompletionResponse:
+    async def full(self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
+                   ticket: QueueTicket = NO_TICKET) -> ChatCompletionResponse:
         request_id = random_id("chatcmpl-")
         reasoning_parser = self.ctx.reasoning_parser
         finals: dict[int, RequestState] = {}
@@ -168,35 +143,18 @@ class ChatServer:
             if tool_parser is not None:
                 content, calls = tool_parser.extract(content)
             finish = "tool_calls" if calls else state.finish_reason
-            message = ChatCompletionMessage(
-                content=content,
-                reasoning_content=reasoning,
-                tool_calls=[
-                    ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
-                    for c in calls
-                ]
-                or None,
-            )
-            choices.append(
-                ChatCompletionChoice(
-                    index=index,
-                    message=message,
-                    finish_reason=finish,
-                    stop_reason=state.stop_reason,
-                    logprobs=_logprobs(state, 0) if state.logprobs is not None else None,
-                )
-            )
-        return ChatCompletionResponse(
-            id=request_id,
-            model=self.ctx.model_name,
-            choices=choices,
-            usage=_usage(len(ids), list(finals.values())),
-        )
+            message = ChatCompletionMessage(content=content, reasoning_content=reasoning,
+                                            tool_calls=[ToolCall(id=c.id, function=FunctionCall(
+                                                name=c.name, arguments=c.arguments))
+                                                for c in calls] or None)
+            choices.append(ChatCompletionChoice(
+                index=index, message=message, finish_reason=finish, stop_reason=state.stop_reason,
+                logprobs=_logprobs(state, 0) if state.logprobs is not None else None))
+        return ChatCompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
+                                      usage=_usage(len(ids), list(finals.values())))
 
-    async def stream(
-        self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
-        ticket: QueueTicket = NO_TICKET,
-    ) -> AsyncIterator[str]:
+    async def stream(self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
+                     ticket: QueueTicket = NO_TICKET) -> AsyncIterator[str]:
         request_id = random_id("chatcmpl-")
         created = int(time.time())
         model = self.ctx.model_name
@@ -216,22 +174,10 @@ class ChatServer:
                         choices=[StreamChoice(index=index,
                                               delta=DeltaMessage(content=TEXT_MARK))]))
                 return template.sse(delta.content)
-            return sse(
-                ChatCompletionStreamResponse(
-                    id=request_id,
-                    created=created,
-                    model=model,
-                    choices=[
-                        StreamChoice(
-                            index=index,
-                            delta=delta,
-                            logprobs=logprobs,
-                            finish_reason=finish,
-                            stop_reason=stop_reason,
-                        )
-                    ],
-                )
-            )
+            return sse(ChatCompletionStreamResponse(
+                id=request_id, created=created, model=model,
+                choices=[StreamChoice(index=index, delta=delta, logprobs=logprobs,
+                                      finish_reason=finish, stop_reason=stop_reason)]))
 
         for i in range(params.n):
             yield chunk(i, DeltaMessage(role="assistant", content=""))
@@ -245,16 +191,15 @@ class ChatServer:
             async for step in steps:
                 state = states[step.index] = step.state
                 if step.index not in streams:
-                    streams[step.index] = _ChoiceStream(reasoning_parser, tool_parser)
+                    streams[step.index] = ChoiceStream(reasoning_parser, tool_parser)
                 cs = streams[step.index]
                 deltas = cs.feed(step.text)
                 if state.finished:
                     deltas += cs.finish()
                 logprobs = None
                 if state.logprobs is not None:
-                    logprobs = _logprobs(
-                        state, len(state.token_ids) - len(step.output.new_token_ids)
-                    )
+                    logprobs = _logprobs(state,
+                                         len(state.token_ids) - len(step.output.new_token_ids))
                 for delta in deltas:
                     yield chunk(step.index, delta, logprobs=logprobs)
                     logprobs = None
@@ -276,72 +221,12 @@ class ChatServer:
         yield tail + SSE_DONE  # one write ends the response
 
 
-class _ChoiceStream:
-    """One sample's streaming parsers: reasoning first, then tool calls on the content."""
-
-    def __init__(self, reasoning_parser, tool_parser) -> None:
-        self.reasoning = reasoning_parser.new_stream() if reasoning_parser else None
-        self.tools = tool_parser.new_stream() if tool_parser else None
-
-    @property
-    def has_tool_calls(self) -> bool:
-        return self.tools is not None and self.tools.has_tool_calls
-
-    def feed(self, text: str) -> list[DeltaMessage]:
-        if not text:
-            return []
-        if self.reasoning is None:
-            return self._content(text, final=False)
-        reasoning, content = self.reasoning.feed(text)
-        return self._merge(reasoning, content, final=False)
-
-    def finish(self) -> list[DeltaMessage]:
-        if self.reasoning is None:
-            return self._content("", final=True)
-        reasoning, content = self.reasoning.finish()
-        return self._merge(reasoning, content, final=True)
-
-    def _merge(self, reasoning: str, content: str, final: bool) -> list[DeltaMessage]:
-        out = [DeltaMessage(reasoning_content=reasoning)] if reasoning else []
-        return out + self._content(content, final)
-
-    def _content(self, text: str, final: bool) -> list[DeltaMessage]:
-        if self.tools is None:
-            return [DeltaMessage(content=text)] if text else []
-        items = self.tools.feed(text) if text else []
-        if final:
-            items += self.tools.finish()
-        out = []
-        for item in items:
-            if isinstance(item, ToolCallDelta):
-                out.append(
-                    DeltaMessage(
-                        tool_calls=[
-                            DeltaToolCall(
-                                index=item.index,
-                                id=item.id,
-                                type="function" if item.id else None,
-                                function=DeltaFunctionCall(
-                                    name=item.name, arguments=item.arguments_delta
-                                ),
-                            )
-                        ]
-                    )
-                )
-            else:
-                out.append(DeltaMessage(content=item))
-        return out
-
-
 def _usage(num_prompt: int, states: list[RequestState]) -> UsageInfo:
     num_completion = sum(len(s.token_ids) for s in states)
     cached = max((s.num_cached_tokens for s in states), default=0)
-    return UsageInfo(
-        prompt_tokens=num_prompt,
-        completion_tokens=num_completion,
-        total_tokens=num_prompt + num_completion,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-    )
+    return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
+                     total_tokens=num_prompt + num_completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 def _logprobs(state: RequestState, start: int) -> ChatLogprobs:
@@ -349,19 +234,9 @@ def _logprobs(state: RequestState, start: int) -> ChatLogprobs:
     for token_id, entry in zip(state.token_ids[start:], state.logprobs[start:]):
         chosen = entry[token_id]
         tops = sorted((lp for lp in entry.values() if lp.rank is not None), key=lambda lp: lp.rank)
-        content.append(
-            ChatTokenLogprob(
-                token=chosen.decoded_token,
-                logprob=chosen.logprob,
-                bytes=token_bytes(chosen.decoded_token),
-                top_logprobs=[
-                    ChatTopLogprob(
-                        token=lp.decoded_token,
-                        logprob=lp.logprob,
-                        bytes=token_bytes(lp.decoded_token),
-                    )
-                    for lp in tops
-                ],
-            )
-        )
+        content.append(ChatTokenLogprob(
+            token=chosen.decoded_token, logprob=chosen.logprob,
+            bytes=token_bytes(chosen.decoded_token),
+            top_logprobs=[ChatTopLogprob(token=lp.decoded_token, logprob=lp.logprob,
+                                         bytes=token_bytes(lp.decoded_token)) for lp in tops]))
     return ChatLogprobs(content=content)

@@ -9,25 +9,13 @@ from collections.abc import AsyncIterator
 
 from radixserve.frontend.async_llm import NO_TICKET, QueueTicket, StepDelta
 from radixserve.frontend.output_processor import RequestState
-from radixserve.frontend.openai.protocol import (
-    CompletionLogprobs,
-    CompletionRequest,
-    CompletionResponse,
-    CompletionResponseChoice,
-    CompletionStreamResponse,
-    PromptTokensDetails,
-    UsageInfo,
-    random_id,
-)
-from radixserve.frontend.openai.serving import (
-    SSE_DONE,
-    TEXT_MARK,
-    ChunkTemplate,
-    OpenAIError,
-    ServingContext,
-    merge,
-    sse,
-)
+from radixserve.frontend.http.asgi_io import SSE_DONE
+from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.frontend.openai.protocol import (CompletionLogprobs, CompletionRequest,
+                                                 CompletionResponse, CompletionResponseChoice,
+                                                 CompletionStreamResponse, PromptTokensDetails,
+                                                 UsageInfo, random_id)
+from radixserve.frontend.openai.serving import TEXT_MARK, ChunkTemplate, ServingContext, merge, sse
 
 
 _MAX_GATHERED = 8  # a request with more text prompts than this is encoded on its own
@@ -85,10 +73,8 @@ class CompletionServer:
             return streams[0]
         return merge([_offset(stream, i * n) for i, stream in enumerate(streams)])
 
-    async def full(
-        self, body: CompletionRequest, prompts, params, arrival: float,
-        ticket: QueueTicket = NO_TICKET,
-    ) -> CompletionResponse:
+    async def full(self, body: CompletionRequest, prompts, params, arrival: float,
+                   ticket: QueueTicket = NO_TICKET) -> CompletionResponse:
         request_id = random_id("cmpl-")
         finals: dict[int, tuple[RequestState, int]] = {}
         async with contextlib.aclosing(
@@ -103,26 +89,17 @@ class CompletionServer:
             text = state.text
             if body.echo:
                 text = _echo_text(self.ctx, prompts[prompt_idx]) + text
-            choices.append(
-                CompletionResponseChoice(
-                    index=index,
-                    text=text,
-                    finish_reason=state.finish_reason,
-                    stop_reason=state.stop_reason,
-                    logprobs=_logprobs(state, 0, len(state.token_ids))
-                    if state.logprobs is not None
-                    else None,
-                )
-            )
+            choices.append(CompletionResponseChoice(
+                index=index, text=text, finish_reason=state.finish_reason,
+                stop_reason=state.stop_reason,
+                logprobs=(_logprobs(state, 0, len(state.token_ids))
+                          if state.logprobs is not None else None)))
         usage = _usage(prompts, params, [s for s, _ in finals.values()])
-        return CompletionResponse(
-            id=request_id, model=self.ctx.model_name, choices=choices, usage=usage
-        )
+        return CompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
+                                  usage=usage)
 
-    async def stream(
-        self, body: CompletionRequest, prompts, params, arrival: float,
-        ticket: QueueTicket = NO_TICKET,
-    ) -> AsyncIterator[str]:
+    async def stream(self, body: CompletionRequest, prompts, params, arrival: float,
+                     ticket: QueueTicket = NO_TICKET) -> AsyncIterator[str]:
         request_id = random_id("cmpl-")
         created = int(time.time())
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -161,12 +138,9 @@ class CompletionServer:
                     text_offsets[index] = text_offsets.get(index, 0) + sum(
                         len(t) for t in logprobs.tokens)
                 choice = CompletionResponseChoice(
-                    index=index,
-                    text=text,
-                    logprobs=logprobs,
+                    index=index, text=text, logprobs=logprobs,
                     finish_reason=state.finish_reason if state.finished else None,
-                    stop_reason=state.stop_reason if state.finished else None,
-                )
+                    stop_reason=state.stop_reason if state.finished else None)
                 event = sse(CompletionStreamResponse(
                     id=request_id, created=created, model=self.ctx.model_name, choices=[choice]))
                 unfinished -= state.finished
@@ -214,12 +188,9 @@ def _usage(prompts, params, states: list[RequestState]) -> UsageInfo:
     num_prompt = sum(len(ids) for _, ids in prompts)
     num_completion = sum(len(s.token_ids) for s in states)
     cached = sum(s.num_cached_tokens for s in states if s.index == 0)
-    return UsageInfo(
-        prompt_tokens=num_prompt,
-        completion_tokens=num_completion,
-        total_tokens=num_prompt + num_completion,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-    )
+    return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
+                     total_tokens=num_prompt + num_completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 def _logprobs(state: RequestState, start: int, end: int,

@@ -22,7 +22,8 @@ from radixserve.frontend.openai.protocol_embedding import (
     EmbeddingResponse,
     EmbeddingUsage,
 )
-from radixserve.frontend.openai.serving import OpenAIError, ServingContext
+from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.frontend.openai.serving import ServingContext
 
 
 class EmbeddingServer:

@@ -1,7 +1,7 @@
 """One sample's output as Responses API items and typed stream events.
 
 `OutputBuilder` takes the text the engine produced, piece by piece, through the chat endpoint's
-parsers (`serving_chat._ChoiceStream`: reasoning first, then tool calls), and turns each chat
+parsers (`serving.ChoiceStream`: reasoning first, then tool calls), and turns each chat
 delta into items: reasoning text into a ``reasoning`` item, content into a ``message`` item
 with one ``output_text`` part, each tool call into a ``function_call`` item. A new kind of
 delta closes the open item. The events a piece produces are returned as plain dicts without
@@ -13,14 +13,14 @@ the text was split, so the streamed items equal the whole response's items.
 from __future__ import annotations
 
 from radixserve.frontend.openai.protocol import random_id
-from radixserve.frontend.openai.serving_chat import _ChoiceStream
+from radixserve.frontend.openai.serving import ChoiceStream
 
 _REASONING, _MESSAGE, _CALL = "reasoning", "message", "function_call"
 
 
 class OutputBuilder:
     def __init__(self, reasoning_parser, tool_parser) -> None:
-        self._parsers = _ChoiceStream(reasoning_parser, tool_parser)
+        self._parsers = ChoiceStream(reasoning_parser, tool_parser)
         self.items: list[dict] = []
         self._kind: str | None = None  # the open item's kind; it is items[-1]
         self._text: list[str] = []  # the open item's text (or arguments) so far

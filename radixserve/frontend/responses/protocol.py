@@ -1,23 +1,13 @@
-"""OpenAI Responses API request models (``POST /v1/responses``) and their mapping to a chat
-request, so generation runs the chat endpoint's path (template, SamplingParams, parsers).
-
-A request's conversation is: the ``instructions`` (a system message, not carried over by
-``previous_response_id``, as OpenAI documents), then the stored chain's items (each earlier
-response's input and output), then this request's ``input``. Input items map to chat messages:
-a message to a message (text parts joined), consecutive ``function_call`` items to one assistant
-message's ``tool_calls``, a ``function_call_output`` to a ``tool`` message; reasoning items are
-accepted and left out of the prompt (chat templates drop earlier turns' reasoning too).
-"""
+"""OpenAI Responses API request models: ``POST /v1/responses`` (its mapping to a chat request
+is `serving.chat_request`) and the query of the stored responses' input items."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import (Discriminator, Field, Tag, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, model_validator
 
-from radixserve.frontend.openai.protocol import OpenAIRequest, random_id
-from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
+from radixserve.frontend.http.protocol_base import OpenAIRequest
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
@@ -224,89 +214,10 @@ class ResponsesRequest(OpenAIRequest):
         return (self.text and self.text.format) or TextFormat(type="text")
 
 
-# ----------------------------------------------------------------------------- to chat
+class InputItemsQuery(BaseModel):
+    """The query of ``GET /v1/responses/{id}/input_items``: OpenAI's list, newest first by
+    default, ``after`` an item id (ranges are checked by the route, naming the field)."""
 
-
-def stored_items(items: list) -> list[dict]:
-    """Input items as stored and listed by ``input_items``: dicts with an id and a status."""
-    out = []
-    for item in items:
-        d = item.model_dump(exclude_none=True, by_alias=True)
-        if isinstance(item, MessageItem):
-            d["content"] = ([{"type": "input_text" if item.role != "assistant" else
-                              "output_text", "text": item.content}]
-                            if isinstance(item.content, str) else d["content"])
-            prefix = "msg_"
-        else:
-            prefix = {"function_call": "fc_", "function_call_output": "fco_",
-                      "reasoning": "rs_"}[item.type]
-        d.setdefault("id", random_id(prefix))
-        d.setdefault("status", "completed")
-        out.append(d)
-    return out
-
-
-def chat_messages(instructions: str | None, items: list[dict]) -> list[dict]:
-    """Chat messages of a conversation given as stored item dicts (see the module docstring)."""
-    messages: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
-    for item in items:
-        kind = item.get("type", "message")
-        if kind == "message":
-            messages.append({"role": item["role"], "content": _text(item["content"])})
-        elif kind == "function_call":
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                # "" not None: templates without tool support index message.content
-                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": item["call_id"],
-                             "content": _text(item["output"])})
-    return messages
-
-
-def _text(content) -> str:
-    if isinstance(content, str):
-        return content
-    return "\n".join(part.get("text", "") for part in content)
-
-
-def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:
-    """The chat request that generates this response (never streamed: the caller streams)."""
-    fmt = body.format()
-    fields: dict[str, Any] = {
-        "model": body.model, "messages": messages, "max_completion_tokens":
-        body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
-        "top_k": body.top_k, "seed": body.seed, "ignore_eos": body.ignore_eos,
-        "priority": body.priority, "parallel_tool_calls": body.parallel_tool_calls,
-        "reasoning_effort": body.reasoning and body.reasoning.effort,
-    }
-    if body.tools:
-        fields["tools"] = [{"type": "function", "function": t.model_dump(
-            exclude_none=True, exclude={"type"})} for t in body.tools]
-    if isinstance(body.tool_choice, FunctionChoice):
-        fields["tool_choice"] = {"type": "function", "function": {"name": body.tool_choice.name}}
-    elif body.tool_choice is not None:
-        fields["tool_choice"] = body.tool_choice
-    if fmt.type == "json_object":
-        fields["response_format"] = {"type": "json_object"}
-    elif fmt.type == "json_schema":
-        fields["response_format"] = {"type": "json_schema", "json_schema": {
-            "name": fmt.name, "description": fmt.description, "schema": fmt.schema_,
-            "strict": fmt.strict}}
-    try:
-        return ChatCompletionRequest.model_validate(fields)
-    except ValidationError as exc:  # e.g. a tool message without its call: the input is bad
-        from radixserve.frontend.openai.serving import OpenAIError
-
-        first = exc.errors()[0]
-        raise OpenAIError(f"the conversation is not valid: {first['msg']}",
-                          param="input") from None
-
-
-def format_param(body: ResponsesRequest) -> str:
-    """The field a structured-output error is about."""
-    return "text.format" if body.format().type != "text" else "tool_choice"
+    limit: int = 20
+    order: str = "desc"
+    after: str | None = None

@@ -1,12 +1,19 @@
 """POST /v1/responses on the chat endpoint's path, and the stored-response routes.
 
 `ResponsesServer.prepare` rebuilds the conversation (the stored ``previous_response_id`` chain,
-then the new input), turns it into a chat request (`protocol_responses.chat_request`) and
+then the new input), turns it into a chat request (`chat_request`) and
 hands that to `ChatServer.prepare`: the same template, tokenization, SamplingParams, forced
 tool calls and structured-output constraint as ``/v1/chat/completions``. The engine's text
 then goes through the chat parsers into Responses items (`OutputBuilder`), streamed as typed
 events or returned whole. A response with ``store`` (the default) is kept in the
 `ResponseStore` once it has finished.
+
+A request's conversation is: the ``instructions`` (a system message, not carried over by
+``previous_response_id``, as OpenAI documents), then the stored chain's items (each earlier
+response's input and output), then this request's ``input``. Input items map to chat messages:
+a message to a message (text parts joined), consecutive ``function_call`` items to one assistant
+message's ``tool_calls``, a ``function_call_output`` to a ``tool`` message; reasoning items are
+accepted and left out of the prompt (chat templates drop earlier turns' reasoning too).
 """
 
 from __future__ import annotations
@@ -17,21 +24,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import msgspec
+from pydantic import ValidationError
 
 from radixserve.frontend.async_llm import NO_TICKET, EngineRequestError, EngineStepError
 from radixserve.frontend.core_client import EngineDeadError
 from radixserve.frontend.output_processor import RequestState
 from radixserve.sampling_params import SamplingParams
 from radixserve.frontend.openai.protocol import random_id
-from radixserve.frontend.responses.protocol import (
-    ResponsesRequest,
-    chat_messages,
-    chat_request,
-    stored_items,
-)
+from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
+from radixserve.frontend.responses.protocol import FunctionChoice, MessageItem, ResponsesRequest
 from radixserve.frontend.responses.store import BrokenChain
 from radixserve.frontend.responses.output import OutputBuilder
-from radixserve.frontend.openai.serving import OpenAIError, ServingContext
+from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.frontend.openai.serving import ServingContext
 from radixserve.frontend.openai.serving_chat import ChatServer
 
 
@@ -182,3 +187,84 @@ class _Sequencer:
         payload["sequence_number"] = self.next
         self.next += 1
         return f"event: {payload['type']}\ndata: {msgspec.json.encode(payload).decode()}\n\n"
+
+
+# ----------------------------------------------------------------------------- to chat
+
+
+def stored_items(items: list) -> list[dict]:
+    """Input items as stored and listed by ``input_items``: dicts with an id and a status."""
+    out = []
+    for item in items:
+        d = item.model_dump(exclude_none=True, by_alias=True)
+        if isinstance(item, MessageItem):
+            d["content"] = ([{"type": "input_text" if item.role != "assistant" else
+                              "output_text", "text": item.content}]
+                            if isinstance(item.content, str) else d["content"])
+            prefix = "msg_"
+        else:
+            prefix = {"function_call": "fc_", "function_call_output": "fco_",
+                      "reasoning": "rs_"}[item.type]
+        d.setdefault("id", random_id(prefix))
+        d.setdefault("status", "completed")
+        out.append(d)
+    return out
+
+
+def chat_messages(instructions: str | None, items: list[dict]) -> list[dict]:
+    """Chat messages of a conversation given as stored item dicts (see the module docstring)."""
+    messages: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append({"role": item["role"], "content": _text(item["content"])})
+        elif kind == "function_call":
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                # "" not None: templates without tool support index message.content
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item["call_id"],
+                             "content": _text(item["output"])})
+    return messages
+
+
+def _text(content) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.get("text", "") for part in content)
+
+
+def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:
+    """The chat request that generates this response (never streamed: the caller streams)."""
+    fmt = body.format()
+    fields: dict[str, Any] = {
+        "model": body.model, "messages": messages, "max_completion_tokens":
+        body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
+        "top_k": body.top_k, "seed": body.seed, "ignore_eos": body.ignore_eos,
+        "priority": body.priority, "parallel_tool_calls": body.parallel_tool_calls,
+        "reasoning_effort": body.reasoning and body.reasoning.effort,
+    }
+    if body.tools:
+        fields["tools"] = [{"type": "function", "function": t.model_dump(
+            exclude_none=True, exclude={"type"})} for t in body.tools]
+    if isinstance(body.tool_choice, FunctionChoice):
+        fields["tool_choice"] = {"type": "function", "function": {"name": body.tool_choice.name}}
+    elif body.tool_choice is not None:
+        fields["tool_choice"] = body.tool_choice
+    if fmt.type == "json_object":
+        fields["response_format"] = {"type": "json_object"}
+    elif fmt.type == "json_schema":
+        fields["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": fmt.name, "description": fmt.description, "schema": fmt.schema_,
+            "strict": fmt.strict}}
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:  # e.g. a tool message without its call: the input is bad
+        first = exc.errors()[0]
+        raise OpenAIError(f"the conversation is not valid: {first['msg']}",
+                          param="input") from None
