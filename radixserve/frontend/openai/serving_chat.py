@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 
 from radixserve.frontend.async_llm import NO_TICKET, QueueTicket
+from radixserve.frontend.fanout import gate_on_reasoning
 from radixserve.frontend.http.asgi_io import SSE_DONE
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.openai.protocol import PromptTokensDetails, UsageInfo, random_id
@@ -107,20 +108,8 @@ class ChatServer:
                                   "or structured_outputs", param="tool_choice")
             tool_parser, constraint = forced
             params.structured_outputs = constraint
-        if params.structured_outputs is not None:
-            self._gate_on_reasoning(params.structured_outputs, text)
+        params = gate_on_reasoning(params, ctx.reasoning_parser, text, ctx.tokenizer)
         return ids, params, tool_parser
-
-    def _gate_on_reasoning(self, constraint: StructuredOutputsParams, prompt: str) -> None:
-        """Start the constraint after the reasoning end tag, unless there is no reasoning
-        parser, the request turned it off, or the prompt already closed the block."""
-        parser = self.ctx.reasoning_parser
-        if parser is None or constraint.after_reasoning is False:
-            return
-        if prompt.rfind(parser.end_tag) > prompt.rfind(parser.start_tag):
-            return  # e.g. Qwen3 with thinking off: the template wrote an empty block
-        constraint.reasoning_end_token_ids = self.ctx.tokenizer.encode(
-            parser.end_tag, add_special_tokens=False)
 
     async def full(self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
                    ticket: QueueTicket = NO_TICKET) -> ChatCompletionResponse:
