@@ -39,8 +39,8 @@ _T = GGMLQuantizationType
 FORMATS = {_T.Q4_0: 0, _T.Q4_1: 1, _T.Q5_0: 2, _T.Q5_1: 3, _T.Q8_0: 4, _T.Q4_K: 5, _T.Q5_K: 6,
            _T.Q6_K: 7, _T.F16: 8, _T.BF16: 9}
 HALF_TYPES = (_T.F16, _T.BF16)  # 16-bit parts: float32 activations, any K
-_K_QUANTS = (_T.Q4_K, _T.Q5_K, _T.Q6_K)
-_BITS = {_T.Q4_0: 4, _T.Q4_1: 4, _T.Q4_K: 4, _T.Q5_0: 5, _T.Q5_1: 5, _T.Q5_K: 5, _T.Q6_K: 6,
+K_QUANTS = (_T.Q4_K, _T.Q5_K, _T.Q6_K)
+QUANT_BITS = {_T.Q4_0: 4, _T.Q4_1: 4, _T.Q4_K: 4, _T.Q5_0: 5, _T.Q5_1: 5, _T.Q5_K: 5, _T.Q6_K: 6,
          _T.Q8_0: 8}
 
 
@@ -77,7 +77,7 @@ class BlockLinear(nn.Module):
                 raise ValueError(f"no block kernel for {qtype.name}; "
                                  f"supported: {[t.name for t in FORMATS]}")
             block_size, type_size = GGML_QUANT_SIZES[qtype]
-            if qtype not in HALF_TYPES and (k % (256 if qtype in _K_QUANTS else 32)
+            if qtype not in HALF_TYPES and (k % (256 if qtype in K_QUANTS else 32)
                                              or k % block_size):
                 raise ValueError(f"{qtype.name} needs the input size to be a multiple of its "
                                  f"block, got {k}")
@@ -105,11 +105,11 @@ def packed_bytes(qtype: GGMLQuantizationType, n: int, k: int) -> int:
     qtype = GGMLQuantizationType(qtype)
     if qtype in HALF_TYPES:
         return -(-n // 16) * 16 * k * 2
-    u = 8 if qtype in _K_QUANTS else 1
-    bits = _BITS[qtype]
+    u = 8 if qtype in K_QUANTS else 1
+    bits = QUANT_BITS[qtype]
     plane = {4: 0, 5: 64, 6: 128, 8: 256}[bits]
     per_block = 64 if qtype in (_T.Q4_1, _T.Q5_1) else 32
-    per_unit = 32 if qtype == _T.Q6_K else 64 if qtype in _K_QUANTS else 0
+    per_unit = 32 if qtype == _T.Q6_K else 64 if qtype in K_QUANTS else 0
     return -(-n // 16) * (k // (32 * u)) * (u * (256 + plane + per_block) + per_unit)
 
 
@@ -154,7 +154,7 @@ def _pack_rows(qtype: GGMLQuantizationType, codes: torch.Tensor,
                fields: dict[str, torch.Tensor]) -> torch.Tensor:
     """Codes [N, K] uint8 and fields [N, K / block, ...] → packed bytes (uint8 throughout)."""
     n, k = codes.shape
-    u = 8 if qtype in _K_QUANTS else 1
+    u = 8 if qtype in K_QUANTS else 1
     n16, units = -(-n // 16), k // (32 * u)
     pad = n16 * 16 - n
 
@@ -181,7 +181,7 @@ def _pack_rows(qtype: GGMLQuantizationType, codes: torch.Tensor,
     def lane_bytes(t: torch.Tensor) -> torch.Tensor:  # [N, blocks, w] → [n16, blocks, w, 16 x]
         return rows16(t).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
 
-    bits = _BITS[qtype]
+    bits = QUANT_BITS[qtype]
     if bits == 8:  # the file's signed bytes (code - 128): a block's first 16 k, its second 16
         halves = [(c[..., h] ^ 0x80).reshape(n16, units, 256) for h in range(2)]
         scales = lane_bytes(fields["d"]).reshape(n16, units, 32)
@@ -194,7 +194,7 @@ def _pack_rows(qtype: GGMLQuantizationType, codes: torch.Tensor,
         pieces.append(torch.cat((bit_plane(hb, range(0, 2), 2), bit_plane(hb, range(2, 4), 2)),
                                 dim=-1))
 
-    if qtype in _K_QUANTS:
+    if qtype in K_QUANTS:
         if qtype == _T.Q6_K:  # two int8 scales per block of 32, halves after each other
             block = lane_bytes(fields["sc"])
         else:  # 6-bit scale and min of each block

@@ -20,7 +20,7 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from radixserve.layers.block_linear import _BITS, _K_QUANTS, HALF_TYPES, BlockLinear, packed_bytes
+from radixserve.layers.block_linear import QUANT_BITS, K_QUANTS, HALF_TYPES, BlockLinear, packed_bytes
 from radixserve.layers.gguf_quant import join_blocks
 
 _T = GGMLQuantizationType
@@ -92,7 +92,7 @@ class _Layout:
 def _sections(qtype: GGMLQuantizationType, u: int) -> list[tuple[int, tuple[int, ...], int]]:
     """A unit's sections in order, (bytes, shape, the shape's lane dim), as ``pack`` writes
     them (``kernels/block_linear.cpp``): codes, high bits, per-block fields, per-unit fields."""
-    bits, k_quant = _BITS[qtype], qtype in _K_QUANTS
+    bits, k_quant = QUANT_BITS[qtype], qtype in K_QUANTS
     if bits == 8:  # signed bytes: [block][half][vector][lane][byte]
         out = [(u * 512, (u, 2, 4, 16, 4), 3)]
     else:  # low nibbles (half 0) | high nibbles (half 1): [block][vector][lane][byte]
@@ -111,7 +111,7 @@ def _sections(qtype: GGMLQuantizationType, u: int) -> list[tuple[int, tuple[int,
 
 @functools.lru_cache(maxsize=None)
 def _layout(qtype: GGMLQuantizationType, k: int) -> _Layout:
-    u = 8 if qtype in _K_QUANTS else 1
+    u = 8 if qtype in K_QUANTS else 1
     units = k // (32 * u)
     group_bytes = packed_bytes(qtype, 16, k)
     unit_bytes = group_bytes // units
@@ -134,7 +134,7 @@ def _decode(qtype: GGMLQuantizationType, sections: list[torch.Tensor], u: int
     ``split_blocks`` names them (f16 scales as float16 [T, units, 1], K-quants' sub-block
     scales [T, units, 8 or 16])."""
     t, units = sections[0].shape[:2]
-    bits = _BITS[qtype]
+    bits = QUANT_BITS[qtype]
     if bits == 8:  # the file's int8 + 128
         codes = sections[0].view(t, units, u, 2, 4, 4) ^ 0x80
     else:
@@ -150,7 +150,7 @@ def _decode(qtype: GGMLQuantizationType, sections: list[torch.Tensor], u: int
         shift = (2 * (2 * (v % 2) + h)).to(torch.uint8)
         codes |= ((hb >> shift[..., None]) & 3) << 4
     halves = sections[-1].view(torch.float16)  # [T, units, names]
-    if qtype not in _K_QUANTS:
+    if qtype not in K_QUANTS:
         names = ("d", "m") if qtype in (_T.Q4_1, _T.Q5_1) else ("d",)
         return codes, {name: halves[..., i:i + 1] for i, name in enumerate(names)}
     per_block = sections[-2].view(t, units, u, 2)

@@ -106,16 +106,16 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
     if requantized:
         logger.info("GGUF matrices stored as %s run in int8 (native as stored: the block "
                     "types, F16, BF16)", ", ".join(sorted(set(requantized))))
-    _materialize(model, device)
+    materialize(model, device)
     model.rotary.reset_tables(device)
     with torch.no_grad():
         model.load_weights((name, shard.take(name, t))
                            for name, t in _float_tensors(tensors.values(), hf_name, pages))
-    _trim_heap()
+    trim_heap()
     return model
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     """Hand the load's freed transient memory back to the kernel (glibc keeps it otherwise)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -197,7 +197,7 @@ def _float_tensors(tensors: Iterable, hf_name, pages: _Pages):
         yield hf_name(tensor.name), weight
 
 
-def _materialize(model: nn.Module, device: torch.device) -> None:
+def materialize(model: nn.Module, device: torch.device) -> None:
     """Real (uninitialised) storage for the parameters and buffers still on the meta device."""
     for module in model.modules():
         for name, p in list(module._parameters.items()):

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from radixserve.models.tp_shard import TensorShard
 from radixserve.layers.block_linear import BlockLinear, packed_bytes
 from radixserve.layers.block_rows import PackedEmbedding
-from radixserve.models.gguf_stored import _materialize, _trim_heap
+from radixserve.models.gguf_stored import materialize, trim_heap
 
 logger = logging.getLogger(__name__)
 
@@ -99,11 +99,11 @@ def load_half_stored(model: nn.Module, path: str, device: torch.device,
         model.embed_tokens = PackedEmbedding(model.lm_head)
         tensors.drop("model.embed_tokens.weight", "embed_tokens.weight")
     tensors.drop("lm_head.weight")  # a tied checkpoint may carry the head anyway
-    _materialize(model, device)
+    materialize(model, device)
     model.rotary.reset_tables(device)
     with torch.no_grad():
         model.load_weights((name, shard.take(name, t).float()) for name, t in tensors.rest())
-    _trim_heap()
+    trim_heap()
     kinds = sorted({t for m in model.modules() if isinstance(m, BlockLinear) for t in m.types})
     logger.info("linear layers in 16 bits as stored (%s, float32 activations, native); "
                 "norms float32", "/".join(kinds))

@@ -15,12 +15,6 @@ import radixserve
 
 ROOT = Path(radixserve.__file__).parent
 
-# NOTE: outside the frontend, owned by other work of issue 28 (layers/, models/): to be emptied
-# as those names get public ones
-KNOWN: set[tuple[str, str]] = {
-    ("layers/block_rows.py", "_BITS"), ("layers/block_rows.py", "_K_QUANTS"),
-    ("models/half_stored.py", "_materialize"), ("models/half_stored.py", "_trim_heap"),
-}
 
 
 def _is_private(name: str) -> bool:
@@ -66,7 +60,7 @@ def test_no_module_uses_another_modules_private_names():
     found = {(str(path.relative_to(ROOT)), name, line)
              for path in sorted(ROOT.rglob("*.py"))
              for line, name in _private_uses(path, modules)}
-    unexpected = sorted(f for f in found if f[:2] not in KNOWN)
+    unexpected = sorted(found)
     assert not unexpected, "\n".join(f"radixserve/{p}:{line}: {name}"
                                      for p, name, line in unexpected)
 
