@@ -46,7 +46,7 @@ class KernelPlan:
     """What computes each piece of a built model (``plan_kernels``)."""
 
     level: str | None  # the kernel library's level, None where the torch paths run
-    linears: str  # what the decoder layers' linears compute with
+    linears: str  # what the linears (decoder layers, LM head) compute with
     elementwise: bool  # RMSNorm, rotary on whole heads, SiLU / GELU: the native kernels
     attention: str  # the runner's attention backend: "cpu_native" or "torch"
     python_layers: str | None  # why the layers run one by one from Python; None: ONE_CALL
@@ -100,7 +100,7 @@ def plan_kernels(model: nn.Module, attention: str) -> KernelPlan:
             m.native = elementwise  # norms and MLPs (their activation)
     sparse = not all(hasattr(layer.mlp, "gate_up_proj") for layer in model.layers)
     fit = not sparse and all(_layer_fits(layer) for layer in model.layers)
-    plan = KernelPlan(info.level, _describe_linears(model.layers, info.level), elementwise,
+    plan = KernelPlan(info.level, _describe_linears(model, info.level), elementwise,
                       attention, python_layers_reason(info.level, attention, elementwise,
                                                       sparse, fit))
     model.kernel_plan = plan
@@ -114,11 +114,12 @@ def plan_kernels(model: nn.Module, attention: str) -> KernelPlan:
     return plan
 
 
-def _describe_linears(layers: nn.Module, level: str | None) -> str:
-    """The kinds of the layers' linears, most frequent block types first."""
+def _describe_linears(model: nn.Module, level: str | None) -> str:
+    """The kinds of the model's linears (the decoder layers' and the LM head), most frequent
+    block types first."""
     blocks: Counter[str] = Counter()
     kinds: list[str] = []
-    for m in layers.modules():
+    for m in model.modules():
         kind = None
         if isinstance(m, BlockLinear):
             blocks.update(m.types)
