@@ -20,9 +20,8 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_gguf import _copy_tokenizer  # noqa: E402
+from make_gguf import copy_tokenizer  # noqa: E402
 
-from radixserve.models.default import default_model_path  # noqa: E402
 
 SHAPE = dict(layers=4, hidden=512, heads=8, kv_heads=4, head_dim=64, experts=16, top_k=2,
              expert_ffn=512, shared_ffn=1024, rope_theta=1e6, context=4096)
@@ -32,7 +31,7 @@ def write(out: Path, qtype: str, seed: int = 0, arch: str = "qwen3moe") -> Path:
     s, kind = SHAPE, gguf.GGMLQuantizationType[qtype]
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(out), arch)
-    vocab = _copy_tokenizer(writer, gguf.GGUFReader(default_model_path()))
+    vocab = copy_tokenizer(writer)
     writer.add_context_length(s["context"])
     writer.add_embedding_length(s["hidden"])
     writer.add_block_count(s["layers"])

@@ -76,9 +76,9 @@ def model_pooling(source, reader=None) -> tuple[str | None, str | None]:
 
 def _gguf_pooling(path: str, reader=None) -> tuple[str | None, str | None]:
     if reader is None:
-        from gguf import GGUFReader
+        from radixserve.gguf_reader import open_gguf
 
-        reader = GGUFReader(path)
+        reader = open_gguf(path)
     arch_field = reader.fields.get("general.architecture")
     if arch_field is None:
         return None, None

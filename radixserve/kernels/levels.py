@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-SOURCES = ("int8_linear.cpp", "block_linear.cpp", "half_linear.cpp", "paged_attention.cpp",
+SOURCES = ("int8_linear.cpp", "block_linear.cpp", "block_pack.cpp", "half_linear.cpp", "paged_attention.cpp",
            "layer_ops.cpp", "bitmask.cpp", "decoder_layer.cpp")
 HEADERS = ("simd.h", "half_linear.h")
 

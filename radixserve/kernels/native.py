@@ -30,9 +30,9 @@ from radixserve.kernels import levels as _levels
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 12  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap;
+ABI_VERSION = 13  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap;
 # 11: + rs_decoder_attention, rs_decoder_mlp (the layer in two halves, for tensor parallel);
-# 12: Gemma and q/k norms in the native decoder layer
+# 12: Gemma and q/k norms in the native decoder layer; 13: rs_block_pack (the repack at load)
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -45,6 +45,7 @@ _SIGNATURES = {
     "rs_int8_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _P, _I64]),
     "rs_block_packed_bytes": (_I64, [_I64, _I64, _I64]),
     "rs_block_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _I64, _P, _I64]),
+    "rs_block_pack": (ctypes.c_int, [_I64, _P, _I64, _I64, _P]),
     "rs_paged_attention": (ctypes.c_int, [_P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P,
                                           _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
                                           ctypes.c_float, _I64, ctypes.c_float, _P]),

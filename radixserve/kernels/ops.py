@@ -252,6 +252,19 @@ def block_linear(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
     return y
 
 
+def block_pack(fmt: int, raw: torch.Tensor, k: int, out: torch.Tensor) -> torch.Tensor:
+    """A matrix's GGUF blocks ``raw`` uint8 [N, bytes per row] of format id ``fmt`` → ``out``
+    (uint8, rs_block_packed_bytes of them), block_linear.cpp's layout (rs_block_pack)."""
+    raw = raw.contiguous()
+    _check("rs_block_pack", "raw", raw, torch.uint8, 2)
+    _check("rs_block_pack", "out", out, torch.uint8, 1)
+    _same("rs_block_pack", "the packed size", out.numel(),
+          _lib().rs_block_packed_bytes(fmt, raw.shape[0], k))
+    if _lib().rs_block_pack(fmt, raw.data_ptr(), raw.shape[0], k, out.data_ptr()):
+        raise ValueError(f"native block pack: format {fmt} cannot hold rows of {k} weights")
+    return out
+
+
 # -- the decoder layer in one call (decoder_layer.cpp) ----------------------------------------
 
 class _Linear(ctypes.Structure):

@@ -9,8 +9,8 @@ one part per type, side by side in the output.
 The activations are quantized per row and block of 32 to 8 bits (llama.cpp's Q8_1); the integer
 sum of each sub-block is exact and the float accumulation runs block by block in one fixed order, so a
 row's output is bit-identical alone or in any batch. The numerics and the packed layout are
-stated in ``kernels/block_linear.cpp``; ``pack`` here writes that layout from the file's bytes
-(through ``layers/gguf_quant.split_blocks``).
+stated in ``kernels/block_linear.cpp``; ``pack`` writes that layout from the file's bytes
+(``kernels/block_pack.cpp``; ``tests/block_pack_reference.py`` is the same in numpy).
 
 F16 and BF16 matrices (GGUF's, or a safetensors folder's float16 / bfloat16 weights) are part
 types too: their 16-bit values are kept as they are and multiplied by float32 activations (no
@@ -32,7 +32,6 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from radixserve.kernels import native, ops
-from radixserve.layers.gguf_quant import split_blocks
 
 _T = GGMLQuantizationType
 # the kernel's format ids (block_linear.cpp: Format)
@@ -113,25 +112,16 @@ def packed_bytes(qtype: GGMLQuantizationType, n: int, k: int) -> int:
     return -(-n // 16) * (k // (32 * u)) * (u * (256 + plane + per_block) + per_unit)
 
 
-PACK_ROWS = 2048  # rows split and packed at a time: bounds the load's transient memory
-
-
 def pack(qtype: GGMLQuantizationType, raw: torch.Tensor, k: int) -> torch.Tensor:
     """A matrix's GGUF bytes ``raw`` [N, bytes per row] (rows in output order) → the kernel's
     packed bytes (the layout in ``kernels/block_linear.cpp``), uint8 [packed_bytes(qtype, N,
-    k)], through ``gguf_quant.split_blocks`` a few thousand rows at a time."""
+    k)]: block formats by the native repack (``kernels/block_pack.cpp``), 16-bit ones here."""
     qtype = GGMLQuantizationType(qtype)
     n = raw.shape[0]
     out = torch.empty(packed_bytes(qtype, n, k), dtype=torch.uint8)
     if qtype in HALF_TYPES:
         return _pack_half(raw, k, out)
-    per_group = packed_bytes(qtype, 16, k)
-    for r0 in range(0, n, PACK_ROWS):
-        r1 = min(n, r0 + PACK_ROWS)
-        codes, fields = split_blocks(raw[r0:r1], qtype, (r1 - r0, k))
-        chunk = _pack_rows(qtype, codes, fields)
-        out[r0 // 16 * per_group:r0 // 16 * per_group + chunk.numel()] = chunk
-    return out
+    return ops.block_pack(FORMATS[qtype], raw, k, out)
 
 
 def _pack_half(raw: torch.Tensor, k: int, out: torch.Tensor) -> torch.Tensor:
@@ -148,65 +138,3 @@ def _pack_half(raw: torch.Tensor, k: int, out: torch.Tensor) -> torch.Tensor:
         tail[:n % 16] = rows[whole * 16:]
         groups[whole].copy_(tail.T)
     return out
-
-
-def _pack_rows(qtype: GGMLQuantizationType, codes: torch.Tensor,
-               fields: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Codes [N, K] uint8 and fields [N, K / block, ...] → packed bytes (uint8 throughout)."""
-    n, k = codes.shape
-    u = 8 if qtype in K_QUANTS else 1
-    n16, units = -(-n // 16), k // (32 * u)
-    pad = n16 * 16 - n
-
-    def rows16(t: torch.Tensor) -> torch.Tensor:  # [N, ...] → [n16, 16, ...], zero padded
-        t = torch.cat((t, t.new_zeros((pad, *t.shape[1:])))) if pad else t
-        return t.reshape(n16, 16, *t.shape[1:])
-
-    # codes: (group, lane, unit, block, half, vector, byte) → (group, unit, block, vector,
-    # lane, byte, half)
-    c = rows16(codes).reshape(n16, 16, units, u, 2, 4, 4).permute(0, 2, 3, 5, 1, 6, 4)
-
-    def nibble_plane(q: torch.Tensor) -> torch.Tensor:
-        return ((q[..., 0] & 15) | (q[..., 1] & 15) << 4).reshape(n16, units, u, 256)
-
-    def bit_plane(hb: torch.Tensor, vectors: range, width: int) -> torch.Tensor:
-        """The high bits of ``vectors`` in one byte per (lane, byte): vector v's half h at bit
-        width * (2 * (v - vectors.start) + h)."""
-        out = torch.zeros_like(hb[:, :, :, 0, :, :, 0])
-        for v in vectors:
-            for h in range(2):
-                out |= hb[:, :, :, v, :, :, h] << (width * (2 * (v - vectors.start) + h))
-        return out.reshape(n16, units, u, 64)
-
-    def lane_bytes(t: torch.Tensor) -> torch.Tensor:  # [N, blocks, w] → [n16, blocks, w, 16 x]
-        return rows16(t).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
-
-    bits = QUANT_BITS[qtype]
-    if bits == 8:  # the file's signed bytes (code - 128): a block's first 16 k, its second 16
-        halves = [(c[..., h] ^ 0x80).reshape(n16, units, 256) for h in range(2)]
-        scales = lane_bytes(fields["d"]).reshape(n16, units, 32)
-        return torch.cat((*halves, scales), dim=-1).reshape(-1)
-    pieces = [nibble_plane(c)]
-    if bits == 5:  # bit 2v + h
-        pieces.append(bit_plane((c >> 4) & 1, range(4), 1))
-    elif bits == 6:  # vector v // 2, bits 2 * (2 * (v % 2) + h)
-        hb = (c >> 4) & 3
-        pieces.append(torch.cat((bit_plane(hb, range(0, 2), 2), bit_plane(hb, range(2, 4), 2)),
-                                dim=-1))
-
-    if qtype in K_QUANTS:
-        if qtype == _T.Q6_K:  # two int8 scales per block of 32, halves after each other
-            block = lane_bytes(fields["sc"])
-        else:  # 6-bit scale and min of each block
-            block = torch.stack((lane_bytes(fields["sc"]), lane_bytes(fields["mn"])), dim=3)
-        pieces.append(block.reshape(n16, units, u, 32))
-        names = ("d",) if qtype == _T.Q6_K else ("d", "dmin")
-    else:
-        names = ("d", "m") if "m" in fields else ("d",)
-        pieces.append(torch.cat([lane_bytes(fields[nm]).reshape(n16, units, 1, 32)
-                                 for nm in names], dim=-1))
-        names = ()
-    out = [p.reshape(n16, units, -1) for p in pieces]
-    out += [lane_bytes(fields[nm]).reshape(n16, units, 32) for nm in names]
-    return torch.cat(out, dim=-1).reshape(-1)
-

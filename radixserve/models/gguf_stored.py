@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from radixserve.model_config import ModelConfig
 from radixserve.models.tp_shard import TensorShard
-from radixserve.layers.block_linear import FORMATS, PACK_ROWS, BlockLinear, packed_bytes
+from radixserve.layers.block_linear import FORMATS, BlockLinear, packed_bytes
 from radixserve.layers.block_rows import PackedEmbedding
 from radixserve.layers.int8_linear import Int8Linear
 from radixserve.layers.gguf_quant import dequantize, to_torch
@@ -239,8 +239,8 @@ class MemoryPlan:
     rows of a lookup table of its own (none where a packed head tied to it serves the lookups),
     ``floats`` the float32 tensors (norms, biases) and int8 copies of F32-stored matrices
     (F16 / BF16 ones are ``weights``, 2 bytes a weight), ``transient`` the most the load holds
-    beyond them at once (the largest layer's rows gathered, plus one chunk of codes being
-    packed)."""
+    beyond them at once (the largest layer's rows gathered; the native repack writes straight
+    into the packed matrix)."""
 
     file: int
     weights: int
@@ -270,7 +270,7 @@ def memory_plan(tensors: Iterable[tuple[str, str, tuple[int, ...]]]) -> MemoryPl
     tensors = list(tensors)
     tied = not any(name == "output.weight" for name, _, _ in tensors)
     by_type: dict[str, int] = {}
-    file = embedding = floats = widest = 0
+    file = embedding = floats = 0
     layers: dict[str, int] = {}  # the stored bytes of each layer (fused shards together)
     for name, type_name, shape in tensors:
         qtype = GGMLQuantizationType[type_name]
@@ -291,11 +291,9 @@ def memory_plan(tensors: Iterable[tuple[str, str, tuple[int, ...]]]) -> MemoryPl
             by_type[type_name] = by_type.get(type_name, 0) + experts * packed_bytes(qtype, n, k)
         else:
             floats += experts * (n * k + 4 * n)  # int8 and its scales
-        widest = max(widest, k)
         parts = name.split(".")
         key = ".".join(parts[:2] + [_FUSED.get(parts[2], parts[2])]) if parts[0] == "blk" else name
         layers[key] = layers.get(key, 0) + stored // experts  # one expert's rows at a time
-    codes = PACK_ROWS * widest * 3  # codes, their permuted copy and the planes being built
     return MemoryPlan(file=file, weights=sum(by_type.values()), embedding=embedding,
-                      floats=floats, transient=max(layers.values(), default=0) + codes,
+                      floats=floats, transient=max(layers.values(), default=0),
                       by_type=by_type)

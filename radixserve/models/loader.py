@@ -27,21 +27,12 @@ from radixserve.models.moe import (GGUF_EXPERT_NAMES, moe_from_gguf, moe_from_hf
                                    split_expert_weights)
 from radixserve.models.half_stored import load_half_stored
 from radixserve.model_config import ModelConfig
+from radixserve.gguf_reader import open_gguf
 from radixserve.models.quantization import quantize_linears_
 from radixserve.models.registry import GGUF_ARCHITECTURES, get_model_class
 from radixserve.models.rope_config import gguf_rope_fields, hf_rope_fields
 from radixserve.models.source import ModelSource
 from radixserve.models.window_config import hf_window_fields
-
-
-def open_gguf(path: str):
-    """A ``gguf.GGUFReader``; ValueError if the file is not a readable GGUF."""
-    import gguf
-
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as exc:  # the reader raises assorted errors on bad files
-        raise ValueError(f"{path} is not a valid GGUF file (corrupt or truncated?): {exc}") from exc
 
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}

@@ -18,6 +18,7 @@ from gguf import GGUFReader
 from tokenizers import processors
 from tokenizers import Tokenizer as HFTokenizer
 
+from radixserve.gguf_reader import open_gguf
 from radixserve.tokenizer.byte_pieces import ByteLevelDetokenizer, TokenBytes, token_bytes
 from radixserve.tokenizer.chat_template import render_chat_template
 from radixserve.tokenizer.detokenizer import IncrementalDetokenizer
@@ -128,7 +129,7 @@ class Tokenizer:
         """
         reader = path_or_reader
         if not isinstance(reader, GGUFReader):
-            reader = GGUFReader(reader)
+            reader = open_gguf(reader)
         meta = _gguf_tokenizer_fields(reader)
         backend = gguf_backend(meta, _gguf_architecture(reader))
         bos_id = meta.get("ggml.bos_token_id")

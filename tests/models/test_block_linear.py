@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from block_pack_reference import reference_pack
 from kquants import quantize
 from test_numerics import PagedSeqs, make_runner
 from tiny_models import hf_to_gguf, make_hf_model
@@ -115,6 +116,21 @@ def test_block_linear_refuses_what_does_not_fit():
         BlockLinear.from_stored([(T.F32, raw)], 256)
     with pytest.raises(ValueError, match="at least one"):
         BlockLinear.from_stored([], 256)
+
+
+@needs_native
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 17, 48])
+def test_native_repack_is_the_reference_layout_byte_for_byte(qtype, n):
+    """block_pack.cpp against the torch statement of the layout, on quantized weights and on
+    random bytes (every bit of every field and code), odd row counts included."""
+    k = 512
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw, _ = _matrix(qtype, n, k, seed=n)
+    noise = torch.from_numpy(np.random.default_rng(n).integers(0, 256, (n, k // block * size),
+                                                                dtype=np.uint8))
+    for rows in (raw, noise):
+        assert torch.equal(pack(qtype, rows, k), reference_pack(qtype, rows, k))
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

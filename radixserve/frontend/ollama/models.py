@@ -59,9 +59,9 @@ def read_model_info(path: str | None, served_name: str, max_model_len: int) -> O
 
 
 def _gguf_facts(path: str) -> tuple[str, str, str, dict]:
-    from gguf import GGUFReader
+    from radixserve.gguf_reader import open_gguf
 
-    fields = GGUFReader(path).fields
+    fields = open_gguf(path).fields
 
     def get(key, default=None):
         f = fields.get(key)
