@@ -103,12 +103,14 @@ def serve(args: argparse.Namespace) -> int:
     source = ModelSource.resolve(args.model)
     tool_parser = get_tool_parser(args.tool_call_parser) if args.tool_call_parser else None
     reasoning = get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None
-    tokenizer = load_tokenizer(source)
-    tokenizer.detokenizer([])  # builds the token → bytes table now, not on the first request
     embedding = _embedding_setup(source, args)
     kwargs = engine_kwargs(args)
+    tables = functools.partial(_frontend_tables, load_tokenizer, source)
     if args.mock_engine:
         from radixserve.bench.mock_engine import MockEngine
+
+        tokenizer, validator = loaded = tables()  # the mock needs the vocabulary size
+        tables = functools.partial(tuple, loaded)
 
         def make_build(threads):
             return functools.partial(MockEngine, tokenizer.vocab_size,
@@ -126,7 +128,18 @@ def serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or source.name
     import uvloop
 
-    return uvloop.run(_serve(args, builds, tokenizer, name, tool_parser, reasoning, embedding))
+    return uvloop.run(_serve(args, builds, tables, name, tool_parser, reasoning, embedding))
+
+
+def _frontend_tables(load_tokenizer, source):
+    """What the API process derives from the model before it serves: the tokenizer with its
+    token -> bytes table and the grammar validator (seconds on a 262k vocabulary; built while
+    the engine process loads the model)."""
+    from radixserve.structured.validator import grammar_validator
+
+    tokenizer = load_tokenizer(source)
+    tokenizer.detokenizer([])  # builds the token → bytes table now, not on the first request
+    return tokenizer, grammar_validator(tokenizer)
 
 
 def _model_path(args) -> str | None:
@@ -144,7 +157,7 @@ def _embedding_setup(source, args):
         raise SystemExit(f"radixserve: error: {exc}") from None
 
 
-async def _serve(args, builds, tokenizer, name, tool_parser, reasoning, embedding) -> int:
+async def _serve(args, builds, tables, name, tool_parser, reasoning, embedding) -> int:
     import uvicorn
 
     _Server = _server_class()
@@ -157,8 +170,6 @@ async def _serve(args, builds, tokenizer, name, tool_parser, reasoning, embeddin
     from radixserve.frontend.http.limits import serve_limits
     from radixserve.frontend.responses.store import ResponseStore
     from radixserve.frontend.openai.serving import ServingContext
-    from radixserve.structured.validator import grammar_validator
-
     try:
         store = ResponseStore(args.response_store, args.response_store_max)
     except ValueError as exc:
@@ -173,14 +184,16 @@ async def _serve(args, builds, tokenizer, name, tool_parser, reasoning, embeddin
     supervisor = ReplicaSet(builds, tmp, args.startup_timeout, _restart_policy(args),
                             routing_config(args), launchers)
     fatal: list[str] = []
+    frontend = asyncio.ensure_future(asyncio.to_thread(tables))  # beside the engine's load
     try:
         ready = await supervisor.start()
+        tokenizer, validator = await frontend
         client = supervisor.client
         metrics = ServerMetrics(client, name)
         metrics.registry.register(ReplicaCollector(supervisor, name))
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
-                             grammar_validator=grammar_validator(tokenizer),
+                             grammar_validator=validator,
                              structured_strict=args.structured_strict == "true",
                              max_prompts_per_request=args.max_prompts_per_request,
                              embedding=embedding, model_path=_model_path(args),
@@ -208,6 +221,9 @@ async def _serve(args, builds, tokenizer, name, tool_parser, reasoning, embeddin
         print(f"radixserve: error: {exc}", file=sys.stderr)
         return 1
     finally:
+        await asyncio.wait([frontend])  # the engine may have failed first: let them finish
+        if not frontend.cancelled():
+            frontend.exception()  # seen (raised above where it mattered)
         await supervisor.close(timeout=10)
         if placement is not None:
             placement.close()

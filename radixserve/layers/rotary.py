@@ -30,20 +30,33 @@ class RotaryEmbedding(nn.Module):
         self.head_dim, self.rotary_dim = head_dim, rotary_dim or head_dim
         self.max_positions, self.theta, self.scaling = max_positions, theta, scaling
         self.context_len = rope_window(max_positions, scaling)
-        self.register_buffer("cos", torch.empty(0), persistent=False)
-        self.register_buffer("sin", torch.empty(0), persistent=False)
-        self.reset_tables()
+        self.register_buffer("_cos", torch.empty(0), persistent=False)
+        self.register_buffer("_sin", torch.empty(0), persistent=False)
         self.native = False  # set by the model's KernelPlan (models/native_stack.py)
 
     @property
     def is_partial(self) -> bool:
         return self.rotary_dim != self.head_dim
 
+    @property
+    def cos(self) -> torch.Tensor:
+        """[context_len, rotary_dim] float32, computed on first use (a 128k-position window's
+        tables are 0.5 GB and a second to make; the engine reads only its context's)."""
+        if not self._cos.numel():
+            self._compute_tables()
+        return self._cos
+
+    @property
+    def sin(self) -> torch.Tensor:
+        if not self._sin.numel():
+            self._compute_tables()
+        return self._sin
+
     def set_context_len(self, context_len: int) -> None:
         """Fix the tables for an engine whose sequences reach ``context_len`` tokens (the
         positions 0 .. context_len - 1); call before the first forward."""
         self.context_len = context_len
-        self.reset_tables(self.cos.device)
+        self.reset_tables()
 
     def check_positions(self, positions: torch.Tensor) -> None:
         """ValueError for a position past the tables (the native kernels would read past
@@ -54,7 +67,12 @@ class RotaryEmbedding(nn.Module):
                              f"({self.context_len} positions)")
 
     def reset_tables(self, device: torch.device | None = None) -> None:
-        """(Re)compute the tables, e.g. after the model was built on the meta device."""
+        """Drop the tables (on ``device`` from now on, e.g. after the model was built on the
+        meta device); the next use computes them for the current context length."""
+        device = device or self._cos.device
+        self._cos, self._sin = torch.empty(0, device=device), torch.empty(0, device=device)
+
+    def _compute_tables(self) -> None:
         inv_freq, attention = rope_frequencies(self.rotary_dim, self.theta, self.scaling,
                                                self.max_positions, self.context_len)
         t = torch.arange(self.context_len, dtype=torch.float32)
@@ -62,8 +80,7 @@ class RotaryEmbedding(nn.Module):
         cos, sin = emb.cos(), emb.sin()
         if attention != 1.0:  # yarn / longrope: transformers scales cos and sin in float32
             cos, sin = cos * attention, sin * attention
-        self.cos = cos.to(device or self.cos.device)
-        self.sin = sin.to(device or self.sin.device)
+        self._cos, self._sin = cos.to(self._cos.device), sin.to(self._sin.device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

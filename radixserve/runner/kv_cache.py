@@ -85,7 +85,19 @@ def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int,
     their slot's tensors."""
     groups = groups or KVGroups.single(model.num_layers)
     shape = (num_blocks, block_size, model.num_kv_heads, row_width(model, dtype))
-    slots = [(torch.zeros(shape, dtype=dtype, device=device),
-              torch.zeros(shape, dtype=dtype, device=device))
+    slots = [(_zeroed(shape, dtype, device), _zeroed(shape, dtype, device))
              for _ in range(groups.unit_layers)]
     return [slots[slot] for _, _, slot in groups.layer_slots()]
+
+
+_FRESH_BYTES = 64 << 20  # above glibc's largest mmap threshold (32 MiB): always fresh pages
+
+
+def _zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On the CPU a large one is left to the kernel's zero pages (an allocation
+    over glibc's mmap threshold is always a fresh mapping), so the pool is not written through
+    at start-up (a second per GB) and its memory is resident only as blocks are used."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if device.type != "cpu" or t.nbytes < _FRESH_BYTES:
+        t.zero_()
+    return t
