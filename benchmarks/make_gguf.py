@@ -11,8 +11,8 @@ published configs' (``SHAPES``). Recipes type the tensors as llama.cpp's quantiz
   Q6_K -> Q8_0).
 
 Blocks are written directly as random bytes with their f16 scales set to a range that gives
-weights of standard deviation ~0.02 (no float weights are made or quantized), tensor by tensor
-straight to the file, so an 8B file takes about a minute and memory for one tensor. The tokenizer is the
+weights of standard deviation ~0.02 (no float weights are made or quantized), tensor by
+tensor straight to the file, so an 8B file takes about a minute and memory for one tensor. The tokenizer is the
 embedded SmolLM2's (byte-level BPE), padded with unused tokens to the shape's vocabulary size, so
 the embedding and head have their real size. The text is noise: use the files for speed and
 memory (``--eos-mode ignore_eos``), not quality.

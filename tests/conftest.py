@@ -8,6 +8,8 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# derived-data caches (the GGUF tokenizer's) in a folder of this run, not the user's home
+os.environ.setdefault("RADIXSERVE_CACHE_DIR", __import__("tempfile").mkdtemp(prefix="rs-cache-"))
 
 from pathlib import Path  # noqa: E402
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 import traceback
 
@@ -60,13 +61,23 @@ def build_engine(kwargs: dict, model: str | None):
     root = logging.getLogger("radixserve")
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    apply_engine_threads(kwargs.get("threads"))
-    from radixserve.config import engine_config  # torch loads from here on
+    threads = apply_engine_threads(kwargs.get("threads"))
+    import torch  # loads from here on
+
+    from radixserve.config import engine_config
     from radixserve.engine.build import build_engine_core
+    from radixserve.engine.thread_governor import ThreadGovernor
     from radixserve.models.source import ModelSource
 
     config = engine_config(model, **kwargs)
-    return build_engine_core(config, ModelSource.resolve(model), show_progress=False)
+    engine = build_engine_core(config, ModelSource.resolve(model),  # a bar after 1 s of load
+                               show_progress=sys.stderr.isatty())
+    if kwargs.get("threads") is None and threads > 1 and config.parallel.tensor_parallel_size == 1:
+        engine.threads = ThreadGovernor.for_engine(threads, torch.set_num_threads)
+        logging.getLogger(__name__).info(
+            "threads: %d, fewer while other processes keep its CPUs busy (--threads N fixes "
+            "the count)", threads)
+    return engine
 
 
 def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:

@@ -17,6 +17,7 @@ from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
 from radixserve.core.state_summary import engine_state
 from radixserve.core.reports import EngineCoreOutput, EngineState
+from radixserve.engine.thread_governor import FixedThreads
 from radixserve.messages import EngineCoreOutputs, EngineCoreRequest, EngineStateQuery
 from radixserve.sampling_params import SamplingParams
 from radixserve.structured.manager import StructuredOutputManager
@@ -35,6 +36,7 @@ class EngineCore:
         self.runner = runner
         self.vocab_size = vocab_size
         self.structured = structured
+        self.threads = FixedThreads()  # the server's engine process may set a ThreadGovernor
         self._rng = random.Random(seed)
 
     @property
@@ -128,8 +130,9 @@ class EngineCore:
                 bitmask = self.structured.bitmask(sched, self.scheduler.requests)
             start = time.perf_counter()
             result = self.runner.execute(sched, bitmask)
-            self.scheduler.spec.observe_step(  # the target's share (the draft model's apart)
-                sched.num_batched_tokens, time.perf_counter() - start - result.draft_seconds)
+            target = time.perf_counter() - start - result.draft_seconds  # the draft's apart
+            self.scheduler.spec.observe_step(sched.num_batched_tokens, target)
+            self.threads.observe(sched.num_batched_tokens, target)
         except Exception as exc:  # noqa: BLE001 - the batch's fault, not the engine's
             if bitmask is not None:  # its matchers may still be read by the mask thread
                 futures.wait([bitmask.bitmask])

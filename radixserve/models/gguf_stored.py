@@ -80,7 +80,7 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
     requantized: list[str] = []
     bar = tqdm(linears, desc="packing GGUF blocks", unit="matrix", disable=not show_progress,
-               leave=False)
+               leave=False, delay=1.0)
     for prefix, parent, name in bar:
         base = f"{prefix}.{name}" if prefix else name
         shards = ([base] if f"{base}.weight" in tensors  # stored fused (Phi-3's attn_qkv)

@@ -82,7 +82,7 @@ def load_half_stored(model: nn.Module, path: str, device: torch.device,
     linears = [(prefix, parent, name) for prefix, parent in model.named_modules()
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
     bar = tqdm(linears, desc="packing 16-bit matrices", unit="matrix",
-               disable=not show_progress, leave=False)
+               disable=not show_progress, leave=False, delay=1.0)
     for prefix, parent, name in bar:
         base = f"{prefix}.{name}" if prefix else name
         shards = [base.rsplit(name, 1)[0] + shard for shard in packed.get(name, (name,))]

@@ -84,7 +84,7 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
     else:
         weights, total = _safetensors_weights(source.path), None
     bar = tqdm(weights, total=total, desc=f"loading {source.name}", unit="tensor",
-               disable=not show_progress, leave=False)
+               disable=not show_progress, leave=False, delay=1.0)
     with torch.no_grad():
         model.load_weights((name, shard.take(name, t).to(device=device, dtype=dtype))
                            for name, t in bar)

@@ -19,6 +19,7 @@ from tokenizers import processors
 from tokenizers import Tokenizer as HFTokenizer
 
 from radixserve.gguf_reader import open_gguf
+from radixserve.tokenizer.backend_cache import cached_backend
 from radixserve.tokenizer.byte_pieces import ByteLevelDetokenizer, TokenBytes, token_bytes
 from radixserve.tokenizer.chat_template import render_chat_template
 from radixserve.tokenizer.detokenizer import IncrementalDetokenizer
@@ -131,7 +132,9 @@ class Tokenizer:
         if not isinstance(reader, GGUFReader):
             reader = open_gguf(reader)
         meta = _gguf_tokenizer_fields(reader)
-        backend = gguf_backend(meta, _gguf_architecture(reader))
+        architecture = _gguf_architecture(reader)
+        backend = cached_backend(reader, architecture,
+                                 functools.partial(gguf_backend, meta, architecture))
         bos_id = meta.get("ggml.bos_token_id")
         eos_id = meta.get("ggml.eos_token_id")
         # A SentencePiece file without the flag gets a BOS, as in llama.cpp and transformers.

@@ -1,0 +1,113 @@
+"""The GGUF block kernel at real sizes against the machine's limits, per CPU level.
+
+Batch 1 (GEMV) is bound by memory: each weight byte is read once a step. This measures the read
+bandwidth (a 2 GB float32 ``torch.sum`` on the same threads) and then, per level and file type,
+a set of matrices of a 3B model's shapes (3072 x 8192 and 8192 x 3072, random valid blocks, more
+bytes than the last-level cache) multiplied by 1, 16 and 128 rows: GB/s of weights read and the
+share of the bandwidth at 1 row, GMAC/s (multiply-adds) at more rows.
+
+    .venv/bin/python benchmarks/bench_gemv.py [--levels amx,avx2] [--types Q4_K,Q8_0]
+        [--rows 1,16,128] [--gb 1.5] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_gguf import random_blocks  # noqa: E402
+
+from radixserve.kernels import native  # noqa: E402
+from radixserve.layers.block_linear import BlockLinear  # noqa: E402
+
+_T = gguf.GGMLQuantizationType
+SHAPES = [(8192, 3072), (3072, 8192)]  # a 3B layer's gate/up and down
+
+
+def read_bandwidth() -> float:
+    x = torch.ones(512 << 20, dtype=torch.float32)  # 2 GiB
+    x.sum()
+    t = time.perf_counter()
+    for _ in range(5):
+        x.sum()
+    return x.numel() * 4 * 5 / (time.perf_counter() - t) / 1e9
+
+
+def matrices(kind: str, gb: float) -> list[tuple[BlockLinear, int, int]]:
+    rng = np.random.default_rng(0)
+    out, total = [], 0.0
+    while total < gb * 1e9:
+        n, k = SHAPES[len(out) % 2]
+        if kind in ("F16", "BF16"):
+            half = torch.randn(n, k).to(torch.float16 if kind == "F16" else torch.bfloat16)
+            raw = half.view(torch.uint8).reshape(n, 2 * k)
+        else:
+            raw = torch.from_numpy(random_blocks(rng, kind, n, k))
+        layer = BlockLinear.from_stored([(_T[kind], raw)], k)
+        out.append((layer, n, k))
+        total += raw.numel()
+    return out
+
+
+def time_rows(layers, rows: int, reps: int) -> float:
+    xs = {k: torch.randn(rows, k) for _, _, k in layers}
+    for layer, _, k in layers:
+        layer(xs[k])
+    t = time.perf_counter()
+    for _ in range(reps):
+        for layer, _, k in layers:
+            layer(xs[k])
+    return (time.perf_counter() - t) / reps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    info = native.describe()
+    ap.add_argument("--levels", default=",".join(lv for lv in info.runnable if lv in info.built))
+    ap.add_argument("--types", default="Q4_K,Q4_0,Q5_K,Q6_K,Q8_0,F16,BF16")
+    ap.add_argument("--rows", default="1,16,128")
+    ap.add_argument("--gb", type=float, default=1.5, help="weights per type, GB")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    bw = read_bandwidth()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
+                .splitlines() if ln.startswith("model name")), "unknown CPU")
+    print(f"{cpu}, {args.threads} threads, load average {os.getloadavg()[0]:.2f}; "
+          f"read bandwidth {bw:.1f} GB/s")
+    rows = [int(r) for r in args.rows.split(",")]
+    print("| level | type | " + " | ".join(
+        f"{r} row{'s' if r > 1 else ''}" for r in rows) + " |")
+    print("|---" * (len(rows) + 2) + "|")
+    for level in args.levels.split(","):
+        os.environ[native.ISA_ENV] = level
+        native.reset()
+        if native.load() is None:
+            print(f"| {level} | not available here |")
+            continue
+        for kind in args.types.split(","):
+            layers = matrices(kind, args.gb)
+            stored = sum(layer.out_features * k * (2 if kind in ("F16", "BF16") else
+                                                    gguf.GGML_QUANT_SIZES[_T[kind]][1]
+                                                    / gguf.GGML_QUANT_SIZES[_T[kind]][0])
+                         for layer, _, k in layers)
+            macs = sum(n * k for _, n, k in layers)
+            cells = []
+            for r in rows:
+                dt = time_rows(layers, r, 5 if r == 1 else 2)
+                cells.append(f"{stored / dt / 1e9:.1f} GB/s ({stored / dt / 1e9 / bw:.0%})"
+                             if r == 1 else f"{macs * r / dt / 1e9:.0f} GMAC/s")
+            print(f"| {level} | {kind} | " + " | ".join(cells) + " |", flush=True)
+            del layers
+
+
+if __name__ == "__main__":
+    main()

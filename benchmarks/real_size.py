@@ -1,0 +1,190 @@
+"""radixserve and llama.cpp's llama-server side by side on one GGUF file of a real model's shape.
+
+For each server in turn (never two at once): the time from launch to a 200 on ``/health``, the
+peers' client (``../shared/peers/bench_client.py``, greedy, EOS ignored) on workloads ``a`` (one
+stream, 128-token prompt, 128 out: TTFT and decode tok/s), ``b16`` / ``b64`` (16 / 64 streams)
+and ``a2k`` (one 2,048-token prompt: TTFT), then the resident memory of the server's processes
+(both of radixserve's). radixserve runs with speculation off and with its default (``auto``).
+Both servers get the same KV capacity (``--kv-tokens``) and threads. Prints one row per server
+with the CPU, the load average, and radixserve's ratios to llama-server.
+
+    LLAMA_SERVER=/path/to/llama-server .venv/bin/python benchmarks/real_size.py \\
+        --model /tmp/llama-3.2-3b-q4_k_m.gguf --workloads a,b16,a2k
+
+Make the files with ``benchmarks/make_gguf.py`` (every shape there uses the embedded model's
+tokenizer, so one prompt set serves them all). Set RADIXSERVE_CPU_ISA to force a lower kernel
+level (llama-server keeps its own build's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = Path(os.environ.get("RADIXSERVE_PEERS", ROOT.parent / "shared" / "peers"))
+WORKLOADS = {"a": "a", "b16": "b16", "b64": "b64", "a2k": "a"}  # ours -> the client's
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def prompts(folder: Path) -> tuple[Path, Path]:
+    """The peers' prompt set for the embedded tokenizer (made once), and its 2k variant: each
+    rep's ``a`` prompt is its sixteen ``b16`` prompts joined (2,048 tokens, give or take the
+    joins)."""
+    from radixserve.models.default import default_model_path
+
+    base, long = folder / "prompts.json", folder / "prompts-2k.json"
+    if not base.exists():
+        model_dir = folder / "tokenizer-model"
+        model_dir.mkdir(exist_ok=True)
+        gguf = Path(default_model_path())
+        link = model_dir / gguf.name
+        if not link.exists():
+            link.symlink_to(gguf)
+        subprocess.run([sys.executable, str(PEERS / "make_prompts.py"), "--model-dir",
+                        str(model_dir), "--gguf", gguf.name, "--out", str(base)], check=True)
+    if not long.exists():
+        data = json.loads(base.read_text())
+        data["a"] = [[" ".join(rep)] for rep in data["b16"]]
+        long.write_text(json.dumps(data))
+    return base, long
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and its descendants, MB."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(next(ln.split()[1] for ln in status.splitlines()
+                              if ln.startswith("VmRSS")))
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue
+    return total / 1024
+
+
+def start(cmd: list[str], port: int, log: Path, timeout: float = 900) -> tuple[subprocess.Popen,
+                                                                               float]:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    while time.perf_counter() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[0]} exited {proc.returncode}: see {log}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return proc, time.perf_counter() - t0
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"{cmd[0]} not ready in {timeout} s")
+
+
+def run_client(port: int, peer: str, model: str, files: tuple[Path, Path], workloads: list[str],
+               reps: int, out: Path) -> dict[str, dict[str, float]]:
+    """Median figures per workload."""
+    figures: dict[str, dict[str, float]] = {}
+    for name in workloads:
+        prompt_file = files[1] if name == "a2k" else files[0]
+        res = out / f"{peer}-{name}.jsonl"
+        res.unlink(missing_ok=True)
+        subprocess.run([sys.executable, str(PEERS / "bench_client.py"), "run", "--base-url",
+                        f"http://127.0.0.1:{port}", "--model", model, "--peer", peer,
+                        "--prompts", str(prompt_file), "--out", str(res), "--workloads",
+                        WORKLOADS[name], "--reps", str(reps), "--eos-mode", "ignore_eos"],
+                       check=True, stdout=subprocess.DEVNULL)
+        recs = [json.loads(ln) for ln in res.read_text().splitlines() if ln.strip()]
+        med = {k: statistics.median(r[k] for r in recs if r.get(k) is not None)
+               for k in ("output_tok_s", "ttft_s", "decode_tok_s", "wall_s")
+               if any(r.get(k) is not None for r in recs)}
+        med["bad"] = sum(r.get("bad_token_counts", 0) for r in recs)
+        figures[name] = med
+    return figures
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, help="a GGUF file (benchmarks/make_gguf.py)")
+    ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
+    ap.add_argument("--workloads", default="a,b16,a2k")
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--kv-tokens", type=int, default=36864,
+                    help="KV capacity of both servers (llama-server: -c, 16 slots)")
+    ap.add_argument("--radixserve-only", action="store_true")
+    ap.add_argument("--speculative", default="off,auto", help="radixserve runs, comma separated")
+    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "radixserve-real-size"))
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    files = prompts(work)
+    workloads = args.workloads.split(",")
+    name = Path(args.model).stem
+    t = str(args.threads)
+    runs = []
+    if not args.radixserve_only:
+        if not args.llama_server:
+            sys.exit("set LLAMA_SERVER or --llama-server (or --radixserve-only)")
+        runs.append(("llama-server", [args.llama_server, "-m", args.model, "--host", "127.0.0.1",
+                                      "--port", "8491", "-t", t, "-tb", t, "-np", "16", "-c",
+                                      str(args.kv_tokens), "-cb"], 8491))
+    for spec in args.speculative.split(","):
+        runs.append((f"radixserve-spec-{spec}",
+                     [str(ROOT / ".venv/bin/radixserve"), "serve", "--model", args.model,
+                      "--port", "8492", "--threads", t, "--speculative", spec,
+                      "--num-kv-blocks", str(args.kv_tokens // 16), "--max-model-len", "4096",
+                      "--served-model-name", name], 8492))
+    rows = []
+    for peer, cmd, port in runs:
+        proc, ready = start(cmd, port, work / f"{peer}.log")
+        try:
+            figs = run_client(port, peer, name, files, workloads, args.reps, work)
+            rss = tree_rss_mb(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+        rows.append((peer, ready, rss, figs))
+        time.sleep(2)
+    print(f"\n{name}: {cpu_name()}, {os.cpu_count()} CPUs, threads {t}, kernel level "
+          f"{os.environ.get('RADIXSERVE_CPU_ISA', 'best')}, load average "
+          f"{os.getloadavg()[0]:.2f}, {args.reps} rep(s), KV {args.kv_tokens} tokens")
+    cols = [("ready s", lambda r: r[1]), ("RSS MB", lambda r: r[2])]
+    for w in workloads:
+        if w in ("a", "a2k"):
+            cols.append((f"{w} TTFT s", lambda r, w=w: r[3][w].get("ttft_s")))
+        if w == "a":
+            cols.append(("a decode tok/s", lambda r: r[3]["a"].get("decode_tok_s")))
+        if w.startswith("b"):
+            cols.append((f"{w} tok/s", lambda r, w=w: r[3][w].get("output_tok_s")))
+    print("| server | " + " | ".join(c for c, _ in cols) + " | bad counts |")
+    print("|---" * (len(cols) + 2) + "|")
+    peer_row = rows[0] if rows[0][0] == "llama-server" else None
+    for row in rows:
+        cells = []
+        for _, get in cols:
+            v = get(row)
+            ratio = get(peer_row) if peer_row and row is not peer_row else None
+            text = "-" if v is None else f"{v:,.0f}" if v >= 1000 else f"{v:.3g}"
+            cells.append(text + (f" ({v / ratio:.2f}x)" if v is not None and ratio else ""))
+        bad = sum(f.get("bad", 0) for f in row[3].values())
+        print(f"| {row[0]} | " + " | ".join(cells) + f" | {bad} |")
+
+
+if __name__ == "__main__":
+    main()
