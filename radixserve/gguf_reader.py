@@ -32,7 +32,8 @@ class FastGGUFReader(GGUFReader):
 
     @data.setter
     def data(self, value: np.ndarray) -> None:
-        self._bytes = value.view(np.ndarray)  # the memmap's buffer, without its subclass
+        self.mapped = value  # the np.memmap (its ``_mmap`` takes madvise: gguf_stored.py)
+        self._bytes = value.view(np.ndarray)  # the same buffer, without the subclass
 
     def _get_field_parts(self, orig_offs: int, raw_type: int):
         if raw_type != _ARRAY or self.byte_order != "I" or sys.byteorder != "little":

@@ -215,8 +215,9 @@ class _Pages:
     do not stay in the process's memory beside the packed copy."""
 
     def __init__(self, reader) -> None:
-        self._map = getattr(reader.data, "_mmap", None)
-        self._base = getattr(reader.data, "offset", 0)
+        mapped = getattr(reader, "mapped", reader.data)  # gguf_reader.py's keeps the memmap
+        self._map = getattr(mapped, "_mmap", None)
+        self._base = getattr(mapped, "offset", 0)
 
     def release(self, tensor) -> None:
         if self._map is None or not hasattr(mmap, "MADV_DONTNEED"):
