@@ -104,6 +104,11 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, q0, a0), q1, a1);
 }
 inline vi dot_codes(vi acc, vi q, vi a) { return _mm512_dpbusd_epi32(acc, q, a); }
+// 4-bit codes' sums kept in int16 pairs over a block (q4x2_pairs) and widened once
+// (widen_pairs): only where the int32 step costs instructions (below VNNI; block_linear.cpp).
+constexpr bool kPairSums = false;
+inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) { return dot_q4x2(acc, q0, a0, q1, a1); }
+inline vi widen_pairs(vi acc) { return acc; }
 // Signed bytes q against signed bytes a (-127..127): acc += sum (q + kQ8Offset) * a, exact;
 // here q + 128 as the unsigned operand (the caller offsets by -128 * sum a).
 constexpr int kQ8Offset = 128;
@@ -248,6 +253,14 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(q0, a0), _mm256_maddubs_epi16(q1, a1));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
+// 4-bit codes: a block's four k-steps summed in int16 pairs (4 * 2 * (2 * 15 * 127) = 30,480 <
+// 2^15, exact), then one madd to int32 (widen_pairs) instead of one a k-step.
+constexpr bool kPairSums = true;
+inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) {
+  return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(q0, a0),
+                                                _mm256_maddubs_epi16(q1, a1)));
+}
+inline vi widen_pairs(vi acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
 // Codes up to 63 fit too: 2 * (2 * 63 * 127) < 2^15.
 inline vi dot_codes(vi acc, vi q, vi a) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, a),
@@ -425,6 +438,12 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return acc + pairs_to_lanes(pair_products(q0, a0) + pair_products(q1, a1));
 }
 inline vi dot_codes(vi acc, vi q, vi a) { return acc + pairs_to_lanes(pair_products(q, a)); }
+// As on AVX2: a block's 4-bit sums in int16 pairs (|sum| <= 30,480), widened once.
+constexpr bool kPairSums = true;
+inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) {
+  return (vi)((v16i16)acc + pair_products(q0, a0) + pair_products(q1, a1));
+}
+inline vi widen_pairs(vi acc) { return pairs_to_lanes((v16i16)acc); }
 constexpr int kQ8Offset = 0;  // signed bytes: |products| <= 128 * 127, pairs within int16
 inline vi dot_s8(vi acc, vi q, vi a) { return acc + pairs_to_lanes(pair_products(q, a)); }
 inline vi low_nibbles(vi raw) { return (vi)((v32u8)raw & (uint8_t)0x0F); }
