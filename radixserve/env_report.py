@@ -108,6 +108,8 @@ def report(model: str | None, quantization: str = "auto",
     lines += ["threads:", f"  engine: {cpu_threads.engine_threads(None)} (affinity {affinity}, "
                           f"cgroup quota {quota if quota is not None else 'none'}; "
                           "--threads overrides)",
+              "  serve: one fewer for each CPU other processes keep busy, back when they are free "
+              "(engine/thread_governor.py; not with --threads)",
               f"  torch in this process: {torch.get_num_threads()}"]
     source = ModelSource.resolve(model)
     reader = open_gguf(source.path) if source.kind == "gguf" else None
