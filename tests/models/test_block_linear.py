@@ -70,16 +70,19 @@ def test_block_linear_close_to_the_dequantized_weights(qtype, shape):
 @needs_native
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_block_linear_rows_are_bit_identical_alone_or_in_any_batch(qtype):
-    """Single rows and small groups take the dot-product path, 40 rows the AMX one for the
-    4-bit legacy types (where the CPU has it): the same exact integer sums and float steps."""
-    n, k = 80, 512
+    """Single rows and small groups take the dot-product path; 40 and 100 rows the AMX one
+    for the 4-bit legacy types (where the CPU has it), the others the weights decoded once per
+    work item (block_linear.cpp, from 12 rows below AVX-512 and 96 at it): the same exact
+    integer sums and float steps. n = 72: a group pair and a lone, part-filled group."""
+    n, k = 72, 512
     raw, _ = _matrix(qtype, n, k, seed=1)
     layer = BlockLinear.from_stored([(qtype, raw)], k, torch.randn(n))
-    x = _input(40, k, seed=2)
+    x = _input(100, k, seed=2)
     batched = layer(x)
-    assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(40)]), batched)
-    assert torch.equal(torch.cat([layer(x[i:i + 3]) for i in range(0, 40, 3)]), batched)
+    assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(100)]), batched)
+    assert torch.equal(torch.cat([layer(x[i:i + 3]) for i in range(0, 100, 3)]), batched)
     assert torch.equal(layer(x[:33])[:5], batched[:5])
+    assert torch.equal(layer(x[:40]), batched[:40])
     assert layer(x[:0]).shape == (0, n)
 
 
