@@ -117,7 +117,8 @@ def test_openapi_describes_every_route(server):
     described = {p: sorted(ops) for p, ops in schema["paths"].items()}
     served = {
         "/health": ["get"], "/version": ["get"], "/load": ["get"], "/metrics": ["get"],
-        "/v1/models": ["get"], "/tokenize": ["post"], "/detokenize": ["post"],
+        "/v1/models": ["get"], "/v1/models/{model}": ["get"], "/tokenize": ["post"],
+        "/detokenize": ["post"],
         "/v1/completions": ["post"], "/v1/chat/completions": ["post"],
         "/v1/chat/completions/render": ["post"], "/v1/completions/render": ["post"],
         "/v1/embeddings": ["post"],

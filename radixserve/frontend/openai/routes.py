@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from urllib.parse import unquote
 
 import msgspec
 
@@ -32,6 +33,16 @@ from radixserve.frontend.openai.serving import ServingContext
 from radixserve.frontend.openai.serving_chat import ChatServer, render_messages
 from radixserve.frontend.openai.serving_completion import CompletionServer, request_size
 from radixserve.frontend.openai.serving_embedding import EmbeddingServer
+
+
+def _anthropic(call: Call) -> bool:
+    return any(k == b"anthropic-version" for k, _ in call.scope.get("headers", ()))
+
+
+def _anthropic_card(name: str) -> dict:
+    """Anthropic's ModelInfo for the served model."""
+    return {"type": "model", "id": name, "display_name": name,
+            "created_at": "1970-01-01T00:00:00Z"}
 
 
 class OpenAIRoutes:
@@ -61,6 +72,10 @@ class OpenAIRoutes:
                   EmbeddingResponse),
             Route("GET", "/v1/models", self.models, OPENAI, "The served model",
                   response=ModelList),
+            Route("GET", "/v1/models/{model}", self.model, OPENAI,
+                  "One model by id (404 for another id)", response=ModelCard),
+            # ids with a slash ("org/name"): the SDKs put them in the path unescaped
+            Route("GET", "/v1/models/", self.model, OPENAI, is_prefix=True, in_schema=False),
             Route("POST", "/tokenize", self.tokenize, OPENAI, "Tokenize a prompt or messages",
                   TokenizeRequest, TokenizeResponse),
             Route("POST", "/detokenize", self.detokenize, OPENAI, "Token ids back to text",
@@ -133,9 +148,22 @@ class OpenAIRoutes:
                                     for text, ids in prompts])
 
     async def models(self, call: Call):
+        if _anthropic(call):
+            card = _anthropic_card(self.ctx.model_name)
+            return msgspec.json.encode({"data": [card], "has_more": False,
+                                        "first_id": card["id"], "last_id": card["id"]})
         return ModelList(data=[ModelCard(id=self.ctx.model_name,
                                          max_model_len=self.ctx.max_model_len)]
                          ).model_dump_json().encode()
+
+    async def model(self, call: Call):
+        """``GET /v1/models/{id}``: the served model's card (Anthropic's shape when the
+        request carries ``anthropic-version``, as the anthropic SDK's does), 404 otherwise."""
+        name = unquote(call.scope["path"][len("/v1/models/"):])
+        self.ctx.check_model(name)  # 404 (OpenAI's shape, which the anthropic SDK reads too)
+        if _anthropic(call):
+            return msgspec.json.encode(_anthropic_card(name))
+        return ModelCard(id=name, max_model_len=self.ctx.max_model_len).model_dump_json().encode()
 
     async def tokenize(self, call: Call):
         body = parse_body(TokenizeRequest, call.body)
