@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
+from radixserve.arg_types import DefaultsFormatter
 from radixserve.cli_args import add_engine_args, add_sampling_args, engine_kwargs, sampling_params
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser = functools.partial(sub.add_parser, formatter_class=DefaultsFormatter)
 
     gen = sub.add_parser("generate", help="print a continuation of a prompt")
     gen.add_argument("prompt", help="the prompt text")

@@ -25,13 +25,14 @@ import signal
 import sys
 import tempfile
 
-from radixserve.arg_types import non_negative, positive_int
+from radixserve.arg_types import non_negative, port, positive, positive_int
 from radixserve.cli_args import add_engine_args, engine_kwargs
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (0.0.0.0: every interface)")
+    parser.add_argument("--port", type=port, default=8000, help="TCP port, 1-65535")
     parser.add_argument("--api-key", default=os.environ.get("RADIXSERVE_API_KEY"),
                         help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' "
                              "(env RADIXSERVE_API_KEY)")
@@ -45,12 +46,15 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "in for a model's decode step (default: back to back)")
     parser.add_argument("--mock-max-seqs", type=int, default=1024,
                         help="with --mock-engine: requests running at once (others wait)")
-    parser.add_argument("--tool-call-parser", default=None,
-                        help="parse tool calls from the output (hermes, qwen2_5, qwen3)")
+    parser.add_argument("--tool-call-parser", default="hermes",
+                        help="the tool-call format read from the output when a request has "
+                             "tools (hermes, qwen2_5, qwen3: <tool_call> blocks, also what a "
+                             "chat template without tool support is given: "
+                             "tokenizer/tool_prompt.py)")
     parser.add_argument("--reasoning-parser", default=None,
                         help="split <think> reasoning into reasoning_content "
                              "(think, qwen3, deepseek_r1)")
-    parser.add_argument("--max-n", type=int, default=16, help="largest accepted n")
+    parser.add_argument("--max-n", type=positive_int, default=16, help="largest accepted n")
     parser.add_argument("--task", default="auto", choices=["auto", "embed"],
                         help="embed: serve /v1/embeddings (pooled final hidden states) even "
                              "for a model whose files name no pooling (auto: embedding "
@@ -70,16 +74,19 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "(default: in memory)")
     parser.add_argument("--response-store-max", type=positive_int, default=10_000,
                         metavar="N", help="responses kept; the oldest are evicted first")
-    parser.add_argument("--drain-timeout", type=float, default=30.0,
+    parser.add_argument("--drain-timeout", type=non_negative, default=30.0,
                         help="seconds to finish in-flight requests on shutdown")
-    parser.add_argument("--startup-timeout", type=float, default=600.0)
+    parser.add_argument("--startup-timeout", type=positive, default=600.0,
+                        help="seconds the engine may take to load before the server gives up")
     parser.add_argument("--no-engine-restart", action="store_true",
                         help="if the engine process dies, exit non-zero (for an outside "
                              "supervisor) instead of starting a new one")
     parser.add_argument("--engine-restart-attempts", type=positive_int, default=5,
                         help="consecutive failed engine restarts (with back-off) before the "
                              "server gives up and exits non-zero")
-    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--log-level", default="warning",
+                        choices=["critical", "error", "warning", "info", "debug", "trace"],
+                        help="the HTTP server's log level")
     add_engine_args(parser)
     from radixserve.cluster.dp_args import add_dp_args
     from radixserve.frontend.http.limits import add_limit_args
@@ -101,7 +108,7 @@ def serve(args: argparse.Namespace) -> int:
     from radixserve.models.source import ModelSource
 
     source = ModelSource.resolve(args.model)
-    tool_parser = get_tool_parser(args.tool_call_parser) if args.tool_call_parser else None
+    tool_parser = get_tool_parser(args.tool_call_parser)
     reasoning = get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None
     embedding = _embedding_setup(source, args)
     kwargs = engine_kwargs(args)

@@ -46,3 +46,27 @@ def test_corrupt_gguf_is_a_clear_error(tmp_path, capsys):
     bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 10)
     assert main(["generate", "hi", "--model", str(bad)]) == 2
     assert "not a valid GGUF" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port", ["0", "99999", "-1", "http"])
+def test_serve_refuses_a_bad_port_before_loading(port, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--port", port])
+    assert exc.value.code == 2
+    assert "--port" in capsys.readouterr().err
+
+
+def test_serve_help_names_every_option_and_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for line in ("--host HOST address to listen on", "(default: 127.0.0.1)",
+                 "--port PORT TCP port, 1-65535 (default: 8000)",
+                 "gives up (default: 600.0)"):
+        assert line in text
+    import argparse
+
+    from radixserve.serve import add_serve_args
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    assert [a.dest for a in parser._actions if not a.help] == []

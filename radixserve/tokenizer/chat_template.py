@@ -19,6 +19,8 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from radixserve.tokenizer.tool_prompt import adapt_tools
+
 __all__ = ["ChatTemplateError", "compile_chat_template", "render_chat_template"]
 
 ChatTemplateError = jinja2.exceptions.TemplateError
@@ -116,16 +118,22 @@ def render_chat_template(
 
     The template sees `messages`, `tools`, `documents`, `add_generation_prompt`, the named special
     tokens (`bos_token`, `eos_token`, ...) and any extra `kwargs`, which take precedence over the
-    special tokens. The result equals `transformers`' `apply_chat_template(..., tokenize=False)`.
-    Tools must be JSON schemas (mappings), else `TypeError`; `ChatTemplateError` is raised when
-    the template calls `raise_exception`.
+    special tokens. The result equals `transformers`' `apply_chat_template(..., tokenize=False)`,
+    except where the template cannot render tools, tool calls or tool results: those go in as
+    text in the generic format (`tool_prompt.adapt_tools`). Tools must be JSON schemas
+    (mappings), else `TypeError`; `ChatTemplateError` is raised when the template calls
+    `raise_exception`.
     """
     if tools is not None and not all(isinstance(tool, Mapping) for tool in tools):
         raise TypeError("tools must be JSON-schema mappings")
+    for message in messages:
+        if not isinstance(message, Mapping):
+            raise TypeError(f"chat messages must be mappings, got {type(message).__name__}")
+    messages, tools = adapt_tools(source, messages, tools)
     context = {**(special_tokens or {}), **kwargs}
     return compile_chat_template(source).render(
         messages=_normalize_messages(messages),
-        tools=None if tools is None else [dict(tool) for tool in tools],
+        tools=tools,
         documents=None if documents is None else [dict(doc) for doc in documents],
         add_generation_prompt=add_generation_prompt,
         **context,

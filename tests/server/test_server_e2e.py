@@ -176,6 +176,22 @@ def test_health_version_models_load_metrics(server, client):
         assert name in text
 
 
+def test_models_retrieve_by_id_in_each_sdk(server, client, model):
+    card = client.models.retrieve(model)
+    assert (card.id, card.object, card.owned_by) == (model, "model", "radixserve")
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+    r = httpx.get(f"{server.url}/v1/models/org/no-such-model")  # a slash in the id
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    import anthropic
+    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    info = claude.models.retrieve(model)
+    assert (info.id, info.type, info.display_name) == (model, "model", model)
+    assert [m.id for m in claude.models.list().data] == [model]
+    with pytest.raises(anthropic.NotFoundError):
+        claude.models.retrieve("no-such-model")
+
+
 def _idle(server) -> bool:
     load = httpx.get(f"{server.url}/load").json()
     return load["num_requests_running"] == 0 and load["kv_cache_usage"] == 0
@@ -193,6 +209,29 @@ def test_disconnect_mid_stream_frees_blocks(server):
     while not _idle(server):
         assert time.monotonic() < deadline, "aborted request still holds KV blocks"
         time.sleep(0.1)
+
+
+def _generated(server) -> float:
+    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith("radixserve:generation_tokens_total{"):
+            return float(line.split()[-1])
+    raise AssertionError("no radixserve:generation_tokens_total")
+
+
+def test_generated_tokens_count_while_a_request_streams(server):
+    body = {"prompt": "Tell me a long story.", "max_tokens": 4000, "ignore_eos": True,
+            "stream": True}
+    before = _generated(server)
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(12):
+            next(lines)
+        assert _generated(server) >= before + 5  # not only when the request finishes
+    deadline = time.monotonic() + 10
+    while not _idle(server):  # the abort frees it; its tokens stay counted
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert _generated(server) >= before + 5
 
 
 def test_disconnect_non_streaming_frees_blocks(server):
@@ -239,6 +278,29 @@ def test_tool_calls_parse_from_hermes_text(server):
         "tool_choice": "auto", "max_tokens": 8, "temperature": 0}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+
+
+def test_an_agent_loop_round_trips_with_content_null(client, model, server):
+    """The second request of every agent loop: the assistant's tool call (content null, or
+    absent) and the tool's result go back into the prompt (the generic format on this
+    template: tokenizer/tool_prompt.py), through the openai SDK."""
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}}}}}]
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    for assistant in ({"role": "assistant", "content": None, "tool_calls": [call]},
+                      {"role": "assistant", "tool_calls": [call]}):
+        messages = [{"role": "user", "content": "What's the weather in Paris?"}, assistant,
+                    {"role": "tool", "tool_call_id": "call_1", "content": "22 C, sunny"}]
+        r = client.chat.completions.create(model=model, messages=messages, tools=tools,
+                                           max_tokens=8, temperature=0)
+        assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        rendered = httpx.post(f"{server.url}/v1/chat/completions/render", json={
+            "messages": messages, "tools": tools}).json()["prompt"]
+        assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in rendered
+        assert "<tool_response>\n22 C, sunny\n</tool_response>" in rendered
+        assert '"name": "get_weather", "parameters"' in rendered  # the definitions
 
 
 def test_streamed_logprobs_match_whole(client, model):

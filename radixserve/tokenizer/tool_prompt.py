@@ -1,0 +1,112 @@
+"""Tool calling through chat templates that know nothing of tools: the generic format.
+
+A template that never reads ``tools`` drops the definitions (the model never sees them), one
+that never reads ``tool_calls`` drops an assistant's calls from the history, and one with no
+``tool`` role may refuse tool results. For such a template the conversation is rewritten
+before rendering, so that an agent's loop works on any model (as llama-server's generic format
+does, in its own words):
+
+* the tool definitions go into the system message (one is added first when there is none),
+  with the instruction to call a tool as ``<tool_call>{"name": ..., "arguments": {...}}
+  </tool_call>``: the Hermes format, which the default tool-call parser reads
+  (frontend/parsers/tool_calls.py);
+* an assistant message's calls are written into its content in that format;
+* tool results become a user message of ``<tool_response>`` blocks (consecutive results in
+  one message, so templates that demand alternating roles accept them).
+
+A template that reads each of these renders the conversation as given. Every message's
+``content`` of None (an assistant's turn that only calls tools) is the empty string.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["adapt_tools", "reads_tools"]
+
+_TOOLS = re.compile(r"\btools\b")
+_TOOL_ROLE = re.compile(r"""['"](tool|ipython)['"]""")
+
+INSTRUCTIONS = (
+    "You may call one or more functions to assist with the user query. The functions are "
+    "given as JSON schemas within <tools></tools>:\n<tools>\n{tools}\n</tools>\n"
+    "To call a function, answer with a JSON object holding its name and arguments within "
+    "<tool_call></tool_call> tags, one block per call:\n"
+    '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>\n'
+    "Each result comes back within <tool_response></tool_response> tags.")
+
+
+def reads_tools(source: str) -> bool:
+    """Whether the template renders the ``tools`` it is given."""
+    return bool(_TOOLS.search(source))
+
+
+def adapt_tools(source: str, messages: Sequence[Mapping[str, Any]],
+                tools: Sequence[Mapping[str, Any]] | None
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """(messages, tools) for the template ``source``: as given where it reads them, else in
+    the generic format (the module's rules); contents of None become ""."""
+    out = [dict(m) for m in messages]
+    for m in out:
+        if m.get("content", "") is None:
+            m["content"] = ""
+    if tools and not reads_tools(source):
+        out = _with_definitions(out, tools)
+        tools = None
+    if "tool_calls" not in source:
+        for m in out:
+            if m.get("role") == "assistant" and m.get("tool_calls"):
+                m["content"] = _with_calls(m.get("content") or "", m.pop("tool_calls"))
+    if not _TOOL_ROLE.search(source):
+        out = _results_as_user(out)
+    return out, None if tools is None else [dict(t) for t in tools]
+
+
+def _with_definitions(messages: list[dict], tools: Sequence[Mapping[str, Any]]) -> list[dict]:
+    text = INSTRUCTIONS.format(tools="\n".join(json.dumps(t, ensure_ascii=False)
+                                               for t in tools))
+    if messages and messages[0].get("role") == "system":
+        first = messages[0]
+        head = first.get("content") or ""
+        if not isinstance(head, str):  # parts: keep them, add the text as one more
+            return [{**first, "content": [*head, {"type": "text", "text": text}]},
+                    *messages[1:]]
+        return [{**first, "content": f"{head}\n\n{text}" if head else text}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def _with_calls(content: str, calls: Sequence[Mapping[str, Any]]) -> str:
+    blocks = []
+    for call in calls:
+        fn = call.get("function") or {}
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                pass  # kept as the string the client sent
+        blocks.append("<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args},
+                                                   ensure_ascii=False) + "\n</tool_call>")
+    return "\n".join([content, *blocks] if content else blocks)
+
+
+def _results_as_user(messages: list[dict]) -> list[dict]:
+    out: list[dict] = []
+    for m in messages:
+        if m.get("role") != "tool":
+            out.append(m)
+            continue
+        content = m.get("content") or ""
+        if not isinstance(content, str):
+            content = "\n".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+        block = f"<tool_response>\n{content}\n</tool_response>"
+        if out and out[-1].get("role") == "user" and out[-1].get("_tool_results"):
+            out[-1]["content"] += "\n" + block
+        else:
+            out.append({"role": "user", "content": block, "_tool_results": True})
+    for m in out:
+        m.pop("_tool_results", None)
+    return out
