@@ -77,6 +77,9 @@ class MetricsSink:
     def on_token(self, itl: float) -> None:
         """The gap since the previous delivery of this request's tokens (one per engine step,
         or several when the consumer fell behind and they were merged)."""
+    def on_generated(self, num_tokens: int) -> None:
+        """Tokens the engine generated for a request, counted as they arrive (aborted
+        requests' too)."""
     def on_finish(self, state: RequestState, num_prompt: int, e2e: float) -> None: ...
     def on_abort(self, num_requests: int) -> None:
         """Engine requests aborted unfinished (the consumer stopped: client gone, timeout,
@@ -139,6 +142,7 @@ class AsyncLLM:
                     if step is None:
                         continue  # sent before our abort of a stop-string finish arrived
                     state, text, applied, abort = step
+                    self.metrics.on_generated(len(applied.new_token_ids))
                     if state.finished:
                         if abort:
                             await self.client.abort([rid])

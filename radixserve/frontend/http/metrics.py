@@ -89,7 +89,9 @@ class ServerMetrics(MetricsSink):
                                 ["model_name", "finished_reason"], registry=r)
         self.prompt_tokens = Counter("radixserve:prompt_tokens", "Prompt tokens processed.",
                                      labels, registry=r).labels(m)
-        self.generation_tokens = Counter("radixserve:generation_tokens", "Tokens generated.",
+        self.generation_tokens = Counter("radixserve:generation_tokens",
+                                         "Tokens generated, counted as they stream (aborted "
+                                         "requests' too).",
                                          labels, registry=r).labels(m)
         self.ttft = Histogram("radixserve:time_to_first_token_seconds", "Time to first token.",
                               labels, buckets=_LATENCY_BUCKETS, registry=r).labels(m)
@@ -115,11 +117,13 @@ class ServerMetrics(MetricsSink):
     def on_token(self, itl: float) -> None:
         self.itl.observe(itl)
 
+    def on_generated(self, num_tokens: int) -> None:
+        self.generation_tokens.inc(num_tokens)
+
     def on_finish(self, state: RequestState, num_prompt: int, e2e: float) -> None:
         self.requests.labels(self.model, state.finish_reason or "abort").inc()
         if state.index == 0:
             self.prompt_tokens.inc(num_prompt)
-        self.generation_tokens.inc(len(state.token_ids))
         self.e2e.observe(e2e)
 
     def on_abort(self, num_requests: int) -> None:
