@@ -128,7 +128,9 @@ class Guard:
                 return await self._send(scope, send, OpenAIError(
                     "invalid or missing API key", 401, "authentication_error",
                     code="invalid_api_key"))
-        if (refusal := unsupported_media_type(scope["method"], headers)) is not None:
+        wire = self.router.wire_for(scope["path"])
+        json_only = wire is None or wire.json_only
+        if (refusal := unsupported_media_type(scope["method"], headers, json_only)) is not None:
             return await self._send(scope, send, refusal)
         if not body_reader.has_body(headers):
             return await self.router(scope, receive, send)

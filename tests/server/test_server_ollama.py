@@ -128,3 +128,20 @@ def test_bad_input_answers_in_ollama_shape(server, model, path, body, status, wo
     ok = httpx.post(f"{server.url}/api/generate", json={
         "model": model, "prompt": "Hi", "stream": False, "options": {"num_predict": 2}})
     assert ok.status_code == 200 and ok.json()["done"]
+
+
+def test_bodies_of_any_content_type_as_ollama_reads_them(server, model):
+    body = json.dumps({"model": model, "prompt": "Hi", "stream": False,
+                       "options": {"num_predict": 2}})
+    for headers in ({"Content-Type": "application/x-www-form-urlencoded"},  # curl -d
+                    {"Content-Type": "text/plain"}, {}):
+        r = httpx.post(f"{server.url}/api/generate", content=body, headers=headers)
+        assert r.status_code == 200 and r.json()["done"], (headers, r.text)
+    # from a browser page (Origin) a body must still be declared JSON; refused in Ollama's shape
+    r = httpx.post(f"{server.url}/api/generate", content=body,
+                   headers={"Content-Type": "text/plain", "Origin": "http://evil.example"})
+    assert r.status_code == 415 and list(r.json()) == ["error"], r.text
+    # the OpenAI routes keep requiring JSON
+    r = httpx.post(f"{server.url}/v1/completions", content=body,
+                   headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415 and "error" in r.json() and "message" in r.json()["error"]

@@ -1,5 +1,7 @@
 """Which request bodies the server reads: every POST route takes JSON, so a POST must say
-``Content-Type: application/json`` (optionally ``; charset=utf-8``), else 415.
+``Content-Type: application/json`` (optionally ``; charset=utf-8``), else 415. An API whose
+own clients send JSON under any type (Ollama's: ``curl -d``, litellm) is read whatever the
+type, unless the request comes from a browser (it carries ``Origin``).
 
 This is what makes a cross-site form or ``fetch`` with ``text/plain`` (a "simple" request,
 sent by a browser without a CORS preflight) unable to drive an unauthenticated server: a web
@@ -14,10 +16,11 @@ _BODY_METHODS = {"POST", "PUT", "PATCH"}
 _UTF8 = {b"utf-8", b"utf8"}
 
 
-def unsupported_media_type(method: str, headers: dict[bytes, bytes]) -> OpenAIError | None:
+def unsupported_media_type(method: str, headers: dict[bytes, bytes],
+                           json_only: bool = True) -> OpenAIError | None:
     """The 415 error for a request whose body is not declared as UTF-8 JSON; None when it is
-    (or the method carries no body)."""
-    if method not in _BODY_METHODS:
+    (or the method carries no body, or not ``json_only`` and no ``Origin`` header)."""
+    if method not in _BODY_METHODS or (not json_only and b"origin" not in headers):
         return None
     given = headers.get(b"content-type")
     if given is None:

@@ -57,7 +57,8 @@ class Wire:
     """How one API writes answers: its error body (``send_error``), the guard's refusals on
     its paths (``send_refusal``: 401, 408, 413, 415), and its streams (``stream_headers``,
     an error after the stream started as a last chunk ``error_chunk(exc)`` (None: none),
-    then ``tail``; a chunk ending with ``ends`` closes the stream itself)."""
+    then ``tail``; a chunk ending with ``ends`` closes the stream itself), and whether its
+    POST bodies must be declared JSON (``json_only``)."""
 
     send_error: Callable[[Callable, Exception], Awaitable[None]]
     send_refusal: Callable[[Callable, Exception], Awaitable[None]]
@@ -66,6 +67,7 @@ class Wire:
     tail: bytes = b""
     ends: bytes | None = None
     stream_doc: str = ""  # what /openapi.json says of a stream
+    json_only: bool = True  # False: POST bodies of any Content-Type (content_type.py)
 
     @property
     def stream_media(self) -> str:

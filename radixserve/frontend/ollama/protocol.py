@@ -96,9 +96,10 @@ class _Generating(OllamaRequest):
     def openai_fields(self) -> dict:
         """The sampling and format fields of the equivalent OpenAI request."""
         fields = sampling_fields(self.options or {})
-        fields["stream"] = bool(self.stream)
-        if fields["stream"]:
-            fields["stream_options"] = {"include_usage": True}
+        # streamed even for stream: false (serving.collect joins it): the first token's time
+        # gives prompt_eval_duration and eval_duration
+        fields["stream"] = True
+        fields["stream_options"] = {"include_usage": True}
         if self.format == "json":
             fields["response_format"] = {"type": "json_object"}
         elif isinstance(self.format, dict):

@@ -22,13 +22,14 @@ from starlette.responses import PlainTextResponse
 from radixserve import __version__
 from radixserve.frontend.http.asgi_io import until_disconnect
 from radixserve.frontend.http.body_reader import parse_body
-from radixserve.frontend.http.errors import error_response, send_error, send_json
+from radixserve.frontend.http.errors import error_headers, error_response, send_error, send_json
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.http.router import Call, Route, Wire
 from radixserve.frontend.ollama.models import OllamaModelInfo, read_model_info
 from radixserve.frontend.ollama.protocol import (OllamaChatRequest, OllamaEmbedRequest,
                                                  OllamaGenerateRequest, OllamaShowRequest)
-from radixserve.frontend.ollama.serving import OllamaStreamError, Shape, check_model, stream, whole
+from radixserve.frontend.ollama.serving import (OllamaStreamError, Shape, check_model, collect,
+                                               stream, whole)
 from radixserve.frontend.openai.routes import OpenAIRoutes
 
 _NDJSON = [(b"content-type", b"application/x-ndjson")]
@@ -41,7 +42,8 @@ async def send_ollama_error(send, exc: Exception) -> None:
     status, body = error_response(exc)
     if body is None:
         return
-    await send_json(send, status, _ENCODE({"error": body["error"]["message"]}))
+    await send_json(send, status, _ENCODE({"error": body["error"]["message"]}),
+                    error_headers(exc))
 
 
 def _error_line(exc: Exception) -> bytes:
@@ -56,9 +58,11 @@ def _error_bytes(message: str) -> bytes:
     return _ENCODE({"error": message}) + b"\n"
 
 
-# NOTE: the guard's refusals (401, 408, 413, 415) keep OpenAI's shape here, as they always had
-OLLAMA = Wire(send_ollama_error, send_error, _NDJSON, _error_line,
-              stream_doc="with stream (the default), NDJSON lines")
+# The guard's refusals (401, 408, 413, 415) in Ollama's shape too; bodies read as JSON whatever
+# their Content-Type, as Ollama does (its curl examples send form-urlencoded), except from a
+# browser (an Origin header: content_type.py).
+OLLAMA = Wire(send_ollama_error, send_ollama_error, _NDJSON, _error_line,
+              stream_doc="with stream (the default), NDJSON lines", json_only=False)
 
 
 class OllamaRoutes:
@@ -150,7 +154,7 @@ class OllamaRoutes:
         if not body.messages:
             return _ENCODE(shape.loaded())
         return await self._through(self.openai.chat_completion, call, _ENCODE(body.to_openai()),
-                                   shape)
+                                   shape, bool(body.stream))
 
     async def _generate(self, call: Call):
         body = parse_body(OllamaGenerateRequest, call.body, _MISSING)
@@ -160,18 +164,22 @@ class OllamaRoutes:
             return _ENCODE(shape.loaded())
         if body.raw:
             return await self._through(self.openai.completion, call,
-                                       _ENCODE(body.to_openai_completion()), shape)
+                                       _ENCODE(body.to_openai_completion()), shape,
+                                       bool(body.stream))
         return await self._through(self.openai.chat_completion, call,
-                                   _ENCODE(body.to_openai_chat()), shape)
+                                   _ENCODE(body.to_openai_chat()), shape, bool(body.stream))
 
-    async def _through(self, handler, call: Call, openai: bytes, shape: Shape):
-        """Run the OpenAI ``handler`` on the translated request ``openai``; its answer in
-        Ollama's shape."""
+    async def _through(self, handler, call: Call, openai: bytes, shape: Shape, streamed: bool):
+        """Run the OpenAI ``handler`` on the translated request ``openai`` (always streamed);
+        its answer in Ollama's shape: NDJSON lines, or (``streamed`` false) one body."""
         try:
             answer = await handler(call.with_body(openai))
         except Exception as exc:  # noqa: BLE001 - re-raised naming the Ollama field
             raise _ollama_named(exc) from exc
-        return whole(shape, answer) if type(answer) is bytes else stream(shape, answer)
+        if type(answer) is bytes:
+            return whole(shape, answer)
+        lines = stream(shape, answer)
+        return lines if streamed else await until_disconnect(call.receive, collect(lines))
 
     # -- embeddings -----------------------------------------------------------------------
 

@@ -149,6 +149,27 @@ async def stream(shape: Shape, chunks: AsyncIterator[str]) -> AsyncIterator[byte
     yield msgspec.json.encode(shape.done(shape.part(), reason, usage, first)) + b"\n"
 
 
+async def collect(lines: AsyncIterator[bytes]) -> bytes:
+    """`stream`'s NDJSON lines joined into the one answer of ``stream: false``: the text (and
+    thinking) concatenated, the tool calls, and the last line's done fields and timings."""
+    key, text, thinking, calls, last = "response", [], [], [], {}
+    async for chunk in lines:
+        for line in chunk.splitlines():
+            last = msgspec.json.decode(line)
+            body = last.get("message", last)  # /api/chat nests it, /api/generate is flat
+            key = "content" if "message" in last else "response"
+            text.append(body.get(key) or "")
+            thinking.append(body.get("thinking") or "")
+            calls += body.get("tool_calls") or []
+    body = last.get("message", last)
+    body[key] = "".join(text)
+    if any(thinking):
+        body["thinking"] = "".join(thinking)
+    if calls:
+        body["tool_calls"] = calls
+    return msgspec.json.encode(last)
+
+
 def check_model(names: set[str], model: str) -> None:
     if model not in names:
         raise OpenAIError(f"model '{model}' not found", 404)
