@@ -2,7 +2,7 @@
 # Set everything up, then run the test suite (extra arguments go to pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
