@@ -26,14 +26,18 @@ TEXT = (
 
 
 def _logits(llm, token_ids: list[int]) -> torch.Tensor:
-    """All-position logits through the engine's runner, on blocks borrowed from its pool."""
-    pool = llm.engine.scheduler.kv.block_pool
-    blocks = pool.allocate(-(-len(token_ids) // llm.engine.runner.block_size))
+    """All-position logits through the engine's runner, on blocks borrowed from its pool (a
+    table per KV group: global, then sliding windows; core/kv/kv_groups.py)."""
+    kv, runner = llm.engine.scheduler.kv, llm.engine.runner
+    pages = -(-len(token_ids) // runner.block_size)
+    tables = [kv.block_pool.allocate(pages * g.units_per_page) for g in kv.groups.groups]
     try:
-        seq = ScheduledSeq("logits", token_ids, 0, blocks, sample=False)
-        return llm.engine.runner.all_logits([seq])[0]
+        seq = ScheduledSeq("logits", token_ids, 0, tables[0], sample=False,
+                           window_block_ids=tables[1:])
+        return runner.all_logits([seq])[0]
     finally:
-        pool.free(blocks)
+        for t in tables:
+            kv.block_pool.free(t)
 
 
 def _closeness(ours: torch.Tensor, ref: torch.Tensor):
