@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+import time
 
 from radixserve.arg_types import DefaultsFormatter
 from radixserve.cli_args import add_engine_args, add_sampling_args, engine_kwargs, sampling_params
@@ -93,9 +94,14 @@ def _bench(args) -> int:
 
 def _load(args):
     params = sampling_params(args)  # validate before the (slow) model load
+    print(f"radixserve: loading {args.model or 'the embedded model'} ...", file=sys.stderr,
+          flush=True)
+    start = time.perf_counter()
     from radixserve import LLM
 
-    return LLM(args.model, **engine_kwargs(args)), params
+    llm = LLM(args.model, **engine_kwargs(args))
+    print(f"radixserve: ready in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return llm, params
 
 
 def _generate(args) -> int:
@@ -109,25 +115,43 @@ def _generate(args) -> int:
     return 0
 
 
+CHAT_HELP = """commands:
+  /help    this list
+  /reset   forget the conversation (the system message stays)
+  /exit    quit (also /quit, Ctrl-D)
+a line starting with / is a command; start it with a space to send it as text"""
+
+
 def _chat(args) -> int:
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:  # not on every platform
+        pass
     llm, params = _load(args)
     history = [{"role": "system", "content": args.system}] if args.system else []
-    print("radixserve chat — /reset clears the conversation, /exit or Ctrl-D quits.",
-          file=sys.stderr)
+    print("radixserve chat — /help lists the commands, /exit or Ctrl-D quits.", file=sys.stderr)
     while True:
         try:
             line = input(">>> ")
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return 0
-        if line.strip() in ("/exit", "/quit"):
+        command = line.strip() if line.startswith("/") else None
+        if command in ("/exit", "/quit"):
             return 0
-        if line.strip() == "/reset":
+        if command == "/reset":
             history = history[:1] if args.system else []
+            print("(conversation cleared)", file=sys.stderr)
+            continue
+        if command in ("/help", "/?"):
+            print(CHAT_HELP, file=sys.stderr)
+            continue
+        if command is not None:
+            print(f"unknown command {command.split()[0]!r}; /help lists them", file=sys.stderr)
             continue
         if not line.strip():
             continue
-        history.append({"role": "user", "content": line})
+        history.append({"role": "user", "content": line.strip()})
         reply = []
         try:
             for delta in llm.stream(history, params, chat=True):

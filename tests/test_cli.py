@@ -23,9 +23,14 @@ def test_generate_prints_a_continuation():
 
 def test_chat_streams_answers_and_keeps_history():
     r = run_cli("chat", "--temperature", "0", "--max-tokens", "30",
-                stdin="Name three primary colors.\n/reset\n/exit\n")
+                stdin="/help\n/bogus arg\nName three primary colors.\n/reset\n/exit\n")
     assert r.returncode == 0, r.stderr
     assert "Red" in r.stdout
+    assert "loading the embedded model" in r.stderr and "ready in" in r.stderr
+    assert "/reset   forget the conversation" in r.stderr  # /help, answered locally
+    assert "unknown command '/bogus'; /help lists them" in r.stderr
+    assert "(conversation cleared)" in r.stderr
+    assert r.stdout.count(">>> ") == 5  # no model turn for the commands
 
 
 @pytest.mark.parametrize("args, message", [
