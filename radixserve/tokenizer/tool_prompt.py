@@ -12,10 +12,12 @@ does, in its own words):
   (frontend/parsers/tool_calls.py);
 * an assistant message's calls are written into its content in that format;
 * tool results become a user message of ``<tool_response>`` blocks (consecutive results in
-  one message, so templates that demand alternating roles accept them).
+  one message, so templates that demand alternating roles accept them), in a conversation
+  that calls tools (tools given, or calls in it); otherwise the template renders them as it
+  does (as `transformers` would).
 
-A template that reads each of these renders the conversation as given. Every message's
-``content`` of None (an assistant's turn that only calls tools) is the empty string.
+A template that reads each of these renders the conversation as given (a ``content`` of
+None then reaches it as an absent key, as in `transformers`).
 """
 
 from __future__ import annotations
@@ -48,11 +50,9 @@ def adapt_tools(source: str, messages: Sequence[Mapping[str, Any]],
                 tools: Sequence[Mapping[str, Any]] | None
                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """(messages, tools) for the template ``source``: as given where it reads them, else in
-    the generic format (the module's rules); contents of None become ""."""
+    the generic format (the module's rules)."""
     out = [dict(m) for m in messages]
-    for m in out:
-        if m.get("content", "") is None:
-            m["content"] = ""
+    calling = bool(tools) or any(m.get("tool_calls") for m in out)
     if tools and not reads_tools(source):
         out = _with_definitions(out, tools)
         tools = None
@@ -60,7 +60,7 @@ def adapt_tools(source: str, messages: Sequence[Mapping[str, Any]],
         for m in out:
             if m.get("role") == "assistant" and m.get("tool_calls"):
                 m["content"] = _with_calls(m.get("content") or "", m.pop("tool_calls"))
-    if not _TOOL_ROLE.search(source):
+    if calling and not _TOOL_ROLE.search(source):
         out = _results_as_user(out)
     return out, None if tools is None else [dict(t) for t in tools]
 
