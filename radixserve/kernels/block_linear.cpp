@@ -283,42 +283,38 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
 // their per-block multipliers and offsets to floats (decode_group, into a buffer of its
 // thread's), and every register block of rows reads those (dot_decoded): the nibble and
 // high-bit unpacking and the scale arithmetic run once per item, not once per kRows rows.
-// (The loops can run chunk by chunk of kChunk blocks and panel by panel of kPanel rows,
-// accumulators kept in y between chunks; chunks of 8 and 32 blocks measured slower than
-// whole rows, 5-20 %, so both are whole.) The integer sums and the epilogue are the same
-// operations on the same values in the same order (a float stored and loaded back is the
-// same float), so a row's output is bit-identical to the undecoded path's (fewer rows, or
-// one alone). Measured (bench_gemv.py, AMD EPYC Zen 5, 2 threads), 128 rows: AVX-512 Q4_K
+// (Chunks of 8 or 32 blocks along K, the decoded chunk in L1 and the accumulators kept in y
+// between chunks, measured 5-20 % slower than whole rows.) The integer sums and the epilogue
+// are the same operations on the same values in the same order, so a row's output is
+// bit-identical to the undecoded path's (fewer rows, or one alone). Measured (bench_gemv.py, AMD EPYC Zen 5, 2 threads), 128 rows: AVX-512 Q4_K
 // +8 %, Q6_K +13 %, Q5_K +32 %; AVX2 +16 %, +36 %, +61 %; at 16 rows AVX2 gains 7-35 % but
 // AVX-512 loses ~10 % (the decoded bytes come from L2, the packed ones were in L1): hence
 // the threshold per level.
 constexpr int64_t kDecodeRows = kW == 16 ? 96 : 12;
-constexpr int64_t kChunk = 1 << 20;  // blocks of 32 k per chunk: all of K
-constexpr int64_t kPanel = 1 << 30;  // rows per panel: all
 
 template <int64_t F>
 struct Dec {
   static constexpr int NS = Fmt<F>::kHalves ? 2 : 1;
   static constexpr int64_t kBlock = 512 + NS * 2 * 64;  // codes [4 k][q0, q1][64], d, m
 };
-// two groups' chunk of the largest decoded block
+// two groups of the largest decoded block
 inline int64_t dec_buffer_bytes(int64_t B) {
-  return 2 * (B < kChunk ? B : kChunk) * Dec<kQ6_K>::kBlock;
+  return 2 * B * Dec<kQ6_K>::kBlock;
 }
 
 inline bool decodes(int64_t f, int64_t M) { return M >= kDecodeRows && f != kQ8_0; }
 
-// Blocks b0 .. b0 + nb of one group -> [nb][Dec<F>::kBlock]: per k-step q0 and q1
+// One group's B blocks -> [B][Dec<F>::kBlock]: per k-step q0 and q1
 // (block_codes' bytes), then d[NS][16], m[NS][16] (block_scales').
 template <int64_t F>
-void decode_group(const uint8_t* w, int64_t b0, int64_t nb, uint8_t* out) {
+void decode_group(const uint8_t* w, int64_t B, uint8_t* out) {
   using Q = Fmt<F>;
   constexpr int NS = Dec<F>::NS;
   constexpr int64_t kPerBlock = Q::kUnitBytes / Q::U;
-  for (int64_t b = b0; b < b0 + nb; ++b) {
+  for (int64_t b = 0; b < B; ++b) {
     const uint8_t* u = w + (b / Q::U) * Q::kUnitBytes;
     const int j = (int)(b % Q::U);
-    uint8_t* o = out + (b - b0) * Dec<F>::kBlock;
+    uint8_t* o = out + b * Dec<F>::kBlock;
     for (int64_t at = 0; at < kPerBlock; at += 64)  // as dot_block does
       __builtin_prefetch((const char*)u + j * kPerBlock + kPrefetch + at);
     for (int k = 0; k < 4; ++k)
@@ -340,24 +336,19 @@ void decode_group(const uint8_t* w, int64_t b0, int64_t nb, uint8_t* out) {
   }
 }
 
-// dot_block's work over blocks b0 .. b0 + nb of K, on decode_group's bytes and floats (dec:
-// the first group's, the next a chunk's blocks on): the accumulators start at zero (b0 = 0) or
-// at y, and end in y (with the bias after the last block).
+// dot_block's work on decode_group's bytes and floats (dec: the first group's, the next B
+// blocks on).
 template <int64_t F, int R, int NG>
-void dot_decoded(const int8_t* a, const float* sc, int64_t K, int64_t b0, int64_t nb,
-                 const uint8_t* dec, const float* bias, float* y, int64_t ldy, int64_t n0,
-                 int64_t N) {
+void dot_decoded(const int8_t* a, const float* sc, int64_t K, const uint8_t* dec,
+                 const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
   constexpr int V = NG * kSub, NS = Dec<F>::NS;
   constexpr int64_t DB = Dec<F>::kBlock;
-  const int64_t B = K / 32, group_stride = (B < kChunk ? B : kChunk) * DB;
+  const int64_t B = K / 32, group_stride = B * DB;
   vf acc[R][V];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) {
-      const int64_t n = n0 + 16 * (v / kSub) + (v % kSub) * kW;
-      acc[r][v] = b0 == 0 ? zero() : load_n(y + r * ldy + n, N - n);
-    }
-  for (int64_t b = b0; b < b0 + nb; ++b) {
-    const uint8_t* db = dec + (b - b0) * DB;
+    for (int v = 0; v < V; ++v) acc[r][v] = zero();
+  for (int64_t b = 0; b < B; ++b) {
+    const uint8_t* db = dec + b * DB;
     vi H[R][V][NS];
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < V; ++v)
@@ -392,15 +383,9 @@ void dot_decoded(const int8_t* a, const float* sc, int64_t K, int64_t b0, int64_
       }
     }
   }
-  const bool last = b0 + nb == B;
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) {
-      const int64_t n = n0 + 16 * (v / kSub) + (v % kSub) * kW;
-      if (last)
-        store_out(acc[r][v], bias, y + r * ldy, n, N);
-      else if (n < N)
-        store_n(y + r * ldy + n, acc[r][v], N - n);
-    }
+    for (int v = 0; v < V; ++v)
+      store_out(acc[r][v], bias, y + r * ldy, n0 + 16 * (v / kSub) + (v % kSub) * kW, N);
 }
 
 template <int64_t F, int NG>
@@ -416,27 +401,26 @@ void dot_rows_ng(int rows, const int8_t* a, const float* sc, int64_t K, const ui
 }
 
 template <int64_t F, int NG>
-void decoded_rows_ng(int rows, const int8_t* a, const float* sc, int64_t K, int64_t b0,
-                     int64_t nb, const uint8_t* dec, const float* bias, float* y, int64_t ldy,
+void decoded_rows_ng(int rows, const int8_t* a, const float* sc, int64_t K,
+                     const uint8_t* dec, const float* bias, float* y, int64_t ldy,
                      int64_t n0, int64_t N) {
   constexpr int R = Fmt<F>::kRows;
   switch (rows < R ? rows : R) {
-    case 1: dot_decoded<F, 1, NG>(a, sc, K, b0, nb, dec, bias, y, ldy, n0, N); break;
+    case 1: dot_decoded<F, 1, NG>(a, sc, K, dec, bias, y, ldy, n0, N); break;
     case 2:
-      if constexpr (R >= 2) dot_decoded<F, 2, NG>(a, sc, K, b0, nb, dec, bias, y, ldy, n0, N);
+      if constexpr (R >= 2) dot_decoded<F, 2, NG>(a, sc, K, dec, bias, y, ldy, n0, N);
       break;
     case 3:
-      if constexpr (R >= 3) dot_decoded<F, 3, NG>(a, sc, K, b0, nb, dec, bias, y, ldy, n0, N);
+      if constexpr (R >= 3) dot_decoded<F, 3, NG>(a, sc, K, dec, bias, y, ldy, n0, N);
       break;
     default:
-      if constexpr (R >= 4) dot_decoded<F, 4, NG>(a, sc, K, b0, nb, dec, bias, y, ldy, n0, N);
+      if constexpr (R >= 4) dot_decoded<F, 4, NG>(a, sc, K, dec, bias, y, ldy, n0, N);
       break;
   }
 }
 
 // One work item: `groups` (1 or 2) groups of 16 outputs at w for all M rows, kRows at a time;
-// with `dec` (dec_buffer_bytes, given where decodes() holds) chunk by chunk through their
-// decoded bytes.
+// with `dec` (dec_buffer_bytes, given where decodes() holds) through their decoded bytes.
 template <int64_t F>
 void dot_groups(int groups, int64_t M, const int8_t* a, const float* sc, int64_t K,
                 const uint8_t* w, uint8_t* dec, const float* bias, float* y, int64_t ldy,
@@ -445,27 +429,21 @@ void dot_groups(int groups, int64_t M, const int8_t* a, const float* sc, int64_t
   const int64_t B = K / 32, group_stride = B / Fmt<F>::U * Fmt<F>::kUnitBytes;
   if constexpr (F != kQ8_0) {
     if (dec) {
-      const int64_t dec_stride = (B < kChunk ? B : kChunk) * Dec<F>::kBlock;  // per group
-      for (int64_t p0 = 0; p0 < M; p0 += kPanel) {
-        const int64_t pend = M - p0 < kPanel ? M : p0 + kPanel;
-      for (int64_t b0 = 0; b0 < B; b0 += kChunk) {
-        const int64_t nb = B - b0 < kChunk ? B - b0 : kChunk;
-        for (int g = 0; g < groups; ++g)
-          decode_group<F>(w + g * group_stride, b0, nb, dec + g * dec_stride);
-        for (int64_t r0 = p0; r0 < pend; r0 += R) {
-          const int rows = (int)(pend - r0 < R ? pend - r0 : R);
-          const int8_t* ar = a + r0 * 2 * K;
-          const float* sr = sc + r0 * B * kActFloats;
-          float* yr = y + r0 * ldy;
-          if (kGroups == 2 && groups == 2) {
-            decoded_rows_ng<F, 2>(rows, ar, sr, K, b0, nb, dec, bias, yr, ldy, n0, N);
-            continue;
-          }
-          for (int g = 0; g < groups; ++g)
-            decoded_rows_ng<F, 1>(rows, ar, sr, K, b0, nb, dec + g * dec_stride, bias, yr,
-                                  ldy, n0 + 16 * g, N);
+      const int64_t dec_stride = B * Dec<F>::kBlock;  // per group
+      for (int g = 0; g < groups; ++g)
+        decode_group<F>(w + g * group_stride, B, dec + g * dec_stride);
+      for (int64_t r0 = 0; r0 < M; r0 += R) {
+        const int rows = (int)(M - r0 < R ? M - r0 : R);
+        const int8_t* ar = a + r0 * 2 * K;
+        const float* sr = sc + r0 * B * kActFloats;
+        float* yr = y + r0 * ldy;
+        if (kGroups == 2 && groups == 2) {
+          decoded_rows_ng<F, 2>(rows, ar, sr, K, dec, bias, yr, ldy, n0, N);
+          continue;
         }
-      }
+        for (int g = 0; g < groups; ++g)
+          decoded_rows_ng<F, 1>(rows, ar, sr, K, dec + g * dec_stride, bias, yr, ldy,
+                                n0 + 16 * g, N);
       }
       return;
     }
