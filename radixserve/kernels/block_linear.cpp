@@ -388,78 +388,73 @@ void dot_decoded(const int8_t* a, const float* sc, int64_t K, const uint8_t* dec
       store_out(acc[r][v], bias, y + r * ldy, n0 + 16 * (v / kSub) + (v % kSub) * kW, N);
 }
 
-template <int64_t F, int NG>
-void dot_rows_ng(int rows, const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
-                 const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
-  constexpr int R = Fmt<F>::kRows;
-  switch (rows < R ? rows : R) {
-    case 1: dot_block<F, 1, NG>(a, sc, K, w, bias, y, ldy, n0, N); break;
-    case 2: if constexpr (R >= 2) dot_block<F, 2, NG>(a, sc, K, w, bias, y, ldy, n0, N); break;
-    case 3: if constexpr (R >= 3) dot_block<F, 3, NG>(a, sc, K, w, bias, y, ldy, n0, N); break;
-    default: if constexpr (R >= 4) dot_block<F, 4, NG>(a, sc, K, w, bias, y, ldy, n0, N); break;
-  }
+// R rows x NG groups from the packed weights at src, or (kDecoded) from their decoded bytes.
+template <int64_t F, int R, int NG, bool kDecoded>
+inline void dot_rows(const int8_t* a, const float* sc, int64_t K, const uint8_t* src,
+                     const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
+  if constexpr (kDecoded)
+    dot_decoded<F, R, NG>(a, sc, K, src, bias, y, ldy, n0, N);
+  else
+    dot_block<F, R, NG>(a, sc, K, src, bias, y, ldy, n0, N);
 }
 
-template <int64_t F, int NG>
-void decoded_rows_ng(int rows, const int8_t* a, const float* sc, int64_t K,
-                     const uint8_t* dec, const float* bias, float* y, int64_t ldy,
-                     int64_t n0, int64_t N) {
+template <int64_t F, int NG, bool kDecoded>
+void rows_ng(int rows, const int8_t* a, const float* sc, int64_t K, const uint8_t* src,
+             const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
   constexpr int R = Fmt<F>::kRows;
   switch (rows < R ? rows : R) {
-    case 1: dot_decoded<F, 1, NG>(a, sc, K, dec, bias, y, ldy, n0, N); break;
+    case 1: dot_rows<F, 1, NG, kDecoded>(a, sc, K, src, bias, y, ldy, n0, N); break;
     case 2:
-      if constexpr (R >= 2) dot_decoded<F, 2, NG>(a, sc, K, dec, bias, y, ldy, n0, N);
+      if constexpr (R >= 2) dot_rows<F, 2, NG, kDecoded>(a, sc, K, src, bias, y, ldy, n0, N);
       break;
     case 3:
-      if constexpr (R >= 3) dot_decoded<F, 3, NG>(a, sc, K, dec, bias, y, ldy, n0, N);
+      if constexpr (R >= 3) dot_rows<F, 3, NG, kDecoded>(a, sc, K, src, bias, y, ldy, n0, N);
       break;
     default:
-      if constexpr (R >= 4) dot_decoded<F, 4, NG>(a, sc, K, dec, bias, y, ldy, n0, N);
+      if constexpr (R >= 4) dot_rows<F, 4, NG, kDecoded>(a, sc, K, src, bias, y, ldy, n0, N);
       break;
   }
 }
 
-// One work item: `groups` (1 or 2) groups of 16 outputs at w for all M rows, kRows at a time;
-// with `dec` (dec_buffer_bytes, given where decodes() holds) through their decoded bytes.
-template <int64_t F>
-void dot_groups(int groups, int64_t M, const int8_t* a, const float* sc, int64_t K,
-                const uint8_t* w, uint8_t* dec, const float* bias, float* y, int64_t ldy,
+// `groups` (1 or 2) groups of 16 outputs at src, `stride` bytes apart, for all M rows, kRows
+// at a time.
+template <int64_t F, bool kDecoded>
+void row_blocks(int groups, int64_t M, const int8_t* a, const float* sc, int64_t K,
+                const uint8_t* src, int64_t stride, const float* bias, float* y, int64_t ldy,
                 int64_t n0, int64_t N) {
   constexpr int R = Fmt<F>::kRows;
-  const int64_t B = K / 32, group_stride = B / Fmt<F>::U * Fmt<F>::kUnitBytes;
-  if constexpr (F != kQ8_0) {
-    if (dec) {
-      const int64_t dec_stride = B * Dec<F>::kBlock;  // per group
-      for (int g = 0; g < groups; ++g)
-        decode_group<F>(w + g * group_stride, B, dec + g * dec_stride);
-      for (int64_t r0 = 0; r0 < M; r0 += R) {
-        const int rows = (int)(M - r0 < R ? M - r0 : R);
-        const int8_t* ar = a + r0 * 2 * K;
-        const float* sr = sc + r0 * B * kActFloats;
-        float* yr = y + r0 * ldy;
-        if (kGroups == 2 && groups == 2) {
-          decoded_rows_ng<F, 2>(rows, ar, sr, K, dec, bias, yr, ldy, n0, N);
-          continue;
-        }
-        for (int g = 0; g < groups; ++g)
-          decoded_rows_ng<F, 1>(rows, ar, sr, K, dec + g * dec_stride, bias, yr, ldy,
-                                n0 + 16 * g, N);
-      }
-      return;
-    }
-  }
+  const int64_t B = K / 32;
   for (int64_t r0 = 0; r0 < M; r0 += R) {
     const int rows = (int)(M - r0 < R ? M - r0 : R);
     const int8_t* ar = a + r0 * 2 * K;
     const float* sr = sc + r0 * B * kActFloats;
     float* yr = y + r0 * ldy;
     if (kGroups == 2 && groups == 2) {
-      dot_rows_ng<F, 2>(rows, ar, sr, K, w, bias, yr, ldy, n0, N);
+      rows_ng<F, 2, kDecoded>(rows, ar, sr, K, src, bias, yr, ldy, n0, N);
       continue;
     }
     for (int g = 0; g < groups; ++g)
-      dot_rows_ng<F, 1>(rows, ar, sr, K, w + g * group_stride, bias, yr, ldy, n0 + 16 * g, N);
+      rows_ng<F, 1, kDecoded>(rows, ar, sr, K, src + g * stride, bias, yr, ldy, n0 + 16 * g,
+                              N);
   }
+}
+
+// One work item: `groups` (1 or 2) groups of 16 outputs at w for all M rows; with `dec`
+// (dec_buffer_bytes, given where decodes() holds) through their decoded bytes.
+template <int64_t F>
+void dot_groups(int groups, int64_t M, const int8_t* a, const float* sc, int64_t K,
+                const uint8_t* w, uint8_t* dec, const float* bias, float* y, int64_t ldy,
+                int64_t n0, int64_t N) {
+  const int64_t B = K / 32, group_stride = B / Fmt<F>::U * Fmt<F>::kUnitBytes;
+  if constexpr (F != kQ8_0) {
+    if (dec) {
+      const int64_t dec_stride = B * Dec<F>::kBlock;  // per group
+      for (int g = 0; g < groups; ++g)
+        decode_group<F>(w + g * group_stride, B, dec + g * dec_stride);
+      return row_blocks<F, true>(groups, M, a, sc, K, dec, dec_stride, bias, y, ldy, n0, N);
+    }
+  }
+  row_blocks<F, false>(groups, M, a, sc, K, w, group_stride, bias, y, ldy, n0, N);
 }
 
 void dispatch(int64_t f, int groups, int64_t M, const int8_t* a, const float* sc, int64_t K,
