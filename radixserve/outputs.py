@@ -27,9 +27,13 @@ class CompletionOutput:
 
 @dataclass(slots=True)
 class RequestOutput:
+    """A request's samples. ``prompt_logprobs`` (when `SamplingParams.prompt_logprobs` was
+    set): per prompt token, {token_id: Logprob} (the token + top-N), None for the first."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -19,6 +19,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     ``temperature == 0`` means greedy. ``top_k`` of 0 or -1 disables top-k. ``seed`` makes the
     request's samples reproducible whatever else is in the batch. ``logprobs`` asks for the
     sampled token's logprob plus the top-N alternatives (N = ``logprobs``, 0 = only the sampled).
+    ``prompt_logprobs`` (vLLM's) asks for each prompt token's logprob given the tokens before
+    it, plus the top-N alternatives at that position (N = ``prompt_logprobs``), computed in the
+    prefill (core/prompt_logprobs.py); ``max_tokens`` 0 then scores the prompt and generates
+    nothing (finish reason "length"), as for OpenAI's ``echo`` with ``max_tokens: 0``.
     ``logit_bias`` maps token id → bias added to that token's logit before sampling.
     ``structured_outputs`` constrains the output to a JSON schema, regex, choice or grammar.
     """
@@ -39,6 +43,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
@@ -64,8 +69,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                "repetition_penalty", f"must be > 0, got {self.repetition_penalty!r}")
         _check(self.seed is None or _is_int(self.seed), "seed",
                f"must be an integer, got {self.seed!r}")
-        _check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
-               "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        _check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 0),
+               "max_tokens", f"must be an integer >= 0, got {self.max_tokens!r}")
         _check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens",
                f"must be an integer >= 0, got {self.min_tokens!r}")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
@@ -77,6 +82,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs
                                          <= _MAX_LOGPROBS),
                "logprobs", f"must be an integer in [0, {_MAX_LOGPROBS}], got {self.logprobs!r}")
+        _check(self.prompt_logprobs is None
+               or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= _MAX_LOGPROBS),
+               "prompt_logprobs",
+               f"must be an integer in [0, {_MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
         _check(self.structured_outputs is None
                or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", "must be a StructuredOutputsParams")

@@ -70,6 +70,9 @@ class MockEngine:
     def add_request(self, req: EngineCoreRequest) -> None:
         if req.pooling_params is not None:
             raise ValueError("the mock engine computes no embeddings (it has no model)")
+        params = req.sampling_params
+        if params.prompt_logprobs is not None or params.max_tokens == 0:
+            raise ValueError("the mock engine scores no prompts (it has no model)")
         room = self.max_model_len - len(req.prompt_token_ids)
         if room < 1:
             raise ValueError("the prompt is longer than the context window")

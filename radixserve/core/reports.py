@@ -19,6 +19,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     ``error`` is set, with finish_reason "abort", when the engine refused the request, and
     with finish_reason "error" when a fault while running it ended it (a server error).
     ``pooled`` is an embedding request's pooled hidden state (its one, finishing output).
+    ``prompt_logprobs`` / ``prompt_top_logprobs``: a request that asked for them gets every
+    prompt token's (entry 0 None; core/prompt_logprobs.py) on its first output.
     """
 
     request_id: str
@@ -30,6 +32,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     queue_time: float | None = None
     error: str | None = None
     pooled: list[float] | None = None
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, gc=False):

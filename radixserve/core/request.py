@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.core.grammar_hooks import NO_GRAMMAR, Grammar
+from radixserve.core.prompt_logprobs import PromptLogprobs
 from radixserve.core.spec_hooks import NO_SPEC_STATE
 from radixserve.pooling_params import PoolingParams
 from radixserve.sampling_params import SamplingParams
@@ -55,6 +56,9 @@ class Request:
     # ``pooled_sum`` adds up its chunks' hidden-state sums (mean pooling)
     pooling: PoolingParams | None = None
     pooled_sum: list[float] | None = None
+    # asked for prompt logprobs: those collected so far (core/prompt_logprobs.py); with
+    # ``max_tokens`` 0 the request is prefill-only and finishes when its prompt is scored
+    prompt_logprobs: PromptLogprobs | None = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -75,6 +79,19 @@ class Request:
     @property
     def num_new_tokens(self) -> int:
         return len(self.all_token_ids) - self.num_computed_tokens
+
+    @property
+    def reads_prefix_cache(self) -> bool:
+        """Whether the request may skip cached prompt tokens: not while it needs every prompt
+        token fed (mean pooling, prompt logprobs not yet complete)."""
+        if self.pooling is not None and self.pooling.needs_every_token:
+            return False
+        return self.prompt_logprobs is None or self.prompt_logprobs.is_complete
+
+    @property
+    def is_prefill_only(self) -> bool:
+        """It computes its prompt and samples nothing (an embedding, or ``max_tokens`` 0)."""
+        return self.pooling is not None or self.max_tokens == 0
 
     @property
     def is_finished(self) -> bool:

@@ -22,6 +22,8 @@ class ScheduledSeq:
     positions and keeps the verified ones (runner/spec_verify.py).
     ``draft_work``: with a draft model (``--speculative draft``), what it runs for this
     sampling sequence once the step's tokens are known (see `DraftWork`).
+    ``prompt_logprobs``: on a prompt chunk of a request that asked for prompt logprobs, which
+    of its rows score which prompt tokens (core/prompt_logprobs.py).
     ``pooling`` is set on every chunk of an embedding request (which never samples): mean
     pooling returns each chunk's sum of hidden states, last pooling the last prompt token's
     hidden state on the chunk that ends the prompt (``is_last_chunk``).
@@ -45,6 +47,7 @@ class ScheduledSeq:
         return self.token_ids[len(self.token_ids) - self.num_draft:] if self.num_draft else []
     pooling: PoolingParams | None = None
     is_last_chunk: bool = False
+    prompt_logprobs: PromptLogprobsWork | None = None
     draft_work: DraftWork | None = None  # the draft model proposes after this step
 
     @property
@@ -54,6 +57,16 @@ class ScheduledSeq:
     @property
     def context_len(self) -> int:
         return self.start_pos + len(self.token_ids)
+
+
+@dataclass(slots=True)
+class PromptLogprobsWork:
+    """Prompt logprobs a chunk computes: its rows ``first_row ..`` score ``targets`` (the
+    prompt tokens that follow those positions), each with its ``num_top`` best alternatives."""
+
+    num_top: int
+    first_row: int
+    targets: list[int]
 
 
 @dataclass(slots=True)
@@ -111,6 +124,8 @@ class ModelRunnerOutput:
     ``pooled`` maps each embedding request of the step that pooled something to its vector
     (float32 values: a chunk's hidden-state sum for mean pooling, the last hidden state for
     last pooling; see `ScheduledSeq`).
+    ``prompt_logprobs`` maps each request whose chunk scored prompt tokens to (their logprobs,
+    their top alternatives), in prompt order (see `PromptLogprobsWork`).
     """
 
     request_ids: list[str]
@@ -119,6 +134,8 @@ class ModelRunnerOutput:
     top_logprobs: list[list[tuple[int, float]] | None]
     drafts: dict[str, DraftResult] | None = None
     pooled: dict[str, list[float]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[list[float], list[list[tuple[int, float]]]]] = field(
+        default_factory=dict)
     proposals: dict[str, Proposal] = field(default_factory=dict)
     draft_seconds: float = 0.0
     num_draft_forwards: int = 0

@@ -134,7 +134,7 @@ class Scheduler:
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[i]
             key = None
-            reads_cache = not (request.pooling and request.pooling.needs_every_token)
+            reads_cache = request.reads_prefix_cache
             if share and not request.block_ids and reads_cache:
                 cached = self.kv.prefix_cache.cached_len(request.all_token_ids)
                 key = _next_page(request, cached, page)
@@ -181,7 +181,10 @@ class Scheduler:
             request.num_computed_tokens += seq.num_tokens
             if seq.num_tokens > 1 or request.num_computed_tokens % block_size == 0:
                 self.kv.cache_computed(request)  # a prefill chunk done or a block filled
-        outputs = self._pooled_outputs(result.pooled)
+        for rid, (lps, tops) in result.prompt_logprobs.items():
+            self.requests[rid].prompt_logprobs.add(lps, tops)
+        outputs = self._scored_outputs(sched)  # before any request below finishes
+        outputs += self._pooled_outputs(result.pooled)
         for i, rid in enumerate(result.request_ids):
             request = self.requests[rid]
             num_before = request.num_output_tokens
@@ -202,6 +205,9 @@ class Scheduler:
                 None if lps is None else [t or [] for t in tops[:len(lps)]],
                 request.num_cached_tokens,
                 request.queue_time if num_before == 0 else None, error)
+            if num_before == 0 and request.prompt_logprobs is not None:
+                out.prompt_logprobs = request.prompt_logprobs.logprobs
+                out.prompt_top_logprobs = request.prompt_logprobs.top_logprobs
             outputs.append(out)
             if reason is not None:
                 self.running.remove(request)
@@ -233,6 +239,25 @@ class Scheduler:
                                             None, final))
             self.running.remove(request)
             self._finish(request, "stop")
+        return outputs
+
+    def _scored_outputs(self, sched: SchedulerOutput) -> list[EngineCoreOutput]:
+        """Finish the ``max_tokens`` 0 requests whose prompt this step completed (reason
+        "length", no tokens), each with its prompt logprobs."""
+        outputs = []
+        for seq in sched.seqs:
+            request = self.requests[seq.request_id]
+            if (request.max_tokens or request.pooling is not None
+                    or request.num_computed_tokens < request.num_prompt_tokens):
+                continue
+            scored = request.prompt_logprobs
+            outputs.append(EngineCoreOutput(
+                request.request_id, [], "length", num_cached_tokens=request.num_cached_tokens,
+                queue_time=request.queue_time,
+                prompt_logprobs=None if scored is None else scored.logprobs,
+                prompt_top_logprobs=None if scored is None else scored.top_logprobs))
+            self.running.remove(request)
+            self._finish(request, "length")
         return outputs
 
     def _advance(self, request: Request, token_ids: list[int]) -> tuple[str | None, str | None]:
@@ -297,10 +322,13 @@ class Scheduler:
     def _scheduled_seq(self, request: Request, num_new: int) -> ScheduledSeq:
         start = request.num_computed_tokens
         is_last = start + num_new == request.num_tokens
-        sample = is_last and request.pooling is None
+        sample = is_last and not request.is_prefill_only
         seq = ScheduledSeq(request.request_id, request.all_token_ids[start:start + num_new],
                            start, request.block_ids, sample, pooling=request.pooling,
                            is_last_chunk=is_last, window_block_ids=request.window_block_ids)
+        if request.prompt_logprobs is not None:
+            seq.prompt_logprobs = request.prompt_logprobs.work(request.prompt_token_ids, start,
+                                                               num_new)
         if sample:
             seq.sampling_params = request.sampling_params
             seq.seed = request.seed

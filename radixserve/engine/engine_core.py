@@ -13,6 +13,7 @@ import random
 import time
 from concurrent import futures
 
+from radixserve.core.prompt_logprobs import PromptLogprobs
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
 from radixserve.core.state_summary import engine_state
@@ -77,6 +78,8 @@ class EngineCore:
                           req.priority, max_tokens)
         if params.structured_outputs is not None:
             request.grammar = self.structured.grammar_for(params.structured_outputs)
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = PromptLogprobs(num_prompt, params.prompt_logprobs)
         self.scheduler.add_request(request)
 
     def _add_pooling_request(self, req: EngineCoreRequest) -> None:

@@ -106,6 +106,8 @@ class Fanout:
         for state in self.states.values():
             result.outputs.append(state.completion_output())
             result.num_cached_tokens = state.num_cached_tokens
+            if state.prompt_logprobs is not None:
+                result.prompt_logprobs = state.prompt_logprobs
         result.outputs.sort(key=lambda o: o.index)
         result.finished = True
         return result
@@ -141,4 +143,6 @@ def _merge(outs: list[EngineCoreOutput]) -> EngineCoreOutput:
         last.request_id, [t for o in outs for t in o.new_token_ids], last.finish_reason,
         [lp for o in outs for lp in o.logprobs or []] if with_logprobs else None,
         [top for o in outs for top in o.top_logprobs or []] if with_logprobs else None,
-        last.num_cached_tokens, outs[0].queue_time, None)
+        last.num_cached_tokens, outs[0].queue_time, None,
+        prompt_logprobs=outs[0].prompt_logprobs,
+        prompt_top_logprobs=outs[0].prompt_top_logprobs)

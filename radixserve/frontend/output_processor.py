@@ -20,11 +20,13 @@ class RequestState:
         self.params = params
         self.tokenizer = tokenizer
         self.detok = tokenizer.detokenizer(prompt_token_ids, params.skip_special_tokens)
+        self.prompt_token_ids = prompt_token_ids
         self.token_ids: list[int] = []
         self.text = ""
         self.num_released = 0
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = None
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.num_cached_tokens = 0
@@ -44,6 +46,11 @@ class RequestState:
         self.num_cached_tokens = out.num_cached_tokens
         if self.logprobs is not None and out.logprobs is not None:
             self._add_logprobs(out)
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] + [
+                self._entry(token, lp, top) for token, lp, top in zip(
+                    self.prompt_token_ids[1:], out.prompt_logprobs[1:],
+                    out.prompt_top_logprobs[1:])]
         before = len(self.text)
         self.text += self.detok.step(out.new_token_ids)
         if out.finish_reason is not None:
@@ -82,10 +89,16 @@ class RequestState:
 
     def _add_logprobs(self, out: EngineCoreOutput) -> None:
         for token, lp, top in zip(out.new_token_ids, out.logprobs, out.top_logprobs or []):
-            entry = {tid: Logprob(tlp, rank + 1) for rank, (tid, tlp) in enumerate(top)}
-            if token not in entry:
-                entry = {token: Logprob(lp)} | entry
-            for tid, item in entry.items():
-                item.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
-            self.logprobs.append(entry)
+            self.logprobs.append(self._entry(token, lp, top))
             self.cumulative_logprob += lp
+
+    def _entry(self, token: int, lp: float, top: list[tuple[int, float]]
+               ) -> dict[int, Logprob]:
+        """{token id: Logprob}: the token first unless it is among the top alternatives
+        (which carry their rank), each with its text."""
+        entry = {tid: Logprob(tlp, rank + 1) for rank, (tid, tlp) in enumerate(top)}
+        if token not in entry:
+            entry = {token: Logprob(lp)} | entry
+        for tid, item in entry.items():
+            item.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
+        return entry

@@ -27,6 +27,7 @@ from radixserve.runner.draft_runner import NO_DRAFT_RUNNER
 from radixserve.layers.forward_context import ForwardContext, forward_context
 from radixserve.runner.kv_cache import allocate_kv_cache
 from radixserve.runner.pooler import pool_hidden
+from radixserve.runner.prompt_logprobs import prompt_logprobs
 from radixserve.runner.sampler import Sampler, SamplingBatch
 from radixserve.runner.spec_verify import verify_drafts
 
@@ -73,16 +74,17 @@ class ModelRunner:
         with forward_context(self._context(metas)):
             hidden = self.model(input_ids, positions)
         pooled = pool_hidden(seqs, hidden)
+        scored = prompt_logprobs(self.model, seqs, hidden)
         sampling = [s for s in seqs if s.sample]
         if not sampling:
-            return ModelRunnerOutput([], [], [], [], pooled=pooled)
+            return ModelRunnerOutput([], [], [], [], pooled=pooled, prompt_logprobs=scored)
         logits = self.model.compute_logits(hidden[sample_idx])
         if any(s.num_draft for s in sampling):
             out = verify_drafts(self.sampler, sampling, logits,
                                 self._grammar_rows(sampling, grammar), self.device)
         else:
             out = self._sample(sampling, logits, grammar)
-        out.pooled = pooled
+        out.pooled, out.prompt_logprobs = pooled, scored
         self.drafter.propose(sampling, out)
         return out
 

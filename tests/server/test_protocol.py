@@ -90,7 +90,7 @@ def test_chat_message_forms():
 
 
 @pytest.mark.parametrize("build,field", [
-    (completion, "foo"), (completion, "functions"), (completion, "prompt_logprobs"),
+    (completion, "foo"), (completion, "functions"), (chat, "prompt_logprobs"),
     (chat, "foo"), (chat, "functions"), (chat, "echo"), (chat, "suffix"), (chat, "best_of"),
 ])
 def test_unknown_parameter_is_named(build, field):
@@ -202,7 +202,7 @@ def test_bad_logit_bias_key(key):
 
 @pytest.mark.parametrize("fields,param", [
     ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"n": 0}, "n"),
-    ({"max_tokens": 0}, "max_tokens"), ({"logit_bias": {"1": 500}}, "logit_bias"),
+    ({"max_tokens": -1}, "max_tokens"), ({"logit_bias": {"1": 500}}, "logit_bias"),
     ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
 ])
 def test_sampling_params_errors_propagate_and_name_the_parameter(fields, param):

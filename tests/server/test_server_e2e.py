@@ -310,3 +310,49 @@ def test_streamed_logprobs_match_whole(client, model):
               if c.choices and c.choices[0].logprobs]
     assert [t for c in chunks for t in c.tokens] == whole.tokens
     assert [o for c in chunks for o in c.text_offset] == whole.text_offset
+
+
+def test_echo_with_logprobs_scores_the_prompt(client, model):
+    prompt = "The capital of France is Paris."
+    ids = client.post("/../tokenize", cast_to=dict, body={"prompt": prompt})["tokens"]
+    kwargs = dict(model=model, prompt=prompt, temperature=0, logprobs=2, echo=True)
+    scored = client.completions.create(max_tokens=0, **kwargs).choices[0]
+    assert scored.text == prompt and scored.finish_reason == "length"
+    lp = scored.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(ids)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    assert all(len(t) == 2 for t in lp.top_logprobs[1:])
+    assert "".join(lp.tokens) == prompt and lp.text_offset[0] == 0
+    # with a generated token (what lm-evaluation-harness sends): the prompt's part is the same
+    one = client.completions.create(max_tokens=1, **kwargs).choices[0]
+    assert one.logprobs.token_logprobs[:len(ids)] == lp.token_logprobs
+    assert len(one.logprobs.tokens) == len(ids) + 1
+    assert one.logprobs.text_offset[len(ids)] == len(prompt) and one.text.startswith(prompt)
+    # streamed: the first chunk carries the echo and the prompt's logprobs
+    chunks = [c.choices[0] for c in client.completions.create(max_tokens=1, stream=True,
+                                                             **kwargs) if c.choices]
+    tokens = [t for c in chunks if c.logprobs for t in c.logprobs.token_logprobs]
+    assert tokens == one.logprobs.token_logprobs
+    assert "".join(c.text for c in chunks) == one.text
+    # vLLM's prompt_logprobs: {token id: {logprob, rank, decoded_token}} per prompt token
+    body = client.completions.create(model=model, prompt=ids, max_tokens=1, temperature=0,
+                                     extra_body={"prompt_logprobs": 1}).model_dump()
+    prompt_lps = body["choices"][0]["prompt_logprobs"]
+    assert prompt_lps[0] is None and len(prompt_lps) == len(ids)
+    for token, entry, want in zip(ids[1:], prompt_lps[1:], lp.token_logprobs[1:]):
+        assert entry[str(token)]["logprob"] == want
+        assert any(e.get("rank") == 1 for e in entry.values())
+
+
+def test_max_tokens_zero_is_for_completions_only(server):
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                   json={"prompt": "hi", "max_tokens": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == ""
+    assert r.json()["usage"]["completion_tokens"] == 0
+    r = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                   json={"prompt": "hi", "prompt_logprobs": 21})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"

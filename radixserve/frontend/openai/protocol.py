@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -102,6 +102,9 @@ class SamplingRequest(RouterFields, OpenAIRequest):
             raise ValueError("stream_options can only be set when stream is true")
         return value
 
+    scores_prompts: ClassVar[bool] = False
+    """Whether ``max_tokens`` may be 0: score the prompt, generate nothing."""
+
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens  # type: ignore[attr-defined]
 
@@ -121,6 +124,8 @@ class SamplingRequest(RouterFields, OpenAIRequest):
             raise ParamError(logprobs_param,
                              f"{logprobs_param} must be <= {max_logprobs}, got {logprobs}")
         max_tokens = self.requested_max_tokens()
+        if max_tokens == 0 and not self.scores_prompts:
+            raise ParamError("max_tokens", "max_tokens must be at least 1, got 0")
         return SamplingParams(
             n=or_default(self.n, 1), temperature=or_default(self.temperature, 1.0), top_p=or_default(self.top_p, 1.0),
             top_k=or_default(self.top_k, -1), min_p=or_default(self.min_p, 0.0),
@@ -167,11 +172,15 @@ def check_text_or_tokens(value, field: str):
 
 
 class CompletionRequest(SamplingRequest):
-    """``POST /v1/completions``."""
+    """``POST /v1/completions``. ``echo`` with ``logprobs`` scores the prompt too (its tokens
+    lead the logprobs, the first with None), as does vLLM's ``prompt_logprobs`` (returned in
+    the choice's ``prompt_logprobs``); ``max_tokens`` 0 then scores the prompt alone."""
 
+    scores_prompts: ClassVar[bool] = True
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = Field(None, ge=0, le=MAX_OPENAI_LOGPROBS)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_OPENAI_LOGPROBS)
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None
@@ -197,6 +206,21 @@ class CompletionRequest(SamplingRequest):
 
     def requested_logprobs(self) -> tuple[int | None, str]:
         return self.logprobs, "logprobs"
+
+    def to_sampling_params(self, default_max_tokens: int,
+                           max_logprobs: int = MAX_OPENAI_LOGPROBS) -> SamplingParams:
+        params = super().to_sampling_params(default_max_tokens, max_logprobs)
+        wanted = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None)
+                  if k is not None]
+        return params.clone(prompt_logprobs=max(wanted)) if wanted else params
+
+
+class PromptLogprob(OpenAIResponse):
+    """vLLM's entry of ``prompt_logprobs``: one candidate token at one prompt position."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
 
 
 class PromptTokensDetails(OpenAIResponse):
@@ -228,6 +252,8 @@ class CompletionResponseChoice(OpenAIResponse):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # vLLM: the stop string or token id that matched
+    # vLLM: per prompt token {token id: candidate} (None first); only when asked for
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
 
 
 class CompletionResponse(OpenAIResponse):

@@ -13,7 +13,8 @@ from radixserve.frontend.http.asgi_io import SSE_DONE
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.openai.protocol import (CompletionLogprobs, CompletionRequest,
                                                  CompletionResponse, CompletionResponseChoice,
-                                                 CompletionStreamResponse, PromptTokensDetails,
+                                                 CompletionStreamResponse, PromptLogprob,
+                                                 PromptTokensDetails,
                                                  UsageInfo, random_id)
 from radixserve.frontend.openai.serving import TEXT_MARK, ChunkTemplate, ServingContext, merge, sse
 
@@ -50,8 +51,6 @@ class CompletionServer:
     async def prepare(self, body: CompletionRequest):
         """Validate and tokenize; OpenAIError / ValueError before anything is queued."""
         self.ctx.check_model(body.model)
-        if body.echo and body.logprobs is not None:
-            raise OpenAIError("echo together with logprobs is not supported", param="echo")
         prompts = await _prompts(self.ctx, body)
         for _, ids in prompts:
             if ids and (min(ids) < 0 or max(ids) >= self.ctx.tokenizer.vocab_size):
@@ -86,14 +85,16 @@ class CompletionServer:
         choices = []
         for index in sorted(finals):
             state, prompt_idx = finals[index]
-            text = state.text
-            if body.echo:
-                text = _echo_text(self.ctx, prompts[prompt_idx]) + text
+            text, logprobs = state.text, None
+            echo = _echo_text(self.ctx, prompts[prompt_idx]) if body.echo else ""
+            if state.logprobs is not None:
+                logprobs = _logprobs(state, 0, len(state.token_ids), len(echo))
+                if body.echo:
+                    logprobs = _with_prompt(state, logprobs)
             choices.append(CompletionResponseChoice(
-                index=index, text=text, finish_reason=state.finish_reason,
-                stop_reason=state.stop_reason,
-                logprobs=(_logprobs(state, 0, len(state.token_ids))
-                          if state.logprobs is not None else None)))
+                index=index, text=echo + text, finish_reason=state.finish_reason,
+                stop_reason=state.stop_reason, logprobs=logprobs,
+                prompt_logprobs=_prompt_logprobs(body, state)))
         usage = _usage(prompts, params, [s for s, _ in finals.values()])
         return CompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
                                   usage=usage)
@@ -115,13 +116,16 @@ class CompletionServer:
             async for step in steps:
                 index, state = step.index, step.state
                 states[index] = state
-                text = step.text
-                if body.echo and index not in sent_echo:
-                    sent_echo.add(index)
-                    text = _echo_text(self.ctx, prompts[index // params[0].n]) + text
-                if not text and not state.finished:
+                text, first = step.text, index not in sent_echo
+                sent_echo.add(index)
+                if body.echo and first:
+                    echo = _echo_text(self.ctx, prompts[index // params[0].n])
+                    text = echo + text
+                    text_offsets[index] = len(echo)
+                if not text and not state.finished and not first:
                     continue
-                if state.logprobs is None and not state.finished:
+                if state.logprobs is None and not state.finished and not (
+                        first and body.prompt_logprobs is not None):
                     template = templates.get(index)
                     if template is None:
                         template = templates[index] = ChunkTemplate(CompletionStreamResponse(
@@ -137,10 +141,13 @@ class CompletionServer:
                                          text_offsets.get(index, 0))
                     text_offsets[index] = text_offsets.get(index, 0) + sum(
                         len(t) for t in logprobs.tokens)
+                    if body.echo and first:
+                        logprobs = _with_prompt(state, logprobs)
                 choice = CompletionResponseChoice(
                     index=index, text=text, logprobs=logprobs,
                     finish_reason=state.finish_reason if state.finished else None,
-                    stop_reason=state.stop_reason if state.finished else None)
+                    stop_reason=state.stop_reason if state.finished else None,
+                    prompt_logprobs=_prompt_logprobs(body, state) if first else None)
                 event = sse(CompletionStreamResponse(
                     id=request_id, created=created, model=self.ctx.model_name, choices=[choice]))
                 unfinished -= state.finished
@@ -191,6 +198,37 @@ def _usage(prompts, params, states: list[RequestState]) -> UsageInfo:
     return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
                      total_tokens=num_prompt + num_completion,
                      prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def _with_prompt(state: RequestState, logprobs: CompletionLogprobs) -> CompletionLogprobs:
+    """``logprobs`` of the generated tokens led by the prompt's (echo): each prompt token's
+    text, logprob (None for the first) and top alternatives, at its offset in the echo."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    offset = 0
+    decode = state.tokenizer.decode
+    for token_id, entry in zip(state.prompt_token_ids, state.prompt_logprobs):
+        text = decode([token_id], skip_special_tokens=False) if entry is None else entry[
+            token_id].decoded_token
+        tokens.append(text)
+        token_lps.append(None if entry is None else entry[token_id].logprob)
+        tops.append(None if entry is None else {lp.decoded_token: lp.logprob
+                                                for lp in entry.values() if lp.rank is not None})
+        offsets.append(offset)
+        offset += len(text)
+    return CompletionLogprobs(tokens=tokens + logprobs.tokens,
+                              token_logprobs=token_lps + logprobs.token_logprobs,
+                              top_logprobs=tops + logprobs.top_logprobs,
+                              text_offset=offsets + logprobs.text_offset)
+
+
+def _prompt_logprobs(body: CompletionRequest, state: RequestState
+                     ) -> list[dict[str, PromptLogprob] | None] | None:
+    """vLLM's ``prompt_logprobs`` of a choice, when the request asked for them."""
+    if body.prompt_logprobs is None or state.prompt_logprobs is None:
+        return None
+    return [None if entry is None else {
+        str(tid): PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=lp.decoded_token)
+        for tid, lp in entry.items()} for entry in state.prompt_logprobs]
 
 
 def _logprobs(state: RequestState, start: int, end: int,
