@@ -109,7 +109,8 @@ def test_options_and_format(oc, model):
     ("/api/chat", {"model": "M", "messages": MESSAGES, "options": {"bogus": 1}}, 400,
      "supported:"),
     ("/api/chat", {"model": "M", "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
-    ("/api/generate", {"model": "M", "prompt": "x", "context": [1, 2]}, 400, "/api/chat"),
+    ("/api/generate", {"model": "M", "prompt": "x", "context": [1, -2]}, 400, "context"),
+    ("/api/generate", {"model": "M", "prompt": "x", "context": [10**6]}, 400, "context"),
     ("/api/generate", {"model": "M", "prompt": "x", "options": {"num_predict": 0}}, 400,
      "num_predict"),
     ("/api/chat", {"model": "M", "messages": MESSAGES, "format": {"type": "nonsense"}}, 400,
@@ -145,3 +146,27 @@ def test_bodies_of_any_content_type_as_ollama_reads_them(server, model):
     r = httpx.post(f"{server.url}/v1/completions", content=body,
                    headers={"Content-Type": "text/plain"})
     assert r.status_code == 415 and "error" in r.json() and "message" in r.json()["error"]
+
+
+def test_generate_context_round_trips(oc, model, server):
+    first = oc.generate(model=model, prompt="My name is Ada.", options=GREEDY)
+    tokenize = httpx.post(f"{server.url}/tokenize", json={
+        "messages": [{"role": "user", "content": "My name is Ada."}]}).json()["tokens"]
+    assert first.context[:len(tokenize)] == tokenize  # the prompt as the model read it
+    assert len(first.context) > len(tokenize)  # and the answer after it
+    # the next prompt after that context: the same as the conversation written out as tokens
+    second = oc.generate(model=model, prompt="What is my name?", context=first.context,
+                         options=GREEDY)
+    then = httpx.post(f"{server.url}/tokenize", json={
+        "messages": [{"role": "user", "content": "What is my name?"}]}).json()["tokens"]
+    as_tokens = httpx.post(f"{server.url}/v1/completions", json={
+        "prompt": first.context + then, "temperature": 0, "max_tokens": 16}).json()
+    assert second.response == as_tokens["choices"][0]["text"]
+    assert second.context[:len(first.context)] == first.context
+    assert second.prompt_eval_count == len(first.context) + len(then)
+    streamed = list(oc.generate(model=model, prompt="What is my name?", context=first.context,
+                                options=GREEDY, stream=True))
+    assert streamed[-1].context == second.context
+    raw = oc.generate(model=model, prompt="1, 2, 3,", raw=True, options=GREEDY)
+    assert raw.context[:4] == httpx.post(f"{server.url}/tokenize",
+                                         json={"prompt": "1, 2, 3,"}).json()["tokens"][:4]

@@ -137,7 +137,7 @@ class OllamaChatRequest(_Generating):
 
 class OllamaGenerateRequest(_Generating):
     """``POST /api/generate``: ``prompt`` (and ``system``) through the chat template, or as
-    is with ``raw``."""
+    is with ``raw``; after ``context`` (the ids an earlier answer returned) when given."""
 
     prompt: str | None = None
     system: str | None = None
@@ -147,12 +147,11 @@ class OllamaGenerateRequest(_Generating):
     context: list[int] | None = None
     images: list[Any] | None = None
 
-    @field_validator("suffix", "template", "context", "images")
+    @field_validator("suffix", "template", "images")
     @classmethod
     def _unsupported(cls, value, info):
         if value:
-            hint = {"context": "; send the conversation through /api/chat",
-                    "template": "; the model's own chat template is used (or raw: true)",
+            hint = {"template": "; the model's own chat template is used (or raw: true)",
                     "images": ": the served model takes text only"}.get(info.field_name, "")
             raise ValueError(f"{info.field_name} is not supported{hint}")
         return value
@@ -165,10 +164,19 @@ class OllamaGenerateRequest(_Generating):
             body["chat_template_kwargs"] = kwargs
         return body
 
-    def to_openai_completion(self) -> dict:
+    @field_validator("context")
+    @classmethod
+    def _token_ids(cls, value):
+        if value and min(value) < 0:
+            raise ValueError("context must hold token ids (non-negative integers)")
+        return value
+
+    def to_openai_completion(self, prompt_ids: list[int] | None = None) -> dict:
+        """The completion request of ``raw``, or of ``prompt_ids`` (the context and the
+        prompt, as tokens) when given."""
         fields = self.openai_fields()
         fields.setdefault("max_tokens", None)  # a completion's own default is 16 tokens
-        return {"prompt": self.prompt or "", **fields}
+        return {"prompt": prompt_ids if prompt_ids else self.prompt or "", **fields}
 
 
 class OllamaEmbedRequest(OllamaRequest):

@@ -28,9 +28,11 @@ from radixserve.frontend.http.router import Call, Route, Wire
 from radixserve.frontend.ollama.models import OllamaModelInfo, read_model_info
 from radixserve.frontend.ollama.protocol import (OllamaChatRequest, OllamaEmbedRequest,
                                                  OllamaGenerateRequest, OllamaShowRequest)
-from radixserve.frontend.ollama.serving import (OllamaStreamError, Shape, check_model, collect,
-                                               stream, whole)
+from radixserve.frontend.ollama.serving import (Context, OllamaStreamError, Shape, check_model,
+                                               collect, stream, whole)
+from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
 from radixserve.frontend.openai.routes import OpenAIRoutes
+from radixserve.frontend.openai.serving_chat import render_messages
 
 _NDJSON = [(b"content-type", b"application/x-ndjson")]
 _ENCODE = msgspec.json.encode
@@ -162,12 +164,30 @@ class OllamaRoutes:
         shape = Shape(body.model, False, time.time())
         if not body.prompt:
             return _ENCODE(shape.loaded())
+        prompt_ids = (body.context or []) + self._prompt_ids(body)
+        shape.context = Context(prompt_ids, self.ctx.tokenizer.encode)
+        if body.context:  # the conversation so far, then the prompt: run as tokens
+            if max(body.context) >= self.ctx.tokenizer.vocab_size:
+                raise OpenAIError("context holds token ids out of the vocabulary",
+                                  param="context")
+            return await self._through(self.openai.completion, call,
+                                       _ENCODE(body.to_openai_completion(prompt_ids)), shape,
+                                       bool(body.stream))
         if body.raw:
             return await self._through(self.openai.completion, call,
                                        _ENCODE(body.to_openai_completion()), shape,
                                        bool(body.stream))
         return await self._through(self.openai.chat_completion, call,
                                    _ENCODE(body.to_openai_chat()), shape, bool(body.stream))
+
+    def _prompt_ids(self, body: OllamaGenerateRequest) -> list[int]:
+        """The prompt's tokens as the model reads them: as is (``raw``) or in the chat
+        template, as the OpenAI handlers encode it."""
+        tokenizer = self.ctx.tokenizer
+        if body.raw:
+            return tokenizer.encode(body.prompt)
+        request = ChatCompletionRequest.model_validate(body.to_openai_chat())
+        return tokenizer.encode_prompt(render_messages(self.ctx, request))
 
     async def _through(self, handler, call: Call, openai: bytes, shape: Shape, streamed: bool):
         """Run the OpenAI ``handler`` on the translated request ``openai`` (always streamed);

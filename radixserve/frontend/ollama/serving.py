@@ -40,12 +40,26 @@ def _arguments(text: str) -> dict:
     return value if isinstance(value, dict) else {"_value": value}
 
 
+class Context:
+    """Ollama's ``context`` of /api/generate: the token ids of the conversation so far (the
+    context sent, the prompt as the model read it, then the answer), for the client to send
+    back with its next prompt. The answer's ids are its text encoded again (the stream carries
+    text), which reads the same to the model."""
+
+    def __init__(self, prompt_ids: list[int], encode) -> None:
+        self.prompt_ids, self.encode = prompt_ids, encode
+
+    def after(self, text: str) -> list[int]:
+        return self.prompt_ids + (self.encode(text, add_special_tokens=False) if text else [])
+
+
 class Shape:
     """How one Ollama route writes an answer: /api/chat nests a ``message``, /api/generate
     has a flat ``response`` (and ``thinking``)."""
 
     def __init__(self, model: str, is_chat: bool, arrival: float) -> None:
         self.model, self.is_chat, self.arrival = model, is_chat, arrival
+        self.context: Context | None = None  # /api/generate's: the conversation's tokens
 
     def part(self, content: str = "", thinking: str | None = None,
              tool_calls: list | None = None) -> dict:
@@ -65,7 +79,9 @@ class Shape:
         return out
 
     def done(self, part: dict, reason: str | None, usage: dict | None,
-             first_time: float | None) -> dict:
+             first_time: float | None, text: str = "") -> dict:
+        """The last line: ``part`` with the finish reason, the counts and timings, and (on
+        /api/generate) the ``context`` after ``text``, the whole answer."""
         end = time.time()
         first = first_time or end
         usage = usage or {}
@@ -75,6 +91,8 @@ class Shape:
                     prompt_eval_duration=_ns(first - self.arrival),
                     eval_count=usage.get("completion_tokens", 0),
                     eval_duration=_ns(end - first))
+        if self.context is not None:
+            part["context"] = self.context.after(text)
         return part
 
     def loaded(self) -> dict:
@@ -101,13 +119,14 @@ def whole(shape: Shape, answer: bytes) -> bytes:
     else:
         part = shape.part(choice["text"])
     return msgspec.json.encode(shape.done(part, choice.get("finish_reason"), data.get("usage"),
-                                          None))
+                                          None, part.get("response", "")))
 
 
 async def stream(shape: Shape, chunks: AsyncIterator[str]) -> AsyncIterator[bytes]:
     """An OpenAI SSE stream (``stream_options.include_usage`` set) as Ollama NDJSON lines;
     tool calls (streamed as argument pieces) go out whole in one line before the last."""
     reason, usage, first = None, None, None
+    texts: list[str] = []  # /api/generate's answer, for its context
     calls: dict[int, dict] = {}
     decode = msgspec.json.decode
     async for chunk in chunks:
@@ -135,6 +154,7 @@ async def stream(shape: Shape, chunks: AsyncIterator[str]) -> AsyncIterator[byte
                         call["arguments"] += fn.get("arguments") or ""
                 else:
                     text, thinking = choice.get("text") or "", None
+                texts.append(text)
                 if text or thinking:
                     first = first or time.time()
                     lines.append(shape.part(text, thinking))
@@ -146,7 +166,8 @@ async def stream(shape: Shape, chunks: AsyncIterator[str]) -> AsyncIterator[byte
         yield msgspec.json.encode(shape.part(tool_calls=[
             {"function": {"name": c["name"], "arguments": _arguments(c["arguments"])}}
             for _, c in sorted(calls.items())])) + b"\n"
-    yield msgspec.json.encode(shape.done(shape.part(), reason, usage, first)) + b"\n"
+    yield msgspec.json.encode(shape.done(shape.part(), reason, usage, first,
+                                         "".join(texts))) + b"\n"
 
 
 async def collect(lines: AsyncIterator[bytes]) -> bytes:
