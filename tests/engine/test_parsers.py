@@ -335,7 +335,7 @@ def test_tool_registry() -> None:
     ids = sequential_ids()
     assert get_tool_parser("hermes", id_factory=ids).id_factory is ids
     with pytest.raises(ValueError, match="hermes"):
-        get_tool_parser("mistral")
+        get_tool_parser("no_such_format")
 
 
 # ---------------------------------------------------------------- tool calls: fuzz

@@ -5,11 +5,13 @@ streaming state with ``new_stream()``; the streamed deltas always add up to ``ex
 
 Registries: `get_reasoning_parser` and `get_tool_parser` build a parser by its CLI name;
 keyword arguments override the preset (e.g. ``starts_in_reasoning=True`` when the chat
-template has opened the think block, or a deterministic ``id_factory``).
+template has opened the think block, or a deterministic ``id_factory``). Which tool-call format
+a model writes is read from its chat template by `detect.detect_tool_format`.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -50,12 +52,20 @@ REASONING_PARSERS: dict[str, dict[str, Any]] = {
 template closes an empty block when thinking is off); DeepSeek-R1 templates open the block in the
 prompt, so its output starts inside reasoning (a leading ``<think>`` is still accepted)."""
 
-TOOL_PARSERS: dict[str, dict[str, Any]] = {
-    "hermes": {},
-    "qwen2_5": {},
-    "qwen3": {},
+TOOL_PARSERS: dict[str, str] = {
+    "hermes": "hermes",
+    "qwen2_5": "hermes",
+    "qwen3": "hermes",
+    "qwen3_coder": "qwen3_coder",
+    "llama3_json": "llama3_json",
+    "mistral": "mistral",
+    "pythonic": "pythonic",
+    "phi4_mini": "phi4_mini",
+    "deepseek_v3": "deepseek_v3",
 }
-"""Tool parser name -> `ToolCallParser` preset; all use the Hermes ``<tool_call>`` format."""
+"""Tool parser name -> the module of its format in this package (imported when built): its
+``FORMAT`` (a `ToolFormat`) and, where the format's templates demand their own call ids, its
+``ID_FACTORY``. Qwen2.5 and Qwen3 write the Hermes format."""
 
 
 def get_reasoning_parser(name: str, **overrides: Any) -> ReasoningParser:
@@ -65,7 +75,12 @@ def get_reasoning_parser(name: str, **overrides: Any) -> ReasoningParser:
 
 def get_tool_parser(name: str, **overrides: Any) -> ToolCallParser:
     """Build the tool-call parser called `name`; ValueError (listing the names) if unknown."""
-    return _build("tool", TOOL_PARSERS, ToolCallParser, name, overrides)
+    module_name = TOOL_PARSERS.get(name)
+    if module_name is None:
+        raise ValueError(f"unknown tool parser {name!r}; supported: {', '.join(TOOL_PARSERS)}")
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    preset = {"format": module.FORMAT, "id_factory": getattr(module, "ID_FACTORY", make_call_id)}
+    return ToolCallParser(**{**preset, **overrides})
 
 
 def _build(

@@ -1,20 +1,20 @@
-"""Parse Hermes-style tool calls (Hermes 2 Pro, Qwen2.5, Qwen3) from a model's output.
+"""Parse tool calls from a model's output, whole or streamed, in any `ToolFormat`.
 
-The model writes zero or more blocks
-``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, possibly after (or between)
-ordinary text. Rules, shared by `ToolCallParser.extract` and the
+The format (``tool_format.py``; one file per format, Hermes by default) finds blocks in the
+output and the calls in each block. Rules, shared by `ToolCallParser.extract` and the
 streaming `ToolCallStream`:
 
-* a block runs from a start tag to the first end tag after it, or to the end of the text;
-* a block is a call iff its body is a JSON object with a non-empty string ``"name"`` and an
-  ``"arguments"`` object (absent means ``{}``); its arguments string is
-  ``json.dumps(arguments, ensure_ascii=False)``. Any other block (malformed JSON, wrong shape,
-  unterminated and incomplete) is kept verbatim as content;
+* a block runs from where the format opens it to where it closes it, or to the end of the text;
+* a block holding calls gives them in order, each with its arguments string
+  ``json.dumps(arguments, ensure_ascii=False)``; any other block (malformed, wrong shape,
+  unterminated and incomplete) is kept verbatim as content. In a leading format (the output
+  *is* the calls), such a block, or any text where a call could start, ends the calls: the rest
+  is content;
 * content is the text outside calls, less the whitespace that only separates a call from the
   start or end of the output (the usual newlines around blocks); whitespace between two pieces
   of text stays, even with calls in it. It is None when empty, as OpenAI returns with calls.
 
-Streaming choice: a call is only emitted once its block is complete (end tag or end of stream),
+Streaming choice: a call is only emitted once its block is complete (closed or end of stream),
 because until then the body may still turn out malformed, and a tool-call delta cannot be taken
 back. It goes out as two OpenAI-shaped deltas: a header (index, id, name, ``""``) and the whole
 arguments string as one fragment. Content before a block streams as it arrives.
@@ -22,12 +22,13 @@ arguments string as one fragment. Content before a block streams as it arrives.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from radixserve.frontend.parsers.reasoning import BoundaryTrimmer, split_partial_tag, trim_at_marks
+from radixserve.frontend.parsers import hermes
+from radixserve.frontend.parsers.reasoning import BoundaryTrimmer, trim_at_marks
+from radixserve.frontend.parsers.tool_format import Calls, ToolFormat
 
 __all__ = [
     "StreamDelta",
@@ -37,10 +38,6 @@ __all__ = [
     "ToolCallStream",
     "make_call_id",
 ]
-
-START_TAG = "<tool_call>"
-END_TAG = "</tool_call>"
-
 
 def make_call_id() -> str:
     """A fresh OpenAI-style call id: ``"call_"`` and 24 random hex digits."""
@@ -70,30 +67,16 @@ StreamDelta = str | ToolCallDelta
 """A streaming item: content text (never empty) or a tool-call delta."""
 
 
-def parse_call_body(body: str) -> tuple[str, str] | None:
-    """Return (name, arguments JSON string) of a block body, or None if it is not a call."""
-    try:
-        obj = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(obj, dict):
-        return None
-    name = obj.get("name")
-    arguments = obj.get("arguments", {})
-    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
-        return None
-    return name, json.dumps(arguments, ensure_ascii=False)
-
-
 @dataclass(slots=True, frozen=True)
 class ToolCallParser:
-    """Hermes tool-call parser (see the module docstring for the rules).
+    """Tool-call parser for one `ToolFormat` (see the module docstring for the rules).
 
     ``id_factory`` makes each call's id, called once per parsed call in output order; inject a
     deterministic one in tests. Shareable; `new_stream()` gives the per-request state.
     """
 
     id_factory: Callable[[], str] = make_call_id
+    format: ToolFormat = hermes.FORMAT
 
     def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """Return (content, tool_calls) of a whole output; content is None when empty."""
@@ -107,27 +90,30 @@ class ToolCallParser:
                 length += len(item)
             else:
                 cuts.append(length)
-                calls.append(ToolCall(self.id_factory(), *item))
+                calls.extend(ToolCall(self.id_factory(), *call) for call in item)
         return trim_at_marks("".join(pieces), cuts) or None, calls
 
     def new_stream(self) -> ToolCallStream:
         """Fresh streaming state for one request."""
         return ToolCallStream(self)
 
-    @staticmethod
-    def _segments(text: str) -> Iterator[str | tuple[str, str]]:
-        """Yield the text in order: plain text as str, each valid call as (name, arguments)."""
-        pos = 0
-        while (start := text.find(START_TAG, pos)) >= 0:
-            yield text[pos:start]
-            body_start = start + len(START_TAG)
-            end = text.find(END_TAG, body_start)
-            stop = len(text) if end < 0 else end
-            parsed = parse_call_body(text[body_start:stop])
-            block_end = len(text) if end < 0 else end + len(END_TAG)
-            yield parsed if parsed is not None else text[start:block_end]
-            pos = block_end
-        yield text[pos:]
+    def _segments(self, text: str) -> Iterator[str | Calls]:
+        """Yield the text in order: plain text as str, each block's calls as a list."""
+        fmt = self.format
+        while text:
+            found = fmt.find_open(text)
+            if isinstance(found, int):
+                break
+            yield text[: found.start]
+            body = text[found.body :]
+            body_end, block_end = fmt.find_close(body) or (len(body), len(body))
+            calls = fmt.parse(body[:body_end])
+            block_end += found.body
+            yield text[found.start : block_end] if calls is None else calls
+            text = text[block_end:]
+            if calls is None and fmt.is_leading:
+                break
+        yield text
 
 
 @dataclass(slots=True)
@@ -145,8 +131,8 @@ class ToolCallStream:
 
     parser: ToolCallParser
     _buffer: str = ""
-    _in_block: bool = False
-    _scan_from: int = 0
+    _body: int | None = None  # in a block: where its body starts in _buffer
+    _is_text: bool = False  # a leading format saw text: no block opens any more
     _num_calls: int = 0
     _finished: bool = False
     _content: BoundaryTrimmer = field(default_factory=BoundaryTrimmer)
@@ -177,47 +163,55 @@ class ToolCallStream:
             raise RuntimeError("finish() called twice")
         self._finished = True
         out: list[StreamDelta] = []
-        if self._in_block:
-            self._close_block(self._buffer, START_TAG + self._buffer, out)
-        else:
-            self._emit_text(self._buffer, out)
+        if self._body is not None:
+            body_len = len(self._buffer) - self._body
+            self._close_block(body_len, body_len, out)
+        self._emit_text(self._buffer, out)
         self._buffer = ""
         self._emit(self._content.close(), out)
         return out
 
     def _step(self, out: list[StreamDelta]) -> bool:
-        """Consume what the buffer decides; return True if a tag was found (scan again)."""
-        if self._in_block:
-            end = self._buffer.find(END_TAG, self._scan_from)
-            if end < 0:
-                self._scan_from = max(0, len(self._buffer) - len(END_TAG) + 1)
-                return False
-            body, self._buffer = self._buffer[:end], self._buffer[end + len(END_TAG) :]
-            self._close_block(body, START_TAG + body + END_TAG, out)
-            return True
-        start = self._buffer.find(START_TAG)
-        if start < 0:
-            safe, self._buffer = split_partial_tag(self._buffer, START_TAG)
-            self._emit_text(safe, out)
+        """Consume what the buffer decides; return True if a block opened or closed."""
+        fmt = self.parser.format
+        if self._is_text:
+            self._emit_text(self._buffer, out)
+            self._buffer = ""
             return False
-        self._emit_text(self._buffer[:start], out)
-        self._buffer = self._buffer[start + len(START_TAG) :]
-        self._in_block, self._scan_from = True, 0
+        if self._body is None:
+            found = fmt.find_open(self._buffer)
+            if isinstance(found, int):
+                self._emit_text(self._buffer[:found], out)
+                self._buffer = self._buffer[found:]
+                self._is_text = fmt.is_leading and found > 0
+                return False
+            self._emit_text(self._buffer[: found.start], out)
+            self._buffer = self._buffer[found.start :]
+            self._body = found.body - found.start
+            return True
+        closed = fmt.find_close(self._buffer[self._body :])
+        if closed is None:
+            return False
+        self._close_block(*closed, out)
         return True
 
-    def _close_block(self, body: str, raw: str, out: list[StreamDelta]) -> None:
-        """Emit a finished block: a call if its body parses, else `raw` as content."""
-        self._in_block = False
-        parsed = parse_call_body(body)
-        if parsed is None:
+    def _close_block(self, body_end: int, block_end: int, out: list[StreamDelta]) -> None:
+        """Emit the open block: its calls if its body holds any, else its raw text."""
+        assert self._body is not None
+        start = self._body
+        calls = self.parser.format.parse(self._buffer[start : start + body_end])
+        raw, self._buffer = self._buffer[: start + block_end], self._buffer[start + block_end :]
+        self._body = None
+        if calls is None:
             self._emit_text(raw, out)
+            self._is_text = self.parser.format.is_leading
             return
-        name, arguments = parsed
         self._content.mark()
-        index = self._num_calls
-        self._num_calls += 1
-        out.append(ToolCallDelta(index, self.parser.id_factory(), name, ""))
-        out.append(ToolCallDelta(index, None, None, arguments))
+        for name, arguments in calls:
+            index = self._num_calls
+            self._num_calls += 1
+            out.append(ToolCallDelta(index, self.parser.id_factory(), name, ""))
+            out.append(ToolCallDelta(index, None, None, arguments))
 
     def _emit_text(self, text: str, out: list[StreamDelta]) -> None:
         self._emit(self._content.push(text), out)
