@@ -57,3 +57,38 @@ def test_an_installed_wheel_loads_its_kernels_without_a_compiler(tmp_path):
     here = native.describe()
     assert found["level"] == here.runnable[0]  # the best level this CPU runs
     assert set(found["built"]) >= set(here.runnable)
+
+
+def test_a_wheel_built_without_a_compiler_installs_and_runs_the_torch_path(tmp_path):
+    # the tracked sources only (no kernels built in place), every compiler a failing stub
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, check=True, capture_output=True,
+                           text=True).stdout.split()
+    for name in files:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, src / name)
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for compiler in ("gcc", "g++", "cc", "c++"):
+        (stubs / compiler).symlink_to(shutil.which("false"))
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "CC": str(stubs / "gcc"),
+           "CXX": str(stubs / "g++")}
+    wheels = tmp_path / "wheels"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps",
+                            "--no-build-isolation", "-w", str(wheels), str(src)], env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert "kernels did not build and are left out" in built.stdout + built.stderr
+    (wheel,) = wheels.glob("radixserve-*.whl")
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+                    "--target", str(site), str(wheel)], check=True, capture_output=True,
+                   timeout=300)
+    assert not list(site.rglob("*.so"))
+    probe = ("import logging; logging.basicConfig(level=logging.WARNING)\n" + _PROBE)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, check=True,
+                          env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True,
+                          text=True, timeout=300)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["file"].startswith(str(site)) and found["level"] is None
+    assert "WARNING" in done.stderr and "the torch paths run instead" in done.stderr
