@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import functools
 import gc
+import logging
 import os
 import shutil
 import signal
@@ -27,6 +28,8 @@ import tempfile
 
 from radixserve.arg_types import non_negative, port, positive, positive_int
 from radixserve.cli_args import add_engine_args, engine_kwargs
+
+logger = logging.getLogger(__name__)
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -46,11 +49,18 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "in for a model's decode step (default: back to back)")
     parser.add_argument("--mock-max-seqs", type=int, default=1024,
                         help="with --mock-engine: requests running at once (others wait)")
-    parser.add_argument("--tool-call-parser", default="hermes",
+    from radixserve.frontend.parsers import TOOL_PARSERS
+    from radixserve.frontend.parsers.detect import AUTO
+
+    parser.add_argument("--tool-call-parser", default=AUTO, choices=[AUTO, *TOOL_PARSERS],
                         help="the tool-call format read from the output when a request has "
-                             "tools (hermes, qwen2_5, qwen3: <tool_call> blocks, also what a "
-                             "chat template without tool support is given: "
-                             "tokenizer/tool_prompt.py)")
+                             "tools. auto (default): the one the model's chat template writes "
+                             "calls in (<tool_call>: hermes or qwen3_coder, [TOOL_CALLS]: "
+                             "mistral, <|python_tag|>/\"parameters\": llama3_json, "
+                             "functools[: phi4_mini, tool▁calls▁begin: deepseek_v3, "
+                             "[func_name(: pythonic); hermes for a template without tool "
+                             "support, which gets the tools in that format "
+                             "(tokenizer/tool_prompt.py). A name overrides the detection")
     parser.add_argument("--reasoning-parser", default=None,
                         help="split <think> reasoning into reasoning_content "
                              "(think, qwen3, deepseek_r1)")
@@ -103,12 +113,11 @@ def serve(args: argparse.Namespace) -> int:
         from radixserve.cluster.ray_executor import require_ray
 
         require_ray()  # at once, not after the tokenizer has loaded
-    from radixserve.frontend.parsers import get_reasoning_parser, get_tool_parser
+    from radixserve.frontend.parsers import get_reasoning_parser
     from radixserve.tokenizer.tokenizer import load_tokenizer
     from radixserve.models.source import ModelSource
 
     source = ModelSource.resolve(args.model)
-    tool_parser = get_tool_parser(args.tool_call_parser)
     reasoning = get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None
     embedding = _embedding_setup(source, args)
     kwargs = engine_kwargs(args)
@@ -135,7 +144,7 @@ def serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or source.name
     import uvloop
 
-    return uvloop.run(_serve(args, builds, tables, name, tool_parser, reasoning, embedding))
+    return uvloop.run(_serve(args, builds, tables, name, reasoning, embedding))
 
 
 def _frontend_tables(load_tokenizer, source):
@@ -147,6 +156,23 @@ def _frontend_tables(load_tokenizer, source):
     tokenizer = load_tokenizer(source)
     tokenizer.detokenizer([])  # builds the token → bytes table now, not on the first request
     return tokenizer, grammar_validator(tokenizer)
+
+
+def _tool_parser(requested: str, tokenizer):
+    """(name, parser) of the tool-call format: `requested`, or with "auto" the one the
+    tokenizer's chat template writes (`detect.resolve_tool_format`); logged once. Mutates the
+    tokenizer: the format's markers that are special tokens decode as text from now on."""
+    from radixserve.frontend.parsers import get_tool_parser
+    from radixserve.frontend.parsers.detect import resolve_tool_format
+
+    name, why = resolve_tool_format(requested, tokenizer.chat_template)
+    logger.info("tool-call format: %s (%s)", name, why)
+    parser = get_tool_parser(name)
+    kept = tokenizer.decode_as_text(parser.format.markers)
+    if kept:
+        logger.info("special tokens decoded as text for the tool-call parser: %s",
+                    " ".join(kept))
+    return name, parser
 
 
 def _model_path(args) -> str | None:
@@ -164,7 +190,7 @@ def _embedding_setup(source, args):
         raise SystemExit(f"radixserve: error: {exc}") from None
 
 
-async def _serve(args, builds, tables, name, tool_parser, reasoning, embedding) -> int:
+async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
     import uvicorn
 
     _Server = _server_class()
@@ -195,6 +221,7 @@ async def _serve(args, builds, tables, name, tool_parser, reasoning, embedding) 
     try:
         ready = await supervisor.start()
         tokenizer, validator = await frontend
+        tool_format, tool_parser = _tool_parser(args.tool_call_parser, tokenizer)
         client = supervisor.client
         metrics = ServerMetrics(client, name)
         metrics.registry.register(ReplicaCollector(supervisor, name))
@@ -221,7 +248,8 @@ async def _serve(args, builds, tables, name, tool_parser, reasoning, embedding) 
                     else "")
         print(f"radixserve: serving {name} on http://{args.host}:{args.port} "
               f"(context {ready.max_model_len}, {ready.num_kv_blocks} KV blocks{replicas}; "
-              f"embeddings: {embedding.pooling + ' pooling' if embedding.pooling else 'off'})",
+              f"embeddings: {embedding.pooling + ' pooling' if embedding.pooling else 'off'}; "
+              f"tool calls: {tool_format})",
               file=sys.stderr, flush=True)
         await server.serve()
     except RuntimeError as exc:

@@ -7,6 +7,7 @@ model's chat template.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -240,6 +241,20 @@ class Tokenizer:
     @functools.cached_property
     def _token_bytes(self) -> TokenBytes | None:
         return token_bytes(self.backend)
+
+    def decode_as_text(self, tokens: Iterable[str]) -> list[str]:
+        """Let the special tokens spelled `tokens` reach the text even where special tokens are
+        skipped: the markers a tool-call parser reads (Mistral's ``[TOOL_CALLS]``). Returns
+        those that are special tokens of this vocabulary. Mutates: detokenizers made from now
+        on keep them; the decode-window fallback (vocabularies without a byte table) does not.
+        """
+        table = self._token_bytes
+        ids = {token: self.backend.token_to_id(token) for token in tokens}
+        kept = {t: i for t, i in ids.items() if i is not None and i in self.all_special_ids}
+        if table is not None and kept:
+            self._token_bytes = dataclasses.replace(
+                table, special_ids=table.special_ids - set(kept.values()))
+        return list(kept)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
         """The vocabulary strings of `ids` (byte-level spelling); `None` for unknown ids."""

@@ -26,7 +26,10 @@ from radixserve.frontend.parsers.tool_format import (
 
 __all__ = ["FORMAT"]
 
-_CALL = re.compile(r"\s*<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>\s*", re.S)
+_BEGIN, _END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+_CALL_BEGIN, _SEP, _CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+_CALL = re.compile(
+    rf"\s*{re.escape(_CALL_BEGIN)}(.*?){re.escape(_SEP)}(.*?){re.escape(_CALL_END)}\s*", re.S)
 _V3_BODY = re.compile(r"([^\n]+)\n```(?:json)?\n(.*)\n```\s*", re.S)
 
 
@@ -45,4 +48,5 @@ def _parse(body: str) -> Calls | None:
     return calls or None
 
 
-FORMAT = TaggedFormat("<｜tool▁calls▁begin｜>", Until("<｜tool▁calls▁end｜>"), _parse)
+FORMAT = TaggedFormat(_BEGIN, Until(_END), _parse,
+                      markers=(_BEGIN, _END, _CALL_BEGIN, _SEP, _CALL_END))

@@ -14,4 +14,5 @@ from radixserve.frontend.parsers.tool_format import TaggedFormat, Until, object_
 
 __all__ = ["FORMAT"]
 
-FORMAT = TaggedFormat("<tool_call>", Until("</tool_call>"), object_call)
+FORMAT = TaggedFormat("<tool_call>", Until("</tool_call>"), object_call,
+                      markers=("<tool_call>", "</tool_call>"))

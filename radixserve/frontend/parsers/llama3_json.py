@@ -22,4 +22,5 @@ FORMAT = LeadingFormat(
     (";", "<|python_tag|>"),
     json_value_close,
     functools.partial(object_call, keys=("parameters", "arguments")),
+    markers=("<|python_tag|>",),
 )

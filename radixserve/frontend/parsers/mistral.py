@@ -59,5 +59,6 @@ def _parse(body: str) -> Calls | None:
     return None if call is None else [call]
 
 
-FORMAT = TaggedFormat("[TOOL_CALLS]", _close, _parse)
+FORMAT = TaggedFormat("[TOOL_CALLS]", _close, _parse,
+                      markers=("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))
 ID_FACTORY = mistral_call_id

@@ -58,4 +58,5 @@ def _parse(body: str) -> Calls | None:
     return calls
 
 
-FORMAT = TaggedFormat("<tool_call>", Until("</tool_call>"), _parse)
+FORMAT = TaggedFormat("<tool_call>", Until("</tool_call>"), _parse,
+                      markers=("<tool_call>", "</tool_call>"))

@@ -56,6 +56,9 @@ class Span:
 class ToolFormat(Protocol):
     is_leading: bool
     """True: blocks only open at the output's start or right after a call (`LeadingFormat`)."""
+    markers: tuple[str, ...]
+    """The format's marker tokens; where they are special tokens, the server decodes them as
+    text (`Tokenizer.decode_as_text`) so that the parser sees them."""
 
     def find_open(self, text: str) -> Span | int:
         """The first block opening in `text`, or else how many leading characters are certainly
@@ -93,6 +96,7 @@ class TaggedFormat:
     start: str
     close: Callable[[str], tuple[int, int] | None]
     parse: Callable[[str], Calls | None]
+    markers: tuple[str, ...] = ()
     is_leading: bool = False
 
     def find_open(self, text: str) -> Span | int:
@@ -115,6 +119,7 @@ class LeadingFormat:
     prefixes: tuple[str, ...]
     close: Callable[[str], tuple[int, int] | None]
     parse: Callable[[str], Calls | None]
+    markers: tuple[str, ...] = ()
     is_leading: bool = True
 
     def find_open(self, text: str) -> Span | int:
