@@ -170,3 +170,23 @@ def test_generate_context_round_trips(oc, model, server):
     raw = oc.generate(model=model, prompt="1, 2, 3,", raw=True, options=GREEDY)
     assert raw.context[:4] == httpx.post(f"{server.url}/tokenize",
                                          json={"prompt": "1, 2, 3,"}).json()["tokens"][:4]
+
+
+@pytest.mark.parametrize("raw, words", [
+    ('"options": {"temperature": NaN}', "options.temperature"),
+    ('"options": {"top_p": Infinity}', "options.top_p"),
+    ('"options": {"temperature": -Infinity}', "options.temperature"),
+    ('"options": {"seed": 1e309}', "options.seed"),
+    ('"options": {"stop": ["a", NaN]}', "options.stop"),
+    ('"stream": "yes"', "stream"),
+    ('"keep_alive": NaN', "keep_alive"),
+    ('"options": {"temperature": "0.5"}', "temperature"),
+    ('"options": {"top_k": 4.5}', "top_k"),
+])
+def test_non_finite_and_mistyped_values_are_refused(server, model, raw, words):
+    for path, head in (("/api/chat", f'"messages": {json.dumps(MESSAGES)}'),
+                       ("/api/generate", '"prompt": "Hi"')):
+        body = f'{{"model": "{model}", {head}, {raw}}}'
+        r = httpx.post(f"{server.url}{path}", content=body)
+        assert r.status_code == 400, (path, raw, r.text)
+        assert list(r.json()) == ["error"] and words in r.json()["error"], (path, r.text)

@@ -16,11 +16,12 @@ are refused by name. Unset sampling options take the server's defaults (those of
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
-from radixserve.frontend.http.protocol_base import ParamError
+from radixserve.frontend.http.protocol_base import REQUEST_CONFIG, ParamError
 
 _MAPPED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
            "seed": "seed", "stop": "stop", "repeat_penalty": "repetition_penalty",
@@ -33,7 +34,11 @@ _NEUTRAL = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}  # refused unless thi
 
 
 class OllamaRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Read as strictly as Ollama's own JSON decoding: unknown fields, a string for a boolean
+    (``"stream": "yes"``) or a number, and non-finite numbers (``NaN``, ``Infinity``, ``1e309``)
+    are 400s, never coerced or turned into defaults."""
+
+    model_config = REQUEST_CONFIG
 
 
 class OllamaFunctionCall(OllamaRequest):
@@ -207,6 +212,7 @@ def sampling_fields(options: dict[str, Any]) -> dict:
     """Ollama ``options`` as OpenAI chat-request fields; ParamError naming a refused one."""
     fields: dict[str, Any] = {}
     for key, value in options.items():
+        _check_finite(f"options.{key}", value)
         if key in _MAPPED:
             fields[_MAPPED[key]] = value
         elif key == "num_predict":
@@ -230,3 +236,14 @@ def sampling_fields(options: dict[str, Any]) -> dict:
             raise ParamError(f"options.{key}", f"unknown option {key!r}; supported: "
                              f"{', '.join(supported)}")
     return fields
+
+
+def _check_finite(name: str, value: Any) -> None:
+    """ParamError if ``value`` holds a NaN or infinite number (JSON has none; Python's reader
+    turns ``NaN``, ``Infinity`` and ``1e309`` into them, and they would reach the engine as
+    nulls, that is as defaults)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ParamError(name, f"{name} must be a finite number, got {value!r}")
+    if isinstance(value, list):
+        for item in value:
+            _check_finite(name, item)
