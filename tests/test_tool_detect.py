@@ -54,7 +54,7 @@ def test_each_family(expected: str, template: str) -> None:
 
 
 def test_variants() -> None:
-    llama32 = TOOLS_HEADER + 'Respond in the format {"name": function name, "parameters": dictionary}'
+    llama32 = TOOLS_HEADER + 'Respond as {"name": function name, "parameters": dictionary of ...}'
     assert detect_tool_format(llama32) == "llama3_json"
     phi4_official = "{% if 'tools' in message %}<|tool|>{{ message['tools'] }}<|/tool|>{% endif %}"
     assert detect_tool_format(phi4_official) == "phi4_mini"
@@ -72,7 +72,8 @@ def test_generic_format_for_templates_without_tools() -> None:
 
 
 def test_resolve() -> None:
-    assert resolve_tool_format("auto", TEMPLATES["mistral"]) == ("mistral", "from the chat template")
+    assert resolve_tool_format("auto", TEMPLATES["mistral"]) == (
+        "mistral", "from the chat template")
     assert resolve_tool_format("pythonic", TEMPLATES["mistral"])[0] == "pythonic"
     name, why = resolve_tool_format("auto", PLAIN)
     assert name == "hermes" and "does not render tools" in why

@@ -18,7 +18,7 @@ from radixserve.frontend.parsers import (
     ToolCallParser,
     get_tool_parser,
 )
-from radixserve.frontend.parsers.tool_format import bracket_end
+from radixserve.frontend.parsers.tool_format import BracketScanner
 
 DS_BEGIN, DS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 DS_CALL, DS_SEP, DS_CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
@@ -208,12 +208,21 @@ def test_registry_names() -> None:
         get_tool_parser("auto")
 
 
-def test_bracket_end() -> None:
+def bracket_end(text: str, quotes: str = '"') -> int | None:
+    return BracketScanner(0, quotes)(text)
+
+
+def test_bracket_scanner() -> None:
     assert bracket_end('{"a": "}"} x') == 10
     assert bracket_end('{"a": "\\"}"}') == 12
     assert bracket_end('{"a": [1, 2]') is None
     assert bracket_end("[f(s='a]')] x", quotes="\"'") == 11
     assert bracket_end("[f(s='a]')] x") == 8  # a single quote is no quote in JSON
+    text = '{"a": "x\\"}", "b": [{}]} tail'
+    for cut in range(len(text)):  # resumed at any point, as a stream calls it
+        scanner = BracketScanner()
+        assert scanner(text[:cut]) is None or cut >= 24
+        assert scanner(text) == 24
 
 
 # ---------------------------------------------------------------- fuzz: any text, any split

@@ -18,10 +18,10 @@ import re
 from radixserve.frontend.parsers.tool_format import (
     Calls,
     TaggedFormat,
-    Until,
     json_call,
     load_json,
     tiling_matches,
+    until,
 )
 
 __all__ = ["FORMAT"]
@@ -48,5 +48,5 @@ def _parse(body: str) -> Calls | None:
     return calls or None
 
 
-FORMAT = TaggedFormat(_BEGIN, Until(_END), _parse,
+FORMAT = TaggedFormat(_BEGIN, until(_END), _parse,
                       markers=(_BEGIN, _END, _CALL_BEGIN, _SEP, _CALL_END))

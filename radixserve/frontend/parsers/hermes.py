@@ -10,9 +10,9 @@ output); it is a call iff its body is a JSON object with a non-empty string ``"n
 
 from __future__ import annotations
 
-from radixserve.frontend.parsers.tool_format import TaggedFormat, Until, object_call
+from radixserve.frontend.parsers.tool_format import TaggedFormat, object_call, until
 
 __all__ = ["FORMAT"]
 
-FORMAT = TaggedFormat("<tool_call>", Until("</tool_call>"), object_call,
+FORMAT = TaggedFormat("<tool_call>", until("</tool_call>"), object_call,
                       markers=("<tool_call>", "</tool_call>"))

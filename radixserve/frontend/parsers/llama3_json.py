@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import functools
 
-from radixserve.frontend.parsers.tool_format import LeadingFormat, json_value_close, object_call
+from radixserve.frontend.parsers.tool_format import JsonValueCloser, LeadingFormat, object_call
 
 __all__ = ["FORMAT"]
 
 FORMAT = LeadingFormat(
     "{",
     (";", "<|python_tag|>"),
-    json_value_close,
+    JsonValueCloser,
     functools.partial(object_call, keys=("parameters", "arguments")),
     markers=("<|python_tag|>",),
 )

@@ -16,12 +16,13 @@ from __future__ import annotations
 import re
 import secrets
 import string
+from dataclasses import dataclass
 
 from radixserve.frontend.parsers.tool_format import (
+    BracketScanner,
     Calls,
     TaggedFormat,
     array_calls,
-    bracket_end,
     json_call,
     load_json,
 )
@@ -37,15 +38,25 @@ def mistral_call_id() -> str:
     return "".join(secrets.choice(_ID_CHARS) for _ in range(9))
 
 
-def _close(body: str) -> tuple[int, int] | None:
+@dataclass(slots=True)
+class _Closer:
     """The block ends with its JSON: the array (v0.3), else the first object (the arguments)."""
-    stripped = body.lstrip()
-    if not stripped:
-        return None
-    first = len(body) - len(stripped)
-    start = first if body[first] == "[" else body.find("{", first)
-    end = None if start < 0 else bracket_end(body, start)
-    return None if end is None else (end, end)
+
+    _scanner: BracketScanner | None = None
+    _scan_from: int = 0
+
+    def __call__(self, body: str) -> tuple[int, int] | None:
+        if self._scanner is None:
+            first = len(body) - len(body.lstrip())
+            if first == len(body):
+                return None
+            start = first if body[first] == "[" else body.find("{", max(first, self._scan_from))
+            if start < 0:
+                self._scan_from = len(body)
+                return None
+            self._scanner = BracketScanner(start)
+        end = self._scanner(body)
+        return None if end is None else (end, end)
 
 
 def _parse(body: str) -> Calls | None:
@@ -59,6 +70,6 @@ def _parse(body: str) -> Calls | None:
     return None if call is None else [call]
 
 
-FORMAT = TaggedFormat("[TOOL_CALLS]", _close, _parse,
+FORMAT = TaggedFormat("[TOOL_CALLS]", _Closer, _parse,
                       markers=("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))
 ID_FACTORY = mistral_call_id

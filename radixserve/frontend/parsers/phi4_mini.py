@@ -7,8 +7,8 @@ stays in the content, as does an array that is not all calls.
 
 from __future__ import annotations
 
-from radixserve.frontend.parsers.tool_format import TaggedFormat, array_calls, json_value_close
+from radixserve.frontend.parsers.tool_format import JsonValueCloser, TaggedFormat, array_calls
 
 __all__ = ["FORMAT"]
 
-FORMAT = TaggedFormat("functools", json_value_close, array_calls)
+FORMAT = TaggedFormat("functools", JsonValueCloser, array_calls)

@@ -10,16 +10,12 @@ a non-literal value, or anything JSON cannot hold (a set, bytes) makes the list 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 
-from radixserve.frontend.parsers.tool_format import Calls, LeadingFormat, bracket_end
+from radixserve.frontend.parsers.tool_format import Calls, JsonValueCloser, LeadingFormat
 
 __all__ = ["FORMAT"]
-
-
-def _close(body: str) -> tuple[int, int] | None:
-    end = bracket_end(body, 0, quotes="\"'")
-    return None if end is None else (end, end)
 
 
 def _call(node: ast.expr) -> tuple[str, str] | None:
@@ -55,4 +51,4 @@ def _parse(body: str) -> Calls | None:
     return calls
 
 
-FORMAT = LeadingFormat("[", (), _close, _parse)
+FORMAT = LeadingFormat("[", (), functools.partial(JsonValueCloser, quotes="\"'"), _parse)

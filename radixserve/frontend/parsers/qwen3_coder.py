@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 
-from radixserve.frontend.parsers.tool_format import Calls, TaggedFormat, Until, tiling_matches
+from radixserve.frontend.parsers.tool_format import Calls, TaggedFormat, tiling_matches, until
 
 __all__ = ["FORMAT"]
 
@@ -58,5 +58,5 @@ def _parse(body: str) -> Calls | None:
     return calls
 
 
-FORMAT = TaggedFormat("<tool_call>", Until("</tool_call>"), _parse,
+FORMAT = TaggedFormat("<tool_call>", until("</tool_call>"), _parse,
                       markers=("<tool_call>", "</tool_call>"))

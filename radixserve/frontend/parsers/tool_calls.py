@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from radixserve.frontend.parsers import hermes
 from radixserve.frontend.parsers.reasoning import BoundaryTrimmer, trim_at_marks
-from radixserve.frontend.parsers.tool_format import Calls, ToolFormat
+from radixserve.frontend.parsers.tool_format import Calls, Closer, ToolFormat
 
 __all__ = [
     "StreamDelta",
@@ -106,7 +106,7 @@ class ToolCallParser:
                 break
             yield text[: found.start]
             body = text[found.body :]
-            body_end, block_end = fmt.find_close(body) or (len(body), len(body))
+            body_end, block_end = fmt.closer()(body) or (len(body), len(body))
             calls = fmt.parse(body[:body_end])
             block_end += found.body
             yield text[found.start : block_end] if calls is None else calls
@@ -132,6 +132,7 @@ class ToolCallStream:
     parser: ToolCallParser
     _buffer: str = ""
     _body: int | None = None  # in a block: where its body starts in _buffer
+    _closer: Closer | None = None  # in a block: finds its end
     _is_text: bool = False  # a leading format saw text: no block opens any more
     _num_calls: int = 0
     _finished: bool = False
@@ -187,9 +188,10 @@ class ToolCallStream:
                 return False
             self._emit_text(self._buffer[: found.start], out)
             self._buffer = self._buffer[found.start :]
-            self._body = found.body - found.start
+            self._body, self._closer = found.body - found.start, fmt.closer()
             return True
-        closed = fmt.find_close(self._buffer[self._body :])
+        assert self._closer is not None
+        closed = self._closer(self._buffer[self._body :])
         if closed is None:
             return False
         self._close_block(*closed, out)
@@ -201,7 +203,7 @@ class ToolCallStream:
         start = self._body
         calls = self.parser.format.parse(self._buffer[start : start + body_end])
         raw, self._buffer = self._buffer[: start + block_end], self._buffer[start + block_end :]
-        self._body = None
+        self._body = self._closer = None
         if calls is None:
             self._emit_text(raw, out)
             self._is_text = self.parser.format.is_leading

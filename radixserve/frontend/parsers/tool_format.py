@@ -2,7 +2,7 @@
 the formats are built from.
 
 A format finds *blocks* in the output: an opening (``find_open``), the block's end
-(``find_close``) and the calls its body holds (``parse``, None when it holds none: the block is
+(a `Closer`) and the calls its body holds (``parse``, None when it holds none: the block is
 then kept as content). Two shapes cover the formats models are trained on:
 
 * `TaggedFormat`: a start marker anywhere in the output opens a block (``<tool_call>``,
@@ -12,11 +12,13 @@ then kept as content). Two shapes cover the formats models are trained on:
   is text (Llama 3 JSON, pythonic lists).
 
 NOTE: streaming equals whole-output parsing only because every decision here is prefix-stable:
-once ``find_open``/``find_close`` give an answer for a text, any longer text gives the same one.
+once ``find_open`` or a block's `Closer` gives an answer for a text, any longer text gives the
+same one.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -32,17 +34,22 @@ __all__ = [
     "TaggedFormat",
     "ToolFormat",
     "Until",
-    "bracket_end",
     "array_calls",
     "json_call",
-    "json_value_close",
     "load_json",
     "object_call",
     "tiling_matches",
+    "until",
 ]
 
 Calls = list[tuple[str, str]]
 """Parsed calls in order: (name, arguments as a JSON object string)."""
+
+Closer = Callable[[str], tuple[int, int] | None]
+"""Finds the end of one block in its body (the text after the opening): (body_end,
+block_end), the body being ``body[:body_end]`` and the block's raw text ending at
+``block_end``; None while it is open (at the end of the output the block runs to the end).
+Called with the body as it grows, each text extending the last, so it may resume its scan."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,10 +73,8 @@ class ToolFormat(Protocol):
         ``len(text)`` (no block)."""
         ...
 
-    def find_close(self, body: str) -> tuple[int, int] | None:
-        """(body_end, block_end) of the block whose body starts at ``body[0]``: the body is
-        ``body[:body_end]``, the block's raw text ends at ``block_end``. None: not closed yet
-        (at the end of the output the block then runs to the end)."""
+    def closer(self) -> Closer:
+        """A fresh `Closer` for a block that has just opened."""
         ...
 
     def parse(self, body: str) -> Calls | None:
@@ -77,24 +82,28 @@ class ToolFormat(Protocol):
         ...
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Until:
-    """`find_close` for a body ended by a fixed marker."""
+    """`Closer` of a body ended by a fixed marker."""
 
     end: str
+    _scan_from: int = 0
 
     def __call__(self, body: str) -> tuple[int, int] | None:
-        at = body.find(self.end)
-        return None if at < 0 else (at, at + len(self.end))
+        at = body.find(self.end, self._scan_from)
+        if at < 0:
+            self._scan_from = max(0, len(body) - len(self.end) + 1)
+            return None
+        return at, at + len(self.end)
 
 
 @dataclass(slots=True, frozen=True)
 class TaggedFormat:
-    """Blocks opened by ``start`` anywhere in the output; ``close`` and ``parse`` see the text
-    after it."""
+    """Blocks opened by ``start`` anywhere in the output; ``close`` (a `Closer` factory) and
+    ``parse`` see the text after it."""
 
     start: str
-    close: Callable[[str], tuple[int, int] | None]
+    close: Callable[[], Closer]
     parse: Callable[[str], Calls | None]
     markers: tuple[str, ...] = ()
     is_leading: bool = False
@@ -105,8 +114,8 @@ class TaggedFormat:
             return Span(at, at + len(self.start))
         return len(split_partial_tag(text, self.start)[0])
 
-    def find_close(self, body: str) -> tuple[int, int] | None:
-        return self.close(body)
+    def closer(self) -> Closer:
+        return self.close()
 
 
 @dataclass(slots=True, frozen=True)
@@ -117,7 +126,7 @@ class LeadingFormat:
 
     opener: str
     prefixes: tuple[str, ...]
-    close: Callable[[str], tuple[int, int] | None]
+    close: Callable[[], Closer]
     parse: Callable[[str], Calls | None]
     markers: tuple[str, ...] = ()
     is_leading: bool = True
@@ -133,8 +142,13 @@ class LeadingFormat:
             return 0
         return Span(0, at) if text.startswith(self.opener, at) else len(text)
 
-    def find_close(self, body: str) -> tuple[int, int] | None:
-        return self.close(body)
+    def closer(self) -> Closer:
+        return self.close()
+
+
+def until(end: str) -> Callable[[], Closer]:
+    """The `Closer` factory of bodies ended by the marker `end`."""
+    return functools.partial(Until, end)
 
 
 def _skip_space(text: str, at: int) -> int:
@@ -145,40 +159,64 @@ _STRUCTURE = {quotes: re.compile("[" + re.escape("[]{}\\" + quotes) + "]")
               for quotes in ('"', "\"'")}
 
 
-def bracket_end(text: str, start: int = 0, quotes: str = '"') -> int | None:
-    """Index just past the bracketed value opening at ``text[start]`` (``[`` or ``{``), whose
-    strings are quoted with any of `quotes` and backslash-escaped; None while it is open.
-    Brackets are only counted (a ``[`` closed by ``}`` ends it too: parsing rejects it)."""
-    pattern = _STRUCTURE[quotes]
-    depth, quote, at = 0, "", start
-    while (found := pattern.search(text, at)) is not None:
-        char, at = found.group(), found.end()
-        if quote:
-            if char == "\\":
-                at += 1
-            elif char == quote:
-                quote = ""
-        elif char in quotes:
-            quote = char
-        elif char in "[{":
-            depth += 1
-        elif char in "]}":
-            depth -= 1
-            if depth <= 0:
-                return at
-    return None
+@dataclass(slots=True)
+class BracketScanner:
+    """Finds the end of the bracketed value opening at ``text[start]`` (``[`` or ``{``), whose
+    strings are quoted with any of `quotes` and backslash-escaped. Brackets are only counted (a
+    ``[`` closed by ``}`` ends it too: parsing rejects it). Resumable: call it with the text as
+    it grows; it answers the index just past the value, or None while the value is open."""
 
+    start: int = 0
+    quotes: str = '"'
+    _at: int | None = None
+    _depth: int = 0
+    _quote: str = ""
+    _end: int | None = None
 
-def json_value_close(body: str) -> tuple[int, int] | None:
-    """`find_close` for a body that is one JSON array or object after optional whitespace;
-    any other first character closes an empty block at once (it holds no call)."""
-    at = _skip_space(body, 0)
-    if at == len(body):
+    def __call__(self, text: str) -> int | None:
+        if self._end is not None:
+            return self._end
+        pattern = _STRUCTURE[self.quotes]
+        at = self.start if self._at is None else self._at
+        while (found := pattern.search(text, at)) is not None:
+            char, at = found.group(), found.end()
+            if self._quote:
+                if char == "\\":
+                    at += 1
+                elif char == self._quote:
+                    self._quote = ""
+            elif char in self.quotes:
+                self._quote = char
+            elif char in "[{":
+                self._depth += 1
+            elif char in "]}":
+                self._depth -= 1
+                if self._depth <= 0:
+                    self._end = at
+                    return at
+        self._at = at
         return None
-    if body[at] not in "[{":
-        return 0, 0
-    end = bracket_end(body, at)
-    return None if end is None else (end, end)
+
+
+@dataclass(slots=True)
+class JsonValueCloser:
+    """`Closer` of a body that is one JSON array or object after optional whitespace; any
+    other first character closes an empty block at once (it holds no call). ``quotes``: as in
+    `BracketScanner` (Python literals quote with either)."""
+
+    quotes: str = '"'
+    _scanner: BracketScanner | None = None
+
+    def __call__(self, body: str) -> tuple[int, int] | None:
+        if self._scanner is None:
+            at = _skip_space(body, 0)
+            if at == len(body):
+                return None
+            if body[at] not in "[{":
+                return 0, 0
+            self._scanner = BracketScanner(at, self.quotes)
+        end = self._scanner(body)
+        return None if end is None else (end, end)
 
 
 def json_call(obj: object, keys: tuple[str, ...] = ("arguments",)) -> tuple[str, str] | None:
