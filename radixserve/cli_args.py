@@ -106,7 +106,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 def add_sampling_args(parser: argparse.ArgumentParser, temperature: float,
                       max_tokens: int) -> None:
     g = parser.add_argument_group("sampling")
-    g.add_argument("--max-tokens", type=int, default=max_tokens)
+    g.add_argument("--max-tokens", type=positive_int, default=max_tokens,
+                   help="tokens to generate at most")
     g.add_argument("--temperature", type=float, default=temperature)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=-1)

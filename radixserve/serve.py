@@ -200,6 +200,7 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
     from radixserve.frontend.async_llm import AsyncLLM
     from radixserve.frontend.app import build_app
     from radixserve.frontend.http.metrics import ServerMetrics
+    from radixserve.frontend.http.connection_guard import guarded_protocol, raise_fd_limit
     from radixserve.frontend.http.limits import serve_limits
     from radixserve.frontend.responses.store import ResponseStore
     from radixserve.frontend.openai.serving import ServingContext
@@ -232,9 +233,13 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
                              max_prompts_per_request=args.max_prompts_per_request,
                              embedding=embedding, model_path=_model_path(args),
                              response_store=store)
-        app = build_app(ctx, metrics, args.api_key, serve_limits(args))
+        limits = serve_limits(args)
+        app = build_app(ctx, metrics, args.api_key, limits)
+        edge = limits.connections
+        raise_fd_limit((edge.max_connections or 65536) + 1024)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                loop="none", http="httptools",
+                                loop="none", http=guarded_protocol(edge),
+                                timeout_keep_alive=edge.keep_alive_timeout,
                                 timeout_graceful_shutdown=args.drain_timeout)
         server = _Server(config)
 
