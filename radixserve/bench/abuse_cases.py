@@ -109,8 +109,6 @@ def _integer_cases() -> list[AbuseCase]:
         AbuseCase("max_tokens=2^70", COMPLETIONS, 400, _completion(max_tokens=2**70)),
         AbuseCase("max_tokens=-1", COMPLETIONS, 400, _completion(max_tokens=-1)),
         AbuseCase("max_tokens=0 (chat)", CHAT, 400, _chat(max_tokens=0)),
-        AbuseCase("max_tokens=0, echo, logprobs (scores the prompt)", COMPLETIONS, 200,
-                  _completion(max_tokens=0, echo=True, logprobs=1)),
         AbuseCase("min_tokens > max_tokens", COMPLETIONS, 400, _completion(min_tokens=5)),
         AbuseCase("logprobs=21", COMPLETIONS, 400, _completion(logprobs=21)),
         AbuseCase("stop_token_ids [2^70]", COMPLETIONS, 400, _completion(stop_token_ids=[2**70])),
