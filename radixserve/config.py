@@ -59,7 +59,8 @@ class DeviceConfig:
 @dataclass(frozen=True)
 class StructuredConfig:
     """Structured output: ``fast_forward`` emits the tokens a grammar forces without a forward
-    each; a grammar whose compile takes over ``compile_timeout_s`` fails its request."""
+    each; a grammar whose compile uses over ``compile_timeout_s`` CPU seconds (or waits 12x
+    that on the clock: structured/cpu_budget.py) fails its request."""
 
     fast_forward: bool = True
     compile_timeout_s: float = 10.0

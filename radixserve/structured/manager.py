@@ -8,7 +8,7 @@ runs (the next token's mask depends only on tokens already accepted).
 
 from __future__ import annotations
 
-import time
+import functools
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -17,6 +17,7 @@ from radixserve.core.grammar_hooks import NO_GRAMMAR, Grammar
 from radixserve.core.request import Request
 from radixserve.core.sched_output import GrammarBitmask, SchedulerOutput
 from radixserve.structured.backend import CompiledGrammar, StructuredBackend
+from radixserve.structured.cpu_budget import CpuTimedJob
 from radixserve.structured.params import GrammarSpec, StructuredOutputsParams
 from radixserve.structured.request_grammar import RequestGrammar
 
@@ -26,10 +27,14 @@ _CACHE_SIZE = 256
 class StructuredOutputManager:
     def __init__(self, backend: StructuredBackend, fast_forward: bool = True,
                  compile_timeout_s: float = 10.0) -> None:
+        """``compile_timeout_s``: the CPU seconds a compile may use (structured/cpu_budget.py:
+        a busy machine slows a compile on the clock, not in CPU time)."""
         self.backend = backend
         self.fast_forward = fast_forward
         self.compile_timeout_s = compile_timeout_s
-        self._compiles: OrderedDict[GrammarSpec, Future[CompiledGrammar]] = OrderedDict()
+        # spec -> (its compile, the job whose CPU time bounds it: structured/cpu_budget.py)
+        self._compiles: OrderedDict[GrammarSpec, tuple[Future[CompiledGrammar], CpuTimedJob]] = (
+            OrderedDict())
         self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-grammar")
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-mask")
 
@@ -43,16 +48,18 @@ class StructuredOutputManager:
         if params is None:
             return NO_GRAMMAR
         spec = params.spec()
-        future = self._compiles.get(spec)
-        if future is None:
-            future = self._compile_pool.submit(self.backend.compile, spec)
-            self._compiles[spec] = future
+        entry = self._compiles.get(spec)
+        if entry is None:
+            job = CpuTimedJob(self.backend.compile, spec)
+            entry = self._compiles[spec] = (self._compile_pool.submit(job), job)
             while len(self._compiles) > _CACHE_SIZE:
                 self._compiles.popitem(last=False)
         else:
             self._compiles.move_to_end(spec)
+        future, job = entry
         return RequestGrammar(future, tuple(params.reasoning_end_token_ids), self.fast_forward,
-                              time.monotonic() + self.compile_timeout_s)
+                              functools.partial(job.overrun, self.compile_timeout_s,
+                                                "compiling the structured output grammar"))
 
     def wait_for_compiles(self, grammars: Iterable[Grammar],
                           timeout: float) -> None:

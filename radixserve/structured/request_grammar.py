@@ -8,7 +8,7 @@ core/grammar_hooks.py's `Grammar`; unconstrained requests carry that module's `N
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from radixserve.structured.backend import CompiledGrammar, GrammarMatcher
@@ -17,16 +17,17 @@ from radixserve.structured.backend import CompiledGrammar, GrammarMatcher
 class RequestGrammar:
     """``compiled``: the (shared, maybe still running) compile; ``reasoning_end``: token ids
     after which the constraint starts (empty: from the first output token); ``fast_forward``:
-    hand out the tokens the grammar forces; ``deadline``: wall time by which the compile must
-    have finished."""
+    hand out the tokens the grammar forces; ``overrun``: while the compile runs, why it must
+    be given up on (its time limit spent: structured/cpu_budget.py), or None."""
 
     def __init__(self, compiled: Future[CompiledGrammar], reasoning_end: tuple[int, ...] = (),
-                 fast_forward: bool = True, deadline: float = float("inf")) -> None:
+                 fast_forward: bool = True,
+                 overrun: Callable[[], str | None] = lambda: None) -> None:
         self._compiled = compiled
         self._reasoning_end = reasoning_end
         self._in_reasoning = bool(reasoning_end)
         self._fast_forward = fast_forward
-        self._deadline = deadline
+        self._overrun = overrun
         self.matcher: GrammarMatcher | None = None
 
     @property
@@ -49,9 +50,7 @@ class RequestGrammar:
         if self._compiled.done():
             exc = self._compiled.exception()
             return None if exc is None else str(exc)
-        if time.monotonic() > self._deadline:
-            return "compiling the structured output grammar took too long"
-        return None
+        return self._overrun()
 
     @property
     def is_active(self) -> bool:

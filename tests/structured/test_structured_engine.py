@@ -164,10 +164,11 @@ def test_constraint_starts_after_the_reasoning_end(backend, tokenizer):
 
 
 class SlowBackend:
-    """Wraps a backend; compile sleeps ``delay`` seconds or raises ``error``."""
+    """Wraps a backend; compile takes ``delay`` seconds (asleep, as a compile starved of CPU
+    by a busy machine; or ``busy``: spinning, as a compile too complex) or raises ``error``."""
 
-    def __init__(self, inner, delay=0.0, error=None):
-        self.inner, self.delay, self.error = inner, delay, error
+    def __init__(self, inner, delay=0.0, error=None, busy=False):
+        self.inner, self.delay, self.error, self.busy = inner, delay, error, busy
         self.vocab_size = inner.vocab_size
         self.num_compiles = 0
 
@@ -176,7 +177,10 @@ class SlowBackend:
 
     def compile(self, spec):
         self.num_compiles += 1
-        time.sleep(self.delay)
+        end = time.monotonic() + self.delay
+        while self.busy and time.monotonic() < end:
+            pass
+        time.sleep(max(0.0, end - time.monotonic()))
         if self.error:
             raise GrammarError(self.error)
         return self.inner.compile(spec)
@@ -213,15 +217,27 @@ def test_compiles_are_cached_by_spec(backend):
 
 
 def test_failed_or_overlong_compile_fails_only_its_request(backend):
-    for slow, kwargs, message in [(SlowBackend(backend, error="boom"), {}, "boom"),
-                                  (SlowBackend(backend, delay=0.3), {"compile_timeout_s": 0.05},
-                                   "took too long")]:
+    for slow, kwargs, message in [
+            (SlowBackend(backend, error="boom"), {}, "boom"),
+            (SlowBackend(backend, delay=0.3, busy=True), {"compile_timeout_s": 0.05},
+             "used over 0.05 s of CPU time"),
+            (SlowBackend(backend, delay=1.5), {"compile_timeout_s": 0.05}, "overloaded")]:
         engine = make_engine(slow, FirstAllowedRunner(script=itertools.repeat(100)), **kwargs)
         add(engine, "bad", SO(regex="x"))
         add(engine, "free", None, max_tokens=2)
         result = run(engine)
         assert result["bad"][1] == "abort" and message in result["bad"][2]
         assert result["free"][0] == [100, 100]
+
+
+def test_a_compile_slowed_on_the_clock_but_not_in_cpu_time_succeeds(backend):
+    # a busy machine: the compile waits (asleep here) for 0.3 s but uses almost no CPU, over
+    # a budget of 0.05 CPU seconds (the wall-clock backstop is 12x the budget: 0.6 s)
+    engine = make_engine(SlowBackend(backend, delay=0.3), FirstAllowedRunner(),
+                         compile_timeout_s=0.05)
+    add(engine, "json", SO(regex="ok"))
+    result = run(engine, limit=2000)
+    assert result["json"][1] != "abort", result["json"]
 
 
 def test_banned_tokens_matches_bit_arithmetic():
