@@ -1,6 +1,7 @@
 """``--kv-cache-dtype``: the embedded model with a float16 or int8 KV pool keeps the engine's
 guarantees (greedy output alone = batched = chunked = from the prefix cache), holds 2x / ~3.8x
-the blocks of a float32 pool in the same budget, and gives the float32 pool's greedy tokens;
+the blocks of a float32 pool in the same budget, and scores the float32 pool's greedy text within
+0.1 nats a token on average;
 ``auto`` resolves by CPU level; a pool under a backend that cannot read it is refused."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import pytest
 import torch
 from test_llm_embedded import GREEDY, PROMPTS, swapped_scheduler, token_ids
 
+from radixserve import SamplingParams
 from radixserve.config import CacheConfig
 from radixserve.kernels import native
 from radixserve.runner.kv_cache import resolve_kv_dtype
@@ -80,12 +82,24 @@ def test_prefix_cache_hit_equals_cold_run(f16_llm):
     assert token_ids(hits) == cold and all(r.num_cached_tokens > 0 for r in hits)
 
 
-def test_close_to_a_float32_pool(f16_alone, f32_llm):
-    f32 = [f32_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
-    # a greedy continuation may flip where two logits are near-tied; most prompts agree
-    # for their first 8 tokens (measured on AMD EPYC, avx512 and avx2 levels: every prompt
-    # agrees for all 24, float16 and bfloat16 alike)
-    assert sum(a[:8] == b[:8] for a, b in zip(f16_alone, f32)) >= len(PROMPTS) - 1
+def test_close_to_a_float32_pool(f16_llm, f32_llm):
+    # Teacher-forced: the float32 pool's greedy text scored by both pools (prompt logprobs),
+    # so a near-tie that flips one greedy token cannot end the comparison. Measured on AMD
+    # EPYC Zen 5 over these 182 tokens, mean / max |delta logprob| in nats: float16 pool
+    # 0.038 / 0.26 (avx512), 0.035 / 0.40 (avx2); int8 pool 0.047 / 0.52, 0.049 / 0.46. Most
+    # of it is the int8 activations of the linear layers rounding a slightly different input
+    # differently (a float16 pool moves them as much), not the pool itself.
+    texts = [o.prompt_token_ids + o.outputs[0].token_ids
+             for o in f32_llm.generate(PROMPTS, GREEDY)]
+    score = SamplingParams(max_tokens=0, prompt_logprobs=0)
+
+    def logprobs(llm):
+        outs = llm.generate([{"prompt_token_ids": t} for t in texts], score)
+        return [e[t].logprob for o, ids in zip(outs, texts)
+                for e, t in zip(o.prompt_logprobs[1:], ids[1:])]
+
+    deltas = [abs(a - b) for a, b in zip(logprobs(f16_llm), logprobs(f32_llm))]
+    assert sum(deltas) / len(deltas) < 0.1 and max(deltas) < 1.5
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float16, torch.int8])
