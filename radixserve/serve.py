@@ -8,8 +8,9 @@ If the engine process dies, pending requests end at once with a 503-style error 
 `EngineSupervisor` starts a new one (bounded attempts with back-off; /health is 503 until it is
 ready); with ``--no-engine-restart``, or when the attempts are used up, the server exits
 non-zero instead. SIGINT/SIGTERM: uvicorn stops accepting, drains in-flight requests for up
-to ``--drain-timeout`` seconds, then the engine is told to shut down and is joined (killed if
-it does not exit), so no orphan process is left.
+to ``--drain-timeout`` seconds (a response still open then ends in its API's error shape:
+`frontend.http.drain`), then the engine is told to shut down and is joined (killed if it does
+not exit), so no orphan process is left.
 """
 
 from __future__ import annotations
@@ -240,8 +241,8 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 loop="none", http=guarded_protocol(edge),
                                 timeout_keep_alive=edge.keep_alive_timeout,
-                                timeout_graceful_shutdown=args.drain_timeout)
-        server = _Server(config)
+                                timeout_graceful_shutdown=args.drain_timeout + _DRAIN_GRACE_S)
+        server = _Server(config, app.router.drain, args.drain_timeout)
 
         def on_fatal(reason: str) -> None:  # no engine and none coming: exit non-zero
             fatal.append(reason)
@@ -309,12 +310,31 @@ def _settle_gc() -> None:
     gc.set_threshold(10_000, 20, 100)
 
 
+_DRAIN_GRACE_S = 2.0
+"""How long after the drain deadline uvicorn cancels what is still running: the responses
+ended by the drain write their last chunks meanwhile."""
+
+
 def _server_class():
     import uvicorn
 
     class Server(uvicorn.Server):
         """uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, which would kill us
-        before the engine is stopped; handle them on the loop instead."""
+        before the engine is stopped; handle them on the loop instead. ``drain`` expires
+        ``drain_timeout`` s into the shutdown, or at a second SIGINT (uvicorn's force exit)."""
+
+        def __init__(self, config, drain, drain_timeout: float) -> None:
+            super().__init__(config)
+            self.drain, self.drain_timeout = drain, drain_timeout
+
+        async def shutdown(self, sockets=None) -> None:
+            asyncio.get_running_loop().call_later(self.drain_timeout, self.drain.expire)
+            await super().shutdown(sockets)
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            if self.force_exit:
+                self.drain.expire()
 
         @contextlib.contextmanager
         def capture_signals(self):

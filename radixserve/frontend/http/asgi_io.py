@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from radixserve.frontend.http.drain import Drain, ServerDraining
 from radixserve.frontend.http.protocol_base import ClientDisconnected
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
@@ -44,6 +45,9 @@ async def until_disconnect(receive, work: Awaitable):
     watcher = asyncio.ensure_future(wait_disconnect(receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()  # the server stopping: the work's engine requests end with it
+        raise
     finally:
         watcher.cancel()
     if not task.done():
@@ -56,15 +60,18 @@ async def until_disconnect(receive, work: Awaitable):
 
 async def send_stream(chunks: AsyncIterator[str | bytes], receive, send, headers: list,
                       error_chunk: Callable[[Exception], bytes | None], tail: bytes = b"",
-                      ends: bytes | None = None) -> None:
+                      ends: bytes | None = None, drain: Drain | None = None) -> None:
     """Send ``chunks`` as one streamed 200 response with ``headers``, closed by ``tail``.
 
     A chunk ending with ``ends`` closes the response itself (one write, not two). An exception
     from ``chunks`` after the response has started becomes a last chunk ``error_chunk(exc)``
     (none if it returns None), then ``tail``. As soon as the client leaves, sending stops, and
-    ``chunks`` is closed on every exit (which aborts the engine requests behind it); a
-    cancellation that is not the client leaving (the server stopping) propagates.
+    ``chunks`` is closed on every exit (which aborts the engine requests behind it). The
+    ``drain``'s cut ends the stream as an error does, with `ServerDraining`; any other
+    cancellation propagates. ``chunks`` may carry its own ``error_chunk`` (a stream whose
+    error event depends on what it sent: the Responses API's), used instead.
     """
+    error_chunk = getattr(chunks, "error_chunk", error_chunk)
     this = asyncio.current_task()
     gone = False
 
@@ -87,15 +94,23 @@ async def send_stream(chunks: AsyncIterator[str | bytes], receive, send, headers
         except ClientDisconnected:
             return  # the client left while the stream was being made
         except Exception as exc:  # noqa: BLE001 - the engine's errors (or a bug), as a chunk
-            body = error_chunk(exc)
-            if body:
-                await send({"type": "http.response.body", "body": body, "more_body": True})
+            return await _send_last(send, error_chunk(exc), tail)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
     except asyncio.CancelledError:
-        if not gone:
-            raise  # the server is stopping, not the client leaving
-        this.uncancel()
+        if gone:
+            this.uncancel()
+        elif drain is not None and drain.took_cut():
+            await _send_last(send, error_chunk(ServerDraining()), tail)
+        else:
+            raise  # the server is stopping without a drain
     finally:
         watcher.cancel()
         # shielded: a response cancelled again while closing must still abort its requests
         await asyncio.shield(chunks.aclose())
+
+
+async def _send_last(send, body: bytes | None, tail: bytes) -> None:
+    """End a started stream: the error chunk ``body`` (if any), then ``tail``."""
+    if body:
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+    await send({"type": "http.response.body", "body": tail, "more_body": False})

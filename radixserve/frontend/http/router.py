@@ -14,6 +14,7 @@ tickets a handler puts in ``call.admitted`` are released when the response ends,
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from urllib.parse import parse_qsl
 from pydantic import BaseModel
 
 from radixserve.frontend.http.asgi_io import SSE_DONE, SSE_HEADERS, read_body, send_stream
+from radixserve.frontend.http.drain import Drain, ServerDraining
 from radixserve.frontend.http.errors import send_error, send_json, sse_error_chunk
 from radixserve.frontend.http.protocol_base import OpenAIError
 
@@ -107,10 +109,12 @@ there)."""
 class Router:
     """ASGI app dispatching ``routes``. A path with no route for the method gets 405 in the
     path's error shape (a prefix route with method "*" answers for every method under it);
-    an unknown path gets the OpenAI 404."""
+    an unknown path gets the OpenAI 404. Every request's task is registered with ``drain``,
+    whose expiry ends the responses still open (`drain`)."""
 
     def __init__(self, routes: list[Route]) -> None:
         self.routes = routes
+        self.drain = Drain()
         self.exact: dict[tuple[str, str], Route] = {}
         self.templated: list[tuple[re.Pattern, Route]] = []
         self.prefixed = [r for r in routes if r.is_prefix]
@@ -134,20 +138,26 @@ class Router:
             if route is None:
                 return await self._refuse(method, path, send)
         admitted: list = []
+        task = self.drain.enter()
         try:
             try:
                 body = await read_body(receive) if method == "POST" else b""
                 answer = await route.handler(Call(scope, receive, body, admitted, params))
             except Exception as exc:  # noqa: BLE001 - every error is answered with a body
                 return await route.wire.send_error(send, exc)
+            except asyncio.CancelledError:
+                if not self.drain.took_cut():
+                    raise
+                return await route.wire.send_error(send, ServerDraining())
             if type(answer) is bytes:
                 return await send_json(send, 200, answer)
             if hasattr(answer, "__anext__"):
                 wire = route.wire
                 return await send_stream(answer, receive, send, wire.stream_headers,
-                                         wire.error_chunk, wire.tail, wire.ends)
+                                         wire.error_chunk, wire.tail, wire.ends, self.drain)
             return await answer(scope, receive, send)
         finally:
+            self.drain.leave(task)
             for ticket in admitted:
                 ticket.release()
 

@@ -86,38 +86,10 @@ class ResponsesServer:
         await self._store(plan, response)
         return msgspec.json.encode(response)
 
-    async def stream(self, plan: ResponsePlan, arrival: float,
-                     ticket=NO_TICKET) -> AsyncIterator[str]:
-        """The typed SSE events; an engine failure after the start becomes an ``error`` event
-        and ``response.failed``."""
-        seq = _Sequencer()
-        builder = OutputBuilder(self.ctx.reasoning_parser, plan.tool_parser)
-        yield seq.event({"type": "response.created",
-                         "response": self._response(plan, builder, None, "in_progress")})
-        yield seq.event({"type": "response.in_progress",
-                         "response": self._response(plan, builder, None, "in_progress")})
-        state = None
-        try:
-            async with contextlib.aclosing(self._generate(plan, arrival, ticket)) as steps:
-                async for step in steps:
-                    state = step.state
-                    events = builder.feed(step.text)
-                    if events:
-                        yield "".join(map(seq.event, events))
-        except (EngineDeadError, EngineStepError, EngineRequestError, OpenAIError) as exc:
-            message = exc.message if isinstance(exc, OpenAIError) else str(exc)
-            failed = self._response(plan, builder, state, "failed")
-            failed["error"] = {"code": "server_error", "message": message}
-            yield seq.event({"type": "error", "code": "server_error", "message": message,
-                             "param": None}) + seq.event(
-                {"type": "response.failed", "response": failed})
-            return
-        status = _status(state)
-        events = builder.finish(status)
-        response = self._response(plan, builder, state, status)
-        await self._store(plan, response)
-        kind = "response.completed" if status == "completed" else "response.incomplete"
-        yield "".join(map(seq.event, events)) + seq.event({"type": kind, "response": response})
+    def stream(self, plan: ResponsePlan, arrival: float, ticket=NO_TICKET) -> ResponseEvents:
+        """The typed SSE events; an error after the start becomes an ``error`` event and
+        ``response.failed``."""
+        return ResponseEvents(self, plan, arrival, ticket)
 
     def _generate(self, plan: ResponsePlan, arrival: float, ticket):
         return self.ctx.engine.generate(plan.ids, plan.params, plan.response_id,
@@ -164,6 +136,64 @@ class ResponsesServer:
                 "output_tokens": num_out,
                 "output_tokens_details": {"reasoning_tokens": min(num_reasoning, num_out)},
                 "total_tokens": len(plan.ids) + num_out}
+
+
+class ResponseEvents:
+    """One streamed response: an async iterator of its SSE events. An engine failure after
+    the start ends it with an ``error`` event and ``response.failed``, as does `error_chunk`
+    (numbered after the events already sent), which `send_stream` calls for an error the
+    events could not yield themselves: the drain's cut (`http.drain`)."""
+
+    def __init__(self, server: ResponsesServer, plan: ResponsePlan, arrival: float,
+                 ticket) -> None:
+        self.server, self.plan = server, plan
+        self.seq = _Sequencer()
+        self.builder = OutputBuilder(server.ctx.reasoning_parser, plan.tool_parser)
+        self.state: RequestState | None = None
+        self._events = self._run(arrival, ticket)
+
+    def __aiter__(self) -> ResponseEvents:
+        return self
+
+    def __anext__(self):
+        return self._events.__anext__()
+
+    def aclose(self):
+        return self._events.aclose()
+
+    def error_chunk(self, exc: Exception) -> bytes:
+        return self._failed(exc).encode()
+
+    def _failed(self, exc: Exception) -> str:
+        message = exc.message if isinstance(exc, OpenAIError) else str(exc)
+        failed = self.server._response(self.plan, self.builder, self.state, "failed")
+        failed["error"] = {"code": "server_error", "message": message}
+        return self.seq.event({"type": "error", "code": "server_error", "message": message,
+                               "param": None}) + self.seq.event(
+            {"type": "response.failed", "response": failed})
+
+    async def _run(self, arrival: float, ticket) -> AsyncIterator[str]:
+        server, plan, seq, builder = self.server, self.plan, self.seq, self.builder
+        yield seq.event({"type": "response.created",
+                         "response": server._response(plan, builder, None, "in_progress")})
+        yield seq.event({"type": "response.in_progress",
+                         "response": server._response(plan, builder, None, "in_progress")})
+        try:
+            async with contextlib.aclosing(server._generate(plan, arrival, ticket)) as steps:
+                async for step in steps:
+                    self.state = step.state
+                    events = builder.feed(step.text)
+                    if events:
+                        yield "".join(map(seq.event, events))
+        except (EngineDeadError, EngineStepError, EngineRequestError, OpenAIError) as exc:
+            yield self._failed(exc)
+            return
+        status = _status(self.state)
+        events = builder.finish(status)
+        response = server._response(plan, builder, self.state, status)
+        await server._store(plan, response)
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        yield "".join(map(seq.event, events)) + seq.event({"type": kind, "response": response})
 
 
 def _status(state: RequestState) -> str:
