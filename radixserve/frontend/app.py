@@ -102,8 +102,9 @@ class Guard:
     disconnects from streams): with an API key, rejects requests without it (401) in
     ``Authorization: Bearer KEY`` or (as Anthropic's clients send it) ``x-api-key: KEY``; POST
     bodies that are not JSON (415, `content_type`); reads the body under its size and time limits
-    (413, 408: `body_reader`) before any route sees it. Refusals take the shape the route table
-    gives the path (`Wire.send_refusal`)."""
+    (413, 408: `body_reader`) before any route sees it. The key is checked first: a request
+    without it learns nothing of the limits. Refusals take the shape the route table gives the
+    path (`Wire.send_refusal`)."""
 
     def __init__(self, router: Router, api_key: str | None, max_body_bytes: int,
                  body_timeout: float | None = None, metrics: ServerMetrics | None = None) -> None:
@@ -117,17 +118,18 @@ class Guard:
         if scope["type"] != "http":
             return await self.router(scope, receive, send)
         headers = dict(scope["headers"])
-        try:
-            body_reader.check_declared_length(headers, self.max_body_bytes)
-        except body_reader.BodyRefused as exc:
-            return await self._refuse(scope, send, exc)
         if self.expected is not None and not self.router.is_open(scope["path"]):
             given = (headers.get(b"authorization", b""),
                      b"Bearer " + headers.get(b"x-api-key", b""))
             if not any(hmac.compare_digest(key, self.expected) for key in given):
-                return await self._send(scope, send, OpenAIError(
-                    "invalid or missing API key", 401, "authentication_error",
-                    code="invalid_api_key"))
+                refusal = OpenAIError("invalid or missing API key", 401, "authentication_error",
+                                      code="invalid_api_key")
+                refusal.close_connection = body_reader.has_body(headers)  # its body unread
+                return await self._send(scope, send, refusal)
+        try:
+            body_reader.check_declared_length(headers, self.max_body_bytes)
+        except body_reader.BodyRefused as exc:
+            return await self._refuse(scope, send, exc)
         wire = self.router.wire_for(scope["path"])
         json_only = wire is None or wire.json_only
         if (refusal := unsupported_media_type(scope["method"], headers, json_only)) is not None:

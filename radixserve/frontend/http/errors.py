@@ -42,11 +42,15 @@ async def send_json(send, status: int, body: bytes,
 
 def error_headers(exc: Exception) -> list[tuple[bytes, bytes]]:
     """``Retry-After`` for an error that says when to retry (429, queue timeouts);
-    ``Connection: close`` for one answered before its body was read (413, 408)."""
+    ``Connection: close`` for one answered before its body was read (413, 408, 401); ``Allow``
+    for a 405 (the path's methods)."""
     headers = []
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         headers.append((b"retry-after", str(retry_after).encode()))
+    allow = getattr(exc, "allow", None)
+    if allow is not None:
+        headers.append((b"allow", allow.encode()))
     if getattr(exc, "close_connection", False):
         headers.append((b"connection", b"close"))
     return headers

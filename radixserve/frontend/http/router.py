@@ -188,12 +188,29 @@ class Router:
         return path in self.open_paths or (path.startswith(self.open_prefixes)
                                            and ".." not in path)
 
+    def allowed(self, path: str) -> list[str]:
+        """The methods ``path``'s routes answer, sorted (a GET route answers HEAD too)."""
+        methods = {r.method for r in self.routes if r.path == path and not r.is_prefix}
+        methods.update(r.method for pattern, r in self.templated if pattern.match(path))
+        methods.update(r.method for r in self.prefixed if path.startswith(r.path))
+        if "GET" in methods:
+            methods.add("HEAD")
+        return sorted(methods)
+
     async def _refuse(self, method: str, path: str, send) -> None:
         wire = self.wire_for(path)
         if wire is None:
             return await send_error(send, OpenAIError(f"no route {method} {path}", 404,
                                                       "not_found"))
-        await wire.send_error(send, OpenAIError(f"method {method} not allowed on {path}", 405))
+        await wire.send_error(send, MethodNotAllowed(method, path, self.allowed(path)))
+
+
+class MethodNotAllowed(OpenAIError):
+    """A 405, whose ``Allow`` header (`errors.error_headers`) lists the path's methods."""
+
+    def __init__(self, method: str, path: str, allow: list[str]) -> None:
+        super().__init__(f"method {method} not allowed on {path}", 405)
+        self.allow = ", ".join(allow)
 
 
 async def _lifespan(scope, receive, send) -> None:
