@@ -95,6 +95,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-restart-attempts", type=positive_int, default=5,
                         help="consecutive failed engine restarts (with back-off) before the "
                              "server gives up and exits non-zero")
+    parser.add_argument("--engine-stall-timeout", type=non_negative, default=30.0,
+                        metavar="SECONDS",
+                        help="an engine silent this long with requests in flight (or 4x its "
+                             "longest step of the last 10 minutes, if more) is hung: /health "
+                             "503, its requests fail, it is killed and restarted (0: off)")
     parser.add_argument("--log-level", default="warning",
                         choices=["critical", "error", "warning", "info", "debug", "trace"],
                         help="the HTTP server's log level")
@@ -294,7 +299,8 @@ def _restart_policy(args):
     from radixserve.cluster.engine_supervisor import RestartPolicy
 
     return RestartPolicy(enabled=not args.no_engine_restart,
-                         max_attempts=args.engine_restart_attempts)
+                         max_attempts=args.engine_restart_attempts,
+                         stall_timeout_s=args.engine_stall_timeout)
 
 
 def _settle_gc() -> None:

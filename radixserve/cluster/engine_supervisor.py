@@ -1,9 +1,9 @@
 """EngineSupervisor: the API process's engine-core process, started, watched and replaced.
 
     start() ──▶ engine up ──(its process exits: kill -9, a crash)──▶ client.mark_dead()
-                  ▲                                                    │ in-flight requests
-                  │                                                    │ fail at once; /health
-                  └── ready ◀── spawn on fresh sockets ◀── back-off ◀──┘ 503 until ready again
+                  ▲    │                                               ▲ │ in-flight requests
+                  │    └─(hung: silent with work in flight)─▶ SIGKILL ─┘ │ fail at once; /health
+                  └── ready ◀── spawn on fresh sockets ◀── back-off ◀────┘ 503 until ready again
                                       │ start failed: next attempt
                                       ▼ restarts disabled, or attempts used up
                                on_fatal(reason): the API process exits non-zero
@@ -13,6 +13,9 @@ a Ray actor with ``--distributed-executor-backend ray``); deaths are noticed thr
 (a process sentinel, an actor's task ending) with no polling delay. Consecutive failures
 (a start that failed, or an engine that died within ``stable_after_s`` of starting) share one
 back-off sequence and one attempt budget; an engine that stayed up that long resets them.
+A hung engine (a step that does not return, a stopped process: ``EngineCoreClient.stalled``,
+checked a few times a second while ``stall_timeout_s`` is set) is killed and then replaced like
+a dead one, its requests failed with the reason.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class RestartPolicy:
     base_delay_s: float = 0.5
     max_delay_s: float = 30.0
     stable_after_s: float = 60.0
+    stall_timeout_s: float = 30.0  # silence with work in flight that means a hang (0: off)
 
     def delay(self, num_failures: int) -> float:
         """Seconds to wait before the next start after ``num_failures`` consecutive ones:
@@ -101,7 +105,7 @@ class EngineSupervisor:
 
     async def _supervise(self, on_fatal, on_restart) -> None:
         while True:
-            reason = f"{self.label}{await self._proc.exited()}"
+            reason = f"{self.label}{await self._ended()}"
             _log(reason)
             if time.monotonic() - self._ready_at >= self.policy.stable_after_s:
                 self._num_failures = 0
@@ -114,6 +118,34 @@ class EngineSupervisor:
                 on_fatal(f"{reason}; gave up after {self.policy.max_attempts} restart "
                          "attempts")
                 return
+
+    async def _ended(self) -> str:
+        """Wait until the engine exits, or hangs (then kill it, SIGKILL: a stopped process
+        ignores anything milder); say why it ended."""
+        tasks = [asyncio.ensure_future(self._proc.exited())]
+        if self.policy.stall_timeout_s:
+            tasks.append(asyncio.ensure_future(self._stalled()))
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks[0] in done:
+            return tasks[0].result()
+        reason = tasks[1].result()
+        _log(f"{self.label}the engine (pid {self._proc.pid}) is hung: killing it")
+        await self._proc.stop(grace_s=0)
+        await self._proc.exited()
+        return reason
+
+    async def _stalled(self) -> str:
+        """Return why once the engine counts as hung (`EngineCoreClient.stalled`)."""
+        timeout = self.policy.stall_timeout_s
+        interval = min(1.0, max(0.05, timeout / 8))
+        while (reason := self.client.stalled(timeout)) is None:
+            await asyncio.sleep(interval)
+        return reason
 
     async def _restart(self, reason: str, on_restart) -> bool:
         """Start engines until one is ready (True) or the attempts are used up (False)."""

@@ -31,6 +31,7 @@ from radixserve.frontend.responses.routes import ResponsesRoutes
 from radixserve.frontend.ui.routes import ui_routes
 
 _TITLE = "radixserve"
+_HEALTHY = b'{"status":"ok"}'
 
 
 def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None = None,
@@ -51,10 +52,13 @@ def server_routes(ctx: ServingContext, metrics: ServerMetrics) -> list[Route]:
     client = ctx.engine.client
 
     async def health(call: Call):
+        # NOTE: "error" (the OpenAI shape) stays beside status and reason for the clients
+        # that read it before those were added.
         if client.dead:
-            return JSONResponse(error_body(f"engine unavailable: {client.dead}",
-                                           "service_unavailable"), 503)
-        return Response(status_code=200)
+            return JSONResponse({"status": "unhealthy", "reason": client.dead,
+                                 **error_body(f"engine unavailable: {client.dead}",
+                                              "service_unavailable")}, 503)
+        return _HEALTHY
 
     async def version(call: Call):
         return msgspec.json.encode({"version": __version__})
@@ -65,8 +69,10 @@ def server_routes(ctx: ServingContext, metrics: ServerMetrics) -> list[Route]:
     async def prometheus(call: Call):
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    return [Route("GET", "/health", health, OPENAI, "200 while the engine is up", media=None,
-                  is_open=True),
+    return [Route("GET", "/health", health, OPENAI,
+                  '200 {"status": "ok"} while the engine is up and making progress; else 503 '
+                  '{"status": "unhealthy", "reason": ...}: the engine died, hung '
+                  "(--engine-stall-timeout) or is being restarted", is_open=True),
             Route("GET", "/version", version, OPENAI, "The server's version", is_open=True),
             Route("GET", "/load", load, OPENAI, "Requests and KV use, summed and per replica"),
             Route("GET", "/metrics", prometheus, OPENAI, "Prometheus metrics",

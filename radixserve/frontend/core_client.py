@@ -3,7 +3,9 @@
 One background task reads ``EngineCoreOutputs`` (one message per engine step) and routes each
 request's output to the ``OutputBuffer`` registered for it. If the engine dies, every pending
 queue receives an ``EngineDeadError`` so no request hangs; ``rebind`` then readies the client
-for a replacement engine process (the API process's `EngineSupervisor` drives that).
+for a replacement engine process (the API process's `EngineSupervisor` drives that). The
+messages' arrival times feed a `ProgressWatch`, from which ``stalled`` tells a hung engine
+(alive, but silent with requests in flight) for the supervisor to replace.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from radixserve.messages import (
     Shutdown,
 )
 from radixserve.frontend.output_buffer import OutputBuffer
+from radixserve.frontend.progress_watch import ProgressWatch
 
 _MAX_DRAIN = 256  # messages read per wake-up of the output loop
 STATE_FRESH_S = 0.25  # an EngineState this young is reused: at most 4 queries a second
@@ -47,6 +50,7 @@ class EngineCoreClient:
         self.ready: EngineReady | None = None
         self.dead: str | None = None
         self.last_output_time = time.time()
+        self.progress = ProgressWatch(time.monotonic())
         self._task: asyncio.Task | None = None
         self._state_waiter: asyncio.Future | None = None  # the EngineStateQuery in flight
         self._last_state: tuple[float, EngineState] | None = None
@@ -98,12 +102,14 @@ class EngineCoreClient:
         """Route the ready engine's outputs from now on: it takes requests."""
         self.stats = SchedulerStats(num_kv_blocks=self.ready.num_kv_blocks)
         self.dead = None
+        self.progress.reset(time.monotonic())
         self._task = asyncio.get_running_loop().create_task(self._output_loop())
 
     async def add_request(self, request: EngineCoreRequest, queue: OutputBuffer) -> None:
         if self.dead:
             raise EngineDeadError(self.dead)
         data = self.encoder.encode(AddRequest(request))  # before registering: it may raise
+        self.progress.work_arrived(time.monotonic(), was_idle=not self.queues)
         self.queues[request.request_id] = queue
         await self._send(data)
 
@@ -142,6 +148,21 @@ class EngineCoreClient:
             await self.push.send(data)
         finally:
             self._waiting_sends -= 1
+
+    def stalled(self, timeout_s: float) -> str | None:
+        """Why the engine counts as hung: requests in flight and no message from it for
+        longer than ``self.progress.limit(timeout_s)``. None while it is up and idle or
+        progressing, or when its messages wait unread here (this process is behind, not it)."""
+        num_in_flight = len(self.queues)
+        if self.dead or not num_in_flight or self.pull.get(zmq.EVENTS) & zmq.POLLIN:
+            return None
+        now = time.monotonic()
+        silent, limit = self.progress.silent_for(now), self.progress.limit(timeout_s, now)
+        if silent <= limit:
+            return None
+        requests = "request" if num_in_flight == 1 else "requests"
+        return (f"the engine has made no progress for {silent:.0f} s with {num_in_flight} "
+                f"{requests} in flight (stall limit {limit:.1f} s)")
 
     def mark_dead(self, reason: str) -> None:
         """The engine is gone: fail every pending request (their engine state went with it,
@@ -200,6 +221,7 @@ class EngineCoreClient:
     def _route(self, outputs: EngineCoreOutputs) -> None:
         """Hand each request's output to its buffer (a request aborted meanwhile has none)."""
         self.last_output_time = time.time()
+        self.progress.output_arrived(time.monotonic(), was_busy=bool(self.queues))
         if outputs.stats is not None:
             self.stats = outputs.stats
         if outputs.state is not None:
