@@ -3,13 +3,13 @@
     .venv/bin/python benchmarks/reliability/stall_detect.py [--streams 16] [--stall-timeout 2]
         [--rounds 3] [--real]
 
-Each round, with N streams flowing:
+With N streams flowing, --rounds times each:
   hang   the engine is stopped (SIGSTOP) for good: the time from SIGSTOP until /health
          answered 503, until every stream had ended (with its error event), until /health
          answered 200 again (a new engine), and until the first request after that succeeded.
-  pause  the new engine is stopped for half the stall limit, then continued (SIGCONT):
-         /health must stay 200 and no stream may fail; reported: the time from SIGCONT until
-         every stream had its next token.
+  pause  the engine is stopped for half the stall limit, then continued (SIGCONT): /health
+         must stay 200 and no stream may fail; reported: the time from SIGCONT until every
+         stream had its next token.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import time
 
 import httpx
 from common import add_server_args, cpu_name, engine_pid, git_rev, run, server
+
+from radixserve.cluster.engine_supervisor import RestartPolicy
 
 POLL_S = 0.01
 
@@ -109,16 +111,23 @@ async def main(s, args) -> None:
     limits = httpx.Limits(max_connections=args.streams + 8)
     pauses, hangs = [], []
     async with httpx.AsyncClient(base_url=s.url, limits=limits, timeout=60) as client:
+        # the hangs first, each on the engine the previous one's restart started: a pause is
+        # measured as one long step, which raises its engine's limit (4 x the pause) for 10
+        # minutes, so the pauses come after, on the last engine
         for _ in range(args.rounds):
-            # the hang first: a pause is measured as one long step, which raises that
-            # engine's limit (4 x the step) for the next 10 minutes; the hang's restart
-            # gives the pause a fresh engine, and the next round's hang another
             hangs.append(await hang_round(client, s, args.streams, max_tokens))
+        for _ in range(args.rounds):
             pauses.append(await pause_round(client, engine_pid(s), args.streams, max_tokens,
                                             args.stall_timeout))
     print(f"  hang, from SIGSTOP ({hangs[0]['reason']!r}):")
-    for key in ("503", "streams ended", "200 again", "first request served"):
-        print(f"    {key:>22}: {_figures([h[key] for h in hangs])}")
+    for i, h in enumerate(hangs):
+        # every engine here hangs within 60 s of its start: the restarts are consecutive
+        # failures, so each after the first waits out the supervisor's back-off
+        back_off = RestartPolicy().delay(i)
+        print(f"    round {i + 1}: /health 503 after {h['503']:.2f} s, streams ended "
+              f"{h['streams ended']:.2f} s, /health 200 again {h['200 again']:.2f} s "
+              f"(restart back-off {back_off:g} s: {h['200 again'] - h['503'] - back_off:.2f} "
+              f"s of restart), first request served {h['first request served']:.2f} s")
     print(f"  pause of {args.stall_timeout / 2:g} s (under the limit): nothing failed; every "
           f"stream's next token {_figures([p * 1000 for p in pauses], 'ms')} after SIGCONT")
 
