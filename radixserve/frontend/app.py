@@ -109,8 +109,8 @@ class Guard:
     ``Authorization: Bearer KEY`` or (as Anthropic's clients send it) ``x-api-key: KEY``; POST
     bodies that are not JSON (415, `content_type`); reads the body under its size and time limits
     (413, 408: `body_reader`) before any route sees it. The key is checked first: a request
-    without it learns nothing of the limits. Refusals take the shape the route table gives the
-    path (`Wire.send_refusal`)."""
+    without it learns nothing of the limits; then the method (a 405 before a 415). Refusals take
+    the shape the route table gives the path (`Wire.send_refusal`)."""
 
     def __init__(self, router: Router, api_key: str | None, max_body_bytes: int,
                  body_timeout: float | None = None, metrics: ServerMetrics | None = None) -> None:
@@ -132,6 +132,8 @@ class Guard:
                                       code="invalid_api_key")
                 refusal.close_connection = body_reader.has_body(headers)  # its body unread
                 return await self._send(scope, send, refusal)
+        if not self.router.serves(scope["method"], scope["path"]):
+            return await self.router(scope, receive, send)  # its 404 or 405, the body unread
         try:
             body_reader.check_declared_length(headers, self.max_body_bytes)
         except body_reader.BodyRefused as exc:

@@ -249,3 +249,15 @@ class MessagesRequest(CountTokensRequest):
                     temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                     user=self.metadata.user_id if self.metadata else None, stream=self.stream,
                     ignore_eos=self.ignore_eos)
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorBody(BaseModel):
+    """Anthropic's error body (`serving.anthropic_error_body`), as /openapi.json describes it."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail

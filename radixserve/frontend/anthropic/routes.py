@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 
 from radixserve.frontend.anthropic.blocks import MESSAGE_STOP
-from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
+from radixserve.frontend.anthropic.protocol import (AnthropicErrorBody, CountTokensRequest,
+                                                    MessagesRequest)
 from radixserve.frontend.anthropic.serving import (MessagesServer, send_anthropic_error,
                                                    stream_error_event)
 from radixserve.frontend.http.admission import AdmissionGate
@@ -18,7 +19,8 @@ from radixserve.frontend.openai.serving import ServingContext
 
 ANTHROPIC = Wire(send_anthropic_error, send_anthropic_error, SSE_HEADERS,
                  lambda exc: stream_error_event(exc).encode(), ends=MESSAGE_STOP.encode(),
-                 stream_doc="with stream: true, Anthropic's server-sent events")
+                 stream_doc="with stream: true, Anthropic's server-sent events",
+                 error_model=AnthropicErrorBody)
 
 
 class AnthropicRoutes:

@@ -1,8 +1,8 @@
 """``/openapi.json`` generated from the route table (`router.Route`): each route's request,
 query and response models, the media types it answers with (a stream's from its `Wire`).
 
-Errors are described as they are answered: an error body (`ErrorResponse`) with 400 for a
-request that fails validation, 401 / 404 / 413 / 415 / 503 where they apply.
+Errors are described as they are answered: the route's API's error body (`Wire.error_model`)
+with 400 for a request that fails validation, 401 / 404 / 413 / 415 / 503 where they apply.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from radixserve.frontend.http.protocol_base import ErrorResponse
 from radixserve.frontend.http.router import Route
 
 _REF = "#/components/schemas/{model}"
@@ -29,7 +28,7 @@ def openapi_schema(routes: list[Route], title: str, version: str) -> dict[str, A
     routes = [r for r in routes if r.in_schema]
     models = {(r.request, "validation") for r in routes if r.request is not None}
     models |= {(r.response, "serialization") for r in routes if r.response is not None}
-    models.add((ErrorResponse, "serialization"))
+    models |= {(r.wire.error_model, "serialization") for r in routes}
     refs, defs = models_json_schema(sorted(models, key=lambda m: (m[0].__name__, m[1])),
                                     ref_template=_REF)
     paths: dict[str, dict] = {}
@@ -64,7 +63,8 @@ def _operation(route: Route, refs: dict) -> dict[str, Any]:
         operation["requestBody"] = {"required": True, "content": {
             "application/json": {"schema": refs[(route.request, "validation")]}}}
     if route.request is not None or parameters:
-        body = {"application/json": {"schema": {"$ref": _REF.format(model="ErrorResponse")}}}
+        body = {"application/json": {"schema": refs[(route.wire.error_model,
+                                                      "serialization")]}}
         operation["responses"].update({status: {"description": text, "content": body}
                                        for status, text in _ERRORS.items()})
     return operation

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from radixserve.frontend.http.asgi_io import SSE_DONE, SSE_HEADERS, read_body, send_stream
 from radixserve.frontend.http.drain import Drain, ServerDraining
 from radixserve.frontend.http.errors import send_error, send_json, sse_error_chunk
-from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.frontend.http.protocol_base import ErrorResponse, OpenAIError
 
 Answer = bytes | AsyncIterator | Callable  # a JSON body, a stream, or an ASGI app
 _NO_PARAMS: dict[str, str] = {}
@@ -59,8 +59,8 @@ class Wire:
     """How one API writes answers: its error body (``send_error``), the guard's refusals on
     its paths (``send_refusal``: 401, 408, 413, 415), and its streams (``stream_headers``,
     an error after the stream started as a last chunk ``error_chunk(exc)`` (None: none),
-    then ``tail``; a chunk ending with ``ends`` closes the stream itself), and whether its
-    POST bodies must be declared JSON (``json_only``)."""
+    then ``tail``; a chunk ending with ``ends`` closes the stream itself), whether its
+    POST bodies must be declared JSON (``json_only``), and its error body's model."""
 
     send_error: Callable[[Callable, Exception], Awaitable[None]]
     send_refusal: Callable[[Callable, Exception], Awaitable[None]]
@@ -70,6 +70,7 @@ class Wire:
     ends: bytes | None = None
     stream_doc: str = ""  # what /openapi.json says of a stream
     json_only: bool = True  # False: POST bodies of any Content-Type (content_type.py)
+    error_model: type[BaseModel] = ErrorResponse  # its error body, for /openapi.json
 
     @property
     def stream_media(self) -> str:
@@ -125,6 +126,7 @@ class Router:
             elif not route.is_prefix:
                 assert (route.method, route.path) not in self.exact, route.path
                 self.exact[route.method, route.path] = route
+        self.known_paths = {path for _, path in self.exact}
         self.open_paths = {r.path for r in routes if r.is_open and not r.is_prefix}
         self.open_prefixes = tuple(r.path for r in self.prefixed if r.is_open)
 
@@ -161,13 +163,23 @@ class Router:
             for ticket in admitted:
                 ticket.release()
 
+    def serves(self, method: str, path: str) -> bool:
+        """Whether a route answers ``method`` on ``path`` (else: 404 or 405)."""
+        return (method, path) in self.exact or self.match(method, path)[0] is not None
+
     def match(self, method: str, path: str) -> tuple[Route | None, dict[str, str]]:
-        """The route for ``method`` (HEAD: a GET route) and ``path``, and its parameters."""
+        """The route for ``method`` (HEAD: a GET route) and ``path``, and its parameters. A
+        prefix route does not answer a path that has routes of its own (a 405 there)."""
         if method in _AS_GET and (route := self.exact.get(("GET", path))) is not None:
             return route, _NO_PARAMS
+        is_known = path in self.known_paths
         for pattern, route in self.templated:
-            if route.method == method and (found := pattern.match(path)):
-                return route, found.groupdict()
+            if found := pattern.match(path):
+                if route.method == method:
+                    return route, found.groupdict()
+                is_known = True
+        if is_known:
+            return None, _NO_PARAMS
         for route in self.prefixed:
             if path.startswith(route.path) and route.method in ("*", method, _AS_GET.get(method)):
                 return route, _NO_PARAMS
@@ -189,10 +201,13 @@ class Router:
                                            and ".." not in path)
 
     def allowed(self, path: str) -> list[str]:
-        """The methods ``path``'s routes answer, sorted (a GET route answers HEAD too)."""
+        """The methods ``path``'s routes answer, sorted (a GET route answers HEAD too); a
+        prefix route's only where the path has none of its own (`match`)."""
         methods = {r.method for r in self.routes if r.path == path and not r.is_prefix}
         methods.update(r.method for pattern, r in self.templated if pattern.match(path))
-        methods.update(r.method for r in self.prefixed if path.startswith(r.path))
+        if not methods:
+            methods.update(r.method for r in self.prefixed
+                           if path.startswith(r.path) and r.method != "*")
         if "GET" in methods:
             methods.add("HEAD")
         return sorted(methods)

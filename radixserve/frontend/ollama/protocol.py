@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from radixserve.frontend.http.protocol_base import REQUEST_CONFIG, ParamError
 
@@ -203,6 +203,10 @@ class OllamaEmbedRequest(OllamaRequest):
 
 
 class OllamaShowRequest(OllamaRequest):
+    # NOTE: model or name must be a non-empty string (the route checks it, naming model)
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"required": [key], "properties": {key: {"type": "string", "minLength": 1}}}
+        for key in ("model", "name")]})
     model: str | None = None
     name: str | None = None  # older clients
     verbose: bool | None = None
@@ -247,3 +251,9 @@ def _check_finite(name: str, value: Any) -> None:
     if isinstance(value, list):
         for item in value:
             _check_finite(name, item)
+
+
+class OllamaErrorBody(BaseModel):
+    """Ollama's error body (`routes.send_ollama_error`), as /openapi.json describes it."""
+
+    error: str

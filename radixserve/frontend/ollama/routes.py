@@ -27,7 +27,8 @@ from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.http.router import Call, Route, Wire
 from radixserve.frontend.ollama.models import OllamaModelInfo, read_model_info
 from radixserve.frontend.ollama.protocol import (OllamaChatRequest, OllamaEmbedRequest,
-                                                 OllamaGenerateRequest, OllamaShowRequest)
+                                                 OllamaErrorBody, OllamaGenerateRequest,
+                                                 OllamaShowRequest)
 from radixserve.frontend.ollama.serving import (Context, OllamaStreamError, Shape, check_model,
                                                collect, stream, whole)
 from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
@@ -64,7 +65,8 @@ def _error_bytes(message: str) -> bytes:
 # their Content-Type, as Ollama does (its curl examples send form-urlencoded), except from a
 # browser (an Origin header: content_type.py).
 OLLAMA = Wire(send_ollama_error, send_ollama_error, _NDJSON, _error_line,
-              stream_doc="with stream (the default), NDJSON lines", json_only=False)
+              stream_doc="with stream (the default), NDJSON lines", json_only=False,
+              error_model=OllamaErrorBody)
 
 
 class OllamaRoutes:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, ValidationInfo, field_validator, model_validator
+from pydantic import (ConfigDict, Field, NonNegativeInt, RootModel, ValidationInfo,
+                      field_validator, model_validator)
 
 from radixserve.frontend.http.protocol_base import OpenAIRequest, OpenAIResponse
 from radixserve.frontend.openai.protocol import (MAX_OPENAI_LOGPROBS, SamplingRequest, UsageInfo,
@@ -34,6 +35,11 @@ class ToolCall(OpenAIRequest):
 class ChatMessage(OpenAIRequest):
     """One message; content is a string or a list of text parts (other parts are rejected)."""
 
+    # NOTE: _check_role's rule, for /openapi.json: content and no tool_calls unless assistant
+    model_config = ConfigDict(json_schema_extra={
+        "if": {"properties": {"role": {"const": "assistant"}}},
+        "else": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}},
+                                                         "tool_calls": {"type": "null"}}}})
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
@@ -99,9 +105,17 @@ def _continue_or_generate(cls, value, info: ValidationInfo):
     return value
 
 
+# `_continue_or_generate` for /openapi.json: add_generation_prompt (default true) false
+_CONTINUE_RULE = {"if": {"required": ["continue_final_message"],
+                         "properties": {"continue_final_message": {"const": True}}},
+                  "then": {"required": ["add_generation_prompt"],
+                           "properties": {"add_generation_prompt": {"const": False}}}}
+
+
 class ChatCompletionRequest(SamplingRequest):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` wins over ``max_tokens``."""
 
+    model_config = ConfigDict(json_schema_extra=_CONTINUE_RULE)
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None  # deprecated by OpenAI; None: the server's default
     max_completion_tokens: int | None = None
@@ -148,6 +162,10 @@ class TokenizeRequest(OpenAIRequest):
     adds them), as in vLLM; see `effective_add_special_tokens`.
     """
 
+    # NOTE: _one_form's rule, for /openapi.json
+    model_config = ConfigDict(json_schema_extra={**_CONTINUE_RULE, "oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]})
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
@@ -285,3 +303,7 @@ class RenderResponse(OpenAIResponse):
     prompt: str
     prompt_token_ids: list[int]
     count: int
+
+
+class RenderList(RootModel[list[RenderResponse]]):
+    """``POST /v1/completions/render``: one `RenderResponse` per prompt."""

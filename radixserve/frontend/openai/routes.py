@@ -26,8 +26,9 @@ from radixserve.frontend.openai.protocol import (CompletionRequest, CompletionRe
                                                  ModelList)
 from radixserve.frontend.openai.protocol_chat import (ChatCompletionRequest,
                                                       ChatCompletionResponse, DetokenizeRequest,
-                                                      DetokenizeResponse, RenderResponse,
-                                                      TokenizeRequest, TokenizeResponse)
+                                                      DetokenizeResponse, RenderList,
+                                                      RenderResponse, TokenizeRequest,
+                                                      TokenizeResponse)
 from radixserve.frontend.openai.protocol_embedding import EmbeddingRequest, EmbeddingResponse
 from radixserve.frontend.openai.serving import ServingContext
 from radixserve.frontend.openai.serving_chat import ChatServer, render_messages
@@ -67,7 +68,7 @@ class OpenAIRoutes:
                   RenderResponse),
             Route("POST", "/v1/completions/render", self.render_completion, w,
                   "The completion's prompts tokenized alone (a list of render answers, one "
-                  "per prompt)", CompletionRequest),
+                  "per prompt)", CompletionRequest, RenderList),
             Route("POST", "/v1/embeddings", self.embed, w, "Embeddings", EmbeddingRequest,
                   EmbeddingResponse),
             Route("GET", "/v1/models", self.models, OPENAI, "The served model",

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, Discriminator, Field, Tag, field_validator,
+                      model_validator)
 
 from radixserve.frontend.http.protocol_base import OpenAIRequest
+
+MAX_LIST_LIMIT = 100  # input items per page
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
@@ -86,7 +89,7 @@ def _item_kind(value) -> str | None:
     class names, which error locations leave out (``input.0.content``, not ``...message...``)."""
     kind = value.get("type", "message") if isinstance(value, dict) else getattr(
         value, "type", None)
-    return _ITEM_TAGS.get(kind)
+    return _ITEM_TAGS.get(kind) if isinstance(kind, str) else None  # {"type": {}}: no tag
 
 
 InputItem = Annotated[
@@ -141,12 +144,20 @@ class ReasoningConfig(OpenAIRequest):
     summary: str | None = None  # accepted; the reasoning item carries the full text
 
 
+def _false_only(value):
+    """``background`` is false or absent: a Literal[False] alone would take 0 too."""
+    if value is not False:
+        raise ValueError("background responses are not supported: background must be false")
+    return value
+
+
 class ResponsesRequest(OpenAIRequest):
     """``POST /v1/responses``; unknown fields are errors naming them. ``top_k``, ``seed``,
     ``ignore_eos`` and ``priority`` are vLLM-style extensions."""
 
     model: str | None = None
-    input: Annotated[Annotated[str, Tag("str")] | Annotated[list[InputItem], Tag("list")],
+    input: Annotated[Annotated[str, Tag("str")]
+                     | Annotated[list[InputItem], Field(min_length=1), Tag("list")],
                      Discriminator(lambda v: "str" if isinstance(v, str) else "list")]
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
@@ -163,23 +174,16 @@ class ResponsesRequest(OpenAIRequest):
     previous_response_id: str | None = None
     truncation: Literal["disabled"] | None = None
     include: list[str] | None = None  # accepted; nothing extra to include
-    background: Literal[False] | None = None
+    background: Annotated[Literal[False], BeforeValidator(_false_only)] | None = None
     user: str | None = None  # accepted and ignored, as the next four
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    top_logprobs: Literal[0] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=0)] | None = None  # a Literal[0] takes false
     top_k: int | None = None
     seed: int | None = None
     ignore_eos: bool = False
     priority: int = 0
-
-    @field_validator("input")
-    @classmethod
-    def _input_not_empty(cls, value):
-        if isinstance(value, list) and not value:
-            raise ValueError("input must be a string or a non-empty list of items")
-        return value
 
     @field_validator("metadata")
     @classmethod
@@ -216,8 +220,8 @@ class ResponsesRequest(OpenAIRequest):
 
 class InputItemsQuery(BaseModel):
     """The query of ``GET /v1/responses/{id}/input_items``: OpenAI's list, newest first by
-    default, ``after`` an item id (ranges are checked by the route, naming the field)."""
+    default, ``after`` an item id."""
 
-    limit: int = 20
-    order: str = "desc"
+    limit: int = Field(20, ge=1, le=MAX_LIST_LIMIT)
+    order: Literal["asc", "desc"] = "desc"
     after: str | None = None

@@ -17,8 +17,6 @@ from radixserve.frontend.openai.routes import OpenAIRoutes
 from radixserve.frontend.responses.protocol import InputItemsQuery, ResponsesRequest
 from radixserve.frontend.responses.serving import ResponsesServer
 
-MAX_LIST_LIMIT = 100
-
 
 class ResponsesRoutes:
     def __init__(self, openai: OpenAIRoutes) -> None:
@@ -67,11 +65,6 @@ class ResponsesRoutes:
         response_id = call.path_params["response_id"]
         query = InputItemsQuery.model_validate(call.query)
         limit, order, after = query.limit, query.order, query.after
-        if not 1 <= limit <= MAX_LIST_LIMIT:
-            raise OpenAIError(f"limit must be between 1 and {MAX_LIST_LIMIT}, got {limit}",
-                              param="limit")
-        if order not in ("asc", "desc"):
-            raise OpenAIError(f"order must be 'asc' or 'desc', got {order!r}", param="order")
         items = _found(response_id, await self.store.input_items(response_id))
         if order == "desc":
             items.reverse()
