@@ -16,7 +16,9 @@ _FORMATS = {"regex": "regex", "grammar": "grammar"}
 
 # JSON whitespace between tokens is bounded: with free whitespace a model can pad forever (a
 # greedy loop of newlines) and never close the object. A schema's own "x-guidance" wins.
-_JSON_DEFAULTS = {"whitespace_pattern": r"[\n\t ]{0,16}"}
+# oneOf is compiled as anyOf (llguidance's approximation: a grammar cannot check that exactly
+# one branch matches; real schemas' branches are nearly always disjoint).
+_JSON_DEFAULTS = {"whitespace_pattern": r"[\n\t ]{0,16}", "coerce_one_of": True}
 
 
 def grammar_text(spec: GrammarSpec) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from radixserve.structured.schema_rewrite import enforceable_schema
 from radixserve.structured.strict_schema import strict_schema
 
 GrammarKind = Literal["json", "regex", "choice", "grammar"]
@@ -85,6 +86,10 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                     raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
             if not isinstance(schema, dict | bool):
                 raise ValueError("the JSON schema must be a JSON object")
+            schema = enforceable_schema(schema)
+            if schema is False:
+                raise ValueError("the JSON schema accepts no value (it is false, or negates "
+                                 "everything: not {})")
             if self.strict is not False:
                 schema = strict_schema(schema)
             # NOTE: key order kept: it is the order the properties are generated in.

@@ -11,7 +11,10 @@ backend do:
   about ``additionalProperties`` / ``unevaluatedProperties`` gets ``additionalProperties:
   false``, recursively (properties, items, ``$defs``, ``anyOf`` / ``oneOf`` branches, ...);
 * an object that lists no properties at all (``{"type": "object"}``) stays free-form: closing
-  it would leave only ``{}``;
+  it would leave only ``{}``; nor is one whose properties are all ``false`` (it only says what
+  is absent);
+* a closed object's required names and the properties its ``allOf`` branches define are added
+  to its ``properties`` (as ``{}``), so closing never makes a schema unsatisfiable;
 * the direct branches of an ``allOf`` are not closed (each would forbid the others'
   properties); the schema holding the ``allOf`` is, if it lists properties itself;
 * whitespace is the one canonical form ``{"a": 1, "b": [1, 2]}`` (llguidance's
@@ -62,9 +65,40 @@ def _close(schema: Any, in_all_of: bool = False) -> Any:
             out[key] = {name: _close(s) for name, s in out[key].items()}
     if isinstance(out.get("allOf"), list):
         out["allOf"] = [_close(s, in_all_of=True) for s in out["allOf"]]
-    lists_properties = isinstance(out.get("properties"), dict) or isinstance(
+    properties = out.get("properties")
+    # a schema whose properties are all `false` only says what is absent (the rewrites of
+    # structured/schema_rewrite.py): closing it would forbid every property
+    lists_properties = (isinstance(properties, dict) and any(
+        s is not False for s in properties.values())) or isinstance(
         out.get("patternProperties"), dict)
     if (lists_properties and not in_all_of and "additionalProperties" not in out
             and "unevaluatedProperties" not in out):
         out["additionalProperties"] = False
+        _list_named_properties(out)
     return out
+
+
+def _list_named_properties(out: dict) -> None:
+    """A closed object must still allow what it and its combinator branches require or
+    define: such names are added to its ``properties`` as ``{}`` (the branches constrain
+    them), else closing would make the schema unsatisfiable."""
+    names = _named(out, top=True)
+    properties = out["properties"] = dict(out.get("properties") or {})
+    patterns = out.get("patternProperties") or {}
+    for name in names:
+        if name not in properties and not patterns:
+            properties[name] = {}
+
+
+def _named(schema: Any, top: bool = False) -> list[str]:
+    """The property names ``schema`` requires or defines, through its combinators (allOf /
+    anyOf / oneOf, at any depth), not inside its properties' own schemas."""
+    if not isinstance(schema, dict):
+        return []
+    names = [n for n in schema.get("required", []) if isinstance(n, str)]
+    if not top:
+        names += list(schema.get("properties", {}) or {})
+    for key in ("allOf", "anyOf", "oneOf"):
+        for branch in schema.get(key, []) if isinstance(schema.get(key), list) else []:
+            names += _named(branch)
+    return names

@@ -84,7 +84,7 @@ def test_invalid_specs_answer_400_and_the_server_keeps_serving(server, client):
         ({"structured_outputs": {"json": {"type": "objectx"}}}, "structured_outputs",
          "objectx"),
         ({"response_format": {"type": "json_schema", "json_schema": {
-            "name": "x", "schema": {"type": "array", "uniqueItems": True}}}},
+            "name": "x", "schema": {"type": "array", "uniqueItems": True, "minItems": 2}}}},
          "response_format", "uniqueItems"),
         ({"structured_outputs": {"grammar": "start: (("}}, "structured_outputs", "grammar"),
         ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "JSON"),
