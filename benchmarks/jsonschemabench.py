@@ -58,10 +58,13 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
-def sample(data: Path, per_set: int, seed: int) -> list[tuple[str, str, dict]]:
+def sample(data: Path, per_set: int, seed: int, sets: list[str] | None = None
+           ) -> list[tuple[str, str, dict]]:
     """(set, file name, schema) for ``per_set`` schemas of each set that parse as JSON."""
     out = []
     for folder in sorted(p for p in data.iterdir() if p.is_dir()):
+        if sets and folder.name not in sets:
+            continue
         names = sorted(p.name for p in folder.glob("*.json"))
         random.Random(seed).shuffle(names)
         taken = 0
@@ -195,6 +198,7 @@ def main() -> None:
                         help="the jsonschemabench repository's data/ folder")
     parser.add_argument("--per-set", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sets", nargs="*", default=None, help="only these sets")
     parser.add_argument("--max-tokens", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--url", default=None, help="a running server (default: start one)")
@@ -203,7 +207,7 @@ def main() -> None:
     parser.add_argument("--server-arg", action="append", default=[],
                         help="an extra `radixserve serve` argument (repeatable)")
     args = parser.parse_args()
-    items = sample(args.data, args.per_set, args.seed)
+    items = sample(args.data, args.per_set, args.seed, args.sets)
     print(f"CPU: {cpu_name()}; load average {os.getloadavg()[0]:.2f}")
     if args.compile:
         compile_times(items)

@@ -79,6 +79,10 @@ class StructuredBackend(Protocol):
         """An int32 bitmask ``[num_rows, ceil(vocab_size / 32)]``."""
         ...
 
+    def token_bytes(self) -> list[bytes | None]:
+        """Each token id's bytes (None for special tokens); may be slow, called once."""
+        ...
+
     def fill_bitmask(self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor) -> None:
         """Write row i of ``bitmask`` from ``matchers[i]`` (tokens allowed next)."""
         ...

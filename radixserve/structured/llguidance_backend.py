@@ -101,6 +101,11 @@ class LLGuidanceBackend:
         matcher = compile_and_probe(tokenizer, grammar_text(spec), spec.kind, self._eos_ids)
         return LLGuidanceGrammar(matcher, spec.kind)
 
+    def token_bytes(self) -> list[bytes | None]:
+        tokenizer = self._tokenizer()
+        return [None if tokenizer.is_special_token(t) else tokenizer.decode_bytes([t])
+                for t in range(tokenizer.vocab_size)]
+
     def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
         return torch.full((num_rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
 

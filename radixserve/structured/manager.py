@@ -20,6 +20,7 @@ from radixserve.structured.backend import CompiledGrammar, StructuredBackend
 from radixserve.structured.cpu_budget import CpuTimedJob
 from radixserve.structured.params import GrammarSpec, StructuredOutputsParams
 from radixserve.structured.request_grammar import RequestGrammar
+from radixserve.structured.wind_down import EVERY, LOOKAHEAD, WindDown
 
 _CACHE_SIZE = 256
 
@@ -37,6 +38,9 @@ class StructuredOutputManager:
             OrderedDict())
         self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-grammar")
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-mask")
+        self.wind_down = WindDown(backend.token_bytes, backend.vocab_size,
+                                  lambda m, row: backend.fill_bitmask([m], row))
+        self._closing: dict[str, tuple[int, int]] = {}  # request -> (at tokens left, cost)
 
     def validate(self, params: StructuredOutputsParams | None) -> None:
         """GrammarError (a ValueError) if the spec is invalid; cheap, no tokenizer needed."""
@@ -76,27 +80,64 @@ class StructuredOutputManager:
                 if seq.sample and (g := requests[seq.request_id].grammar).is_active]
         if not rows:
             return None
-        plan = [(g.matcher, seq.draft_token_ids) for seq, g in rows]
-        bitmask = self.backend.allocate_bitmask(sum(len(d) + 1 for _, d in plan))
+        plan = [(g.matcher, seq.draft_token_ids, self._budget(requests[seq.request_id]))
+                for seq, g in rows]
+        for gone in self._closing.keys() - requests.keys():
+            del self._closing[gone]
+        bitmask = self.backend.allocate_bitmask(sum(len(d) + 1 for _, d, _ in plan))
         future = self._mask_pool.submit(self._fill, plan, bitmask)
         return GrammarBitmask([seq.request_id for seq, _ in rows
                                for _ in range(seq.num_draft + 1)], future)
 
+    def _budget(self, request: Request) -> tuple[str, int, int] | None:
+        """(request id, tokens left, max_tokens) of a JSON-constrained request, for the
+        wind-down rule (structured/wind_down.py); None for other constraints."""
+        so = request.sampling_params.structured_outputs
+        if so is None or (so.json is None and not so.json_object):
+            return None
+        return (request.request_id, request.max_tokens - request.num_output_tokens,
+                request.max_tokens)
+
     def _fill(self, plan, bitmask):
         """One row per matcher; a drafting request's rows follow its draft (the matcher
-        accepts each drafted token after its row, then rolls them all back)."""
-        if not any(draft for _, draft in plan):
-            self.backend.fill_bitmask([m for m, _ in plan], bitmask)
+        accepts each drafted token after its row, then rolls them all back). Rows in the
+        last tokens of a JSON answer's budget are narrowed to close it (`WindDown`)."""
+        costs = [self._closing_cost(m, budget) for m, _, budget in plan]
+        if not any(draft for _, draft, _ in plan):
+            self.backend.fill_bitmask([m for m, _, _ in plan], bitmask)
+            for row, ((_, _, budget), cost) in enumerate(zip(plan, costs)):
+                self._wind_down(bitmask[row], budget, cost, 0)
             return bitmask
         row = 0
-        for matcher, draft in plan:
+        for (matcher, draft, budget), cost in zip(plan, costs):
             for i in range(len(draft) + 1):
                 self.backend.fill_bitmask([matcher], bitmask[row:row + 1])
+                self._wind_down(bitmask[row], budget, cost, i)
                 row += 1
                 if i < len(draft) and not matcher.accept_token(draft[i]):
                     raise RuntimeError(f"a checked draft token {draft[i]} broke the grammar")
             matcher.rollback(len(draft))
         return bitmask
+
+    def _closing_cost(self, matcher, budget: tuple[str, int, int] | None) -> int:
+        """The request's closing cost, measured again every `EVERY` tokens within the last
+        `LOOKAHEAD` of its budget (structured/wind_down.py); 0 outside that range."""
+        if budget is None:
+            return 0
+        rid, left, _ = budget
+        if left > LOOKAHEAD:
+            return 0
+        measured = self._closing.get(rid)
+        if measured is None or measured[0] - left >= EVERY:
+            measured = self._closing[rid] = (left, self.wind_down.closing_cost(matcher))
+        return measured[1]
+
+    def _wind_down(self, row, budget: tuple[str, int, int] | None, cost: int,
+                   position: int) -> None:
+        """``position``: the row's place after the request's last token (a draft's rows)."""
+        if budget is not None and self.wind_down.applies(budget[1] - position, cost,
+                                                         budget[2]):
+            self.wind_down.narrow(row)
 
     def shutdown(self) -> None:
         self._compile_pool.shutdown(wait=False, cancel_futures=True)

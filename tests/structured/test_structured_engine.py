@@ -188,6 +188,9 @@ class SlowBackend:
     def allocate_bitmask(self, n):
         return self.inner.allocate_bitmask(n)
 
+    def token_bytes(self):
+        return self.inner.token_bytes()
+
     def fill_bitmask(self, matchers, bitmask):
         self.inner.fill_bitmask(matchers, bitmask)
 
