@@ -9,7 +9,7 @@
    fill time per token per request and the apply time per step, measured in the run.
 
 Usage: .venv/bin/python benchmarks/bench_structured.py [--concurrency 32] [--output-len 128]
-       [--reps 2] [--only compile,ttft,throughput]
+       [--reps 2] [--only compile,ttft,throughput] [--distinct]
 """
 
 from __future__ import annotations
@@ -123,24 +123,37 @@ class _Timer:
         sampler_mod.apply_bitmask = self._apply
 
 
-def bench_throughput(model, concurrency: int, output_len: int, reps: int) -> None:
+def _distinct(i: int) -> dict:
+    """The i-th of ``concurrency`` different schemas of LONG's shape (its own grammar)."""
+    person = {**PERSON, "properties": {**PERSON["properties"],
+                                       "name": {"type": "string", "maxLength": 24 + i}}}
+    return {**LONG, "items": person}
+
+
+def bench_throughput(model, concurrency: int, output_len: int, reps: int,
+                     distinct: bool = False) -> None:
     """Unconstrained and constrained runs alternate in one process (this machine's speed
-    drifts between sittings); each line is one run."""
+    drifts between sittings); each line is one run. ``distinct``: every request its own
+    schema (and grammar), else all share one."""
     messages = [[{"role": "user", "content": f"List {100 + i} people as JSON."}]
                 for i in range(concurrency)]
-    so = StructuredOutputsParams(json=LONG)
+    so = ([StructuredOutputsParams(json=_distinct(i)) for i in range(concurrency)] if distinct
+          else StructuredOutputsParams(json=LONG))
     runs = [("unconstrained", None, True), ("JSON schema, fast-forward off", so, False),
             ("JSON schema, fast-forward on", so, True)]
     llms = {ff: LLM(model, max_num_seqs=concurrency, structured_fast_forward=ff,
                     show_progress=False) for ff in (False, True)}
     for llm in llms.values():
-        llm.chat(messages[:2], SamplingParams(temperature=0, max_tokens=4, structured_outputs=so))
+        first = so[0] if distinct else so
+        llm.chat(messages[:2], SamplingParams(temperature=0, max_tokens=4,
+                                              structured_outputs=first))
     for _ in range(reps):
         base = None
         for label, constraint, ff in runs:
             timer = _Timer(llms[ff])
-            params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True,
-                                    structured_outputs=constraint)
+            params = [SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True,
+                                     structured_outputs=c) for c in (
+                constraint if isinstance(constraint, list) else [constraint] * concurrency)]
             t0 = time.perf_counter()
             outs = llms[ff].chat(messages, params)
             dt = time.perf_counter() - t0
@@ -163,6 +176,8 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--only", default="compile,ttft,throughput")
     parser.add_argument("--reps", type=int, default=2, help="alternating throughput rounds")
+    parser.add_argument("--distinct", action="store_true",
+                        help="throughput: every request its own schema")
     args = parser.parse_args()
     only = set(args.only.split(","))
     if only & {"compile", "ttft"}:
@@ -173,7 +188,8 @@ def main() -> None:
             bench_ttft(llm)
         del llm
     if "throughput" in only:
-        bench_throughput(args.model, args.concurrency, args.output_len, args.reps)
+        bench_throughput(args.model, args.concurrency, args.output_len, args.reps,
+                         args.distinct)
 
 
 if __name__ == "__main__":

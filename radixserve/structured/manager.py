@@ -120,17 +120,23 @@ class StructuredOutputManager:
         return bitmask
 
     def _closing_cost(self, matcher, budget: tuple[str, int, int] | None) -> int:
-        """The request's closing cost, measured again every `EVERY` tokens within the last
-        `LOOKAHEAD` of its budget (structured/wind_down.py); 0 outside that range."""
+        """The request's closing cost within the last `LOOKAHEAD` tokens of its budget
+        (structured/wind_down.py), 0 before. Measured again after half the distance between
+        the tokens left and the cost (at least `EVERY` tokens), never once it exceeded the
+        tokens left (narrowing then lasts to the end); a walk stops at the tokens left."""
         if budget is None:
             return 0
         rid, left, _ = budget
         if left > LOOKAHEAD:
             return 0
         measured = self._closing.get(rid)
-        if measured is None or measured[0] - left >= EVERY:
-            measured = self._closing[rid] = (left, self.wind_down.closing_cost(matcher))
-        return measured[1]
+        if measured is not None:
+            at, cost = measured
+            if cost >= at or at - left < max(EVERY, (at - cost) // 2):
+                return cost  # past closing within the budget, or not due yet
+        cost = self.wind_down.closing_cost(matcher, limit=left)
+        self._closing[rid] = (left, cost)
+        return cost
 
     def _wind_down(self, row, budget: tuple[str, int, int] | None, cost: int,
                    position: int) -> None:

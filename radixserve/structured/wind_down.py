@@ -17,8 +17,9 @@ invalid JSON. So near the end of its budget a JSON-constrained request is steere
     date-time's fraction digits, still gets that much room to close). The closing cost is what narrowing itself needs to finish the answer from the
     current state: measured by walking the grammar with narrowing's own choices (the first
     allowed token of the narrowed set, stopping where the grammar may end), then rolled
-    back; measured again every 8 tokens within the last 256 of the budget (beyond
-    ``LOOKAHEAD`` tokens a cost counts as "not yet").
+    back; measured within the last 256 tokens of the budget, again after half the distance
+    between the tokens left and the cost (at least 8 tokens), and never again once it
+    exceeds the tokens left (a walk stops there).
 
 The grammar's mask is only ever narrowed, so the answer stays valid; a request that closes on
 its own before then is untouched; everything depends on the request's own budget and output,
