@@ -39,6 +39,7 @@ class ServingContext:
     embedding: EmbeddingSetup = EmbeddingSetup(None, "this server does not serve embeddings")
     model_path: str | None = None  # the GGUF file or model folder (Ollama's model routes)
     response_store: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses
+    tool_call_grammar: bool = True  # tool_choice auto under a grammar (parsers/tool_grammar.py)
 
     @property
     def tokenizer(self):

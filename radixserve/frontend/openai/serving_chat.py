@@ -8,6 +8,7 @@ streamed deltas add up to the non-streamed message.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -27,7 +28,12 @@ from radixserve.frontend.openai.serving import (TEXT_MARK, ChoiceStream, ChunkTe
                                                 ServingContext, sse, token_bytes)
 from radixserve.frontend.output_processor import RequestState
 from radixserve.frontend.parsers import ForcedToolParser, required_tools_schema
+from radixserve.frontend.parsers.hermes import FORMAT as HERMES
+from radixserve.frontend.parsers.tool_grammar import auto_tools_grammar
+from radixserve.structured.backend import GrammarError
 from radixserve.structured.params import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
 
 
 def render_messages(ctx: ServingContext, body) -> str:
@@ -108,8 +114,28 @@ class ChatServer:
                                   "or structured_outputs", param="tool_choice")
             tool_parser, constraint = forced
             params.structured_outputs = constraint
+        elif use_tools and params.structured_outputs is None:
+            params.structured_outputs = await self._auto_tools(body)
         params = gate_on_reasoning(params, ctx.reasoning_parser, text, ctx.tokenizer)
         return ids, params, tool_parser
+
+    async def _auto_tools(self, body: ChatCompletionRequest) -> StructuredOutputsParams | None:
+        """The grammar of a ``tool_choice: "auto"`` answer in the Hermes format (text, or
+        text and well-formed calls: parsers/tool_grammar.py), or None: another format, the
+        grammar turned off, or tool schemas the grammar cannot hold (the answer is then free,
+        as without the grammar; logged)."""
+        ctx = self.ctx
+        if not ctx.tool_call_grammar or ctx.tool_parser.format is not HERMES:
+            return None
+        tools = [(t.function.name, t.function.parameters) for t in body.tools]
+        constraint = StructuredOutputsParams(grammar=auto_tools_grammar(
+            tools, body.parallel_tool_calls is not False))
+        try:
+            await ctx.grammar_validator.check(constraint)
+        except GrammarError as exc:
+            logger.warning("tool_choice auto without its grammar (the tools' schemas: %s)", exc)
+            return None
+        return constraint
 
     async def full(self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
                    ticket: QueueTicket = NO_TICKET) -> ChatCompletionResponse:
