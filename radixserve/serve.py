@@ -230,7 +230,7 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
         tokenizer, validator = await frontend
         tool_format, tool_parser = _tool_parser(args.tool_call_parser, tokenizer)
         client = supervisor.client
-        metrics = ServerMetrics(client, name)
+        metrics = ServerMetrics(client, name, ready.max_model_len)
         metrics.registry.register(ReplicaCollector(supervisor, name))
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,

@@ -97,12 +97,15 @@ class MockEngine:
                 time.sleep(self._next_step - now)
             self._next_step = max(now, self._next_step) + self.step_time
         self._steps = step = self._steps + 1
+        queued: dict[str, float] = {}  # scheduled this step -> its queue time (first output)
         while self.waiting and len(self.running) < self.max_num_seqs:
             rid, num_tokens = self.waiting.popitem(last=False)
             self.running[rid] = step - 1 + num_tokens
             self._total[rid] = num_tokens
+            queued[rid] = max(0.0, time.time() - self._info[rid][2])
         tokens = self._rng.choices(self._tokens, k=len(self.running))
-        outputs = [EngineCoreOutput(rid, [token], "length" if last == step else None)
+        outputs = [EngineCoreOutput(rid, [token], "length" if last == step else None,
+                                    queue_time=queued.get(rid))
                    for (rid, last), token in zip(self.running.items(), tokens)]
         for out in outputs:
             if out.finish_reason is not None:

@@ -57,13 +57,14 @@ class DataParallelClient:
         """Requests in flight at each replica; None for one that is down."""
         return [None if c.dead else len(c.queues) for c in self.replicas]
 
-    async def add_request(self, request: EngineCoreRequest, queue: OutputBuffer) -> None:
-        """Route ``request`` to a replica (EngineDeadError when none is up)."""
+    async def add_request(self, request: EngineCoreRequest, queue: OutputBuffer) -> int:
+        """Route ``request`` to a replica (EngineDeadError when none is up); its index."""
         try:
             i = self.router.choose(request.prompt_token_ids, self.loads())
         except NoReplicaError:
             raise EngineDeadError(self.dead or "every engine replica is down") from None
         await self.replicas[i].add_request(request, queue)
+        return i
 
     async def abort(self, request_ids: list[str]) -> None:
         """Abort each request at the replica holding it (unknown ids are ignored)."""

@@ -70,17 +70,62 @@ class QueueTicket:
 NO_TICKET = QueueTicket()
 
 
-class MetricsSink:
-    """Null metrics: the server passes a Prometheus-backed subclass."""
+@dataclass(slots=True)
+class FinishedSample:
+    """One sample (one engine request) at its end, for the metrics. Times are seconds since
+    the HTTP request arrived, taken in this process as outputs arrive; ``queue_time`` is the
+    engine's (arrival to first scheduling; None if it never scheduled the request). The phases
+    as vLLM draws them:
 
-    def on_first_token(self, ttft: float, queue_time: float | None) -> None: ...
-    def on_token(self, itl: float) -> None:
+        arrival ── queue ──> scheduled ── prefill ──> first output ── decode ──> finished
+                             |<────────────────── inference ──────────────────>|
+    """
+
+    state: RequestState
+    engine: int  # the data-parallel replica that ran it
+    n: int  # samples the request asked for (the sample's own params say 1)
+    num_prompt_tokens: int
+    e2e: float
+    first_output: float
+    queue_time: float | None
+
+    @property
+    def num_generation_tokens(self) -> int:
+        return len(self.state.token_ids)
+
+    @property
+    def prefill_time(self) -> float | None:
+        return None if self.queue_time is None else max(0.0, self.first_output - self.queue_time)
+
+    @property
+    def decode_time(self) -> float:
+        return self.e2e - self.first_output
+
+    @property
+    def inference_time(self) -> float | None:
+        return None if self.queue_time is None else max(0.0, self.e2e - self.queue_time)
+
+    @property
+    def time_per_output_token(self) -> float:
+        """Decode time per token after the first (0 with one token), as vLLM's
+        ``request_time_per_output_token_seconds``."""
+        n = self.num_generation_tokens
+        return self.decode_time / (n - 1) if n > 1 else 0.0
+
+
+class MetricsSink:
+    """Null metrics: the server passes a Prometheus-backed subclass. ``engine`` is the
+    data-parallel replica that produced what is observed (0 with one engine)."""
+
+    def on_first_token(self, ttft: float, engine: int) -> None:
+        """The request's first delivery (of any of its samples) since it arrived."""
+    def on_token(self, itl: float, engine: int) -> None:
         """The gap since the previous delivery of this request's tokens (one per engine step,
         or several when the consumer fell behind and they were merged)."""
-    def on_generated(self, num_tokens: int) -> None:
+    def on_generated(self, num_tokens: int, engine: int) -> None:
         """Tokens the engine generated for a request, counted as they arrive (aborted
         requests' too)."""
-    def on_finish(self, state: RequestState, num_prompt: int, e2e: float) -> None: ...
+    def on_finish(self, sample: FinishedSample) -> None: ...
     def on_abort(self, num_requests: int) -> None:
         """Engine requests aborted unfinished (the consumer stopped: client gone, timeout,
         error)."""
@@ -115,11 +160,13 @@ class AsyncLLM:
         buffer = OutputBuffer()
         fanout = Fanout(request_id, prompt_token_ids, params, self.tokenizer)
         not_started: set[str] = set()
+        engines: dict[str, int] = {}  # sample's request id -> the replica running it
+        started: dict[str, tuple[float, float | None]] = {}  # -> (first output, queue time)
         last_token_time = None
         try:
             for req in fanout.requests(self.eos_token_ids, priority, arrival):
                 not_started.add(req.request_id)
-                await self.client.add_request(req, buffer)
+                engines[req.request_id] = await self.client.add_request(req, buffer)
             while fanout.unfinished:
                 # NOTE: a consumer that falls behind gets every output waiting for it at once,
                 # merged into one delta per sample: fewer wake-ups and chunks, the same text.
@@ -131,6 +178,7 @@ class AsyncLLM:
                 for rid, outs in _by_request(pending).items():
                     if rid in not_started:
                         not_started.discard(rid)
+                        started[rid] = (now - arrival, outs[0].queue_time)
                         ticket.started(len(prompt_token_ids))
                     try:
                         step = fanout.apply(rid, outs)
@@ -142,17 +190,20 @@ class AsyncLLM:
                     if step is None:
                         continue  # sent before our abort of a stop-string finish arrived
                     state, text, applied, abort = step
-                    self.metrics.on_generated(len(applied.new_token_ids))
+                    self.metrics.on_generated(len(applied.new_token_ids), engines[rid])
                     if state.finished:
                         if abort:
                             await self.client.abort([rid])
-                        self.metrics.on_finish(state, len(prompt_token_ids), now - arrival)
+                        self.metrics.on_finish(FinishedSample(
+                            state, engines[rid], params.n, len(prompt_token_ids), now - arrival,
+                            *started[rid]))
                     yield StepDelta(state.index, text, state, applied)
                 # one latency observation per wake-up, however many steps it delivered
+                engine = engines[pending[0].request_id]
                 if last_token_time is None:
-                    self.metrics.on_first_token(now - arrival, pending[0].queue_time)
+                    self.metrics.on_first_token(now - arrival, engine)
                 else:
-                    self.metrics.on_token(now - last_token_time)
+                    self.metrics.on_token(now - last_token_time, engine)
                 last_token_time = now
         finally:
             if fanout.unfinished:

@@ -105,13 +105,16 @@ class EngineCoreClient:
         self.progress.reset(time.monotonic())
         self._task = asyncio.get_running_loop().create_task(self._output_loop())
 
-    async def add_request(self, request: EngineCoreRequest, queue: OutputBuffer) -> None:
+    async def add_request(self, request: EngineCoreRequest, queue: OutputBuffer) -> int:
+        """Send ``request`` to the engine, its outputs to ``queue``; the engine's index among
+        data-parallel replicas (0: this client is one engine)."""
         if self.dead:
             raise EngineDeadError(self.dead)
         data = self.encoder.encode(AddRequest(request))  # before registering: it may raise
         self.progress.work_arrived(time.monotonic(), was_idle=not self.queues)
         self.queues[request.request_id] = queue
         await self._send(data)
+        return 0
 
     async def abort(self, request_ids: list[str]) -> None:
         ids = [rid for rid in request_ids if self.queues.pop(rid, None) is not None]

@@ -18,7 +18,8 @@ from radixserve.frontend.http.metrics import ServerMetrics
 def test_metrics_expose_drafts_accepted_and_rate_per_position():
     stats = SchedulerStats(spec_num_drafts=10, spec_draft_tokens=23, spec_accepted_tokens=12,
                            spec_accepted_per_pos=[7, 4, 1], spec_drafted_per_pos=[10, 8, 5])
-    m = ServerMetrics(SimpleNamespace(stats=stats), "m")
+    m = ServerMetrics(SimpleNamespace(stats=stats, replicas=[SimpleNamespace(stats=stats)]),
+                      "m", 4096)
     text = generate_latest(m.registry).decode()
     assert 'radixserve:spec_decode_acceptance_rate_per_pos{model_name="m",position="1"} 0.4' \
         in text

@@ -1,61 +1,87 @@
 """Prometheus metrics (prometheus-client), in a registry of the server's own.
 
-Latencies are measured from HTTP arrival; engine gauges come from the scheduler stats that ride
-on every engine step's output message.
+Every family is published twice from the same observation: ``radixserve:<name>`` (labelled by
+``model_name``; summed over data-parallel replicas) and vLLM v1's ``vllm:<name>`` with vLLM's
+type, labels (``model_name``, ``engine``: the replica) and buckets, so dashboards and
+autoscalers written for vLLM workers read radixserve unchanged. Latencies are measured from
+HTTP arrival; engine gauges and counters come from the scheduler stats that ride on every
+engine step's output message.
 """
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CollectorRegistry, Counter, Histogram, generate_latest)
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from radixserve.frontend.async_llm import MetricsSink
-from radixserve.frontend.output_processor import RequestState
+from radixserve.frontend.async_llm import FinishedSample, MetricsSink
 from radixserve.frontend.http.admission_metrics import AdmissionMetrics
 
+# our buckets for the families we published before vLLM's names (dashboards use their le)
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                 1.0, 2.5)
+# vLLM's (vllm/v1/metrics/loggers.py)
+VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                    5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+VLLM_REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                        50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+VLLM_N_BUCKETS = (1, 2, 5, 10, 20)
+VLLM_FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+def buckets_1_2_5(max_value: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's buckets for token counts)."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return tuple(out)
+            out.append(m * scale)
+        scale *= 10
+
+
+# Scheduler stats, read at scrape time: (name after the prefix, help, SchedulerStats field)
+_ENGINE_GAUGES = (
+    ("num_requests_running", "Requests running in the engine.", "num_running"),
+    ("num_requests_waiting", "Requests waiting for the engine.", "num_waiting"),
+    ("kv_cache_usage_perc", "Fraction of KV blocks in use (1 = all).", "kv_usage"),
+)
+_ENGINE_COUNTERS = (
+    ("prefix_cache_queries", "Prefix-cache lookups, in tokens.", "prefix_query_tokens"),
+    ("prefix_cache_hits", "Prefix-cache hits, in tokens.", "prefix_hit_tokens"),
+    ("num_preemptions", "Requests preempted (recomputed).", "num_preemptions"),
+    ("spec_decode_num_drafts", "Speculative drafts verified.", "spec_num_drafts"),
+    ("spec_decode_num_draft_tokens", "Speculative tokens drafted.", "spec_draft_tokens"),
+    ("spec_decode_num_accepted_tokens", "Speculative tokens accepted.",
+     "spec_accepted_tokens"),
+)
 
 
 class _EngineCollector:
-    """Reads the latest scheduler stats at scrape time."""
+    """Reads the latest scheduler stats at scrape time: ours summed over the replicas
+    (``client.stats``), vLLM's per replica (``client.replicas[i].stats``, engine="i")."""
 
     def __init__(self, client, model_name: str) -> None:
         self.client = client
         self.model = model_name
 
     def collect(self):
-        s = self.client.stats
-        labels = ["model_name"]
-        for name, doc, value in (
-                ("radixserve:num_requests_running", "Requests running in the engine.",
-                 s.num_running),
-                ("radixserve:num_requests_waiting", "Requests waiting for the engine.",
-                 s.num_waiting),
-                ("radixserve:kv_cache_usage_perc", "Fraction of KV blocks in use.", s.kv_usage)):
-            g = GaugeMetricFamily(name, doc, labels=labels)
-            g.add_metric([self.model], value)
-            yield g
-        for name, doc, value in (
-                ("radixserve:prefix_cache_queries", "Prefix-cache lookups, in tokens.",
-                 s.prefix_query_tokens),
-                ("radixserve:prefix_cache_hits", "Prefix-cache hits, in tokens.",
-                 s.prefix_hit_tokens),
-                ("radixserve:num_preemptions", "Requests preempted (recomputed).",
-                 s.num_preemptions),
-                ("radixserve:spec_decode_num_drafts", "Speculative drafts verified.",
-                 s.spec_num_drafts),
-                ("radixserve:spec_decode_num_draft_tokens", "Speculative tokens drafted.",
-                 s.spec_draft_tokens),
-                ("radixserve:spec_decode_num_accepted_tokens", "Speculative tokens accepted.",
-                 s.spec_accepted_tokens)):
-            c = CounterMetricFamily(name, doc, labels=labels)
-            c.add_metric([self.model], value)
-            yield c
-        yield from self._spec_per_position(s)
+        summed = self.client.stats
+        engines = [(str(i), c.stats) for i, c in enumerate(self.client.replicas)]
+        for family, rows in ((GaugeMetricFamily, _ENGINE_GAUGES),
+                             (CounterMetricFamily, _ENGINE_COUNTERS)):
+            for name, doc, field in rows:
+                ours = family(f"radixserve:{name}", doc, labels=["model_name"])
+                ours.add_metric([self.model], getattr(summed, field))
+                yield ours
+                theirs = family(f"vllm:{name}", doc, labels=["model_name", "engine"])
+                for engine, stats in engines:
+                    theirs.add_metric([self.model, engine], getattr(stats, field))
+                yield theirs
+        yield from self._spec_per_position(summed)
 
     def _spec_per_position(self, s):
         """Accepted drafts, drafts that reached each position, and the acceptance rate at
@@ -81,50 +107,116 @@ class _EngineCollector:
         yield g
 
 
+class _Twin:
+    """One observation, two families: ``radixserve:<name>`` {model_name, *extra} and
+    ``vllm:<name>`` {model_name, engine, *extra}. vLLM's children exist from the start for
+    every engine (and every value of ``presets``), as vLLM creates them."""
+
+    def __init__(self, cls, name: str, doc: str, registry, model: str, num_engines: int,
+                 buckets=None, vllm_buckets=None, extra: tuple[str, ...] = (),
+                 presets: tuple[tuple[str, ...], ...] = ((),)) -> None:
+        def family(prefix, labels, b):
+            kw = {} if b is None else {"buckets": b}
+            return cls(f"{prefix}:{name}", doc, ["model_name", *labels], registry=registry,
+                       **kw)
+
+        self.ours = family("radixserve", extra, buckets)
+        self.theirs = family("vllm", ("engine", *extra), vllm_buckets or buckets)
+        self.model = model
+        if not extra:
+            self.ours.labels(model)
+        for engine in range(num_engines):
+            for values in presets:
+                self.theirs.labels(model, str(engine), *values)
+
+    def observe(self, value: float, engine: int, *extra: str) -> None:
+        self.ours.labels(self.model, *extra).observe(value)
+        self.theirs.labels(self.model, str(engine), *extra).observe(value)
+
+    def inc(self, value: float, engine: int, *extra: str) -> None:
+        self.ours.labels(self.model, *extra).inc(value)
+        self.theirs.labels(self.model, str(engine), *extra).inc(value)
+
+
 class ServerMetrics(MetricsSink):
-    def __init__(self, client, model_name: str) -> None:
-        self.registry = CollectorRegistry()
-        r, labels, m = self.registry, ["model_name"], model_name
-        self.requests = Counter("radixserve:request_success", "Finished requests by reason.",
-                                ["model_name", "finished_reason"], registry=r)
-        self.prompt_tokens = Counter("radixserve:prompt_tokens", "Prompt tokens processed.",
-                                     labels, registry=r).labels(m)
-        self.generation_tokens = Counter("radixserve:generation_tokens",
-                                         "Tokens generated, counted as they stream (aborted "
-                                         "requests' too).",
-                                         labels, registry=r).labels(m)
-        self.ttft = Histogram("radixserve:time_to_first_token_seconds", "Time to first token.",
-                              labels, buckets=_LATENCY_BUCKETS, registry=r).labels(m)
-        self.itl = Histogram("radixserve:inter_token_latency_seconds", "Inter-token latency.",
-                             labels, buckets=_ITL_BUCKETS, registry=r).labels(m)
-        self.e2e = Histogram("radixserve:e2e_request_latency_seconds", "End-to-end latency.",
-                             labels, buckets=_LATENCY_BUCKETS, registry=r).labels(m)
-        self.queue = Histogram("radixserve:request_queue_time_seconds",
-                               "Time waiting before first scheduled.", labels,
-                               buckets=_LATENCY_BUCKETS, registry=r).labels(m)
+    """``client``: the engine client with ``stats`` (summed) and ``replicas`` (each with its
+    own ``stats``); ``max_model_len`` sets the token-count buckets, as in vLLM."""
+
+    def __init__(self, client, model_name: str, max_model_len: int) -> None:
+        self.registry = r = CollectorRegistry()
+        m, n = model_name, len(client.replicas)
+
+        def twin(cls, name, doc, **kw):
+            return _Twin(cls, name, doc, r, m, n, **kw)
+
+        tokens = buckets_1_2_5(max_model_len)
+        self.requests = twin(Counter, "request_success", "Finished requests by reason.",
+                             extra=("finished_reason",),
+                             presets=tuple((x,) for x in VLLM_FINISH_REASONS))
+        self.prompt_tokens = twin(Counter, "prompt_tokens",
+                                  "Prompt tokens processed (once per request, whatever n).")
+        self.generation_tokens = twin(Counter, "generation_tokens",
+                                      "Tokens generated, counted as they stream (aborted "
+                                      "requests' too).")
+        self.ttft = twin(Histogram, "time_to_first_token_seconds", "Time to first token.",
+                         buckets=_LATENCY_BUCKETS, vllm_buckets=VLLM_TTFT_BUCKETS)
+        self.itl = twin(Histogram, "inter_token_latency_seconds", "Inter-token latency.",
+                        buckets=_ITL_BUCKETS, vllm_buckets=VLLM_ITL_BUCKETS)
+        self.e2e = twin(Histogram, "e2e_request_latency_seconds", "End-to-end latency.",
+                        buckets=_LATENCY_BUCKETS, vllm_buckets=VLLM_REQUEST_BUCKETS)
+        self.queue = twin(Histogram, "request_queue_time_seconds",
+                          "Per sample: arrival to first scheduled.",
+                          buckets=_LATENCY_BUCKETS, vllm_buckets=VLLM_REQUEST_BUCKETS)
+        self.prefill = twin(Histogram, "request_prefill_time_seconds",
+                            "First scheduled to first output.", buckets=VLLM_REQUEST_BUCKETS)
+        self.decode = twin(Histogram, "request_decode_time_seconds",
+                           "First output to finish.", buckets=VLLM_REQUEST_BUCKETS)
+        self.inference = twin(Histogram, "request_inference_time_seconds",
+                              "First scheduled to finish.", buckets=VLLM_REQUEST_BUCKETS)
+        self.tpot = twin(Histogram, "request_time_per_output_token_seconds",
+                         "Per request: decode time per output token after the first.",
+                         buckets=VLLM_ITL_BUCKETS)
+        self.request_prompt = twin(Histogram, "request_prompt_tokens",
+                                   "Prompt tokens per finished request.", buckets=tokens)
+        self.request_generation = twin(Histogram, "request_generation_tokens",
+                                       "Generated tokens per finished request.",
+                                       buckets=tokens)
+        self.max_tokens = twin(Histogram, "request_params_max_tokens",
+                               "The max_tokens request parameter.", buckets=tokens)
+        self.n = twin(Histogram, "request_params_n", "The n request parameter.",
+                      buckets=VLLM_N_BUCKETS)
         self.engine_restarts = Counter(
             "radixserve:engine_restarts", "Engine processes started to replace a dead one.",
-            labels, registry=r).labels(m)
-        self.model = m
+            ["model_name"], registry=r).labels(m)
         self.admission = AdmissionMetrics(r, m)
         self.registry.register(_EngineCollector(client, model_name))
 
-    def on_first_token(self, ttft: float, queue_time: float | None) -> None:
-        self.ttft.observe(ttft)
-        if queue_time is not None:
-            self.queue.observe(queue_time)
+    def on_first_token(self, ttft: float, engine: int) -> None:
+        self.ttft.observe(ttft, engine)
 
-    def on_token(self, itl: float) -> None:
-        self.itl.observe(itl)
+    def on_token(self, itl: float, engine: int) -> None:
+        self.itl.observe(itl, engine)
 
-    def on_generated(self, num_tokens: int) -> None:
-        self.generation_tokens.inc(num_tokens)
+    def on_generated(self, num_tokens: int, engine: int) -> None:
+        self.generation_tokens.inc(num_tokens, engine)
 
-    def on_finish(self, state: RequestState, num_prompt: int, e2e: float) -> None:
-        self.requests.labels(self.model, state.finish_reason or "abort").inc()
-        if state.index == 0:
-            self.prompt_tokens.inc(num_prompt)
-        self.e2e.observe(e2e)
+    def on_finish(self, sample: FinishedSample) -> None:
+        state, engine = sample.state, sample.engine
+        self.requests.inc(1, engine, state.finish_reason or "abort")
+        if state.index == 0:  # once per HTTP request
+            self.prompt_tokens.inc(sample.num_prompt_tokens, engine)
+            self.n.observe(sample.n, engine)
+        self.e2e.observe(sample.e2e, engine)
+        self.decode.observe(sample.decode_time, engine)
+        self.tpot.observe(sample.time_per_output_token, engine)
+        if sample.queue_time is not None:
+            self.queue.observe(sample.queue_time, engine)
+            self.prefill.observe(sample.prefill_time, engine)
+            self.inference.observe(sample.inference_time, engine)
+        self.request_prompt.observe(sample.num_prompt_tokens, engine)
+        self.request_generation.observe(sample.num_generation_tokens, engine)
+        if state.params.max_tokens:
+            self.max_tokens.observe(state.params.max_tokens, engine)
 
     def on_abort(self, num_requests: int) -> None:
         self.admission.on_abort(num_requests)
