@@ -9,6 +9,7 @@ runs (the next token's mask depends only on tokens already accepted).
 from __future__ import annotations
 
 import functools
+import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -23,6 +24,7 @@ from radixserve.structured.request_grammar import RequestGrammar
 from radixserve.structured.wind_down import EVERY, LOOKAHEAD, WindDown
 
 _CACHE_SIZE = 256
+logger = logging.getLogger(__name__)
 
 
 class StructuredOutputManager:
@@ -110,14 +112,24 @@ class StructuredOutputManager:
             return bitmask
         row = 0
         for (matcher, draft, budget), cost in zip(plan, costs):
-            for i in range(len(draft) + 1):
-                self.backend.fill_bitmask([matcher], bitmask[row:row + 1])
-                self._wind_down(bitmask[row], budget, cost, i)
-                row += 1
-                if i < len(draft) and not matcher.accept_token(draft[i]):
-                    raise RuntimeError(f"a checked draft token {draft[i]} broke the grammar")
-            matcher.rollback(len(draft))
+            rows = bitmask[row:row + len(draft) + 1]
+            try:
+                self._fill_draft_rows(matcher, draft, budget, cost, rows)
+            except Exception:  # noqa: BLE001 - one request's grammar, not the batch
+                # its rows allow everything; the broken matcher then refuses the sampled
+                # token, which ends that request alone (Scheduler._advance)
+                logger.exception("a grammar failed while its draft rows were filled")
+                rows.fill(-1)
+            row += len(draft) + 1
         return bitmask
+
+    def _fill_draft_rows(self, matcher, draft: list[int], budget, cost: int, rows) -> None:
+        for i in range(len(draft) + 1):
+            self.backend.fill_bitmask([matcher], rows[i:i + 1])
+            self._wind_down(rows[i], budget, cost, i)
+            if i < len(draft) and not matcher.accept_token(draft[i]):
+                raise RuntimeError(f"a checked draft token {draft[i]} broke the grammar")
+        matcher.rollback(len(draft))
 
     def _closing_cost(self, matcher, budget: tuple[str, int, int] | None) -> int:
         """The request's closing cost within the last `LOOKAHEAD` tokens of its budget
