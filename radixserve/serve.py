@@ -62,6 +62,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "[func_name(: pythonic); hermes for a template without tool "
                              "support, which gets the tools in that format "
                              "(tokenizer/tool_prompt.py). A name overrides the detection")
+    parser.add_argument("--no-tool-call-grammar", action="store_true",
+                        help="leave tool_choice auto answers free; by default, in the hermes "
+                             "format, they are text or text then well-formed calls of the "
+                             "request's tools (frontend/parsers/tool_grammar.py)")
     parser.add_argument("--reasoning-parser", default=None,
                         help="split <think> reasoning into reasoning_content "
                              "(think, qwen3, deepseek_r1)")
@@ -234,6 +238,7 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
         metrics.registry.register(ReplicaCollector(supervisor, name))
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
+                             tool_call_grammar=not args.no_tool_call_grammar,
                              grammar_validator=validator,
                              structured_strict=args.structured_strict == "true",
                              max_prompts_per_request=args.max_prompts_per_request,
