@@ -34,6 +34,11 @@ KV groups (kv_groups.py): with sliding-window layers a node holds one table per 
 page — and a sliding group's page may hold the null block (released). Counters are in pool
 units. What is found and kept for those groups is the cache's window policy
 (``radix_windows.py``: `SlidingWindows`, or the null object `FullAttention` with one group).
+
+KV events (kv_events.py): a new leaf's pages are reported ``stored`` (chained to the page
+before it), pages eviction drops ``removed``, a ``reset`` ``cleared``. Each node keeps its
+pages' hashes in ``hashes`` (empty with the null sink `NoKVEvents`, the default); a sliding
+group's ``forget`` removes nothing, as the first group's page stays cached.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from radixserve.core.kv.block_pool import BlockPool
+from radixserve.core.kv.kv_events import KVEvents, NoKVEvents
 from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.prefix_cache import PrefixMatch
 from radixserve.core.kv.radix_summary import summarize
@@ -67,6 +73,7 @@ class _Node:
     window_blocks: list[list[int]] = field(default_factory=list)  # the other groups' tables
     units: int = 0  # pool references held (the ids that are not the null block)
     end: int = 0  # tokens from the root to the end of ``key``
+    hashes: list[bytes] = field(default_factory=list)  # one per page with KV events, else []
 
     @property
     def tables(self) -> list[list[int]]:
@@ -79,13 +86,15 @@ class RadixCache:
     reuses_prefixes = True
 
     def __init__(self, block_pool: BlockPool, block_size: int,
-                 groups: KVGroups | None = None) -> None:
-        """``groups``: the model's KV groups (default: one group, one id a page)."""
+                 groups: KVGroups | None = None, events: KVEvents | None = None) -> None:
+        """``groups``: the model's KV groups (default: one group, one id a page);
+        ``events``: where stored and removed pages are reported (default: nowhere)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_pool = block_pool
         self.block_size = block_size
         self.groups = (groups or KVGroups.single(0)).groups
+        self.events = events or NoKVEvents()
         self._window = window_policy(self.groups, block_pool, block_size, self._descend,
                                      self._add_units)
         self.root = _Node([], [], None, 0, 0, window_blocks=[[] for _ in self.groups[1:]])
@@ -208,10 +217,29 @@ class RadixCache:
                     del table[len(table) - pages * group.units_per_page:]
                 del node.key[-pages * bs:]
                 node.end -= pages * bs
+                if node.hashes and pages:
+                    self.events.removed(node.hashes[-pages:])
+                    del node.hashes[-pages:]
             else:
                 heapq.heappop(heap)
+                self.events.removed(node.hashes)
                 self._remove_leaf(node)
         return freed
+
+    def reset(self) -> bool:
+        """Drop every cached page (vLLM's ``reset_prefix_cache``), reported as ``cleared``;
+        only while no request holds a locked path. Returns whether it did."""
+        if any(child.lock_ref for child in self.root.children.values()):
+            return False
+        for node in list(self._nodes()):
+            for table in node.tables:
+                self.block_pool.free(self._window.owned(table))
+            node.parent = None
+        self.root.children.clear()
+        self._heap.clear()
+        self._num_nodes = self._evictable = 0
+        self.events.cleared()
+        return True
 
     @property
     def num_evictable_blocks(self) -> int:
@@ -247,6 +275,7 @@ class RadixCache:
             assert node.key and len(node.key) % bs == 0, f"key of {len(node.key)} tokens"
             assert parent is self.root or parent.lock_ref >= node.lock_ref, "ancestor unlocked"
             assert node.end == parent.end + len(node.key), "node end off its key"
+            assert not node.hashes or len(node.hashes) * bs == len(node.key), "hashes off pages"
             units = 0
             for group, table in zip(self.groups, node.tables, strict=True):
                 pages = len(table) // group.units_per_page
@@ -348,13 +377,14 @@ class RadixCache:
         upper = _Node(child.key[:cut], child.blocks[:cuts[0]], parent, child.last_access,
                       next(self._uids), lock_ref=child.lock_ref, hits=child.hits,
                       window_blocks=[t[:c] for t, c in zip(child.window_blocks, cuts[1:])],
-                      end=parent.end + cut)
+                      end=parent.end + cut, hashes=child.hashes[:pages])
         upper.units = self._count_units(upper)
         child.units -= upper.units
         parent.children[tuple(child.key[:bs])] = upper
         child.key = child.key[cut:]
         child.blocks = child.blocks[cuts[0]:]
         child.window_blocks = [t[c:] for t, c in zip(child.window_blocks, cuts[1:])]
+        child.hashes = child.hashes[pages:]
         child.parent = upper
         upper.children[tuple(child.key[:bs])] = child
         self._num_nodes += 1
@@ -379,8 +409,11 @@ class RadixCache:
         first = pos // bs
         parts = [t[first * g.units_per_page:num_pages * g.units_per_page]
                  for g, t in zip(self.groups, tables)]
-        leaf = _Node(token_ids[pos:n], parts[0], node, self._clock, next(self._uids),
-                     window_blocks=parts[1:], end=n)
+        key = token_ids[pos:n]
+        parent_hash = node.hashes[-1] if node.hashes else None
+        leaf = _Node(key, parts[0], node, self._clock, next(self._uids),
+                     window_blocks=parts[1:], end=n,
+                     hashes=self.events.stored(parent_hash, key))
         leaf.units = self._count_units(leaf)
         for part in parts:
             self.block_pool.share(self._window.owned(part))
