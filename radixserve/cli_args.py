@@ -7,6 +7,18 @@ import argparse
 from radixserve.arg_types import positive_int
 
 
+def kv_events_json(text: str) -> str:
+    """``--kv-events-config``: checked here (a clear error at the command line), passed on as
+    text (the engine process parses it with its replica rank)."""
+    from radixserve.config import KVEventsConfig
+
+    try:
+        KVEventsConfig.parse(text)
+    except (ValueError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None,
@@ -84,6 +96,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "target's vocabulary (the same ids; it may have fewer). Its KV pool "
                         "takes a share of --kv-cache-memory-gb: both pools get the same "
                         "number of blocks")
+    g.add_argument("--kv-events-config", type=kv_events_json, default=None, metavar="JSON",
+                   help="publish the prefix cache's KV events (BlockStored, BlockRemoved, "
+                        "AllBlocksCleared) on ZMQ as vLLM workers do, for KV-aware routers. "
+                        "vLLM's fields: enable_kv_cache_events, publisher (zmq, null), "
+                        "endpoint (tcp://*:5557; replica r of --data-parallel-size adds r to "
+                        "the port), replay_endpoint, buffer_steps, hwm, max_queue_size, "
+                        "topic. Block hashes are vLLM's sha256 ones: set PYTHONHASHSEED to "
+                        "the routers' value")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -100,7 +120,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 num_speculative_tokens=args.num_speculative_tokens,
                 speculative_adaptive=not args.no_speculative_adaptive,
                 tensor_parallel_size=args.tensor_parallel_size, tp_all_reduce=args.tp_all_reduce,
-                draft_model=args.draft_model)
+                draft_model=args.draft_model, kv_events_config=args.kv_events_config)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, temperature: float,

@@ -5,7 +5,8 @@ model's shape is model_config.py; the scheduler's limits are core/sched_config.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, fields
 
 from radixserve.core.sched_config import SchedulerConfig
 from radixserve.cpu.threads import check_threads
@@ -68,6 +69,59 @@ class StructuredConfig:
     def __post_init__(self) -> None:
         if not self.compile_timeout_s > 0:
             raise ValueError(f"compile_timeout_s must be > 0, got {self.compile_timeout_s}")
+
+
+KV_EVENT_PUBLISHERS = ("null", "zmq")
+
+
+@dataclass(frozen=True)
+class KVEventsConfig:
+    """KV cache events (engine/kv_events.py), vLLM's ``KVEventsConfig`` field for field:
+    ``publisher`` zmq publishes on a PUB socket at ``endpoint`` (bound when it has ``*``,
+    ``::``, ipc:// or inproc://, else connected) with ``topic``, and answers replays from
+    the last ``buffer_steps`` batches on a ROUTER at ``replay_endpoint``; ``hwm`` is the PUB
+    socket's high-water mark, ``max_queue_size`` the batches waiting for the publisher
+    thread (more are dropped and counted). Data-parallel replica ``data_parallel_rank`` adds
+    its rank to both tcp ports (inproc: a ``_dp<rank>`` suffix), as vLLM does."""
+
+    enable_kv_cache_events: bool = False
+    publisher: str = "null"
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = 10_000
+    hwm: int = 100_000
+    max_queue_size: int = 100_000
+    topic: str = ""
+    data_parallel_rank: int = 0
+
+    def __post_init__(self) -> None:
+        if self.publisher not in KV_EVENT_PUBLISHERS:
+            raise ValueError(f"unknown KV event publisher {self.publisher!r}; supported: "
+                             f"{', '.join(KV_EVENT_PUBLISHERS)}")
+        for name in ("buffer_steps", "hwm", "max_queue_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"kv events {name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def is_enabled(self) -> bool:
+        return self.enable_kv_cache_events and self.publisher != "null"
+
+    @staticmethod
+    def parse(text: str | dict | None, data_parallel_rank: int = 0) -> KVEventsConfig:
+        """From ``--kv-events-config``'s JSON (or its dict); ValueError naming the unknown
+        fields. Like vLLM, only ``enable_kv_cache_events`` turns events on; with it and no
+        publisher, the publisher is zmq."""
+        data = json.loads(text) if isinstance(text, str) else dict(text or {})
+        if not isinstance(data, dict):
+            raise ValueError("--kv-events-config must be a JSON object")
+        known = {f.name for f in fields(KVEventsConfig)} - {"data_parallel_rank"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown --kv-events-config field(s) {unknown}; supported: "
+                             f"{sorted(known)}")
+        if data.get("enable_kv_cache_events") and "publisher" not in data:
+            data["publisher"] = "zmq"
+        return KVEventsConfig(**data, data_parallel_rank=data_parallel_rank)
 
 
 MAX_SPECULATIVE_TOKENS = 7  # 1 + 7 fed tokens still run as decode rows (attention backends)
@@ -144,6 +198,7 @@ class EngineConfig:
     seed: int = 0
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
 
     def __post_init__(self) -> None:
         if self.speculative.draft_model is not None and self.parallel.tensor_parallel_size > 1:
@@ -163,7 +218,9 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                   num_speculative_tokens: int = 4,
                   speculative_adaptive: bool = True, tensor_parallel_size: int = 1,
                   tp_all_reduce: str = "auto",
-                  draft_model: str | None = None) -> EngineConfig:
+                  draft_model: str | None = None,
+                  kv_events_config: str | dict | None = None,
+                  data_parallel_rank: int = 0) -> EngineConfig:
     """The EngineConfig for the flat engine options the CLI and ``LLM(...)`` take."""
     return EngineConfig(
         model=model,
@@ -176,4 +233,5 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
         speculative=SpeculativeConfig(SpeculativeConfig.resolve_method(speculative, draft_model),
                                       num_speculative_tokens, speculative_adaptive,
                                       draft_model),
-        parallel=ParallelConfig(tensor_parallel_size, tp_all_reduce))
+        parallel=ParallelConfig(tensor_parallel_size, tp_all_reduce),
+        kv_events=KVEventsConfig.parse(kv_events_config, data_parallel_rank))

@@ -51,6 +51,7 @@ class LLM:
                  speculative: str | None = None, num_speculative_tokens: int = 4,
                  speculative_adaptive: bool = True, tensor_parallel_size: int = 1,
                  tp_all_reduce: str = "auto", draft_model: str | None = None,
+                 kv_events_config: str | dict | None = None,
                  reasoning_parser: str | None = None, show_progress: bool = True) -> None:
         self.reasoning_parser = get_reasoning_parser(reasoning_parser) if reasoning_parser \
             else None
@@ -65,7 +66,7 @@ class LLM:
             num_speculative_tokens=num_speculative_tokens,
             speculative_adaptive=speculative_adaptive,
             tensor_parallel_size=tensor_parallel_size, tp_all_reduce=tp_all_reduce,
-            draft_model=draft_model)
+            draft_model=draft_model, kv_events_config=kv_events_config)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
         self.engine = build_engine_core(self.config, self.source, show_progress, reader,
@@ -74,7 +75,9 @@ class LLM:
         self._ids = itertools.count()
 
     def close(self) -> None:
-        """Stop the tensor-parallel ranks this LLM started (nothing to do for one rank)."""
+        """Stop the tensor-parallel ranks this LLM started (nothing to do for one rank) and
+        the KV events publisher."""
+        self.engine.kv_events.close()
         close = getattr(self.engine.runner, "close", None)
         if close is not None:
             close()

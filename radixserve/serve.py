@@ -151,6 +151,10 @@ def serve(args: argparse.Namespace) -> int:
 
     builds = replica_builds(args.data_parallel_size, make_build, args.threads,
                             ray_config(args))
+    if len(builds) > 1:  # each replica's KV events on its own port
+        from radixserve.engine.kv_events import with_replica_rank
+
+        builds = [functools.partial(with_replica_rank, r, b) for r, b in enumerate(builds)]
     name = args.served_model_name or source.name
     import uvloop
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -21,6 +22,7 @@ import torch
 from radixserve.config import EngineConfig
 from radixserve.model_config import ModelConfig
 from radixserve.core.kv.block_pool import BlockPool
+from radixserve.core.kv.kv_events import KVEventLog
 from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.no_cache import NoPrefixCache
@@ -30,6 +32,7 @@ from radixserve.cpu.threads import apply_engine_threads
 from radixserve.engine.context_len import resolve_max_model_len
 from radixserve.engine.draft_setup import build_draft_runner, open_draft
 from radixserve.engine.engine_core import EngineCore
+from radixserve.engine.kv_events import KVEventsOutlet, make_publisher
 from radixserve.engine.tp.group import TensorParallelGroup
 from radixserve.engine.tp.ranks import start_tensor_parallel
 from radixserve.models.half_stored import checkpoint_dtype
@@ -71,7 +74,8 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
     device, groups, block_size = runner.device, runner.groups, config.cache.block_size
     if device.type == "cpu":
         logger.info("engine: %s", model.kernel_plan.startup_line(kv_dtype, threads))
-    kv = _kv_manager(config, groups, num_blocks)
+    kv_events = _kv_events(config)
+    kv = _kv_manager(config, groups, num_blocks, kv_events.sink)
     max_len = _fix_context_len(config, model_config, runner, num_blocks)
     draft_blocks = draft_pool_blocks(model.config, num_blocks, groups) if draft else 0
     if draft is not None:
@@ -85,7 +89,7 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
                                          config.structured.compile_timeout_s)
     engine_runner = inject_faults_from_env(tp.runner(runner))  # faults: tests only
     return EngineCore(scheduler, engine_runner, model_config.vocab_size, config.seed,
-                      structured)
+                      structured, kv_events)
 
 
 def build_rank_runner(config: EngineConfig, source: ModelSource,
@@ -144,12 +148,30 @@ def _fix_context_len(config: EngineConfig, model_config: ModelConfig, runner: Mo
     return max_len
 
 
-def _kv_manager(config: EngineConfig, groups: KVGroups, num_blocks: int) -> KVCacheManager:
+def _kv_events(config: EngineConfig) -> KVEventsOutlet:
+    """The prefix cache's events sink and their publisher (engine/kv_events.py): hashed and
+    published only when ``--kv-events-config`` enables them and the prefix cache is on."""
+    events = config.kv_events
+    if not events.is_enabled or not config.cache.enable_prefix_caching:
+        if events.is_enabled:
+            logger.warning("KV events: the prefix cache is off, no events are published")
+        return KVEventsOutlet()
+    if "PYTHONHASHSEED" not in os.environ:
+        logger.warning("KV events: PYTHONHASHSEED is not set, so block hashes start from a "
+                       "random seed (as in vLLM) that no router can reproduce; set it to the "
+                       "routers' value")
+    return KVEventsOutlet(KVEventLog.from_env(config.cache.block_size),
+                          make_publisher(events, config.device.device))
+
+
+def _kv_manager(config: EngineConfig, groups: KVGroups, num_blocks: int,
+                events=None) -> KVCacheManager:
     """The scheduler's KV blocks: the pool (with a null block where sliding layers release
-    theirs), the prefix cache or its null object, the manager over both."""
+    theirs), the prefix cache (reporting to ``events``) or its null object, the manager over
+    both."""
     block_size = config.cache.block_size
     pool = BlockPool(num_blocks, with_null_block=groups.has_sliding)
-    cache = (RadixCache(pool, block_size, groups) if config.cache.enable_prefix_caching
+    cache = (RadixCache(pool, block_size, groups, events) if config.cache.enable_prefix_caching
              else NoPrefixCache(pool))
     if len(groups.groups) > 1 or groups.has_sliding:
         logger.info("KV groups: %s, blocks of %d layers (%d in the pool)",

@@ -69,7 +69,8 @@ def build_engine(kwargs: dict, model: str | None):
     from radixserve.engine.thread_governor import ThreadGovernor
     from radixserve.models.source import ModelSource
 
-    config = engine_config(model, **kwargs)
+    rank = int(os.environ.get("RADIXSERVE_DATA_PARALLEL_RANK", "0"))  # engine/kv_events.py
+    config = engine_config(model, **kwargs, data_parallel_rank=rank)
     engine = build_engine_core(config, ModelSource.resolve(model),  # a bar after 1 s of load
                                show_progress=sys.stderr.isatty())
     if kwargs.get("threads") is None and threads > 1 and config.parallel.tensor_parallel_size == 1:
@@ -107,6 +108,8 @@ def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
     except _Orphaned:
         pass
     finally:
+        if (kv_events := getattr(engine, "kv_events", None)) is not None:
+            kv_events.close()  # sends what is queued, for at most a second
         out.close(linger=1000)
         inp.close(linger=0)
         ctx.term()

@@ -18,6 +18,7 @@ from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
 from radixserve.core.state_summary import engine_state
 from radixserve.core.reports import EngineCoreOutput, EngineState
+from radixserve.engine.kv_events import KVEventsOutlet
 from radixserve.engine.thread_governor import FixedThreads
 from radixserve.messages import EngineCoreOutputs, EngineCoreRequest, EngineStateQuery
 from radixserve.sampling_params import SamplingParams
@@ -30,15 +31,18 @@ logger = logging.getLogger(__name__)
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner, vocab_size: int, seed: int = 0,
-                 structured: StructuredOutputManager | None = None) -> None:
+                 structured: StructuredOutputManager | None = None,
+                 kv_events: KVEventsOutlet | None = None) -> None:
         """``structured``: None refuses structured-output requests (e.g. a test engine
-        built without a tokenizer)."""
+        built without a tokenizer). ``kv_events``: where the prefix cache's events go after
+        each step (default: nowhere)."""
         self.scheduler = scheduler
         self.runner = runner
         self.vocab_size = vocab_size
         self.structured = structured
         self.threads = FixedThreads()  # the server's engine process may set a ThreadGovernor
         self._rng = random.Random(seed)
+        self.kv_events = kv_events or KVEventsOutlet()
 
     @property
     def max_model_len(self) -> int:
@@ -118,6 +122,8 @@ class EngineCore:
         except Exception as exc:  # noqa: BLE001 - a bug outside the runner: fail everything
             outputs = self._fail(list(self.scheduler.requests), "the engine step", exc)
             return EngineCoreOutputs(outputs, time.time())
+        finally:
+            self.kv_events.flush()  # one batch a step; never waits
 
     def _step(self) -> EngineCoreOutputs:
         failed = self._fail_broken_grammars()

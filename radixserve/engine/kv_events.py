@@ -1,0 +1,239 @@
+"""Publishing the prefix cache's KV events on ZMQ, on the wire vLLM workers use.
+
+    engine thread, once a step              publisher thread
+      sink.take() ─▶ queue ─(full: dropped, counted)─▶ encode ─▶ PUB [topic, seq, payload]
+                                                          └─▶ replay buffer ◀─ ROUTER
+
+Wire format (vLLM ``vllm/distributed/kv_events.py`` while its structs were ``array_like``,
+v0.10.2 .. before vllm-project/vllm#42892 of June 2026, which made them maps; the routers that
+read the maps still read arrays):
+
+- a multipart message ``[topic, seq (8 bytes, big-endian), payload]``, ``seq`` counting batches
+  from 0;
+- ``payload``: msgpack ``[ts, [event, ...], data_parallel_rank]``, each event a tagged array
+  ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``,
+  ``["BlockRemoved", block_hashes, medium]`` or ``["AllBlocksCleared"]``, hashes 64-bit ints
+  (core/kv/kv_events.py);
+- replay: a DEALER/REQ sends ``[b"", start seq (8 bytes)]`` to the ROUTER and gets ``[b"",
+  seq, payload]`` for each buffered batch from ``start``, then ``[b"", seq -1, b""]``.
+
+Neither the queue nor the sockets can hold the engine up: ``publish`` never waits (a full
+queue drops the batch), and PUB drops at its high-water mark or while nobody is connected.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from itertools import count
+
+import msgspec
+import zmq
+
+from radixserve.config import KVEventsConfig
+from radixserve.core.kv import kv_events as core
+
+logger = logging.getLogger(__name__)
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+class BlockStored(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+
+
+class BlockRemoved(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    block_hashes: list[int]
+    medium: str | None
+
+
+class AllBlocksCleared(msgspec.Struct, array_like=True, omit_defaults=True, gc=False,
+                       tag=True):
+    pass
+
+
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
+def to_wire(event: core.KVEvent, medium: str) -> BlockStored | BlockRemoved | AllBlocksCleared:
+    if isinstance(event, core.BlockStored):
+        return BlockStored(event.block_hashes, event.parent_block_hash, event.token_ids,
+                           event.block_size, None, medium)
+    if isinstance(event, core.BlockRemoved):
+        return BlockRemoved(event.block_hashes, medium)
+    return AllBlocksCleared()
+
+
+def offset_endpoint(endpoint: str | None, rank: int) -> str | None:
+    """Replica ``rank``'s endpoint: the tcp port plus the rank, an inproc name with a
+    ``_dp<rank>`` suffix (rank 0 and ipc:// unchanged), as vLLM offsets them."""
+    if not endpoint or rank == 0:
+        return endpoint
+    if endpoint.startswith("inproc://"):
+        return f"{endpoint}_dp{rank}"
+    if endpoint.startswith("tcp://"):
+        base, port = endpoint.rsplit(":", 1)
+        return f"{base}:{int(port) + rank}"
+    return endpoint
+
+
+class NullPublisher:
+    """Events off."""
+
+    num_dropped = 0
+    num_published = 0
+
+    def publish(self, events: list[core.KVEvent]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class ZmqPublisher:
+    """PUB socket + ROUTER replay socket served by one daemon thread (ZMQ sockets are not
+    thread-safe: only that thread touches them after ``__init__``)."""
+
+    SHUTDOWN_TIMEOUT_S = 1.0
+
+    def __init__(self, config: KVEventsConfig, medium: str) -> None:
+        self.config = config
+        self.medium = medium
+        self.rank = config.data_parallel_rank
+        self.endpoint = offset_endpoint(config.endpoint, self.rank)
+        self.replay_endpoint = offset_endpoint(config.replay_endpoint, self.rank)
+        self.num_dropped = 0  # batches the full queue refused (engine thread)
+        self.num_published = 0  # batches sent (publisher thread)
+        self._queue: queue.Queue[tuple[float, list[core.KVEvent]] | None] = queue.Queue(
+            config.max_queue_size)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self._ctx = zmq.Context.instance()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.SNDHWM, config.hwm)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        if any(m in self.endpoint for m in ("*", "::")) or \
+                self.endpoint.startswith(("ipc://", "inproc://")):
+            self._pub.bind(self.endpoint)
+            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)  # a port "*" chose
+        else:
+            self._pub.connect(self.endpoint)
+        self._replay = None
+        if self.replay_endpoint is not None:
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.setsockopt(zmq.LINGER, 0)
+            self._replay.bind(self.replay_endpoint)
+            self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._topic = config.topic.encode()
+        self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
+        self._thread.start()
+        logger.info("KV events: publishing on %s%s (topic %r, rank %d)", self.endpoint,
+                    f", replay on {self.replay_endpoint}" if self._replay else "",
+                    config.topic, self.rank)
+
+    def publish(self, events: list[core.KVEvent]) -> None:
+        """Queue one batch (a step's events); never waits: a full queue drops it."""
+        try:
+            self._queue.put_nowait((time.time(), events))
+        except queue.Full:
+            self.num_dropped += 1
+
+    def close(self) -> None:
+        """Send what is queued (for at most a second), then close the sockets."""
+        try:
+            self._queue.put(None, timeout=self.SHUTDOWN_TIMEOUT_S)
+        except queue.Full:
+            pass
+        self._thread.join(self.SHUTDOWN_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self._pub.close()
+            if self._replay is not None:
+                self._replay.close()
+
+    def _run(self) -> None:
+        encoder = msgspec.msgpack.Encoder()
+        seqs = count()
+        while True:
+            if self._replay is not None and self._replay.poll(0):
+                self._serve_replay()
+            try:
+                item = self._queue.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            ts, events = item
+            batch = KVEventBatch(ts, [to_wire(e, self.medium) for e in events], self.rank)
+            seq, payload = next(seqs), encoder.encode(batch)
+            self._buffer.append((seq, payload))
+            try:
+                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload),
+                                         zmq.NOBLOCK)
+            except zmq.ZMQError as exc:  # e.g. Again on a full pipe: subscribers may replay
+                logger.debug("KV events batch %d not sent: %s", seq, exc)
+            self.num_published += 1
+
+    def _serve_replay(self) -> None:
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3:
+            logger.warning("KV events: malformed replay request of %d frames", len(frames))
+            return
+        client, _, start = frames
+        first = int.from_bytes(start, "big")
+        for seq, payload in list(self._buffer):
+            if seq >= first:
+                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", END_SEQ, b""))
+
+
+def make_publisher(config: KVEventsConfig, device: str) -> NullPublisher | ZmqPublisher:
+    """The publisher ``config`` asks for; ``device`` names the medium ("GPU" for cuda, as
+    vLLM names its device cache; "CPU" otherwise)."""
+    if not config.is_enabled:
+        return NullPublisher()
+    return ZmqPublisher(config, "GPU" if device.startswith("cuda") else "CPU")
+
+
+class KVEventsOutlet:
+    """The cache's sink and the publisher together: ``flush`` (the engine, after each step)
+    hands the step's events over as one batch."""
+
+    def __init__(self, sink: core.KVEvents | None = None,
+                 publisher: NullPublisher | ZmqPublisher | None = None) -> None:
+        self.sink = sink or core.NoKVEvents()
+        self.publisher = publisher or NullPublisher()
+
+    def flush(self) -> None:
+        events = self.sink.take()
+        if events:
+            self.publisher.publish(events)
+
+    @property
+    def num_dropped(self) -> int:
+        return self.publisher.num_dropped
+
+    def close(self) -> None:
+        self.flush()
+        self.publisher.close()
+
+
+RANK_ENV = "RADIXSERVE_DATA_PARALLEL_RANK"  # set in a replica's process (`with_replica_rank`)
+
+
+def with_replica_rank(rank: int, build):
+    """In data-parallel replica ``rank``'s process: note its rank (its KV events publish on
+    the endpoint's port + rank), then build its engine."""
+    import os
+
+    os.environ[RANK_ENV] = str(rank)
+    return build()
