@@ -97,6 +97,8 @@ class EngineCore:
                              f"{self.max_model_len}")
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             raise ValueError(f"input token ids must be in [0, {self.vocab_size})")
+        if max(req.pooling_params.logit_token_ids or [0]) >= self.vocab_size:
+            raise ValueError(f"logit_token_ids must be in [0, {self.vocab_size})")
         request = Request(req.request_id, list(ids), req.sampling_params, frozenset(), 0,
                           req.arrival_time or time.time(), req.priority, 0,
                           pooling=req.pooling_params)

@@ -73,7 +73,7 @@ class ModelRunner:
         input_ids, positions, metas, sample_idx = self._prepare(seqs)
         with forward_context(self._context(metas)):
             hidden = self.model(input_ids, positions)
-        pooled = pool_hidden(seqs, hidden)
+        pooled = pool_hidden(seqs, hidden, self.model.compute_logits)
         scored = prompt_logprobs(self.model, seqs, hidden)
         sampling = [s for s in seqs if s.sample]
         if not sampling:
