@@ -70,10 +70,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="split <think> reasoning into reasoning_content "
                              "(think, qwen3, deepseek_r1)")
     parser.add_argument("--max-n", type=positive_int, default=16, help="largest accepted n")
-    parser.add_argument("--task", default="auto", choices=["auto", "embed"],
+    parser.add_argument("--task", default="auto", choices=["auto", "embed", "rerank"],
                         help="embed: serve /v1/embeddings (pooled final hidden states) even "
                              "for a model whose files name no pooling (auto: embedding "
-                             "models only)")
+                             "models only). rerank: serve /v1/rerank and /v1/score with a "
+                             "causal-LM reranker, scored as Qwen3-Reranker (P(yes) of a "
+                             "yes/no judgement prompt: frontend/rerank.py)")
     parser.add_argument("--pooling", default=None, choices=["last", "mean"],
                         help="how embeddings pool the tokens' hidden states (default: the "
                              "model's pooling_type, else last)")
@@ -204,6 +206,21 @@ def _embedding_setup(source, args):
         raise SystemExit(f"radixserve: error: {exc}") from None
 
 
+def _reranker(task: str, tokenizer):
+    """With --task rerank, the reranker's prompt pieces and yes/no tokens (RuntimeError when
+    the vocabulary cannot answer yes/no in one token); None otherwise."""
+    if task != "rerank":
+        return None
+    from radixserve.frontend.rerank import Reranker
+
+    try:
+        reranker = Reranker.for_tokenizer(tokenizer)
+    except ValueError as exc:
+        raise RuntimeError(f"--task rerank: {exc}") from None
+    logger.info("reranker: P(yes) of token %d against no %d", reranker.yes_id, reranker.no_id)
+    return reranker
+
+
 async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
     import uvicorn
 
@@ -237,6 +254,7 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
         ready = await supervisor.start()
         tokenizer, validator = await frontend
         tool_format, tool_parser = _tool_parser(args.tool_call_parser, tokenizer)
+        reranker = _reranker(args.task, tokenizer)
         client = supervisor.client
         metrics = ServerMetrics(client, name, ready.max_model_len)
         metrics.registry.register(ReplicaCollector(supervisor, name))
@@ -247,7 +265,7 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
                              structured_strict=args.structured_strict == "true",
                              max_prompts_per_request=args.max_prompts_per_request,
                              embedding=embedding, model_path=_model_path(args),
-                             response_store=store)
+                             response_store=store, reranker=reranker)
         limits = serve_limits(args)
         app = build_app(ctx, metrics, args.api_key, limits)
         edge = limits.connections

@@ -25,7 +25,7 @@ from radixserve.pooling_params import POOLING_TYPES
 
 logger = logging.getLogger(__name__)
 
-TASKS = ("auto", "embed")
+TASKS = ("auto", "embed", "rerank")  # rerank: frontend/rerank.py (embeddings as auto)
 _GGUF_POOLING = {1: "mean", 3: "last"}  # llama.cpp's LLAMA_POOLING_TYPE_*
 _GGUF_POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 _ST_POOLING = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean"}

@@ -4,7 +4,8 @@ whole JSON body or the stream (see `http.router` for what a handler may answer).
 
     POST /v1/completions, /v1/chat/completions    generation, SSE when streamed
     POST /v1/chat/completions/render, /v1/completions/render   the prompt alone (no engine)
-    POST /v1/embeddings    GET /v1/models    POST /tokenize, /detokenize
+    POST /v1/embeddings    POST /v1/rerank, /rerank, /v1/score, /score (--task rerank)
+    GET /v1/models    POST /tokenize, /detokenize
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ from radixserve.frontend.openai.protocol_chat import (ChatCompletionRequest,
                                                       RenderResponse, TokenizeRequest,
                                                       TokenizeResponse)
 from radixserve.frontend.openai.protocol_embedding import EmbeddingRequest, EmbeddingResponse
+from radixserve.frontend.openai.protocol_rerank import (RerankRequest, RerankResponse,
+                                                        ScoreRequest, ScoreResponse)
 from radixserve.frontend.openai.serving import ServingContext
 from radixserve.frontend.openai.serving_chat import ChatServer, render_messages
 from radixserve.frontend.openai.serving_completion import CompletionServer, request_size
 from radixserve.frontend.openai.serving_embedding import EmbeddingServer
+from radixserve.frontend.openai.serving_rerank import RerankServer
 
 
 def _anthropic(call: Call) -> bool:
@@ -54,6 +58,7 @@ class OpenAIRoutes:
         self.ctx, self.gate = ctx, gate
         self.completions, self.chat = CompletionServer(ctx), ChatServer(ctx)
         self.embeddings = EmbeddingServer(ctx)
+        self.reranker = RerankServer(ctx)
         self.wire = dataclasses.replace(OPENAI, send_error=self.send_error)
 
     def routes(self) -> list[Route]:
@@ -71,6 +76,11 @@ class OpenAIRoutes:
                   "per prompt)", CompletionRequest, RenderList),
             Route("POST", "/v1/embeddings", self.embed, w, "Embeddings", EmbeddingRequest,
                   EmbeddingResponse),
+            *(Route("POST", path, self.rerank, w, "Documents ordered by relevance to a query "
+                    "(--task rerank)", RerankRequest, RerankResponse)
+              for path in ("/v1/rerank", "/rerank")),
+            *(Route("POST", path, self.score, w, "Relevance scores of text pairs (--task "
+                    "rerank)", ScoreRequest, ScoreResponse) for path in ("/v1/score", "/score")),
             Route("GET", "/v1/models", self.models, OPENAI, "The served model",
                   response=ModelList),
             Route("GET", "/v1/models/{model}", self.model, OPENAI,
@@ -122,6 +132,16 @@ class OpenAIRoutes:
     async def embed(self, call: Call):
         body = parse_body(EmbeddingRequest, call.body)
         work = self.embeddings.openai(body, self.admitter(call.admitted))
+        return (await until_disconnect(call.receive, work)).model_dump_json().encode()
+
+    async def rerank(self, call: Call):
+        body = parse_body(RerankRequest, call.body)
+        work = self.reranker.rerank(body, self.admitter(call.admitted))
+        return (await until_disconnect(call.receive, work)).model_dump_json().encode()
+
+    async def score(self, call: Call):
+        body = parse_body(ScoreRequest, call.body)
+        work = self.reranker.score_pairs(body, self.admitter(call.admitted))
         return (await until_disconnect(call.receive, work)).model_dump_json().encode()
 
     def admitter(self, admitted: list[Ticket]):

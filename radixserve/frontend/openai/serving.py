@@ -17,6 +17,7 @@ from radixserve.frontend.batch_encoder import BatchEncoder
 from radixserve.frontend.core_client import EngineDeadError
 from radixserve.frontend.parsers import ReasoningParser, ToolCallDelta, ToolCallParser
 from radixserve.frontend.pooling import EmbeddingSetup
+from radixserve.frontend.rerank import Reranker
 from radixserve.sampling_params import SamplingParams
 from radixserve.frontend.http.protocol_base import OpenAIError, ParamError
 from radixserve.frontend.openai.protocol import SamplingRequest
@@ -40,6 +41,7 @@ class ServingContext:
     model_path: str | None = None  # the GGUF file or model folder (Ollama's model routes)
     response_store: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses
     tool_call_grammar: bool = True  # tool_choice auto under a grammar (parsers/tool_grammar.py)
+    reranker: Reranker | None = None  # with --task rerank: /v1/rerank, /v1/score
 
     @property
     def tokenizer(self):
