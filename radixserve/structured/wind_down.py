@@ -33,6 +33,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 _CLOSING = frozenset(b'"]}')
@@ -65,16 +66,17 @@ class WindDown:
         """Tokens narrowing needs to finish the answer from ``matcher``'s state (``limit`` + 1:
         more than ``limit``). The matcher is advanced and rolled back (its owner must not use
         it meanwhile)."""
-        closing, structural, stop = self._class_masks()
+        stop = self._class_masks()[2]
         row = torch.empty(1, self._words, dtype=torch.int32)
+        words = row[0].numpy()  # the same memory: numpy's small ops cost less than torch's
         steps = 0
         try:
             while steps <= limit:
                 self._fill(matcher, row)
-                if bool((row[0] & stop).any()):
+                if np.bitwise_and(words, stop).any():
                     return steps
-                self.narrow(row[0])
-                token = _first_allowed(row[0])
+                self._narrow(words)
+                token = _first_allowed(words)
                 if token is None or not matcher.accept_token(token):
                     return limit + 1
                 steps += 1
@@ -83,25 +85,28 @@ class WindDown:
             matcher.rollback(steps)
 
     def narrow(self, row: torch.Tensor) -> None:
-        """Narrow one bitmask row (int32 words) in place, by the rule."""
+        """Narrow one bitmask row (int32 words, on the CPU) in place, by the rule."""
+        self._narrow(row.numpy())
+
+    def _narrow(self, words: np.ndarray) -> None:
         for mask in self._class_masks()[:2]:
-            both = row & mask
-            if bool(both.any()):
-                row.copy_(both)
+            both = np.bitwise_and(words, mask)
+            if both.any():
+                words[:] = both
                 return
 
-    def _class_masks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _class_masks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         with self._lock:
             if self._masks is None:
                 self._masks = self._build()
             return self._masks
 
-    def _build(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _build(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(closing, structural, special) token masks; a special token allowed by a JSON
         grammar is where the answer may end."""
-        closing = torch.zeros(self._words * 32, dtype=torch.bool)
-        structural = torch.zeros(self._words * 32, dtype=torch.bool)
-        special = torch.zeros(self._words * 32, dtype=torch.bool)
+        closing = np.zeros(self._words * 32, dtype=bool)
+        structural = np.zeros(self._words * 32, dtype=bool)
+        special = np.zeros(self._words * 32, dtype=bool)
         for token, text in enumerate(self._token_bytes()[:self._words * 32]):
             if text is None:
                 special[token] = True
@@ -114,20 +119,19 @@ class WindDown:
         return _pack(closing), _pack(structural), _pack(special)
 
 
-def _first_allowed(row: torch.Tensor) -> int | None:
-    nonzero = torch.nonzero(row).flatten()
-    if not nonzero.numel():
+def _first_allowed(words: np.ndarray) -> int | None:
+    nonzero = np.flatnonzero(words)
+    if not nonzero.size:
         return None
     index = int(nonzero[0])
-    word = int(row[index]) & 0xFFFFFFFF
+    word = int(words[index]) & 0xFFFFFFFF
     return index * 32 + ((word & -word).bit_length() - 1)
 
 
-def _pack(allowed: torch.Tensor) -> torch.Tensor:
+def _pack(allowed: np.ndarray) -> np.ndarray:
     """A bool vector as int32 bitmask words (bit ``t % 32`` of word ``t // 32``)."""
-    bits = allowed.view(-1, 32).to(torch.int64) << torch.arange(32, dtype=torch.int64)
-    words = bits.sum(dim=1)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return np.packbits(allowed.reshape(-1, 32), axis=1, bitorder="little").view(
+        np.int32).reshape(-1)
 
 
 class _NoWindDown:
