@@ -246,10 +246,11 @@ class Scheduler:
         "length", no tokens), each with its prompt logprobs."""
         outputs = []
         for seq in sched.seqs:
-            request = self.requests[seq.request_id]
-            if (request.max_tokens or request.pooling is not None
-                    or request.num_computed_tokens < request.num_prompt_tokens):
+            # a prefill-only chunk that ends the prompt, not an embedding's (the seq's own
+            # fields: no lookup for the decodes and sampling chunks of every step)
+            if seq.sample or not seq.is_last_chunk or seq.pooling is not None:
                 continue
+            request = self.requests[seq.request_id]
             scored = request.prompt_logprobs
             outputs.append(EngineCoreOutput(
                 request.request_id, [], "length", num_cached_tokens=request.num_cached_tokens,
