@@ -115,6 +115,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
 
     add_dp_args(parser)
     add_limit_args(parser)
+    from radixserve.frontend.models_dir.args import add_models_dir_args
+
+    add_models_dir_args(parser)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -125,6 +128,10 @@ def serve(args: argparse.Namespace) -> int:
         from radixserve.cluster.ray_executor import require_ray
 
         require_ray()  # at once, not after the tokenizer has loaded
+    if getattr(args, "models_dir", None) is not None:
+        from radixserve.frontend.models_dir.main import serve_models_dir
+
+        return serve_models_dir(args)
     from radixserve.frontend.parsers import get_reasoning_parser
     from radixserve.tokenizer.tokenizer import load_tokenizer
     from radixserve.models.source import ModelSource
@@ -381,3 +388,21 @@ def _server_class():
                     loop.remove_signal_handler(sig)
 
     return Server
+
+
+# What ``--models-dir`` (frontend/models_dir) shares with the single-model path: each model it
+# loads is started and served the same way.
+frontend_tables = _frontend_tables
+tool_parser = _tool_parser
+reranker = _reranker
+restart_policy = _restart_policy
+server_class = _server_class
+settle_gc = _settle_gc
+DRAIN_GRACE_S = _DRAIN_GRACE_S
+
+
+def reasoning(args: argparse.Namespace):
+    """The ``--reasoning-parser`` (None: none)."""
+    from radixserve.frontend.parsers import get_reasoning_parser
+
+    return get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None

@@ -1,0 +1,69 @@
+"""What the hub's model routes say about each model of the folder: OpenAI / Anthropic model
+cards and Ollama's /api/tags and /api/ps entries, each with its state (``loaded``, ``loading``,
+``unloading``, ``unloaded``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import os
+
+from radixserve.frontend.models_dir.catalog import ModelEntry
+from radixserve.frontend.models_dir.hub import Slot
+
+
+def state_of(slot: Slot | None) -> str:
+    return "unloaded" if slot is None else slot.state
+
+
+def openai_card(entry: ModelEntry, slot: Slot | None) -> dict:
+    """OpenAI's model object; ``status.value`` as llama-server's router mode reports it."""
+    card = {"id": entry.name, "object": "model", "created": _mtime(entry),
+            "owned_by": "radixserve", "status": {"value": state_of(slot)}}
+    if slot is not None and slot.served is not None:
+        card["max_model_len"] = slot.served.max_model_len
+    return card
+
+
+def anthropic_card(entry: ModelEntry, slot: Slot | None) -> dict:
+    return {"type": "model", "id": entry.name, "display_name": entry.name,
+            "created_at": _rfc3339(_mtime(entry)), "state": state_of(slot)}
+
+
+def ollama_tag(entry: ModelEntry, slot: Slot | None) -> dict:
+    """An /api/tags entry (Ollama's fields, plus ``state``)."""
+    info = _ollama_info(entry.path, entry.name, os.path.getmtime(entry.path))
+    return {"name": info.name, "model": info.name, "modified_at": info.modified_at,
+            "size": info.size, "digest": info.digest, "details": info.details(),
+            "state": state_of(slot)}
+
+
+def ollama_ps(entry: ModelEntry, slot: Slot) -> dict:
+    """An /api/ps entry: a model loaded or loading (``expires_at`` far away when pinned)."""
+    expires = slot.expires_at
+    served = slot.served
+    return {**ollama_tag(entry, slot),
+            "expires_at": _rfc3339(expires) if expires is not None else "2318-01-01T00:00:00Z",
+            "size_vram": 0, "context_length": served.max_model_len if served else 0}
+
+
+@functools.lru_cache(maxsize=256)
+def _ollama_info(path: str, name: str, mtime: float):
+    from radixserve.frontend.ollama.models import read_model_info
+
+    try:
+        return read_model_info(path, name, 0)
+    except Exception:  # noqa: BLE001 - a broken file is still listed (loading it says why)
+        return read_model_info(None, name, 0)
+
+
+def _mtime(entry: ModelEntry) -> int:
+    try:
+        return int(os.path.getmtime(entry.path))
+    except OSError:
+        return 0
+
+
+def _rfc3339(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).isoformat().replace("+00:00",
+                                                                                    "Z")

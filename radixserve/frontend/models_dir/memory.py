@@ -1,0 +1,54 @@
+"""Memory accounting before a model loads: what it will take, and what there is.
+
+The estimate is deliberately simple: the weights' file size (GGUF and safetensors are loaded as
+stored, mmap'ed: about the file) plus the KV pool's budget (``--kv-cache-memory-gb`` per
+replica) plus a fixed allowance for an engine process's own runtime. What there is:
+``--models-memory-gb`` minus the estimates of the models already loaded, when given (also how
+tests force a refusal); else the system's ``MemAvailable`` (which already counts the loaded
+models' processes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixserve.frontend.models_dir.catalog import ModelEntry
+
+GIB = 1 << 30
+ENGINE_OVERHEAD_BYTES = 300 << 20  # an engine process's interpreter, torch and buffers
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPolicy:
+    kv_bytes: int  # one replica's KV pool
+    num_replicas: int = 1
+    budget_bytes: int | None = None  # --models-memory-gb; None: the system's MemAvailable
+
+    def estimate(self, entry: ModelEntry) -> int:
+        """Bytes ``entry`` is expected to take once loaded (every replica holds its own
+        copy of the weights and pool)."""
+        return self.num_replicas * (entry.size_bytes + self.kv_bytes + ENGINE_OVERHEAD_BYTES)
+
+    def available(self, loaded_estimates: int) -> int:
+        """Bytes a new model may take now, given the estimates of those loaded."""
+        if self.budget_bytes is not None:
+            return self.budget_bytes - loaded_estimates
+        return mem_available()
+
+
+def mem_available() -> int:
+    """The system's available memory in bytes (psutil, else /proc/meminfo's MemAvailable)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot read the available memory (/proc/meminfo has no MemAvailable)")
+
+
+def gib(num_bytes: int) -> str:
+    return f"{num_bytes / GIB:.2f} GiB"
