@@ -187,6 +187,22 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (engine/lora_registry.py): ``adapters`` (name, path) loaded at start;
+    ``max_loras`` resident at once (least recently used idle ones evicted beyond it)."""
+
+    adapters: tuple[tuple[str, str], ...] = ()
+    max_loras: int = 4
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        names = [name for name, _ in self.adapters]
+        if len(set(names)) != len(names) or not all(names):
+            raise ValueError(f"LoRA adapter names must be distinct and non-empty: {names}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine core needs; ``model`` is None for the embedded default model."""
 
@@ -199,8 +215,11 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
+        if self.lora.adapters and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("LoRA adapters are not supported with --tensor-parallel-size > 1")
         if self.speculative.draft_model is not None and self.parallel.tensor_parallel_size > 1:
             raise ValueError("a draft model (--draft-model) runs on one rank; it is not "
                              "supported with --tensor-parallel-size > 1 (use --speculative "
@@ -220,7 +239,9 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                   tp_all_reduce: str = "auto",
                   draft_model: str | None = None,
                   kv_events_config: str | dict | None = None,
-                  data_parallel_rank: int = 0) -> EngineConfig:
+                  data_parallel_rank: int = 0,
+                  lora_modules: dict[str, str] | None = None,
+                  max_loras: int = 4) -> EngineConfig:
     """The EngineConfig for the flat engine options the CLI and ``LLM(...)`` take."""
     return EngineConfig(
         model=model,
@@ -234,4 +255,5 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                                       num_speculative_tokens, speculative_adaptive,
                                       draft_model),
         parallel=ParallelConfig(tensor_parallel_size, tp_all_reduce),
-        kv_events=KVEventsConfig.parse(kv_events_config, data_parallel_rank))
+        kv_events=KVEventsConfig.parse(kv_events_config, data_parallel_rank),
+        lora=LoraConfig(tuple((lora_modules or {}).items()), max_loras))

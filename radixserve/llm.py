@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
+import msgspec
+
 from radixserve.config import engine_config
 from radixserve.engine.build import build_engine_core
 from radixserve.frontend.fanout import Fanout, gate_on_reasoning
@@ -36,6 +38,11 @@ class LLM:
     structured outputs start after its end tag; without one they start at the first token,
     whatever ``after_reasoning`` says (`gate_on_reasoning`). The text keeps the reasoning.
 
+    ``lora_modules``: LoRA adapters to load, name → path (a PEFT folder or a GGUF LoRA file);
+    ``max_loras`` of them resident at once (engine/lora_registry.py). A request runs with one
+    by ``generate(..., lora=NAME)`` or ``SamplingParams(lora_name=NAME)``; ``load_lora`` /
+    ``unload_lora`` change them later.
+
     Errors in the arguments raise ValueError / FileNotFoundError before anything is queued,
     so the object keeps working after a bad call.
     """
@@ -52,7 +59,8 @@ class LLM:
                  speculative_adaptive: bool = True, tensor_parallel_size: int = 1,
                  tp_all_reduce: str = "auto", draft_model: str | None = None,
                  kv_events_config: str | dict | None = None,
-                 reasoning_parser: str | None = None, show_progress: bool = True) -> None:
+                 reasoning_parser: str | None = None, show_progress: bool = True,
+                 lora_modules: dict[str, str] | None = None, max_loras: int = 4) -> None:
         self.reasoning_parser = get_reasoning_parser(reasoning_parser) if reasoning_parser \
             else None
         self.config = engine_config(
@@ -66,7 +74,8 @@ class LLM:
             num_speculative_tokens=num_speculative_tokens,
             speculative_adaptive=speculative_adaptive,
             tensor_parallel_size=tensor_parallel_size, tp_all_reduce=tp_all_reduce,
-            draft_model=draft_model, kv_events_config=kv_events_config)
+            draft_model=draft_model, kv_events_config=kv_events_config,
+            lora_modules=lora_modules, max_loras=max_loras)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
         self.engine = build_engine_core(self.config, self.source, show_progress, reader,
@@ -82,16 +91,32 @@ class LLM:
         if close is not None:
             close()
 
+    def load_lora(self, name: str, path: str) -> None:
+        """Load a LoRA adapter as ``name``; ValueError / FileNotFoundError when it does not fit
+        the model or the name is taken."""
+        self.engine.load_lora(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        self.engine.unload_lora(name)
+
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 priority: Sequence[int] | None = None,
+                 lora: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. Prompts: text, token ids, or
-        ``{"prompt": str}`` / ``{"prompt_token_ids": [...]}``."""
+        ``{"prompt": str}`` / ``{"prompt_token_ids": [...]}``. ``lora``: the loaded LoRA
+        adapter every prompt runs with, or one name (None: the base) per prompt."""
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
+        if lora is not None:
+            names = [lora] * len(prompts) if isinstance(lora, str) else list(lora)
+            if len(names) != len(prompts):
+                raise ValueError(f"got {len(names)} LoRA names for {len(prompts)} prompts")
+            params = [msgspec.structs.replace(p, lora_name=name)
+                      for p, name in zip(params, names)]
         items = [self._tokenize(p) for p in prompts]
         return self._run(items, params, priority or [0] * len(items))
 

@@ -25,6 +25,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     nothing (finish reason "length"), as for OpenAI's ``echo`` with ``max_tokens: 0``.
     ``logit_bias`` maps token id → bias added to that token's logit before sampling.
     ``structured_outputs`` constrains the output to a JSON schema, regex, choice or grammar.
+    ``lora_name``: the loaded LoRA adapter the request runs with (None: the base model);
+    the engine refuses an unknown name.
     """
 
     n: int = 1
@@ -47,6 +49,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    lora_name: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

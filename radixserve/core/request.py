@@ -59,6 +59,9 @@ class Request:
     # asked for prompt logprobs: those collected so far (core/prompt_logprobs.py); with
     # ``max_tokens`` 0 the request is prefill-only and finishes when its prompt is scored
     prompt_logprobs: PromptLogprobs | None = None
+    # the LoRA adapter it runs with (the engine's id, engine/lora_registry.py); None: the base.
+    # Its KV is cached apart from the base's and other adapters' (core/kv/kv_manager.py)
+    lora_id: int | None = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

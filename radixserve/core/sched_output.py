@@ -49,6 +49,7 @@ class ScheduledSeq:
     is_last_chunk: bool = False
     prompt_logprobs: PromptLogprobsWork | None = None
     draft_work: DraftWork | None = None  # the draft model proposes after this step
+    lora_id: int | None = None  # the request's LoRA adapter (the runner groups rows by it)
 
     @property
     def num_tokens(self) -> int:

@@ -25,11 +25,12 @@ from radixserve.core.stop import check_stop
 
 def _next_page(request: Request, computed: int, page: int) -> tuple | None:
     """The prompt page a request computes next, given ``computed`` tokens already in KV:
-    ``(start, its tokens)``, or None when less than a full page of prompt is left."""
+    ``(its LoRA adapter, start, its tokens)``, or None when less than a full page of prompt
+    is left."""
     start = computed - computed % page
     if request.num_prompt_tokens - start < page:
         return None
-    return (start, *request.prompt_token_ids[start:start + page])
+    return (request.lora_id, start, *request.prompt_token_ids[start:start + page])
 
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ class Scheduler:
             key = None
             reads_cache = request.reads_prefix_cache
             if share and not request.block_ids and reads_cache:
-                cached = self.kv.prefix_cache.cached_len(request.all_token_ids)
+                cached = self.kv.cached_len(request)
                 key = _next_page(request, cached, page)
             if (key is not None and key in prefilling) or not request.grammar.is_ready:
                 i += 1  # (a constrained request waits for its grammar's compile)
@@ -326,7 +327,8 @@ class Scheduler:
         sample = is_last and not request.is_prefill_only
         seq = ScheduledSeq(request.request_id, request.all_token_ids[start:start + num_new],
                            start, request.block_ids, sample, pooling=request.pooling,
-                           is_last_chunk=is_last, window_block_ids=request.window_block_ids)
+                           is_last_chunk=is_last, window_block_ids=request.window_block_ids,
+                           lora_id=request.lora_id)
         if request.prompt_logprobs is not None:
             seq.prompt_logprobs = request.prompt_logprobs.work(request.prompt_token_ids, start,
                                                                num_new)
@@ -358,7 +360,7 @@ class Scheduler:
     def _order_by_prefix_match(self) -> None:
         """SGLang's cache-aware order: within a priority, the longest cached prefix first
         (ties by arrival), so requests that reuse the cache run while it still holds them."""
-        matched = {r.request_id: self.kv.prefix_cache.cached_len(r.all_token_ids)
+        matched = {r.request_id: self.kv.cached_len(r)
                    for r in self.waiting}
         keys = self._queue_keys
         self.waiting.sort(key=lambda r: (keys[r.request_id][0], -matched[r.request_id],

@@ -88,8 +88,11 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
     structured = StructuredOutputManager(backend, config.structured.fast_forward,
                                          config.structured.compile_timeout_s)
     engine_runner = inject_faults_from_env(tp.runner(runner))  # faults: tests only
-    return EngineCore(scheduler, engine_runner, model_config.vocab_size, config.seed,
-                      structured, kv_events)
+    engine = EngineCore(scheduler, engine_runner, model_config.vocab_size, config.seed,
+                        structured, kv_events, config.lora.max_loras)
+    for name, path in config.lora.adapters:  # --lora NAME=PATH
+        engine.load_lora(name, path)
+    return engine
 
 
 def build_rank_runner(config: EngineConfig, source: ModelSource,

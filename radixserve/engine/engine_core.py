@@ -19,6 +19,7 @@ from radixserve.core.scheduler import Scheduler
 from radixserve.core.state_summary import engine_state
 from radixserve.core.reports import EngineCoreOutput, EngineState
 from radixserve.engine.kv_events import KVEventsOutlet
+from radixserve.engine.lora_registry import LoraRegistry
 from radixserve.engine.thread_governor import FixedThreads
 from radixserve.messages import EngineCoreOutputs, EngineCoreRequest, EngineStateQuery
 from radixserve.sampling_params import SamplingParams
@@ -32,10 +33,11 @@ logger = logging.getLogger(__name__)
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner, vocab_size: int, seed: int = 0,
                  structured: StructuredOutputManager | None = None,
-                 kv_events: KVEventsOutlet | None = None) -> None:
+                 kv_events: KVEventsOutlet | None = None, max_loras: int = 4) -> None:
         """``structured``: None refuses structured-output requests (e.g. a test engine
         built without a tokenizer). ``kv_events``: where the prefix cache's events go after
-        each step (default: nowhere)."""
+        each step (default: nowhere). ``max_loras``: LoRA adapters resident at once
+        (engine/lora_registry.py)."""
         self.scheduler = scheduler
         self.runner = runner
         self.vocab_size = vocab_size
@@ -43,6 +45,20 @@ class EngineCore:
         self.threads = FixedThreads()  # the server's engine process may set a ThreadGovernor
         self._rng = random.Random(seed)
         self.kv_events = kv_events or KVEventsOutlet()
+        self.loras = LoraRegistry(runner, max_loras, self._loras_in_use)
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Load a LoRA adapter (between steps); ValueError / FileNotFoundError when it does
+        not fit the model or the name is taken."""
+        self.loras.load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """Forget a LoRA adapter; `LoraNotFound` (a ValueError) when unknown, ValueError
+        while unfinished requests use it."""
+        self.loras.unload(name)
+
+    def _loras_in_use(self) -> set[int]:
+        return {r.lora_id for r in self.scheduler.requests.values()}
 
     @property
     def max_model_len(self) -> int:
@@ -59,6 +75,8 @@ class EngineCore:
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         params.validate_vocab(self.vocab_size)
+        if params.lora_name is not None:
+            self.loras.check(params.lora_name)
         if params.structured_outputs is not None:
             if self.structured is None:
                 raise ValueError("this engine does not support structured outputs")
@@ -84,6 +102,8 @@ class EngineCore:
             request.grammar = self.structured.grammar_for(params.structured_outputs)
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = PromptLogprobs(num_prompt, params.prompt_logprobs)
+        if params.lora_name is not None:
+            request.lora_id = self.loras.acquire(params.lora_name)
         self.scheduler.add_request(request)
 
     def _add_pooling_request(self, req: EngineCoreRequest) -> None:

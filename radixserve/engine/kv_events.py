@@ -69,7 +69,7 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 def to_wire(event: core.KVEvent, medium: str) -> BlockStored | BlockRemoved | AllBlocksCleared:
     if isinstance(event, core.BlockStored):
         return BlockStored(event.block_hashes, event.parent_block_hash, event.token_ids,
-                           event.block_size, None, medium)
+                           event.block_size, event.lora_id, medium)
     if isinstance(event, core.BlockRemoved):
         return BlockRemoved(event.block_hashes, medium)
     return AllBlocksCleared()

@@ -13,15 +13,31 @@ from typing import Any
 import torch
 
 
+class NoLoraBatch:
+    """The step has no LoRA adapter row (the null `layers.lora.LoraBatch`): nothing is added
+    and the model's own layer stack runs."""
+
+    def apply(self, key: tuple[int, str], x: torch.Tensor, y: torch.Tensor) -> None:
+        return None
+
+    def stack(self, plain, python):
+        return plain
+
+
+NO_LORA = NoLoraBatch()
+
+
 @dataclass(slots=True)
 class ForwardContext:
     """``attn_metadata``: the first KV group's; ``layer_metadata[i]``: layer i's (its group's
-    block table, core/kv/kv_groups.py; every entry is ``attn_metadata`` with one group)."""
+    block table, core/kv/kv_groups.py; every entry is ``attn_metadata`` with one group). ``lora``: the step's `LoraBatch` (`NO_LORA`: no
+    adapter row)."""
 
     attn_metadata: Any
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     backend: Any
     layer_metadata: list[Any]
+    lora: Any = NO_LORA  # the step's per-row LoRA adapters (layers/lora.py)
 
 
 _current: ForwardContext | None = None

@@ -26,6 +26,7 @@ from radixserve.models.native_stack import plan_kernels
 from radixserve.runner.draft_runner import NO_DRAFT_RUNNER
 from radixserve.layers.forward_context import ForwardContext, forward_context
 from radixserve.runner.kv_cache import allocate_kv_cache
+from radixserve.runner.lora_set import NO_LORAS, LoraSet
 from radixserve.runner.pooler import pool_hidden
 from radixserve.runner.prompt_logprobs import prompt_logprobs
 from radixserve.runner.sampler import Sampler, SamplingBatch
@@ -63,6 +64,19 @@ class ModelRunner:
         plan_kernels(model, self.backend_name)  # what runs natively: model.kernel_plan
         self.sampler = Sampler()
         self.drafter = NO_DRAFT_RUNNER  # a draft model proposes after each step (draft_runner)
+        self.loras = NO_LORAS  # LoRA adapters by id, once one is added (runner/lora_set.py)
+
+    def add_lora(self, lora_id: int, path: str) -> None:
+        """Make the adapter at ``path`` resident as ``lora_id`` (between steps); ValueError /
+        FileNotFoundError when it does not fit the model."""
+        loras = self.loras if isinstance(self.loras, LoraSet) else LoraSet(self.model)
+        loras.add(lora_id, path)
+        self.loras = loras
+
+    def remove_lora(self, lora_id: int) -> None:
+        """Drop a resident adapter (between steps; no scheduled sequence may still name it)."""
+        if isinstance(self.loras, LoraSet):
+            self.loras.remove(lora_id)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput,
@@ -71,7 +85,7 @@ class ModelRunner:
         bitmask, computed on another thread, is awaited only after the forward)."""
         seqs = sorted(sched.seqs, key=self._prefill_last)  # decode-like first, stable
         input_ids, positions, metas, sample_idx = self._prepare(seqs)
-        with forward_context(self._context(metas)):
+        with forward_context(self._context(metas, seqs)):
             hidden = self.model(input_ids, positions)
         pooled = pool_hidden(seqs, hidden, self.model.compute_logits)
         scored = prompt_logprobs(self.model, seqs, hidden)
@@ -124,14 +138,16 @@ class ModelRunner:
         order = sorted(range(len(seqs)), key=lambda i: self._prefill_last(seqs[i]))
         packed = [seqs[i] for i in order]
         input_ids, positions, metas, sample_idx = self._prepare(packed)
-        with forward_context(self._context(metas)):
+        with forward_context(self._context(metas, packed)):
             hidden = self.model(input_ids, positions)
         return order, packed, hidden, sample_idx
 
-    def _context(self, metas: list) -> ForwardContext:
+    def _context(self, metas: list, seqs: list[ScheduledSeq]) -> ForwardContext:
+        """The step's forward context; ``seqs`` in packed order (their LoRA rows)."""
         layer_metas = ([metas[0]] * len(self._layer_table) if len(metas) == 1
                        else [metas[i] for i in self._layer_table])
-        return ForwardContext(metas[0], self.kv_caches, self.backend, layer_metas)
+        lora = self.loras.batch(seqs, self.device)
+        return ForwardContext(metas[0], self.kv_caches, self.backend, layer_metas, lora)
 
     def _prefill_last(self, seq: ScheduledSeq) -> bool:
         return not self.backend.is_decode_like(seq.num_tokens, seq.start_pos)

@@ -17,8 +17,10 @@ default ``prefix_caching_hash_algo="sha256"``, ``vllm/utils/hashing.py``)::
     on the wire  = int.from_bytes(hash, "big") & (2**64 - 1)
                    (vLLM's default VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1)
 
-``None`` is the extra keys of a plain text request (no LoRA, multimodal input or cache salt,
-none of which radixserve has). A router that hashes the same tokens with the same
+``None`` is the extra keys of a plain text request (no multimodal input or cache salt, none
+of which radixserve has); a LoRA request's pages use ``(lora_id,)`` (the engine's adapter id,
+where vLLM hashes the adapter's name) and carry ``lora_id`` in their ``BlockStored``. A router
+that hashes the same tokens with the same
 PYTHONHASHSEED and block size gets the same keys; without PYTHONHASHSEED the chain's seed is
 random per engine process, as in vLLM, and nobody else can compute the keys.
 """
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 _LOW_64 = (1 << 64) - 1
+LORA_KEY_SHIFT = 1 << 32  # NOTE: kv_manager.LORA_KEY_SHIFT (that module imports this one's)
 
 
 def vllm_sha256(obj: object) -> bytes:
@@ -59,6 +62,7 @@ class BlockStored:
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
+    lora_id: int | None = None  # the pages' LoRA adapter (the engine's id), None: the base
 
 
 @dataclass(slots=True)
@@ -128,14 +132,20 @@ class KVEventLog:
     def stored(self, parent: bytes | None, token_ids: list[int]) -> list[bytes]:
         bs = self.block_size
         assert len(token_ids) % bs == 0 and token_ids, f"{len(token_ids)} tokens, pages of {bs}"
+        # a LoRA request's cache keys are offset by its adapter id (kv_manager.cache_tokens);
+        # its pages hash with the id as extra key, as vLLM's with the adapter's
+        lora_id = token_ids[0] // LORA_KEY_SHIFT or None
+        if lora_id is not None:
+            token_ids = [t % LORA_KEY_SHIFT for t in token_ids]
+        extra = None if lora_id is None else (lora_id,)
         prev = parent or self.root_hash
         hashes = []
         for i in range(0, len(token_ids), bs):
-            prev = vllm_sha256((prev, tuple(token_ids[i:i + bs]), None))
+            prev = vllm_sha256((prev, tuple(token_ids[i:i + bs]), extra))
             hashes.append(prev)
         self._events.append(BlockStored(
             [external_hash(h) for h in hashes],
-            None if parent is None else external_hash(parent), list(token_ids), bs))
+            None if parent is None else external_hash(parent), list(token_ids), bs, lora_id))
         return hashes
 
     def removed(self, hashes: list[bytes]) -> None:

@@ -7,6 +7,21 @@ from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.prefix_cache import PrefixCache
 from radixserve.core.request import Request
 
+from radixserve.core.kv.kv_events import LORA_KEY_SHIFT  # above every vocabulary
+
+
+def cache_tokens(request: Request, end: int | None = None) -> list[int]:
+    """The token ids the prefix cache indexes for ``request``'s first ``end`` tokens (all by
+    default): its own for the base model; for a LoRA request each offset by ``lora_id <<
+    32``, so its KV (computed with the adapter) is shared only with requests of the same
+    adapter: the tree never matches a page across adapters (core/kv/kv_events.py reads the
+    adapter back from the offset)."""
+    tokens = request.all_token_ids if end is None else request.all_token_ids[:end]
+    if request.lora_id is None:
+        return tokens
+    offset = request.lora_id * LORA_KEY_SHIFT
+    return [t + offset for t in tokens]
+
 
 class KVCacheManager:
     """Maps requests to block tables over a ``BlockPool``, reusing prefixes via a ``PrefixCache``.
@@ -74,7 +89,7 @@ class KVCacheManager:
         At least one token is always left to compute, so the request still samples.
         """
         assert not request.block_ids and request.num_computed_tokens == 0
-        match = self.prefix_cache.match_prefix(request.all_token_ids[:-1])
+        match = self.prefix_cache.match_prefix(cache_tokens(request, -1))
         self.num_query_tokens += request.num_tokens
         self.num_hit_tokens += match.num_tokens
         self.prefix_cache.lock(match.handle)
@@ -86,6 +101,10 @@ class KVCacheManager:
         for table in self.tables(request):
             self.block_pool.share(self._owned(table))
         return match.num_tokens
+
+    def cached_len(self, request: Request) -> int:
+        """The prompt tokens ``match_and_lock`` would find cached now (no side effect)."""
+        return self.prefix_cache.cached_len(cache_tokens(request))
 
     def can_fit(self, num_blocks: int) -> bool:
         """True if ``num_blocks`` more blocks can be had, evicting cached blocks if needed."""
@@ -136,7 +155,7 @@ class KVCacheManager:
     def cache_computed(self, request: Request) -> None:
         """Make the request's computed full pages findable by other requests now (after a
         prefill chunk, or when decoding fills a block), not only when it finishes."""
-        computed = request.all_token_ids[: request.num_computed_tokens]
+        computed = cache_tokens(request, request.num_computed_tokens)
         handle = self.prefix_cache.cache_blocks(computed, request.block_ids,
                                                 request.window_block_ids)
         self.prefix_cache.lock(handle)
@@ -147,7 +166,7 @@ class KVCacheManager:
         """Release all of a request's blocks (its computed prefix may stay cached)."""
         handle = self._handles.pop(request.request_id, None)
         self._hit_pages.pop(request.request_id, None)
-        computed = request.all_token_ids[: request.num_computed_tokens]
+        computed = cache_tokens(request, request.num_computed_tokens)
         self.prefix_cache.release(computed, request.block_ids, handle, request.window_block_ids)
         request.block_ids = []
         request.window_block_ids = []

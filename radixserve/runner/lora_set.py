@@ -1,0 +1,65 @@
+"""The runner's resident LoRA adapters, by id, and the step's `LoraBatch` built from them.
+
+The runner starts with `NO_LORAS` (no adapter ever loaded: no per-step work at all); the first
+``add`` swaps in a `LoraSet`, which hooks the model (layers/lora.py). Ids are the engine's
+(engine/lora_registry.py); the scheduled sequences carry them (``ScheduledSeq.lora_id``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from radixserve.layers.forward_context import NO_LORA
+from radixserve.layers.lora import LoraBatch, install_lora_hooks
+from radixserve.models.lora import LoraAdapter, load_lora
+
+
+class NoLoras:
+    """No adapter loaded: every step is a plain one."""
+
+    def batch(self, seqs, device: torch.device):
+        return NO_LORA
+
+
+NO_LORAS = NoLoras()
+
+
+class LoraSet:
+    """Adapters resident in the runner; ``add`` / ``remove`` mutate it between steps."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        install_lora_hooks(model)
+        self.model = model
+        self.adapters: dict[int, LoraAdapter] = {}
+
+    def add(self, lora_id: int, path: str) -> LoraAdapter:
+        """Load the adapter at ``path`` as ``lora_id``; ValueError / FileNotFoundError when it
+        does not fit the model (nothing changes then)."""
+        weight = self.model.norm.weight
+        dtype = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) and \
+            weight.is_cpu else weight.dtype
+        adapter = load_lora(path, self.model.config, weight.device, dtype)
+        self.adapters[lora_id] = adapter
+        return adapter
+
+    def remove(self, lora_id: int) -> None:
+        self.adapters.pop(lora_id, None)
+
+    def batch(self, seqs, device: torch.device):
+        """The step's `LoraBatch` for the packed ``seqs`` (their token rows in order):
+        one group per adapter, its token rows (None when every row has it); `NO_LORA` when
+        no sequence has one. KeyError for an id that is not resident (an engine bug)."""
+        ids = [s.lora_id for s in seqs]
+        present = set(ids) - {None}
+        if not present:
+            return NO_LORA
+        if len(present) == 1 and None not in ids:
+            return LoraBatch([(self.adapters[ids[0]].layers, None)])
+        q_lens = [s.num_tokens for s in seqs]
+        per_row = np.repeat(np.array([-1 if i is None else i for i in ids]), q_lens)
+        groups = []
+        for lora_id in sorted(present):
+            rows = torch.from_numpy(np.flatnonzero(per_row == lora_id)).to(device)
+            groups.append((self.adapters[lora_id].layers, rows))
+        return LoraBatch(groups)
