@@ -32,6 +32,8 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, gc=False):
     timestamp: float = 0.0
     stats: SchedulerStats | None = None
     state: EngineState | None = None  # only in the answer to an EngineStateQuery
+    # the answers to this drain's ResetPrefixCache messages, in order (True: cleared)
+    reset_prefix_cache: list[bool] | None = None
 
 
 # -- frontend → engine-core process -------------------------------------------------------
@@ -57,7 +59,16 @@ class EngineStateQuery(msgspec.Struct, tag="state", array_like=True):
     max_depth: int = 4
 
 
-EngineInput = AddRequest | AbortRequests | EngineStateQuery | Shutdown
+class ResetPrefixCache(msgspec.Struct, tag="reset_prefix_cache", array_like=True):
+    """Drop every cached page (vLLM's ``reset_prefix_cache``; KV events: AllBlocksCleared).
+    Refused while running requests hold cached pages, unless ``reset_running_requests``
+    preempts them first (they resume by recomputing). Answered in the next
+    ``EngineCoreOutputs.reset_prefix_cache``."""
+
+    reset_running_requests: bool = False
+
+
+EngineInput = AddRequest | AbortRequests | EngineStateQuery | ResetPrefixCache | Shutdown
 
 
 class EngineReady(msgspec.Struct):

@@ -53,6 +53,21 @@ class DataParallelClient:
         return await asyncio.gather(*(c.engine_state(timeout) for c in self.replicas),
                                     return_exceptions=True)
 
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Reset every live replica's prefix cache at once; True when each did (a replica
+        that is down, or dies meanwhile, holds no cache: it counts as done). EngineDeadError
+        when every replica is down."""
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        live = [c for c in self.replicas if not c.dead]
+        answers = await asyncio.gather(
+            *(c.reset_prefix_cache(reset_running_requests) for c in live),
+            return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, EngineDeadError):
+                raise answer
+        return all(a is True or isinstance(a, EngineDeadError) for a in answers)
+
     def loads(self) -> list[int | None]:
         """Requests in flight at each replica; None for one that is down."""
         return [None if c.dead else len(c.queues) for c in self.replicas]
@@ -111,7 +126,8 @@ def sum_stats(all_stats: list[SchedulerStats]) -> SchedulerStats:
         spec_draft_tokens=sum(s.spec_draft_tokens for s in all_stats),
         spec_accepted_tokens=sum(s.spec_accepted_tokens for s in all_stats),
         spec_accepted_per_pos=_add_lists([s.spec_accepted_per_pos for s in all_stats]),
-        spec_drafted_per_pos=_add_lists([s.spec_drafted_per_pos for s in all_stats]))
+        spec_drafted_per_pos=_add_lists([s.spec_drafted_per_pos for s in all_stats]),
+        num_kv_events_dropped=sum(s.num_kv_events_dropped for s in all_stats))
 
 
 def _add_lists(lists: list[list[int]]) -> list[int]:

@@ -49,6 +49,7 @@ class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
     spec_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = []  # drafts whose i-th token was accepted
     spec_drafted_per_pos: list[int] = []  # drafts that had an i-th token
+    num_kv_events_dropped: int = 0  # KV cache events the publisher dropped (engine/kv_events.py)
 
 
 class RequestInfo(msgspec.Struct, array_like=True, gc=False):

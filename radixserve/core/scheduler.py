@@ -93,6 +93,15 @@ class Scheduler:
         freeing their blocks; the KV of a failed step was never marked computed or cached."""
         return self.abort_requests(request_ids, "error")
 
+    def preempt_running(self) -> list[str]:
+        """Preempt every running request (recompute-style: its KV freed, its computed prefix
+        left to the prefix cache, which it no longer locks), e.g. so the prefix cache can be
+        reset; they resume from the waiting queue. Returns their ids."""
+        preempted = [r.request_id for r in self.running]
+        for request in list(self.running):
+            self._preempt(request)
+        return preempted
+
     def schedule(self) -> SchedulerOutput:
         if self.config.policy == "lpm" and 1 < len(self.waiting) <= _LPM_MAX_WAITING:
             self._order_by_prefix_match()

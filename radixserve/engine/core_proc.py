@@ -1,13 +1,15 @@
 """The engine-core process: EngineCore behind two ZMQ sockets.
 
     API process  ──PUSH ipc://…/in──▶  engine core  ──PUSH ipc://…/out──▶  API process
-       AddRequest | AbortRequests | EngineStateQuery | Shutdown
+       AddRequest | AbortRequests | EngineStateQuery | ResetPrefixCache | Shutdown
                                                   EngineReady, then EngineCoreOutputs
 
 The loop drains every pending input message, runs one step if any request is unfinished, and
 sends one ``EngineCoreOutputs`` per step carrying all requests' new tokens plus scheduler stats.
 An ``EngineStateQuery`` is answered by an ``EngineCoreOutputs`` sent right after the inputs
-are drained (its ``state`` set; every other message carries None there, one byte).
+are drained (its ``state`` set; every other message carries None there, one byte); so are
+``ResetPrefixCache``s, applied in order as they are read (``reset_prefix_cache``: one answer
+each).
 Idle, it blocks on the input socket (waking every second to notice an orphaned process).
 A fault while stepping fails the requests it belongs to inside ``engine.step()``; one that
 escapes it ends this process, and the API process starts a new one.
@@ -31,7 +33,8 @@ import zmq
 from radixserve.core.reports import EngineCoreOutput
 from radixserve.cpu.threads import apply_engine_threads
 from radixserve.messages import (
-    AbortRequests, EngineCoreOutputs, EngineInput, EngineReady, EngineStateQuery, Shutdown)
+    AbortRequests, EngineCoreOutputs, EngineInput, EngineReady, EngineStateQuery,
+    ResetPrefixCache, Shutdown)
 
 _IDLE_POLL_MS = 1000
 _SEND_TIMEOUT_MS = 1000
@@ -81,6 +84,20 @@ def build_engine(kwargs: dict, model: str | None):
     return engine
 
 
+def engine_stats(engine):
+    """The scheduler's stats with the engine's own counters: the KV events its publisher
+    dropped (an engine without events, e.g. the mock, reports none)."""
+    stats = engine.scheduler.stats()
+    if (kv_events := getattr(engine, "kv_events", None)) is not None:
+        stats.num_kv_events_dropped = kv_events.num_dropped_events
+    return stats
+
+
+def _reset_prefix_cache(engine, msg: ResetPrefixCache) -> bool:
+    reset = getattr(engine, "reset_prefix_cache", None)  # the mock engine caches nothing
+    return True if reset is None else reset(msg.reset_running_requests)
+
+
 def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
     """Process entry point. ``build_engine()`` returns an object with EngineCore's interface
     (``add_request``, ``abort_requests``, ``has_unfinished_requests``, ``step``, ``state``,
@@ -120,7 +137,7 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
     while True:
         busy = engine.has_unfinished_requests()
         if inp.poll(0 if busy else _IDLE_POLL_MS):
-            errors, state = [], None
+            errors, state, resets = [], None, []
             while True:
                 try:
                     msg = decoder.decode(inp.recv(zmq.NOBLOCK))
@@ -134,6 +151,9 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
                 if isinstance(msg, EngineStateQuery):
                     state = msg  # answered once, after this batch of inputs is applied
                     continue
+                if isinstance(msg, ResetPrefixCache):
+                    resets.append(_reset_prefix_cache(engine, msg))
+                    continue
                 try:
                     engine.add_request(msg.request)
                 except ValueError as exc:
@@ -144,15 +164,15 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
                     errors.append(EngineCoreOutput(
                         msg.request.request_id, [], "error",
                         error=f"queueing the request failed: {type(exc).__name__}: {exc}"))
-            if errors or state is not None or not engine.has_unfinished_requests():
-                # report refusals, the asked-for state and fresh stats (e.g. after an abort)
-                # now, not after the next step
+            if errors or state is not None or resets or not engine.has_unfinished_requests():
+                # report refusals, the asked-for state, resets and fresh stats (e.g. after an
+                # abort) now, not after the next step
                 answer = None if state is None else engine.state(state)
                 _send(out, encoder.encode(EngineCoreOutputs(
-                    errors, time.time(), engine.scheduler.stats(), answer)), parent)
+                    errors, time.time(), engine_stats(engine), answer, resets or None)), parent)
         elif not busy and os.getppid() != parent:
             return  # orphaned: the API process is gone
         if engine.has_unfinished_requests():
             outputs = engine.step()
-            outputs.stats = engine.scheduler.stats()
+            outputs.stats = engine_stats(engine)
             _send(out, encoder.encode(outputs), parent)

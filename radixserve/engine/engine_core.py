@@ -127,6 +127,17 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Drop every cached page (vLLM's ``reset_prefix_cache``); True when done. Refused
+        (False) while running requests lock cached pages, unless ``reset_running_requests``
+        preempts them first. The KV events (AllBlocksCleared) are published now, not after
+        the next step, which may be long in coming on an idle engine."""
+        if reset_running_requests:
+            self.scheduler.preempt_running()
+        done = self.scheduler.kv.prefix_cache.reset()
+        self.kv_events.flush()
+        return done
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0
 

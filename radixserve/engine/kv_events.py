@@ -9,7 +9,7 @@ v0.10.2 .. before vllm-project/vllm#42892 of June 2026, which made them maps; th
 read the maps still read arrays):
 
 - a multipart message ``[topic, seq (8 bytes, big-endian), payload]``, ``seq`` counting batches
-  from 0;
+  from 0 (given as a step hands its batch over, so a batch dropped leaves a gap);
 - ``payload``: msgpack ``[ts, [event, ...], data_parallel_rank]``, each event a tagged array
   ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``,
   ``["BlockRemoved", block_hashes, medium]`` or ``["AllBlocksCleared"]``, hashes 64-bit ints
@@ -19,6 +19,15 @@ read the maps still read arrays):
 
 Neither the queue nor the sockets can hold the engine up: ``publish`` never waits (a full
 queue drops the batch), and PUB drops at its high-water mark or while nobody is connected.
+
+Dropped events are counted (``num_dropped_events``: the events of batches the full queue
+refused or the socket failed to send) and ride to the API process in the engine's stats
+(``SchedulerStats.num_kv_events_dropped``, served as ``radixserve:kv_events_dropped_total``).
+A PUB socket gives no sign when it drops a message for one subscriber at that subscriber's
+high-water mark (the others still get it): those losses are not counted here; the
+subscriber sees a gap in ``seq`` and asks the replay socket for the missing batches. A
+batch the queue refused leaves a gap too, but no replay holds it: its events are lost (the
+subscriber's view of this worker's cache is stale until it is cleared or the pages age out).
 """
 
 from __future__ import annotations
@@ -92,6 +101,7 @@ class NullPublisher:
     """Events off."""
 
     num_dropped = 0
+    num_dropped_events = 0
     num_published = 0
 
     def publish(self, events: list[core.KVEvent]) -> None:
@@ -114,8 +124,11 @@ class ZmqPublisher:
         self.endpoint = offset_endpoint(config.endpoint, self.rank)
         self.replay_endpoint = offset_endpoint(config.replay_endpoint, self.rank)
         self.num_dropped = 0  # batches the full queue refused (engine thread)
+        self._num_refused_events = 0  # their events (engine thread)
+        self._num_unsent_events = 0  # events of batches the socket failed to send (publisher)
         self.num_published = 0  # batches sent (publisher thread)
-        self._queue: queue.Queue[tuple[float, list[core.KVEvent]] | None] = queue.Queue(
+        self._seqs = count()  # drawn on the engine thread, in step order
+        self._queue: queue.Queue[tuple[int, float, list[core.KVEvent]] | None] = queue.Queue(
             config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._ctx = zmq.Context.instance()
@@ -142,11 +155,19 @@ class ZmqPublisher:
                     config.topic, self.rank)
 
     def publish(self, events: list[core.KVEvent]) -> None:
-        """Queue one batch (a step's events); never waits: a full queue drops it."""
+        """Queue one batch (a step's events) under the next ``seq``; never waits: a full
+        queue drops it (its ``seq`` stays unused: a gap for subscribers)."""
         try:
-            self._queue.put_nowait((time.time(), events))
+            self._queue.put_nowait((next(self._seqs), time.time(), events))
         except queue.Full:
             self.num_dropped += 1
+            self._num_refused_events += len(events)
+
+    @property
+    def num_dropped_events(self) -> int:
+        """Events lost for every subscriber so far: refused by the full queue or not sent
+        (two counters, each written by one thread; read from any)."""
+        return self._num_refused_events + self._num_unsent_events
 
     def close(self) -> None:
         """Send what is queued (for at most a second), then close the sockets."""
@@ -162,7 +183,6 @@ class ZmqPublisher:
 
     def _run(self) -> None:
         encoder = msgspec.msgpack.Encoder()
-        seqs = count()
         while True:
             if self._replay is not None and self._replay.poll(0):
                 self._serve_replay()
@@ -172,16 +192,18 @@ class ZmqPublisher:
                 continue
             if item is None:
                 return
-            ts, events = item
+            seq, ts, events = item
             batch = KVEventBatch(ts, [to_wire(e, self.medium) for e in events], self.rank)
-            seq, payload = next(seqs), encoder.encode(batch)
+            payload = encoder.encode(batch)
             self._buffer.append((seq, payload))
             try:
                 self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload),
                                          zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # e.g. Again on a full pipe: subscribers may replay
+                self._num_unsent_events += len(events)
                 logger.debug("KV events batch %d not sent: %s", seq, exc)
-            self.num_published += 1
+            else:
+                self.num_published += 1
 
     def _serve_replay(self) -> None:
         frames = self._replay.recv_multipart()
@@ -221,6 +243,10 @@ class KVEventsOutlet:
     @property
     def num_dropped(self) -> int:
         return self.publisher.num_dropped
+
+    @property
+    def num_dropped_events(self) -> int:
+        return self.publisher.num_dropped_events
 
     def close(self) -> None:
         self.flush()

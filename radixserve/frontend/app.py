@@ -15,6 +15,7 @@ from radixserve import __version__
 from radixserve.frontend.anthropic.routes import AnthropicRoutes
 from radixserve.frontend.http import body_reader, memory
 from radixserve.frontend.http.admission import AdmissionGate
+from radixserve.frontend.http.cache_routes import cache_routes
 from radixserve.frontend.http.content_type import unsupported_media_type
 from radixserve.frontend.http.engine_view import engine_view_routes
 from radixserve.frontend.http.errors import send_error
@@ -42,6 +43,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     routes = [*server_routes(ctx, metrics), *openai.routes(), *ResponsesRoutes(openai).routes(),
               *AnthropicRoutes(ctx, openai.gate).routes(), *ollama.routes(),
               *ui_routes(ollama.running), *worker_routes(ctx), *engine_view_routes(ctx, metrics)]
+    routes += cache_routes(ctx)
     routes += description_routes(routes)
     return Guard(Router(routes), api_key, limits.max_request_bytes, limits.body_read_timeout,
                  metrics)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable
 
 import msgspec
@@ -27,6 +28,7 @@ from radixserve.messages import (
     EngineCoreRequest,
     EngineReady,
     EngineStateQuery,
+    ResetPrefixCache,
     Shutdown,
 )
 from radixserve.frontend.output_buffer import OutputBuffer
@@ -55,6 +57,7 @@ class EngineCoreClient:
         self._state_waiter: asyncio.Future | None = None  # the EngineStateQuery in flight
         self._last_state: tuple[float, EngineState] | None = None
         self._state_asked = 0.0
+        self._reset_waiters: deque[asyncio.Future] = deque()  # ResetPrefixCache, in order
         self._bind(input_addr, output_addr)
 
     def _bind(self, input_addr: str, output_addr: str) -> None:
@@ -138,6 +141,18 @@ class EngineCoreClient:
             await self._send(self.encoder.encode(EngineStateQuery()))
         return await asyncio.wait_for(asyncio.shield(self._state_waiter), timeout)
 
+    async def reset_prefix_cache(self, reset_running_requests: bool = False,
+                                 timeout: float = 30.0) -> bool:
+        """Ask the engine to drop its cached pages (`ResetPrefixCache`); whether it did.
+        EngineDeadError when the engine is gone or dies before answering; TimeoutError
+        when it does not answer within ``timeout`` (the reset may still happen)."""
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        waiter = asyncio.get_running_loop().create_future()
+        self._reset_waiters.append(waiter)
+        await self._send(self.encoder.encode(ResetPrefixCache(reset_running_requests)))
+        return await asyncio.wait_for(waiter, timeout)
+
     async def _send(self, data: bytes) -> None:
         """Send in order: at once when the queue has room and no earlier send is waiting."""
         if not self._waiting_sends:
@@ -179,6 +194,11 @@ class EngineCoreClient:
         if self._state_waiter is not None and not self._state_waiter.done():
             self._state_waiter.set_exception(EngineDeadError(reason))
             self._state_waiter.exception()  # retrieved: no warning when nobody awaits it
+        while self._reset_waiters:
+            waiter = self._reset_waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(EngineDeadError(reason))
+                waiter.exception()
 
     async def shutdown(self, is_alive: Callable[[], bool] | None = None,
                        timeout: float = 10.0) -> None:
@@ -231,6 +251,11 @@ class EngineCoreClient:
             self._last_state = (time.monotonic(), outputs.state)
             if self._state_waiter is not None and not self._state_waiter.done():
                 self._state_waiter.set_result(outputs.state)
+        for done in outputs.reset_prefix_cache or ():
+            # one answer per ResetPrefixCache sent, in order (a waiter timed out is skipped)
+            waiter = self._reset_waiters.popleft() if self._reset_waiters else None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(done)
         queues = self.queues
         for out in outputs.outputs:
             queue = queues.get(out.request_id)

@@ -11,11 +11,14 @@ import pytest
 import zmq
 from kv_event_wire import (BS, DECODER, SEED, AllBlocksCleared, BlockRemoved, BlockStored,
                            Subscriber, vllm_hashes)
+from kv_event_stall import stall_publisher
 
 from radixserve import LLM, SamplingParams
 from radixserve.config import KVEventsConfig
 from radixserve.core.kv.kv_events import BlockStored as CoreStored
+from radixserve.engine.core_proc import engine_stats
 from radixserve.engine.kv_events import KVEventsOutlet, ZmqPublisher, offset_endpoint
+from radixserve.messages import EngineCoreRequest
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
@@ -177,3 +180,56 @@ def test_engine_steps_unslowed_by_a_subscriber_that_never_reads():
     stuck.close(linger=0)
     ctx.term()
     assert min(seconds["on"]) < 1.5 * min(seconds["off"]) + 0.1, seconds
+
+
+def test_a_publisher_that_cannot_keep_up_drops_and_counts_while_generation_goes_on():
+    """Queue of 2, publisher thread stuck: every request still gets all its tokens; the
+    batches past the queue are dropped, counted in the engine's stats, and leave a gap in
+    ``seq`` that a subscriber sees once the thread runs again."""
+    llm = LLM(block_size=BS, num_kv_blocks=64, show_progress=False,
+              kv_events_config={"enable_kv_cache_events": True, "max_queue_size": 2,
+                                "endpoint": "tcp://127.0.0.1:*"})
+    pub = stall_publisher(llm.engine)
+    sub = Subscriber(pub.endpoint)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    try:
+        for i in range(4):  # each stores its prompt's 3 pages: a batch at least
+            out = llm.generate([[4000 + 40 * i + t for t in range(3 * BS)]], params)
+            assert len(out[0].outputs[0].token_ids) == 12
+        assert pub.num_dropped >= 2 and pub.num_dropped_events >= pub.num_dropped
+        assert engine_stats(llm.engine).num_kv_events_dropped == pub.num_dropped_events
+        pub.release.set()
+        llm.generate([[5000 + t for t in range(2 * BS)]], params)  # one more batch
+        seqs = [seq for seq, _ in sub.drain()]
+    finally:
+        sub.close()
+        llm.close()
+    assert seqs[:2] == [0, 1]  # the two the queue held
+    assert seqs[2] - seqs[1] - 1 == pub.num_dropped  # the dropped ones: a gap
+
+
+def test_reset_refused_while_running_then_preempting_publishes_cleared_at_once(llm, sub):
+    """vLLM's reset_prefix_cache: a running request locks its cached prompt pages, so a plain
+    reset changes nothing; with reset_running_requests it is preempted, the cache cleared
+    (AllBlocksCleared published without waiting for a step) and the request still finishes."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    engine.add_request(EngineCoreRequest(request_id="reset-me", sampling_params=params,
+                                         prompt_token_ids=list(range(6000, 6000 + 3 * BS))))
+    tokens = [t for out in engine.step().outputs for t in out.new_token_ids]  # the prefill
+    sub.drain(0.3)
+    cached = engine.scheduler.kv.prefix_cache.num_cached_blocks
+    assert cached >= 3
+    assert not engine.reset_prefix_cache()
+    assert engine.scheduler.kv.prefix_cache.num_cached_blocks == cached
+    assert engine.reset_prefix_cache(reset_running_requests=True)
+    events = [e for _, batch in sub.drain(0.3) for e in batch.events]
+    assert events and isinstance(events[-1], AllBlocksCleared)
+    assert engine.scheduler.kv.prefix_cache.num_cached_blocks == 0
+    finish = None
+    while engine.has_unfinished_requests():
+        for out in engine.step().outputs:
+            tokens += out.new_token_ids
+            finish = out.finish_reason or finish
+    assert len(tokens) == 8 and finish == "length"
+    engine.scheduler.check_integrity()

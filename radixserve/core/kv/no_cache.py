@@ -42,6 +42,9 @@ class NoPrefixCache:
     def evict(self, num_blocks: int) -> int:
         return 0
 
+    def reset(self) -> bool:
+        return True  # nothing cached
+
     @property
     def num_evictable_blocks(self) -> int:
         return 0

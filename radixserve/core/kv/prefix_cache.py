@@ -67,6 +67,10 @@ class PrefixCache(Protocol):
         is left; return how many (with several KV groups a page's units go together, so it
         may be a few more than asked)."""
 
+    def reset(self) -> bool:
+        """Drop every cached page, unless a request locks some (then change nothing); return
+        whether it did. Reported to the KV events sink as ``cleared``."""
+
     @property
     def num_evictable_blocks(self) -> int: ...
 

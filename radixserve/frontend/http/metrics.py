@@ -82,6 +82,13 @@ class _EngineCollector:
                     theirs.add_metric([self.model, engine], getattr(stats, field))
                 yield theirs
         yield from self._spec_per_position(summed)
+        # ours only: vLLM publishes no such family
+        dropped = CounterMetricFamily(
+            "radixserve:kv_events_dropped", "KV cache events the engines dropped before "
+            "sending (publisher queue full or send failed; --kv-events-config).",
+            labels=["model_name"])
+        dropped.add_metric([self.model], summed.num_kv_events_dropped)
+        yield dropped
 
     def _spec_per_position(self, s):
         """Accepted drafts, drafts that reached each position, and the acceptance rate at
