@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "chat":
             return _chat(args)
+        if args.command == "serve" and args.models_dir is not None:
+            from radixserve.serve_models_dir import serve_models_dir
+
+            return serve_models_dir(args)
         if args.command == "serve":
             from radixserve.serve import serve
             return serve(args)

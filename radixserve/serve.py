@@ -128,10 +128,6 @@ def serve(args: argparse.Namespace) -> int:
         from radixserve.cluster.ray_executor import require_ray
 
         require_ray()  # at once, not after the tokenizer has loaded
-    if getattr(args, "models_dir", None) is not None:
-        from radixserve.frontend.models_dir.main import serve_models_dir
-
-        return serve_models_dir(args)
     from radixserve.frontend.parsers import get_reasoning_parser
     from radixserve.tokenizer.tokenizer import load_tokenizer
     from radixserve.models.source import ModelSource

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.models_dir.catalog import Catalog, ModelEntry, NotAModel
 from radixserve.frontend.models_dir.memory import MemoryPolicy, gib
-from radixserve.frontend.models_dir.served import ServedModel, start_served_model
+from radixserve.frontend.models_dir.served import ServedModel
 
 logger = logging.getLogger(__name__)
 _POLL_S = 0.05  # how often a waiting load looks for an idle model again
@@ -49,15 +49,17 @@ class Slot:
     state: str = "unloaded"  # unloaded | loading | loaded | unloading
     in_flight: int = 0
     last_used: float = 0.0  # time.time() of the last request's end (or the load)
+    is_pinned: bool = False  # a request's keep_alive < 0: evicted only after the others
 
-    @property
-    def is_pinned(self) -> bool:
-        return math.isinf(self.keep_alive_s)
+    def keep(self, keep_alive: float | None) -> None:
+        """A request's keep_alive (None: leave it as it is)."""
+        if keep_alive is not None:
+            self.keep_alive_s, self.is_pinned = keep_alive, math.isinf(keep_alive)
 
     @property
     def expires_at(self) -> float | None:
         """When it unloads if unused (None: never)."""
-        if self.is_pinned or self.keep_alive_s == 0 and self.in_flight:
+        if math.isinf(self.keep_alive_s) or self.keep_alive_s == 0 and self.in_flight:
             return None
         return self.last_used + self.keep_alive_s
 
@@ -69,14 +71,17 @@ def model_not_found(name: str, available: list[str]) -> OpenAIError:
 
 
 class ModelHub:
+    """``start(entry, args, folder, estimate_bytes, on_fatal)`` starts one model and returns
+    its `ServedModel` (`serve_models_dir.start_served_model`; tests pass a fake)."""
+
     def __init__(self, catalog: Catalog, args, folder: str, policy: MemoryPolicy,
-                 start=start_served_model) -> None:
+                 start) -> None:
         self.catalog, self.args, self.folder, self.policy = catalog, args, folder, policy
         self.max_loaded: int = args.max_loaded_models
         self.idle_s: float = args.models_idle_unload or math.inf  # 0: never
         self.wait_timeout: float = args.startup_timeout
         self.drain_timeout: float = args.drain_timeout
-        self.start = start  # start_served_model's signature (tests may replace it)
+        self.start = start
         self.slots: dict[str, Slot] = {}
         self._load_lock = asyncio.Lock()
         self._num_loads = 0
@@ -141,8 +146,7 @@ class ModelHub:
         slot = self.slots[served.entry.name]
         slot.in_flight -= 1
         slot.last_used = time.time()
-        if keep_alive is not None:
-            slot.keep_alive_s = keep_alive
+        slot.keep(keep_alive)
         if slot.keep_alive_s == 0 and slot.in_flight == 0:
             self._spawn(self._unload(slot, "keep_alive 0"))
 
@@ -152,8 +156,7 @@ class ModelHub:
         slot = self.slots[served.entry.name]
         slot.in_flight -= 1
         slot.last_used = time.time()
-        if keep_alive is not None:
-            slot.keep_alive_s = keep_alive
+        slot.keep(keep_alive)
         return slot
 
     async def unload(self, name: str, reason: str = "unload request") -> bool:
@@ -174,7 +177,7 @@ class ModelHub:
             try:
                 await served.close()
             finally:
-                slot.state, slot.keep_alive_s = "unloaded", self.idle_s
+                slot.state, slot.keep_alive_s, slot.is_pinned = "unloaded", self.idle_s, False
             _say(f"model {name} unloaded ({reason})")
             return True
 
