@@ -18,6 +18,7 @@ connector's cache) is accepted and has nothing to reset: radixserve has no conne
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -29,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 _TRUE = {"1", "true", "t", "yes", "y", "on"}  # the spellings FastAPI's bool query accepts
 _FALSE = {"0", "false", "f", "no", "n", "off"}
+# routers and curl POST these with no body and no Content-Type: read whatever the type, but
+# still refused (415) to a browser (its Origin header), as Ollama's routes are (content_type.py)
+ANY_BODY = dataclasses.replace(OPENAI, json_only=False)
 
 
 def query_bool(call: Call, name: str) -> bool:
@@ -61,12 +65,12 @@ def cache_routes(ctx) -> list[Route]:
 
     summary = ("Drop every cached KV page (vLLM's): 200, or 409 while running requests hold "
                "some; ?reset_running_requests=true preempts them first")
-    return [Route("POST", "/reset_prefix_cache", reset_prefix_cache, OPENAI, summary,
+    return [Route("POST", "/reset_prefix_cache", reset_prefix_cache, ANY_BODY, summary,
                   media=None),
-            Route("POST", "/flush_cache", flush_cache, OPENAI,
+            Route("POST", "/flush_cache", flush_cache, ANY_BODY,
                   "SGLang's cache flush: the same reset, never preempting (400 if refused)",
                   media="text/plain"),
-            Route("GET", "/flush_cache", flush_cache, OPENAI, in_schema=False,
+            Route("GET", "/flush_cache", flush_cache, ANY_BODY, in_schema=False,
                   media="text/plain")]
 
 
