@@ -104,6 +104,23 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "the port), replay_endpoint, buffer_steps, hwm, max_queue_size, "
                         "topic. Block hashes are vLLM's sha256 ones: set PYTHONHASHSEED to "
                         "the routers' value")
+    g.add_argument("--lora", type=lora_module, action="append", default=[],
+                   metavar="NAME=PATH",
+                   help="load a LoRA adapter at start (repeatable): a PEFT folder "
+                        "(adapter_config.json + adapter_model.safetensors) or a llama.cpp GGUF "
+                        "LoRA file; requests pick it by model NAME (or BASE:NAME) or a 'lora' "
+                        "field")
+    g.add_argument("--max-loras", type=positive_int, default=4,
+                   help="LoRA adapters resident at once; beyond it the least recently used "
+                        "one no request uses is evicted (read again from its path when named)")
+
+
+def lora_module(text: str) -> tuple[str, str]:
+    """``--lora NAME=PATH``."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name, path
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -120,7 +137,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 num_speculative_tokens=args.num_speculative_tokens,
                 speculative_adaptive=not args.no_speculative_adaptive,
                 tensor_parallel_size=args.tensor_parallel_size, tp_all_reduce=args.tp_all_reduce,
-                draft_model=args.draft_model, kv_events_config=args.kv_events_config)
+                draft_model=args.draft_model, kv_events_config=args.kv_events_config,
+                lora_modules=dict(args.lora), max_loras=args.max_loras)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, temperature: float,

@@ -27,6 +27,14 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
     pooling_params: PoolingParams | None = None  # set: an embedding (prefill-only) request
 
 
+class LoraReply(msgspec.Struct, array_like=True, gc=False):
+    """A `LoraAdapterCall`'s answer: ``error`` None when done, else why not, with the HTTP
+    ``status`` it maps to (400, or 404 for an unknown adapter or a missing path)."""
+
+    error: str | None = None
+    status: int = 200
+
+
 class EngineCoreOutputs(msgspec.Struct, array_like=True, gc=False):
     outputs: list[EngineCoreOutput]
     timestamp: float = 0.0
@@ -34,6 +42,7 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, gc=False):
     state: EngineState | None = None  # only in the answer to an EngineStateQuery
     # the answers to this drain's ResetPrefixCache messages, in order (True: cleared)
     reset_prefix_cache: list[bool] | None = None
+    lora_replies: list[LoraReply] | None = None  # answers to this drain's LoraAdapterCalls
 
 
 # -- frontend → engine-core process -------------------------------------------------------
@@ -68,7 +77,16 @@ class ResetPrefixCache(msgspec.Struct, tag="reset_prefix_cache", array_like=True
     reset_running_requests: bool = False
 
 
-EngineInput = AddRequest | AbortRequests | EngineStateQuery | ResetPrefixCache | Shutdown
+class LoraAdapterCall(msgspec.Struct, tag="lora", array_like=True):
+    """Load the LoRA adapter at ``path`` as ``name`` (engine/lora_registry.py), or unload
+    ``name`` when ``path`` is None. Answered in order in ``EngineCoreOutputs.lora_replies``."""
+
+    name: str
+    path: str | None = None
+
+
+EngineInput = (AddRequest | AbortRequests | EngineStateQuery | ResetPrefixCache
+               | LoraAdapterCall | Shutdown)
 
 
 class EngineReady(msgspec.Struct):

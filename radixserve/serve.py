@@ -268,7 +268,8 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
                              structured_strict=args.structured_strict == "true",
                              max_prompts_per_request=args.max_prompts_per_request,
                              embedding=embedding, model_path=_model_path(args),
-                             response_store=store, reranker=reranker)
+                             response_store=store, reranker=reranker,
+                             loras=dict(args.lora))  # --lora NAME=PATH
         limits = serve_limits(args)
         app = build_app(ctx, metrics, args.api_key, limits)
         edge = limits.connections

@@ -53,6 +53,16 @@ class DataParallelClient:
         return await asyncio.gather(*(c.engine_state(timeout) for c in self.replicas),
                                     return_exceptions=True)
 
+    async def lora_call(self, name: str, path: str | None):
+        """Load (``path``) or unload (None) a LoRA adapter on every live replica; the first
+        refusal's `LoraReply` (the replicas load the same files, so they agree), else done.
+        NOTE: a replica restarted later has only the ``--lora`` adapters of its start."""
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        live = [c for c in self.replicas if not c.dead]
+        replies = await asyncio.gather(*(c.lora_call(name, path) for c in live))
+        return next((r for r in replies if r.error is not None), replies[0])
+
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Reset every live replica's prefix cache at once; True when each did (a replica
         that is down, or dies meanwhile, holds no cache: it counts as done). EngineDeadError

@@ -34,7 +34,7 @@ from radixserve.core.reports import EngineCoreOutput
 from radixserve.cpu.threads import apply_engine_threads
 from radixserve.messages import (
     AbortRequests, EngineCoreOutputs, EngineInput, EngineReady, EngineStateQuery,
-    ResetPrefixCache, Shutdown)
+    LoraAdapterCall, LoraReply, ResetPrefixCache, Shutdown)
 
 _IDLE_POLL_MS = 1000
 _SEND_TIMEOUT_MS = 1000
@@ -98,6 +98,25 @@ def _reset_prefix_cache(engine, msg: ResetPrefixCache) -> bool:
     return True if reset is None else reset(msg.reset_running_requests)
 
 
+def _lora_call(engine, msg: LoraAdapterCall) -> LoraReply:
+    """Load or unload an adapter; its error as a reply (the engine goes on)."""
+    from radixserve.engine.lora_registry import LoraNotFound
+
+    if not hasattr(engine, "load_lora"):  # the mock engine
+        return LoraReply("this engine does not serve LoRA adapters", 400)
+    try:
+        if msg.path is None:
+            engine.unload_lora(msg.name)
+        else:
+            engine.load_lora(msg.name, msg.path)
+        return LoraReply()
+    except (LoraNotFound, FileNotFoundError) as exc:
+        return LoraReply(str(exc), 404)
+    except (ValueError, OSError) as exc:
+        return LoraReply(f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError)
+                         else str(exc), 400)
+
+
 def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
     """Process entry point. ``build_engine()`` returns an object with EngineCore's interface
     (``add_request``, ``abort_requests``, ``has_unfinished_requests``, ``step``, ``state``,
@@ -137,7 +156,7 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
     while True:
         busy = engine.has_unfinished_requests()
         if inp.poll(0 if busy else _IDLE_POLL_MS):
-            errors, state, resets = [], None, []
+            errors, state, resets, loras = [], None, [], []
             while True:
                 try:
                     msg = decoder.decode(inp.recv(zmq.NOBLOCK))
@@ -154,6 +173,9 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
                 if isinstance(msg, ResetPrefixCache):
                     resets.append(_reset_prefix_cache(engine, msg))
                     continue
+                if isinstance(msg, LoraAdapterCall):
+                    loras.append(_lora_call(engine, msg))
+                    continue
                 try:
                     engine.add_request(msg.request)
                 except ValueError as exc:
@@ -164,12 +186,14 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
                     errors.append(EngineCoreOutput(
                         msg.request.request_id, [], "error",
                         error=f"queueing the request failed: {type(exc).__name__}: {exc}"))
-            if errors or state is not None or resets or not engine.has_unfinished_requests():
+            if (errors or state is not None or resets or loras
+                    or not engine.has_unfinished_requests()):
                 # report refusals, the asked-for state, resets and fresh stats (e.g. after an
                 # abort) now, not after the next step
                 answer = None if state is None else engine.state(state)
                 _send(out, encoder.encode(EngineCoreOutputs(
-                    errors, time.time(), engine_stats(engine), answer, resets or None)), parent)
+                    errors, time.time(), engine_stats(engine), answer, resets or None,
+                    loras or None)), parent)
         elif not busy and os.getppid() != parent:
             return  # orphaned: the API process is gone
         if engine.has_unfinished_requests():

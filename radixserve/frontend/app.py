@@ -20,6 +20,7 @@ from radixserve.frontend.http.content_type import unsupported_media_type
 from radixserve.frontend.http.engine_view import engine_view_routes
 from radixserve.frontend.http.errors import send_error
 from radixserve.frontend.http.limits import ServeLimits
+from radixserve.frontend.http.lora_routes import lora_routes
 from radixserve.frontend.http.metrics import ServerMetrics
 from radixserve.frontend.http.openapi import openapi_schema
 from radixserve.frontend.http.protocol_base import ClientDisconnected, OpenAIError, error_body
@@ -44,6 +45,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
               *AnthropicRoutes(ctx, openai.gate).routes(), *ollama.routes(),
               *ui_routes(ollama.running), *worker_routes(ctx), *engine_view_routes(ctx, metrics)]
     routes += cache_routes(ctx)
+    routes += lora_routes(ctx)
     routes += description_routes(routes)
     return Guard(Router(routes), api_key, limits.max_request_bytes, limits.body_read_timeout,
                  metrics)

@@ -28,6 +28,8 @@ from radixserve.messages import (
     EngineCoreRequest,
     EngineReady,
     EngineStateQuery,
+    LoraAdapterCall,
+    LoraReply,
     ResetPrefixCache,
     Shutdown,
 )
@@ -58,6 +60,7 @@ class EngineCoreClient:
         self._last_state: tuple[float, EngineState] | None = None
         self._state_asked = 0.0
         self._reset_waiters: deque[asyncio.Future] = deque()  # ResetPrefixCache, in order
+        self._lora_waiters: deque[asyncio.Future] = deque()  # LoraAdapterCall, in order
         self._bind(input_addr, output_addr)
 
     def _bind(self, input_addr: str, output_addr: str) -> None:
@@ -153,6 +156,16 @@ class EngineCoreClient:
         await self._send(self.encoder.encode(ResetPrefixCache(reset_running_requests)))
         return await asyncio.wait_for(waiter, timeout)
 
+    async def lora_call(self, name: str, path: str | None, timeout: float = 120.0) -> LoraReply:
+        """Load (``path``) or unload (None) a LoRA adapter in the engine; its `LoraReply`.
+        EngineDeadError / TimeoutError as for ``reset_prefix_cache``."""
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        waiter = asyncio.get_running_loop().create_future()
+        self._lora_waiters.append(waiter)
+        await self._send(self.encoder.encode(LoraAdapterCall(name, path)))
+        return await asyncio.wait_for(waiter, timeout)
+
     async def _send(self, data: bytes) -> None:
         """Send in order: at once when the queue has room and no earlier send is waiting."""
         if not self._waiting_sends:
@@ -194,8 +207,8 @@ class EngineCoreClient:
         if self._state_waiter is not None and not self._state_waiter.done():
             self._state_waiter.set_exception(EngineDeadError(reason))
             self._state_waiter.exception()  # retrieved: no warning when nobody awaits it
-        while self._reset_waiters:
-            waiter = self._reset_waiters.popleft()
+        while self._reset_waiters or self._lora_waiters:
+            waiter = (self._reset_waiters or self._lora_waiters).popleft()
             if not waiter.done():
                 waiter.set_exception(EngineDeadError(reason))
                 waiter.exception()
@@ -256,6 +269,10 @@ class EngineCoreClient:
             waiter = self._reset_waiters.popleft() if self._reset_waiters else None
             if waiter is not None and not waiter.done():
                 waiter.set_result(done)
+        for reply in outputs.lora_replies or ():
+            waiter = self._lora_waiters.popleft() if self._lora_waiters else None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(reply)
         queues = self.queues
         for out in outputs.outputs:
             queue = queues.get(out.request_id)

@@ -92,6 +92,7 @@ class SamplingRequest(RouterFields, OpenAIRequest):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: Int64 = 0  # scheduling priority (lower first); not part of SamplingParams
+    lora: str | None = None  # a loaded LoRA adapter's name (also: model NAME or BASE:NAME)
     # seconds the request may wait for its first token (capped by --request-timeout)
     timeout: float | None = Field(None, gt=0, allow_inf_nan=False)
 
@@ -278,6 +279,8 @@ class ModelCard(OpenAIResponse):
     created: int = Field(default_factory=unix_now)
     owned_by: str = "radixserve"
     max_model_len: int | None = None
+    root: str | None = None  # a LoRA adapter's path (vLLM's)
+    parent: str | None = None  # a LoRA adapter's base model (vLLM's)
 
 
 class ModelList(OpenAIResponse):

@@ -173,9 +173,12 @@ class OpenAIRoutes:
             card = _anthropic_card(self.ctx.model_name)
             return msgspec.json.encode({"data": [card], "has_more": False,
                                         "first_id": card["id"], "last_id": card["id"]})
-        return ModelList(data=[ModelCard(id=self.ctx.model_name,
-                                         max_model_len=self.ctx.max_model_len)]
-                         ).model_dump_json().encode()
+        ctx = self.ctx
+        adapters = [ModelCard(id=name, root=path, parent=ctx.model_name,
+                              max_model_len=ctx.max_model_len)
+                    for name, path in sorted(ctx.loras.items())]  # as vLLM lists them
+        return ModelList(data=[ModelCard(id=ctx.model_name, max_model_len=ctx.max_model_len),
+                               *adapters]).model_dump_json().encode()
 
     async def model(self, call: Call):
         """``GET /v1/models/{id}``: the served model's card (Anthropic's shape when the

@@ -42,6 +42,7 @@ class ServingContext:
     response_store: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses
     tool_call_grammar: bool = True  # tool_choice auto under a grammar (parsers/tool_grammar.py)
     reranker: Reranker | None = None  # with --task rerank: /v1/rerank, /v1/score
+    loras: dict[str, str] = field(default_factory=dict)  # LoRA adapters: name → path
 
     @property
     def tokenizer(self):
@@ -69,10 +70,28 @@ class ServingContext:
         if self.engine.client.dead:
             raise EngineDeadError(self.engine.client.dead)
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise OpenAIError(f"The model `{model}` does not exist.", 404,
-                              "NotFoundError", "model", "model_not_found")
+    def check_model(self, model: str | None) -> str | None:
+        """404 naming the served models unless ``model`` is None, the served model or a
+        loaded LoRA adapter (``NAME`` or ``BASE:NAME``); the adapter's name, else None."""
+        if model is None or model == self.model_name:
+            return None
+        name = model.removeprefix(f"{self.model_name}:")
+        if name in self.loras:
+            return name
+        listed = ", ".join([self.model_name, *sorted(self.loras)])
+        raise OpenAIError(f"The model `{model}` does not exist. Available: {listed}.", 404,
+                          "NotFoundError", "model", "model_not_found")
+
+    def lora_for(self, body: SamplingRequest) -> str | None:
+        """The LoRA adapter a request names: its ``lora`` field, else its model; 404 for an
+        adapter that is not loaded."""
+        if body.lora is None:
+            return self.check_model(body.model)
+        if body.lora not in self.loras:
+            raise OpenAIError(f"The LoRA adapter `{body.lora}` does not exist. Loaded: "
+                              f"{sorted(self.loras)}.", 404, "NotFoundError", "lora",
+                              "model_not_found")
+        return body.lora
 
     def sampling_params(self, body: SamplingRequest, num_prompt_tokens: int,
                         prompt_param: str = "messages") -> SamplingParams:
@@ -91,6 +110,7 @@ class ServingContext:
                 f"the prompt or completion.", param="max_tokens" if room >= 1 else prompt_param,
                 code="context_length_exceeded")
         params = body.to_sampling_params(default_max_tokens=room)
+        params.lora_name = self.lora_for(body)
         if params.n > self.max_n:
             raise ParamError("n", f"n must be <= {self.max_n}, got {params.n}")
         params.validate_vocab(self.tokenizer.vocab_size)

@@ -1,0 +1,83 @@
+"""LoRA adapters over HTTP on a real server (a tiny random Llama): ``--lora NAME=PATH`` at
+start, vLLM's ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` at run time, routing by
+model ``NAME``, ``BASE:NAME`` or a ``lora`` field, ``/v1/models`` listing adapters with their
+parent, 404s naming what is available; the answers equal the offline engine's."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from server_proc import ServerProc
+from tiny_lora import make_peft_adapter
+from tiny_models import make_hf_model
+
+from radixserve import LLM, SamplingParams
+
+PROMPT = [5, 17, 33, 101, 7, 250, 9, 64, 12, 40, 41]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora_server")
+    base = make_hf_model("llama", root / "base", seed=3)
+    a = make_peft_adapter(base, root / "a", seed=1)
+    b = make_peft_adapter(base, root / "b", seed=2, r=4, targets=("q_proj", "v_proj"))
+    server = ServerProc("--model", str(base), "--served-model-name", "tiny", "--threads", "1",
+                        "--num-kv-blocks", "64", "--lora", f"a={a}", timeout=240)
+    yield server, base, a, b
+    server.stop()
+
+
+def _complete(server, **body) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+        "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True, **body})
+
+
+def _text(r: httpx.Response) -> str:
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def test_routing_models_and_runtime_load(setup):
+    server, base, a, b = setup
+    offline = LLM(str(base), num_kv_blocks=64, show_progress=False,
+                  lora_modules={"a": str(a), "b": str(b)})
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    want = {name: offline.generate([PROMPT], greedy, lora=name)[0].outputs[0].text
+            for name in ("a", "b", None)}
+    assert len(set(want.values())) == 3
+
+    assert _text(_complete(server, model="tiny")) == want[None]
+    assert _text(_complete(server, model="a")) == want["a"]
+    assert _text(_complete(server, model="tiny:a")) == want["a"]
+    assert _text(_complete(server, model="tiny", lora="a")) == want["a"]
+    chat = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "model": "tiny:a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert chat.status_code == 200, chat.text
+
+    models = httpx.get(f"{server.url}/v1/models").json()["data"]
+    assert [(m["id"], m.get("parent"), m.get("root")) for m in models] == [
+        ("tiny", None, None), ("a", "tiny", str(a))]
+
+    missing = _complete(server, model="b")
+    assert missing.status_code == 404 and "Available: tiny, a" in missing.text
+
+    load = f"{server.url}/v1/load_lora_adapter"
+    unload = f"{server.url}/v1/unload_lora_adapter"
+    r = httpx.post(load, json={"lora_name": "b", "lora_path": str(b)}, timeout=60)
+    assert r.status_code == 200 and "added successfully" in r.text, r.text
+    assert _text(_complete(server, model="tiny:b")) == want["b"]
+    assert httpx.post(load, json={"lora_name": "b", "lora_path": str(b)}).status_code == 400
+    r = httpx.post(load, json={"lora_name": "c", "lora_path": str(b) + "-missing"})
+    assert r.status_code == 404, r.text
+    wrong = make_peft_adapter(make_hf_model("llama", a.parent / "other", seed=4,
+                                            hidden_size=48, intermediate_size=96),
+                              a.parent / "wrong", seed=1)
+    r = httpx.post(load, json={"lora_name": "w", "lora_path": str(wrong)})
+    assert r.status_code == 400 and "do not fit the base model" in r.text
+
+    r = httpx.post(unload, json={"lora_name": "b"})
+    assert r.status_code == 200 and "removed successfully" in r.text
+    assert _complete(server, model="b").status_code == 404
+    assert httpx.post(unload, json={"lora_name": "b"}).status_code == 404
+    assert _text(_complete(server, model="a")) == want["a"]  # the other one stays
