@@ -325,11 +325,33 @@ $("#toggle-settings").addEventListener("click", () => {
 
 // --- start -----------------------------------------------------------------------------
 
+const MODEL_KEY = "radixserve.model"; // the picked model; the engine view follows it
+
 async function loadModel() {
   const list = await getJSON("/v1/models");
-  model = list.data[0].id;
-  $("#model-name").textContent = model;
+  const ids = list.data.map((m) => m.id);
+  const loaded = list.data.find((m) => m.status && m.status.value === "loaded");
+  const saved = localStorage.getItem(MODEL_KEY);
+  model = ids.includes(saved) ? saved : (loaded ? loaded.id : ids[0]);
+  $("#model-name").textContent = ids.length > 1 ? "" : model;
+  if (ids.length > 1) pickFrom(list.data);
   return model;
+}
+
+// With several models (serve --models-dir): a picker; the first request to one loads it.
+function pickFrom(cards) {
+  const pick = $("#model-pick");
+  pick.replaceChildren(...cards.map((m) => {
+    const state = m.status ? ` (${m.status.value})` : "";
+    return new Option(m.id + state, m.id);
+  }));
+  pick.value = model;
+  pick.hidden = false;
+  pick.onchange = () => {
+    model = pick.value;
+    localStorage.setItem(MODEL_KEY, model);
+    renderMessages();
+  };
 }
 
 renderAll();

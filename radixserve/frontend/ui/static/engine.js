@@ -202,7 +202,10 @@ function drawView(s) {
   text("#status", `live · summary ${Math.round(s.summary_us)} µs`);
 }
 
-const poll = () => getJSON("/v1/engine/state");
+// with several models (serve --models-dir): the one picked in the playground
+const picked = localStorage.getItem("radixserve.model");
+const poll = () => getJSON("/v1/engine/state" +
+                           (picked ? `?model=${encodeURIComponent(picked)}` : ""));
 
 async function loop() {
   for (;;) {
