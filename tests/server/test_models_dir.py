@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProc, _cmdline
 
 HI = [{"role": "user", "content": "hi"}]
@@ -150,6 +151,10 @@ def test_keep_alive_zero_pin_and_empty_prompts(models_dir):
         assert states(s)["llama-hf"] == "unloaded"  # keep_alive 0: gone after the request
         loaded = ollama(s, "generate", model="llama-hf")  # empty prompt: load
         assert loaded.json()["done_reason"] == "load" and states(s)["llama-hf"] == "loaded"
+        scraped = httpx.get(f"{s.url}/metrics").text  # two models: one family per name
+        families = {f.name: f for f in text_string_to_metric_families(scraped)}
+        running = families["radixserve:num_requests_running"].samples
+        assert sorted(x.labels["model_name"] for x in running) == ["llama-hf", "qwen"]
         time.sleep(3)  # past the 1 s idle unload: llama-hf goes, the pinned qwen stays
         assert states(s) == {"llama-hf": "unloaded", "notes": "unloaded", "qwen": "loaded"}
         gone = ollama(s, "chat", model="qwen", keep_alive=0)  # empty messages: unload
@@ -161,14 +166,32 @@ def test_keep_alive_zero_pin_and_empty_prompts(models_dir):
     assert engines(s) == []
 
 
-def test_memory_refusal_names_the_numbers(models_dir):
-    s = ServerProc("--models-dir", models_dir, "--models-memory-gb", "0.1", *MOCK)
+def test_guard_in_front_and_memory_refusal_names_the_numbers(models_dir):
+    """The API key, size limit and content type are checked in front, once, in each route's
+    shape; past them, a model too big for the memory budget is refused with the numbers."""
+    s = ServerProc("--models-dir", models_dir, "--models-memory-gb", "0.1", "--api-key", "k",
+                   "--max-request-bytes", "2000", *MOCK)
     try:
-        refused = chat(s, "qwen")
+        assert chat(s, "qwen").status_code == 401
+        assert ollama(s, "chat", model="qwen", messages=HI).json()["error"] == \
+            "invalid or missing API key"
+        assert httpx.get(f"{s.url}/v1/models").status_code == 401
+        key = {"Authorization": "Bearer k"}
+        big = httpx.post(f"{s.url}/v1/chat/completions", headers=key,
+                         json={"model": "qwen", "messages": [{"role": "user",
+                                                              "content": "x" * 3000}]})
+        assert big.status_code == 413
+        form = httpx.post(f"{s.url}/v1/chat/completions", content=b"model=qwen",
+                          headers={**key, "content-type": "application/x-www-form-urlencoded"})
+        assert form.status_code == 415
+        refused = httpx.post(f"{s.url}/v1/chat/completions", headers=key,
+                             json={"model": "qwen", "messages": HI})
         assert refused.status_code == 507
         message = refused.json()["error"]["message"]
         assert "needs about 0.30 GiB" in message and "0.10 GiB is available" in message
-        assert engines(s) == [] and states(s)["qwen"] == "unloaded"
+        assert engines(s) == []
+        listed = httpx.get(f"{s.url}/v1/models", headers=key).json()["data"]
+        assert {m["id"]: m["status"]["value"] for m in listed}["qwen"] == "unloaded"
     finally:
         assert s.stop() == 0
 

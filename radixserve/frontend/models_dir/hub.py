@@ -92,14 +92,17 @@ class ModelHub:
     # -- lookup ---------------------------------------------------------------------------
 
     def slot(self, name: str) -> Slot:
-        """The model's slot; 404 naming the available models if the folder has none such."""
+        """The model's slot; 404 naming the available models if the folder has none such.
+        A loaded model's is found without reading the folder (the per-request path)."""
+        slot = self.slots.get(name) or self.slots.get(name.partition(":")[0])
+        if slot is not None and slot.state == "loaded":
+            return slot
         entry = self.catalog.find(name)
         if entry is None:
             raise model_not_found(name, list(self.catalog.entries()))
         slot = self.slots.get(entry.name)
-        if slot is None or slot.entry != entry:  # new, or its file changed while unloaded
-            if slot is not None and slot.served is not None:
-                return slot
+        busy = slot is not None and (slot.served is not None or slot.lock.locked())
+        if slot is None or slot.entry != entry and not busy:  # new, or its file changed
             slot = self.slots[entry.name] = Slot(entry, self.idle_s)
         return slot
 
@@ -164,10 +167,11 @@ class ModelHub:
         to the drain timeout)."""
         return await self._unload(self.slot(name), reason)
 
-    async def _unload(self, slot: Slot, reason: str) -> bool:
+    async def _unload(self, slot: Slot, reason: str, if_idle: bool = False) -> bool:
+        """``if_idle``: only if no request came in meanwhile (idle unload, eviction)."""
         name = slot.entry.name
         async with slot.lock:
-            if slot.served is None:
+            if slot.served is None or if_idle and slot.in_flight:
                 return False
             slot.state = "unloading"
             deadline = time.monotonic() + self.drain_timeout
@@ -231,7 +235,8 @@ class ModelHub:
             if idle:
                 victim = min(idle, key=lambda s: (s.is_pinned, s.last_used))
                 why = "least recently used" if is_full else f"{gib(need)} needed"
-                await self._unload(victim, f"{why}, to load {slot.entry.name}")
+                await self._unload(victim, f"{why}, to load {slot.entry.name}",
+                                   if_idle=True)
                 continue
             if is_short and (not others or time.monotonic() >= deadline):
                 raise OpenAIError(
@@ -265,7 +270,7 @@ class ModelHub:
                     expires = slot.expires_at
                     if (slot.state == "loaded" and slot.in_flight == 0 and expires is not None
                             and now >= expires and not slot.lock.locked()):
-                        await self._unload(slot, "idle")
+                        await self._unload(slot, "idle", if_idle=True)
 
         self._reaper = asyncio.ensure_future(reap())
 
