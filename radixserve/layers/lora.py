@@ -4,7 +4,7 @@
     y[rows of a] += B_a (A_a x[rows of a])    for each adapter a in the step (scale in B_a)
 
 The delta is applied by a forward hook on each fused linear (qkv, o, gate_up, down) that reads
-the step's `LoraBatch` from the forward context: rows are grouped by adapter (``index_select``,
+the step's `LoraBatch` from the forward context (installed by runner/lora_set.py): rows are grouped by adapter (``index_select``,
 two torch GEMMs, ``index_add_``); rows with no adapter are never touched. The GEMMs are torch's
 (no dedicated native kernel is written): at rank 16 they are a few percent of a linear's work.
 A row's delta depends only on its own input and adapter, so its result does not depend on the
@@ -18,17 +18,11 @@ Python layers (the native stack has no LoRA; they compute the same bits for the 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
-from radixserve.layers.forward_context import NO_LORA, NoLoraBatch, get_forward_context  # noqa: F401
-
-logger = logging.getLogger(__name__)
-
-LORA_LINEARS = {"self_attn": ("qkv_proj", "o_proj"), "mlp": ("gate_up_proj", "down_proj")}
+from radixserve.layers.forward_context import NO_LORA, NoLoraBatch  # noqa: F401
 
 
 class LoraBatch:
@@ -55,48 +49,3 @@ class LoraBatch:
 
     def stack(self, plain: Callable, python: Callable) -> Callable:
         return python
-
-
-class LoraLayerStack:
-    """The model's layer stack once an adapter is loaded: its own stack for steps without
-    adapter rows, the Python layers (with the hooks) for steps with some."""
-
-    def __init__(self, plain: Callable, python: Callable) -> None:
-        self.plain, self.python = plain, python
-
-    def __call__(self, positions: torch.Tensor, x: torch.Tensor):
-        return get_forward_context().lora.stack(self.plain, self.python)(positions, x)
-
-
-def install_lora_hooks(model: nn.Module) -> None:
-    """Hook every fused linear of ``model``'s layers and wrap its layer stack (once; mutates
-    ``model``). ValueError for a model whose layers lack those linears (MoE experts)."""
-    from radixserve.models.native_stack import NativeLayerStack, PythonLayerStack
-
-    if getattr(model, "_lora_hooked", False):
-        return
-    for i, layer in enumerate(model.layers):
-        for parent, names in LORA_LINEARS.items():
-            for name in names:
-                linear = getattr(getattr(layer, parent), name, None)
-                if linear is None:
-                    raise ValueError(f"LoRA is not supported for {model.config.architecture} "
-                                     f"(layer {i} has no {parent}.{name})")
-                linear.register_forward_hook(_hook((i, name)))
-    if model._stack is None:
-        model._stack = NativeLayerStack.build(model)
-    python = PythonLayerStack(model.layers)
-    if isinstance(model._stack, NativeLayerStack):
-        logger.warning("LoRA: steps with adapter rows run the Python layers with LoRA hooks "
-                       "(the native one-call-per-layer stack has no LoRA); steps without "
-                       "adapter rows keep the native stack")
-    else:
-        logger.info("LoRA: adapters applied by hooks on the Python layers")
-    model._stack = LoraLayerStack(model._stack, python)
-    model._lora_hooked = True
-
-
-def _hook(key: tuple[int, str]):
-    def hook(module: nn.Module, args: tuple, out: torch.Tensor):
-        return get_forward_context().lora.apply(key, args[0], out)
-    return hook

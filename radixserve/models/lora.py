@@ -153,7 +153,7 @@ def _gguf_parts(path: str, cfg: ModelConfig) -> tuple[dict, int]:
     from gguf import GGUFReader
 
     from radixserve.layers.gguf_quant import dequantize
-    from radixserve.models.loader import _unpermute
+    from radixserve.models.loader import unpermute_rows
     from radixserve.models.registry import GGUF_ARCHITECTURES
 
     reader = GGUFReader(path)
@@ -192,7 +192,7 @@ def _gguf_parts(path: str, cfg: ModelConfig) -> tuple[dict, int]:
         rank = a.shape[0]
         if cfg.architecture in _PERMUTED and proj in ("q_proj", "k_proj"):
             heads = cfg.num_heads if proj == "q_proj" else cfg.num_kv_heads
-            b = _unpermute(b, heads)  # llama.cpp's row order → Hugging Face's, as the base
+            b = b[unpermute_rows(b.shape[0], heads)]  # llama.cpp's row order → HF's, as the base
         scale = alpha / rank if alpha else 1.0
         linear, idx = TARGETS[proj]
         parts.setdefault((layer, linear), {})[idx] = (a, b, scale)

@@ -7,12 +7,21 @@ The runner starts with `NO_LORAS` (no adapter ever loaded: no per-step work at a
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import numpy as np
 import torch
+from torch import nn
 
-from radixserve.layers.forward_context import NO_LORA
-from radixserve.layers.lora import LoraBatch, install_lora_hooks
+from radixserve.layers.forward_context import NO_LORA, get_forward_context
+from radixserve.layers.lora import LoraBatch
 from radixserve.models.lora import LoraAdapter, load_lora
+from radixserve.models.native_stack import NativeLayerStack, PythonLayerStack
+
+logger = logging.getLogger(__name__)
+
+LORA_LINEARS = {"self_attn": ("qkv_proj", "o_proj"), "mlp": ("gate_up_proj", "down_proj")}
 
 
 class NoLoras:
@@ -63,3 +72,46 @@ class LoraSet:
             rows = torch.from_numpy(np.flatnonzero(per_row == lora_id)).to(device)
             groups.append((self.adapters[lora_id].layers, rows))
         return LoraBatch(groups)
+
+
+class LoraLayerStack:
+    """The model's layer stack once an adapter is loaded: its own stack for steps without
+    adapter rows, the Python layers (with the hooks) for steps with some."""
+
+    def __init__(self, plain: Callable, python: Callable) -> None:
+        self.plain, self.python = plain, python
+
+    def __call__(self, positions: torch.Tensor, x: torch.Tensor):
+        return get_forward_context().lora.stack(self.plain, self.python)(positions, x)
+
+
+def install_lora_hooks(model: nn.Module) -> None:
+    """Hook every fused linear of ``model``'s layers and wrap its layer stack (once; mutates
+    ``model``). ValueError for a model whose layers lack those linears (MoE experts)."""
+    if getattr(model, "_lora_hooked", False):
+        return
+    for i, layer in enumerate(model.layers):
+        for parent, names in LORA_LINEARS.items():
+            for name in names:
+                linear = getattr(getattr(layer, parent), name, None)
+                if linear is None:
+                    raise ValueError(f"LoRA is not supported for {model.config.architecture} "
+                                     f"(layer {i} has no {parent}.{name})")
+                linear.register_forward_hook(_hook((i, name)))
+    if model._stack is None:
+        model._stack = NativeLayerStack.build(model)
+    python = PythonLayerStack(model.layers)
+    if isinstance(model._stack, NativeLayerStack):
+        logger.warning("LoRA: steps with adapter rows run the Python layers with LoRA hooks "
+                       "(the native one-call-per-layer stack has no LoRA); steps without "
+                       "adapter rows keep the native stack")
+    else:
+        logger.info("LoRA: adapters applied by hooks on the Python layers")
+    model._stack = LoraLayerStack(model._stack, python)
+    model._lora_hooked = True
+
+
+def _hook(key: tuple[int, str]):
+    def hook(module: nn.Module, args: tuple, out: torch.Tensor):
+        return get_forward_context().lora.apply(key, args[0], out)
+    return hook
