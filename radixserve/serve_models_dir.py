@@ -105,28 +105,23 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
     from radixserve.frontend.http.limits import serve_limits
     from radixserve.frontend.http.metrics import ServerMetrics
     from radixserve.frontend.openai.serving import ServingContext
-    from radixserve.frontend.pooling import resolve_embedding
-    from radixserve.models.source import ModelSource
-    from radixserve.tokenizer.tokenizer import load_tokenizer
 
     entry.check()
-    try:
-        source = ModelSource.resolve(entry.path)
-        embedding = resolve_embedding(source, args.pooling, args.task)
-        tables = await asyncio.to_thread(single.frontend_tables, load_tokenizer, source)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the client's bad name
-        raise NotAModel(f"model '{entry.name}' cannot be loaded from {entry.path}: "
-                        f"{type(exc).__name__}: {exc}") from None
-    tokenizer, validator = tables
-    builds = replica_builds(args.data_parallel_size, _make_build(args, entry, tokenizer),
+    tables = asyncio.ensure_future(_frontend_tables(entry, args))  # beside the engine's load
+    vocab_size = (await tables)[1].vocab_size if args.mock_engine else None  # the mock's
+    builds = replica_builds(args.data_parallel_size, _make_build(args, entry, vocab_size),
                             args.threads)
     os.makedirs(folder, exist_ok=True)
     supervisor = ReplicaSet(builds, folder, args.startup_timeout, single.restart_policy(args),
                             routing_config(args))
     try:
         ready = await supervisor.start()
+        embedding, tokenizer, validator = await tables
     except BaseException:
+        await asyncio.wait([tables])
         await supervisor.close(timeout=5)  # the failed start's processes: none left behind
+        if not tables.cancelled() and isinstance(tables.exception(), NotAModel):
+            raise tables.exception() from None  # the file's fault more than the engine's
         raise
     try:
         tool_format, tool_parser = single.tool_parser(args.tool_call_parser, tokenizer)
@@ -153,7 +148,25 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
     return ServedModel(entry, supervisor, ctx, metrics, app.router, estimate_bytes)
 
 
-def _make_build(args, entry: ModelEntry, tokenizer):
+async def _frontend_tables(entry: ModelEntry, args):
+    """(embedding setup, tokenizer, grammar validator) of ``entry``, read on a worker thread;
+    `NotAModel` when its files cannot be read as a model."""
+    from radixserve import serve as single
+    from radixserve.frontend.pooling import resolve_embedding
+    from radixserve.models.source import ModelSource
+    from radixserve.tokenizer.tokenizer import load_tokenizer
+
+    try:
+        source = ModelSource.resolve(entry.path)
+        embedding = resolve_embedding(source, args.pooling, args.task)
+        tables = await asyncio.to_thread(single.frontend_tables, load_tokenizer, source)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the client's bad name
+        raise NotAModel(f"model '{entry.name}' cannot be loaded from {entry.path}: "
+                        f"{type(exc).__name__}: {exc}") from None
+    return (embedding, *tables)
+
+
+def _make_build(args, entry: ModelEntry, vocab_size: int | None):
     """``make_build(threads)`` of `replica_builds`, as single-model ``serve`` makes it."""
     from radixserve.cli_args import engine_kwargs
 
@@ -161,7 +174,7 @@ def _make_build(args, entry: ModelEntry, tokenizer):
         from radixserve.bench.mock_engine import MockEngine
 
         return lambda threads: functools.partial(
-            MockEngine, tokenizer.vocab_size, args.max_model_len or 8192, args.mock_max_seqs,
+            MockEngine, vocab_size, args.max_model_len or 8192, args.mock_max_seqs,
             step_time=args.mock_step_ms / 1000)
     from radixserve.engine.core_proc import build_engine
 

@@ -196,10 +196,15 @@ def test_guard_in_front_and_memory_refusal_names_the_numbers(models_dir):
         assert s.stop() == 0
 
 
-def test_a_real_model_loads_and_answers(models_dir):
-    s = ServerProc("--models-dir", models_dir, "--kv-cache-memory-gb", "0.01",
+def test_a_real_model_loads_and_answers(tmp_path, tiny_gguf_files):
+    (tmp_path / "qwen.gguf").symlink_to(tiny_gguf_files("qwen2", "F32"))
+    (tmp_path / "fake.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 4)  # the magic alone
+    s = ServerProc("--models-dir", str(tmp_path), "--kv-cache-memory-gb", "0.01",
                    "--max-model-len", "256")
     try:
+        fake = chat(s, "fake")
+        assert fake.status_code == 400 and "cannot be loaded" in fake.json()["error"]["message"]
+        assert engines(s) == []
         first = chat(s, "qwen", temperature=0)
         assert first.status_code == 200 and first.json()["usage"]["completion_tokens"] == 3
         assert first.json()["choices"][0]["message"]["content"] == \
