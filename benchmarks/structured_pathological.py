@@ -91,12 +91,14 @@ async def main(url: str, num_streams: int) -> None:
         streams = [asyncio.create_task(stream(client, gaps, stop)) for _ in range(num_streams)]
         await asyncio.sleep(5)
         start = time.monotonic()
+        windows: list[tuple[str, float, float]] = []
         for name, case in CASES.items():
             t0 = time.monotonic()
             r = await client.post("/v1/chat/completions", json=body(case))
             seconds = time.monotonic() - t0
             detail = r.json().get("error", {}).get("message", "")[:90] if r.status_code >= 400 \
                 else json.dumps(r.json()["choices"][0]["message"]["content"])[:60]
+            windows.append((name, t0, t0 + seconds))
             print(f"{name:46} {r.status_code}  {seconds * 1000:7.0f} ms  {detail}")
         end = time.monotonic()
         await asyncio.sleep(2)
@@ -104,6 +106,8 @@ async def main(url: str, num_streams: int) -> None:
         await asyncio.gather(*streams)
     print(describe("normal streams' gaps before", [g for t, g in gaps if t < start]))
     print(describe("normal streams' gaps during", [g for t, g in gaps if start <= t <= end]))
+    for name, t0, t1 in windows:  # a gap ending within the request's time (or just after)
+        print(describe(f"  while {name}", [g for t, g in gaps if t0 <= t <= t1 + 0.05]))
 
 
 if __name__ == "__main__":

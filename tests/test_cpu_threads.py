@@ -258,3 +258,19 @@ def test_engine_threads_set_before_torch_reach_other_threads():
         print(torch.get_num_threads(), seen[0])
     """, OMP_NUM_THREADS="7")
     assert out == "1 1"
+
+
+def test_background_priority_lowers_only_the_calling_thread():
+    import os
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from radixserve.cpu.threads import background_priority
+
+    def nice_of_this_thread():
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = nice_of_this_thread()
+    with ThreadPoolExecutor(1, initializer=background_priority) as pool:
+        assert pool.submit(nice_of_this_thread).result() == 19
+    assert nice_of_this_thread() == before

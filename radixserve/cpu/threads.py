@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,20 @@ def limit_api_threads() -> None:
     BLAS. A value the user set is kept. The engine process inherits it (see
     ``apply_engine_threads``)."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def background_priority() -> None:
+    """Run the calling thread at the lowest CPU priority (nice 19; on Linux nice applies per
+    thread), for work that must never slow the decode of running streams: compiling and
+    checking grammars. A 2,000-branch schema is about 0.2 s of CPU in the API process and
+    again in the engine; on cores the forward keeps busy it stretched every stream's step by
+    that much (benchmarks/structured_pathological.py). Niced, it takes the cycles the forward
+    leaves; its time limits count CPU seconds, so a slow wall clock does not fail it.
+    Thread pools use this as their ``initializer``; elsewhere a no-op."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # no setpriority, or not allowed: run as is
+        pass
 
 
 # -- cgroup files ----------------------------------------------------------------------------

@@ -87,6 +87,7 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
                                 model_config.vocab_size)
     structured = StructuredOutputManager(backend, config.structured.fast_forward,
                                          config.structured.compile_timeout_s)
+    structured.warm()  # in the background: ready does not wait for it
     engine_runner = inject_faults_from_env(tp.runner(runner))  # faults: tests only
     engine = EngineCore(scheduler, engine_runner, model_config.vocab_size, config.seed,
                         structured, kv_events, config.lora.max_loras)

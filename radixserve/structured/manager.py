@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
+from radixserve.cpu.threads import background_priority
 from radixserve.core.grammar_hooks import NO_GRAMMAR, Grammar
 from radixserve.core.request import Request
 from radixserve.core.sched_output import GrammarBitmask, SchedulerOutput
@@ -38,11 +39,19 @@ class StructuredOutputManager:
         # spec -> (its compile, the job whose CPU time bounds it: structured/cpu_budget.py)
         self._compiles: OrderedDict[GrammarSpec, tuple[Future[CompiledGrammar], CpuTimedJob]] = (
             OrderedDict())
-        self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-grammar")
+        self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-grammar",
+                                                initializer=background_priority)
         self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-mask")
         self.wind_down = WindDown(backend.token_bytes, backend.vocab_size,
                                   lambda m, row: backend.fill_bitmask([m], row))
         self._closing: dict[str, tuple[int, int]] = {}  # request -> (at tokens left, cost)
+
+    def warm(self) -> Future[None]:
+        """Build, on the compile thread, what the first constrained request would otherwise
+        build (the backend's view of the tokenizer, the wind-down's token classes: about half
+        a second holding the GIL, which stalled every running stream when it happened at the
+        first structured request: benchmarks/structured_pathological.py). Call at start-up."""
+        return self._compile_pool.submit(self.wind_down.warm)
 
     def validate(self, params: StructuredOutputsParams | None) -> None:
         """GrammarError (a ValueError) if the spec is invalid; cheap, no tokenizer needed."""

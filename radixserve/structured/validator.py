@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from radixserve.cpu.threads import background_priority
 from radixserve.structured.backend import GrammarError
 from radixserve.structured.cpu_budget import CpuTimedJob
 from radixserve.structured.params import GrammarSpec, StructuredOutputsParams
@@ -51,7 +52,8 @@ class GrammarValidator:
         self._verdicts: OrderedDict[GrammarSpec, str] = OrderedDict()  # "" = valid
         # NOTE: its own threads: a check that overran its time limit runs on (llguidance
         # cannot be interrupted) and must not hold a thread of the loop's default pool.
-        self._pool = ThreadPoolExecutor(2, thread_name_prefix="radixserve-grammar-check")
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="radixserve-grammar-check",
+                                        initializer=background_priority)
 
     async def check(self, params: StructuredOutputsParams) -> None:
         """GrammarError (a ValueError) if the spec is invalid or its check overruns."""

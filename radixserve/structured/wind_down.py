@@ -59,6 +59,10 @@ class WindDown:
         self._masks: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._lock = threading.Lock()
 
+    def warm(self) -> None:
+        """Build the token classes now (reads ``token_bytes()``) rather than on first use."""
+        self._class_masks()
+
     def applies(self, tokens_left: int, closing_cost: int, max_tokens: int) -> bool:
         return tokens_left <= max(closing_cost + MARGIN, min(64, max_tokens // 6))
 
@@ -135,6 +139,10 @@ def _pack(allowed: np.ndarray) -> np.ndarray:
 
 
 class _NoWindDown:
+    def warm(self) -> None:
+        """Build the token classes now (reads ``token_bytes()``) rather than on first use."""
+        self._class_masks()
+
     def applies(self, tokens_left: int, closing_cost: int, max_tokens: int) -> bool:
         return False
 
