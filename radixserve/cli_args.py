@@ -102,8 +102,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "vLLM's fields: enable_kv_cache_events, publisher (zmq, null), "
                         "endpoint (tcp://*:5557; replica r of --data-parallel-size adds r to "
                         "the port), replay_endpoint, buffer_steps, hwm, max_queue_size, "
-                        "topic. Block hashes are vLLM's sha256 ones: set PYTHONHASHSEED to "
-                        "the routers' value")
+                        "topic; ours: wire_format (map: vLLM's events since mid-2026, the "
+                        "default; array: before). Block hashes are vLLM's sha256 ones: set "
+                        "PYTHONHASHSEED to the routers' value")
     g.add_argument("--lora", type=lora_module, action="append", default=[],
                    metavar="NAME=PATH",
                    help="load a LoRA adapter at start (repeatable): a PEFT folder "

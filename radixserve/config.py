@@ -72,6 +72,7 @@ class StructuredConfig:
 
 
 KV_EVENT_PUBLISHERS = ("null", "zmq")
+KV_EVENT_WIRE_FORMATS = ("map", "array")
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,10 @@ class KVEventsConfig:
     the last ``buffer_steps`` batches on a ROUTER at ``replay_endpoint``; ``hwm`` is the PUB
     socket's high-water mark, ``max_queue_size`` the batches waiting for the publisher
     thread (more are dropped and counted). Data-parallel replica ``data_parallel_rank`` adds
-    its rank to both tcp ports (inproc: a ``_dp<rank>`` suffix), as vLLM does."""
+    its rank to both tcp ports (inproc: a ``_dp<rank>`` suffix), as vLLM does.
+    ``wire_format`` (ours, not vLLM's): each event a field-name map, as vLLM publishes them
+    since vllm-project/vllm#42892 (June 2026; vllm-router reads only these), or the
+    positional array of vLLM before it (consumers that never learnt the maps)."""
 
     enable_kv_cache_events: bool = False
     publisher: str = "null"
@@ -92,12 +96,16 @@ class KVEventsConfig:
     hwm: int = 100_000
     max_queue_size: int = 100_000
     topic: str = ""
+    wire_format: str = "map"
     data_parallel_rank: int = 0
 
     def __post_init__(self) -> None:
         if self.publisher not in KV_EVENT_PUBLISHERS:
             raise ValueError(f"unknown KV event publisher {self.publisher!r}; supported: "
                              f"{', '.join(KV_EVENT_PUBLISHERS)}")
+        if self.wire_format not in KV_EVENT_WIRE_FORMATS:
+            raise ValueError(f"unknown KV event wire_format {self.wire_format!r}; supported: "
+                             f"{', '.join(KV_EVENT_WIRE_FORMATS)}")
         for name in ("buffer_steps", "hwm", "max_queue_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"kv events {name} must be >= 1, got {getattr(self, name)}")

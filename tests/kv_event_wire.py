@@ -1,5 +1,7 @@
-"""A KV events subscriber written from vLLM's wire format alone (ZMQ SUB, msgpack of
-array-like tagged structs) and vLLM's block-hash formula, for the engine and server tests."""
+"""A KV events subscriber written from vLLM's wire format alone (ZMQ SUB; msgpack batches
+``[ts, events, rank]`` whose events are field-name maps tagged by ``"type"`` (vLLM since
+vllm-project/vllm#42892) or tagged positional arrays (before it)) and vLLM's block-hash
+formula, for the engine and server tests."""
 
 from __future__ import annotations
 
@@ -14,31 +16,57 @@ SEED = "1234"
 BS = 16
 
 
-class BlockStored(msgspec.Struct, array_like=True, tag=True):
+class BlockStored(msgspec.Struct):
     block_hashes: list[int]
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
+    lora_name: str | None = None  # maps only
+    extra_keys: list | None = None  # maps only
 
 
-class BlockRemoved(msgspec.Struct, array_like=True, tag=True):
+class BlockRemoved(msgspec.Struct):
     block_hashes: list[int]
     medium: str | None = None
 
 
-class AllBlocksCleared(msgspec.Struct, array_like=True, tag=True):
+class AllBlocksCleared(msgspec.Struct):
     pass
 
 
-class KVEventBatch(msgspec.Struct, array_like=True):
+class KVEventBatch(msgspec.Struct):
     ts: float
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
     data_parallel_rank: int | None = None
+    wire_format: str = ""  # what the events were: "map", "array" ("" for none)
 
 
-DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+_TYPES = {cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)}
+
+
+class BatchDecoder:
+    """Either event encoding; a batch must not mix them."""
+
+    def decode(self, payload: bytes) -> KVEventBatch:
+        ts, raw, *rank = msgspec.msgpack.decode(payload)
+        events, formats = [], set()
+        for e in raw:
+            if isinstance(e, dict):
+                formats.add("map")
+                cls = _TYPES[e.pop("type")]
+                assert set(e) <= set(cls.__struct_fields__), e
+                events.append(cls(**e))
+            else:
+                formats.add("array")
+                events.append(_TYPES[e[0]](*e[1:]))
+        assert len(formats) <= 1, formats
+        return KVEventBatch(ts, events, rank[0] if rank else None,
+                            formats.pop() if formats else "")
+
+
+DECODER = BatchDecoder()
 
 
 def vllm_hashes(token_ids: list[int], seed: str = SEED) -> list[int]:

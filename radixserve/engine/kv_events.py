@@ -4,16 +4,20 @@
       sink.take() ─▶ queue ─(full: dropped, counted)─▶ encode ─▶ PUB [topic, seq, payload]
                                                           └─▶ replay buffer ◀─ ROUTER
 
-Wire format (vLLM ``vllm/distributed/kv_events.py`` while its structs were ``array_like``,
-v0.10.2 .. before vllm-project/vllm#42892 of June 2026, which made them maps; the routers that
-read the maps still read arrays):
+Wire format (vLLM ``vllm/distributed/kv_events.py``):
 
 - a multipart message ``[topic, seq (8 bytes, big-endian), payload]``, ``seq`` counting batches
   from 0 (given as a step hands its batch over, so a batch dropped leaves a gap);
-- ``payload``: msgpack ``[ts, [event, ...], data_parallel_rank]``, each event a tagged array
-  ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``,
-  ``["BlockRemoved", block_hashes, medium]`` or ``["AllBlocksCleared"]``, hashes 64-bit ints
-  (core/kv/kv_events.py);
+- ``payload``: msgpack ``[ts, [event, ...], data_parallel_rank]``, hashes 64-bit ints
+  (core/kv/kv_events.py), each event (``wire_format``)
+  - ``map`` (vLLM since vllm-project/vllm#42892, June 2026; what vllm-router 0.1.17 and
+    llm-d-kv-cache >= mid-2026 read): ``{"type": "BlockStored", "block_hashes",
+    "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+    "extra_keys"}``, ``{"type": "BlockRemoved", "block_hashes", "medium"}``,
+    ``{"type": "AllBlocksCleared"}``;
+  - ``array`` (vLLM v0.10.2 .. #42892; consumers that never learnt the maps):
+    ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
+    medium]``, ``["BlockRemoved", block_hashes, medium]``, ``["AllBlocksCleared"]``;
 - replay: a DEALER/REQ sends ``[b"", start seq (8 bytes)]`` to the ROUTER and gets ``[b"",
   seq, payload]`` for each buffered batch from ``start``, then ``[b"", seq -1, b""]``.
 
@@ -69,19 +73,48 @@ class AllBlocksCleared(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     pass
 
 
+class MapBlockStored(msgspec.Struct, gc=False, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[None]  # one per page: no multimodal input, salt or adapter name here
+
+
+class MapBlockRemoved(msgspec.Struct, gc=False, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None
+
+
+class MapAllBlocksCleared(msgspec.Struct, gc=False, tag="AllBlocksCleared"):
+    pass
+
+
 class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """The batch is positional in both formats (as in vLLM); ``events`` holds one format's
+    structs."""
+
     ts: float
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    events: list
     data_parallel_rank: int | None = None
 
 
-def to_wire(event: core.KVEvent, medium: str) -> BlockStored | BlockRemoved | AllBlocksCleared:
+def to_wire(event: core.KVEvent, medium: str, wire_format: str = "map") -> msgspec.Struct:
+    """``event`` as ``wire_format`` ("map" or "array") encodes it."""
+    is_map = wire_format == "map"
     if isinstance(event, core.BlockStored):
+        if is_map:
+            return MapBlockStored(event.block_hashes, event.parent_block_hash, event.token_ids,
+                                  event.block_size, event.lora_id, medium, None,
+                                  [None] * len(event.block_hashes))
         return BlockStored(event.block_hashes, event.parent_block_hash, event.token_ids,
                            event.block_size, event.lora_id, medium)
     if isinstance(event, core.BlockRemoved):
-        return BlockRemoved(event.block_hashes, medium)
-    return AllBlocksCleared()
+        return (MapBlockRemoved if is_map else BlockRemoved)(event.block_hashes, medium)
+    return MapAllBlocksCleared() if is_map else AllBlocksCleared()
 
 
 def offset_endpoint(endpoint: str | None, rank: int) -> str | None:
@@ -193,7 +226,8 @@ class ZmqPublisher:
             if item is None:
                 return
             seq, ts, events = item
-            batch = KVEventBatch(ts, [to_wire(e, self.medium) for e in events], self.rank)
+            wire = [to_wire(e, self.medium, self.config.wire_format) for e in events]
+            batch = KVEventBatch(ts, wire, self.rank)
             payload = encoder.encode(batch)
             self._buffer.append((seq, payload))
             try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 
+import msgspec
 import pytest
 import zmq
 from kv_event_wire import (BS, DECODER, SEED, AllBlocksCleared, BlockRemoved, BlockStored,
@@ -15,9 +16,12 @@ from kv_event_stall import stall_publisher
 
 from radixserve import LLM, SamplingParams
 from radixserve.config import KVEventsConfig
+from radixserve.core.kv.kv_events import AllBlocksCleared as CoreCleared
+from radixserve.core.kv.kv_events import BlockRemoved as CoreRemoved
 from radixserve.core.kv.kv_events import BlockStored as CoreStored
 from radixserve.engine.core_proc import engine_stats
-from radixserve.engine.kv_events import KVEventsOutlet, ZmqPublisher, offset_endpoint
+from radixserve.engine.kv_events import (KVEventBatch, KVEventsOutlet, ZmqPublisher,
+                                         offset_endpoint, to_wire)
 from radixserve.messages import EngineCoreRequest
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -73,6 +77,7 @@ def test_shared_prefix_events_chain_with_vllm_hashes(llm, sub):
     batches = sub.drain()
     assert [seq for seq, _ in batches] == sorted(seq for seq, _ in batches)
     assert all(batch.data_parallel_rank == 0 for _, batch in batches)
+    assert {batch.wire_format for _, batch in batches} == {"map"}  # the default
     prefixes = stored_prefixes(batches)
     stored = [e for _, batch in batches for e in batch.events if isinstance(e, BlockStored)]
     assert stored[0].parent_block_hash is None
@@ -233,3 +238,25 @@ def test_reset_refused_while_running_then_preempting_publishes_cleared_at_once(l
             finish = out.finish_reason or finish
     assert len(tokens) == 8 and finish == "length"
     engine.scheduler.check_integrity()
+
+
+def test_wire_formats_map_by_default_array_on_request():
+    """vLLM's maps since #42892 (what vllm-router reads), or its older positional arrays."""
+    events = [CoreStored([7, 8], None, list(range(2 * BS)), BS), CoreRemoved([7]),
+              CoreCleared()]
+    assert KVEventsConfig.parse('{"enable_kv_cache_events": true}').wire_format == "map"
+    with pytest.raises(ValueError, match="wire_format"):
+        KVEventsConfig.parse('{"enable_kv_cache_events": true, "wire_format": "json"}')
+    encode = msgspec.msgpack.Encoder().encode
+    as_map = encode(KVEventBatch(1.5, [to_wire(e, "CPU") for e in events], 0))
+    raw = msgspec.msgpack.decode(as_map)[1][0]
+    assert raw == {"type": "BlockStored", "block_hashes": [7, 8], "parent_block_hash": None,
+                   "token_ids": list(range(2 * BS)), "block_size": BS, "lora_id": None,
+                   "medium": "CPU", "lora_name": None, "extra_keys": [None, None]}
+    as_array = encode(KVEventBatch(1.5, [to_wire(e, "CPU", "array") for e in events], 0))
+    assert msgspec.msgpack.decode(as_array)[1][2] == ["AllBlocksCleared"]
+    for payload, fmt in ((as_map, "map"), (as_array, "array")):
+        batch = DECODER.decode(payload)
+        assert batch.wire_format == fmt and batch.data_parallel_rank == 0
+        assert isinstance(batch.events[0], BlockStored) and batch.events[1].block_hashes == [7]
+        assert batch.events[2] == AllBlocksCleared()
