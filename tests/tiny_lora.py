@@ -34,7 +34,7 @@ def make_peft_adapter(base_dir: Path, out_dir: Path, seed: int, r: int = 8, alph
     return out_dir
 
 
-def peft_to_gguf(adapter_dir: Path, base_dir: Path, out_path: Path) -> Path:
+def peft_to_gguf(adapter_dir: Path, base_dir: Path, out_path: Path, arch: str = "llama") -> Path:
     """The adapter as llama.cpp's convert_lora_to_gguf.py writes it: F32 ``lora_a`` / ``lora_b``
     per ``blk.N.<tensor>.weight``, Q/K ``lora_b`` rows permuted like the base's."""
     import gguf
@@ -44,7 +44,7 @@ def peft_to_gguf(adapter_dir: Path, base_dir: Path, out_path: Path) -> Path:
     base = json.loads((base_dir / "config.json").read_text())
     heads = {"q_proj": base["num_attention_heads"],
              "k_proj": base.get("num_key_value_heads") or base["num_attention_heads"]}
-    writer = gguf.GGUFWriter(str(out_path), "llama")
+    writer = gguf.GGUFWriter(str(out_path), arch)
     writer.add_string("general.type", "adapter")
     writer.add_string("adapter.type", "lora")
     writer.add_float32("adapter.lora.alpha", float(conf["lora_alpha"]))

@@ -33,6 +33,8 @@ _GGUF_TARGETS = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj",
                  "attn_output": "o_proj", "ffn_gate": "gate_proj", "ffn_up": "up_proj",
                  "ffn_down": "down_proj"}
 _PERMUTED = ("LlamaForCausalLM", "MistralForCausalLM")  # llama.cpp permutes their Q/K rows
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ def load_lora(path: str, cfg: ModelConfig, device: torch.device,
               dtype: torch.dtype) -> LoraAdapter:
     """The adapter at ``path`` (a PEFT folder or a ``.gguf`` file) for a base of shape ``cfg``;
     FileNotFoundError / ValueError on a missing file or any mismatch."""
+    if cfg.architecture not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"LoRA adapters are not supported for {cfg.architecture}; "
+                         f"supported: {list(SUPPORTED_ARCHITECTURES)}")
     if os.path.isdir(path):
         parts, rank = _peft_parts(path, cfg)
     elif os.path.isfile(path) and path.endswith(".gguf"):

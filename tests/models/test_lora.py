@@ -128,6 +128,9 @@ def test_mismatch_errors(setup, tmp_path):
         llm.load_lora("bad", str(bad_rank))
     with pytest.raises(FileNotFoundError):
         llm.load_lora("none", str(tmp_path / "missing"))
+    qwen = peft_to_gguf(a, base, tmp_path / "qwen.gguf", arch="qwen2")
+    with pytest.raises(ValueError, match="an adapter for a 'qwen2' model"):
+        llm.load_lora("qwen", str(qwen))
     with pytest.raises(ValueError, match="no LoRA adapter named 'x'"):
         llm.generate(PROMPTS[:1], GREEDY, lora="x")
     llm.load_lora("a", str(a))

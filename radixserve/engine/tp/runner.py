@@ -70,6 +70,10 @@ class TensorParallelRunner:
     def close(self) -> None:
         self.group.close()
 
+    def add_lora(self, lora_id: int, path: str) -> None:
+        """Refused: the other ranks' shards and the step message carry no adapter."""
+        raise ValueError("LoRA adapters are not supported with tensor parallel")
+
     def __getattr__(self, name: str):
         return getattr(self.runner, name)
 
