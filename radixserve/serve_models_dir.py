@@ -131,7 +131,8 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
         metrics.registry.register(ReplicaCollector(supervisor, entry.name))
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, entry.name, args.max_n, tool_parser,
-                             single.reasoning(args), tool_call_grammar=not args.no_tool_call_grammar,
+                             single.reasoning(args),
+                             tool_call_grammar=not args.no_tool_call_grammar,
                              grammar_validator=validator,
                              structured_strict=args.structured_strict == "true",
                              max_prompts_per_request=args.max_prompts_per_request,

@@ -35,7 +35,11 @@ def hub_routes(hub: ModelHub) -> list[Route]:
     registry.register(_MergedMetrics(hub))
 
     async def health(call: Call):
-        states = {e.name: listing.state_of(s) for e, s in hub.listing()}
+        """200 while the server runs; per model its state, "unavailable" for a loaded one
+        whose engine is down (being restarted)."""
+        states = {e.name: "unavailable" if s is not None and s.served is not None
+                  and s.served.ctx.engine.client.dead else listing.state_of(s)
+                  for e, s in hub.listing()}
         return _ENCODE({"status": "ok", "models": states})
 
     async def version(call: Call):

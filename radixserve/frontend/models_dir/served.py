@@ -13,8 +13,8 @@ from radixserve.frontend.models_dir.catalog import ModelEntry
 
 @dataclass(eq=False)
 class ServedModel:
-    """A started model. ``router`` is its app's `Router` (the hub's guard is in front of it);
-    ``in_flight`` counts the hub requests forwarded to it and not yet ended."""
+    """A started model. ``router`` is its app's `Router` (the hub's guard is in front of it,
+    so it has none of its own); the hub's `Slot` counts the requests forwarded to it."""
 
     entry: ModelEntry
     supervisor: object  # ReplicaSet
@@ -23,16 +23,10 @@ class ServedModel:
     router: object  # http.router.Router
     estimate_bytes: int
     loaded_at: float = field(default_factory=time.time)
-    in_flight: int = 0
 
     @property
     def max_model_len(self) -> int:
         return self.ctx.max_model_len
-
-    @property
-    def is_dead(self) -> bool:
-        client = self.ctx.engine.client
-        return bool(client.dead)
 
     async def close(self, timeout: float = 10.0) -> None:
         """Shut its engines down (killed if they do not exit within ``timeout``): requests
