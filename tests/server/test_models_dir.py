@@ -8,6 +8,8 @@ concurrent load/unload, memory refusal, no engine left after shutdown."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import signal
 import time
 
 import httpx
@@ -67,6 +69,9 @@ def test_listing_and_load_on_first_request(hub):
     assert [(t["name"], t["state"]) for t in tags] == [
         ("llama-hf:latest", "unloaded"), ("notes:latest", "unloaded"), ("qwen:latest", "unloaded")]
     assert httpx.get(f"{hub.url}/api/ps").json()["models"] == []
+    shown = httpx.post(f"{hub.url}/api/show", json={"model": "qwen:latest"}).json()
+    assert "im_start" in shown["template"] and shown["details"]["format"] == "gguf"
+    assert states(hub)["qwen"] == "unloaded"  # described from its file, not loaded
     answer = chat(hub, "llama-hf")
     assert answer.status_code == 200 and answer.json()["model"] == "llama-hf"
     assert states(hub)["llama-hf"] == "loaded" and len(engines(hub)) == 1
@@ -137,6 +142,25 @@ def test_concurrent_load_and_unload_of_one_model(hub):
     assert codes.count(200) >= 16
     assert len(engines(hub)) == (1 if states(hub)["qwen"] == "loaded" else 0)
     assert chat(hub, "qwen").status_code == 200 and len(engines(hub)) == 1
+
+
+def test_one_models_engine_crash_leaves_the_others_serving(models_dir):
+    s = ServerProc("--models-dir", models_dir, *MOCK)
+    try:
+        assert chat(s, "qwen").status_code == 200
+        qwen_engines = set(engines(s))
+        assert chat(s, "llama-hf").status_code == 200
+        (llama_engine,) = set(engines(s)) - qwen_engines
+        os.kill(llama_engine, signal.SIGKILL)
+        assert chat(s, "qwen").status_code == 200
+        deadline = time.monotonic() + 60  # its supervisor starts a new engine
+        while chat(s, "llama-hf").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        assert set(engines(s)) & qwen_engines == qwen_engines and len(engines(s)) == 2
+    finally:
+        assert s.stop() == 0
+    assert engines(s) == []
 
 
 def test_keep_alive_zero_pin_and_empty_prompts(models_dir):

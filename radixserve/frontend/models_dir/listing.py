@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import os
 
 from radixserve.frontend.models_dir.catalog import ModelEntry
@@ -45,6 +46,32 @@ def ollama_ps(entry: ModelEntry, slot: Slot) -> dict:
     return {**ollama_tag(entry, slot),
             "expires_at": _rfc3339(expires) if expires is not None else "2318-01-01T00:00:00Z",
             "size_vram": 0, "context_length": served.max_model_len if served else 0}
+
+
+def ollama_show(entry: ModelEntry) -> dict:
+    """/api/show of a model not loaded, from its files alone (so listing clients that show
+    every model do not load them all): capabilities are only known once it is loaded."""
+    info = _ollama_info(entry.path, entry.name, os.path.getmtime(entry.path))
+    return {"modelfile": f"FROM {info.name}\n", "parameters": "",
+            "template": _chat_template(entry), "details": info.details(),
+            "model_info": info.info, "capabilities": ["completion"],
+            "modified_at": info.modified_at}
+
+
+def _chat_template(entry: ModelEntry) -> str:
+    """The chat template in the model's files ("" when none can be read)."""
+    try:
+        if entry.kind == "gguf":
+            from radixserve.gguf_reader import open_gguf
+
+            field = open_gguf(entry.path).fields.get("tokenizer.chat_template")
+            template = field.contents() if field is not None else ""
+        else:
+            with open(os.path.join(entry.path, "tokenizer_config.json")) as f:
+                template = json.load(f).get("chat_template", "")
+    except Exception:  # noqa: BLE001 - a broken file: loading it says why
+        return ""
+    return template if isinstance(template, str) else ""
 
 
 @functools.lru_cache(maxsize=256)

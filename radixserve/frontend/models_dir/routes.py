@@ -23,6 +23,7 @@ from radixserve.frontend.app import Guard, build_app, description_routes
 from radixserve.frontend.http.body_reader import replay
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.http.router import Call, Route, Router
+from radixserve.frontend.models_dir import listing
 from radixserve.frontend.models_dir.args import parse_keep_alive
 from radixserve.frontend.models_dir.hub import ModelHub
 from radixserve.frontend.models_dir.hub_routes import hub_routes
@@ -72,6 +73,8 @@ def forwarder(hub: ModelHub, route: Route):
         keep_alive = _keep_alive(fields) if is_ollama else None
         if keep_alive == 0 and _is_empty_ollama(route.path, fields):
             return await _ollama_unload(hub, name, route.path)
+        if route.path == "/api/show" and (slot := hub.slot(name)).state != "loaded":
+            return _ENCODE(listing.ollama_show(slot.entry))  # no load to describe a model
         served = await hub.acquire(name, load=may_load)
 
         async def app(scope, receive, send):
