@@ -41,17 +41,19 @@ def compile_and_probe(tokenizer: llguidance.LLTokenizer, text: str, kind: str,
     if matcher.is_error():
         raise GrammarError(f"invalid {kind}: {matcher.get_error().strip()}")
     walker = matcher.deep_copy()
+    eos = np.fromiter(eos_token_ids, np.int64, len(eos_token_ids))
     for _ in range(PROBE_TOKENS):
         if walker.is_stopped():
             break
-        words = np.frombuffer(walker.compute_bitmask(), dtype=np.uint8)
-        allowed = np.flatnonzero(np.unpackbits(words, bitorder="little"))
+        bits = np.unpackbits(np.frombuffer(walker.compute_bitmask(), dtype=np.uint8),
+                             bitorder="little")
         if walker.is_error():
             raise GrammarError(limit_message(kind, walker))
-        allowed = [int(t) for t in allowed if int(t) not in eos_token_ids]
-        if not allowed:
+        bits[eos[eos < bits.size]] = 0
+        token = int(bits.argmax())  # the lowest allowed id (numpy: a mask can allow 100k)
+        if not bits[token]:
             break
-        if not walker.consume_token(allowed[0]):
+        if not walker.consume_token(token):
             raise GrammarError(limit_message(kind, walker))
     return matcher
 
