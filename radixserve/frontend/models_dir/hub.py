@@ -197,6 +197,18 @@ class ModelHub:
                               "invalid_model") from None
         slot.state = "loading"
         try:
+            served = await self._start(slot)
+        except BaseException as exc:
+            slot.state = "unloaded"
+            _say(f"model {entry.name} not loaded: {exc}")
+            raise
+        slot.served, slot.state, slot.last_used = served, "loaded", time.time()
+
+    async def _start(self, slot: Slot) -> ServedModel:
+        """Make room and start ``slot``'s model under the hub's load lock; failures as
+        OpenAIError."""
+        entry = slot.entry
+        try:
             async with self._load_lock:
                 need = self.policy.estimate(entry)
                 await self._make_room(slot, need)
@@ -206,19 +218,16 @@ class ModelHub:
                 folder = os.path.join(self.folder, f"{_safe(entry.name)}-{self._num_loads}")
                 served = await self.start(entry, self.args, folder, need,
                                           self._on_fatal(entry.name))
-                if self.drain is not None:  # one drain for the whole server
-                    served.router.drain = self.drain
-                _say(f"model {entry.name} loaded in {time.monotonic() - began:.1f} s")
         except NotAModel as exc:
             raise OpenAIError(str(exc), 400, "invalid_request_error", "model",
                               "invalid_model") from None
         except RuntimeError as exc:
             raise OpenAIError(f"model '{entry.name}' failed to start: {exc}", 503,
                               "service_unavailable") from None
-        finally:
-            if slot.state == "loading":
-                slot.state = "unloaded"
-        slot.served, slot.state, slot.last_used = served, "loaded", time.time()
+        if self.drain is not None:  # one drain for the whole server
+            served.router.drain = self.drain
+        _say(f"model {entry.name} loaded in {time.monotonic() - began:.1f} s")
+        return served
 
     async def _make_room(self, slot: Slot, need: int) -> None:
         """Unload idle models until ``slot`` may load (count and memory), waiting for busy
