@@ -104,3 +104,11 @@ def test_flush_cache_and_bad_boolean(server, sub):
     bad = httpx.post(f"{server.url}/reset_prefix_cache?reset_running_requests=maybe",
                      timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reset_running_requests"
+
+
+def test_sglang_router_names_for_worker_info(server):
+    """sglang-router 0.3.2 asks /server_info and /model_info before the /get_ names."""
+    for name in ("server_info", "model_info"):
+        new = httpx.get(f"{server.url}/{name}", timeout=10)
+        old = httpx.get(f"{server.url}/get_{name}", timeout=10)
+        assert new.status_code == 200 and new.json().keys() == old.json().keys()

@@ -1,9 +1,10 @@
 """What a router in front of several radixserve servers asks of each (vllm-router,
 sglang-router / smg): its model, its load, whether it can generate.
 
-    GET /get_model_info    model path / name, is_generation
+    GET /get_model_info    model path / name, is_generation (also /model_info: SGLang's newer
+                           name, which sglang-router asks first)
     GET /get_server_info   the settings a router reads (block size, context, replicas), and
-                           the load
+                           the load (also /server_info)
     GET /get_load          {"load": requests in flight here, ...} (power-of-two policies)
     GET /health_generate   200 once one token was generated (within 30 s), else 503
 
@@ -77,6 +78,8 @@ def worker_routes(ctx) -> list[Route]:
                   is_open=True),
             Route("GET", "/get_server_info", server_info, OPENAI,
                   "The settings a router reads, and the load", is_open=True),
+            Route("GET", "/model_info", model_info, OPENAI, is_open=True, in_schema=False),
+            Route("GET", "/server_info", server_info, OPENAI, is_open=True, in_schema=False),
             Route("GET", "/get_load", get_load, OPENAI, "Requests in flight here",
                   is_open=True),
             Route("GET", "/health_generate", health_generate, OPENAI,
