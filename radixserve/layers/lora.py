@@ -1,14 +1,28 @@
 """Batched LoRA: each row of a packed batch gets its own adapter's delta, or none.
 
     y = W x                                   (the base linear, whole batch, as without LoRA)
-    y[rows of a] += B_a (A_a x[rows of a])    for each adapter a in the step (scale in B_a)
+    y[row] += B_a (A_a x[row])                for each row whose adapter a touches this linear
 
 The delta is applied by a forward hook on each fused linear (qkv, o, gate_up, down) that reads
-the step's `LoraBatch` from the forward context (installed by runner/lora_set.py): rows are grouped by adapter (``index_select``,
-two torch GEMMs, ``index_add_``); rows with no adapter are never touched. The GEMMs are torch's
-(no dedicated native kernel is written): at rank 16 they are a few percent of a linear's work.
-A row's delta depends only on its own input and adapter, so its result does not depend on the
-other rows' adapters (up to the GEMM's own choice of blocking for the group's row count).
+the step's `LoraBatch` from the forward context (installed by runner/lora_set.py). Rows with no
+adapter, or whose adapter leaves this linear alone, are never touched.
+
+Batch invariance (a row's delta does not depend on the other rows of the step): the adapter
+rows are gathered once per linear into tiles of exactly ``TILE`` rows, each tile holding rows
+of one adapter (the last tile of an adapter padded with copies of one of its rows), and each
+tile goes through its own two ``torch.mm`` calls, ``[TILE, K] @ A_a.T`` then ``[TILE, r] @
+B_a.T``. So every product a row takes part in has a shape fixed by its adapter alone (TILE,
+K, r_a, N), whatever the step holds, how many rows share its adapter, or where in its tile
+the row lands; a GEMM of a fixed shape computes a row from that row's values only (as
+runner/prompt_logprobs.py relies on; tests/models/test_lora_invariance.py pins it bit for bit
+at the realistic shapes). The row's delta is then added to its output once (``y + d``, one
+rounding), so its output is the same alone, beside rows of its own adapter, of others, or of
+none. (Torch's GEMMs on one group of M rows, the previous scheme, differ in the last bits
+between M = 1, a matrix-vector kernel, and M > 1.)
+
+Cost: per linear, one gather of the adapter rows, two small GEMMs per tile, one gather of the
+deltas and one add (or one indexed copy when some rows have no adapter); no per-row work. A
+mixed step runs ``sum over adapters of ceil(rows_a / TILE)`` tiles.
 
 Null objects keep the plain path free: a model with no adapter ever loaded has no hooks; a
 step with no adapter row carries `NO_LORA` (its hooks return at once, and its layer stack is
@@ -20,32 +34,86 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from radixserve.layers.forward_context import NO_LORA, NoLoraBatch  # noqa: F401
 
+TILE = 8
+"""Rows per LoRA product. Small: a decode step spreads few rows over each adapter, and a
+tile's padding is computed for nothing; large: a long prefill takes more calls."""
+
 
 class LoraBatch:
-    """The step's adapter groups: ``groups`` of (adapter layers, token rows or None for all
-    rows); built per step by the runner (`LoraSet.batch`), read-only afterwards."""
+    """The step's adapter rows laid out in tiles (see the module docstring); built once per
+    step by `build`, read-only afterwards except its cache of scatter indices.
 
-    def __init__(self, groups: list[tuple[dict, torch.Tensor | None]]) -> None:
-        self.groups = groups
+    ``groups``: (adapter layers, first tile, number of tiles) per adapter present;
+    ``src``: the row of ``x`` behind each tile row (``[num_tiles * TILE]``)."""
+
+    def __init__(self, groups: list[tuple[dict, int, int]], src: torch.Tensor,
+                 rows: list[np.ndarray], num_rows: int) -> None:
+        self.groups, self.src = groups, src
+        self._rows, self._num_rows = rows, num_rows
+        self._scatter: dict[tuple[bool, ...], tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+
+    @classmethod
+    def build(cls, groups: list[tuple[dict, np.ndarray]], num_rows: int,
+              device: torch.device) -> LoraBatch:
+        """From (adapter layers, its token rows ascending) per adapter present in the step,
+        of ``num_rows`` packed rows; every row in at most one group."""
+        src, tiles, first = [], [], 0
+        for layers, rows in groups:
+            num_tiles = -(-len(rows) // TILE)
+            pad = num_tiles * TILE - len(rows)
+            src.append(rows if not pad else np.concatenate([rows, np.repeat(rows[-1:], pad)]))
+            tiles.append((layers, first, num_tiles))
+            first += num_tiles
+        index = torch.from_numpy(np.concatenate(src).astype(np.int64)).to(device)
+        return cls(tiles, index, [rows for _, rows in groups], num_rows)
 
     def apply(self, key: tuple[int, str], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``y`` (the base linear's output for input ``x``) plus each row's delta, in place."""
-        for layers, rows in self.groups:
-            ab = layers.get(key)
-            if ab is None:  # this adapter leaves this linear alone
+        present = tuple(key in layers for layers, _, _ in self.groups)
+        if not any(present):
+            return y
+        a0 = next(layers[key][0] for layers, _, _ in self.groups if key in layers)
+        xs = x.index_select(0, self.src).to(a0.dtype)
+        d = xs.new_empty(xs.shape[0], y.shape[1])  # rows of groups without ``key`` stay unread
+        for (layers, first, num_tiles), has in zip(self.groups, present):
+            if not has:
                 continue
-            a, b = ab
-            xs = x if rows is None else x.index_select(0, rows)
-            delta = torch.matmul(torch.matmul(xs.to(a.dtype), a.t()), b.t()).to(y.dtype)
-            if rows is None:
-                y.add_(delta)
-            else:
-                y.index_add_(0, rows, delta)
+            a, b = layers[key]
+            at, bt = a.t(), b.t()
+            for t in range(first * TILE, (first + num_tiles) * TILE, TILE):
+                torch.mm(torch.mm(xs[t:t + TILE], at), bt, out=d[t:t + TILE])
+        dst, back = self._scatter.get(present) or self._scatter_for(present, x.device)
+        delta = (d if back is None else d.index_select(0, back)).to(y.dtype)
+        if dst is None:
+            y.add_(delta)
+        else:
+            y.index_copy_(0, dst, y.index_select(0, dst).add_(delta))
         return y
+
+    def _scatter_for(self, present: tuple[bool, ...], device: torch.device):
+        """(the rows of ``y`` to update, None for all in order; the tile rows holding their
+        deltas, None when those are the tile rows in order) for the groups flagged in
+        ``present``; cached for the step."""
+        dst, back = [], []
+        for (_, first, _), rows, has in zip(self.groups, self._rows, present):
+            if has:
+                dst.append(rows)
+                back.append(first * TILE + np.arange(len(rows)))
+        dst_rows, back_rows = np.concatenate(dst), np.concatenate(back)
+        order = np.argsort(dst_rows, kind="stable")
+        dst_rows, back_rows = dst_rows[order], back_rows[order]
+        every = len(dst_rows) == self._num_rows  # then dst_rows is 0..num_rows-1
+        in_order = len(back_rows) == len(self.src) and bool(
+            (back_rows == np.arange(len(back_rows))).all())
+        out = (None if every else torch.from_numpy(dst_rows.astype(np.int64)).to(device),
+               None if in_order else torch.from_numpy(back_rows.astype(np.int64)).to(device))
+        self._scatter[present] = out
+        return out
 
     def stack(self, plain: Callable, python: Callable) -> Callable:
         return python

@@ -56,22 +56,18 @@ class LoraSet:
         self.adapters.pop(lora_id, None)
 
     def batch(self, seqs, device: torch.device):
-        """The step's `LoraBatch` for the packed ``seqs`` (their token rows in order):
-        one group per adapter, its token rows (None when every row has it); `NO_LORA` when
-        no sequence has one. KeyError for an id that is not resident (an engine bug)."""
+        """The step's `LoraBatch` for the packed ``seqs`` (their token rows in order): one
+        group per adapter present, in id order, with its token rows; `NO_LORA` when no
+        sequence has one. KeyError for an id that is not resident (an engine bug)."""
         ids = [s.lora_id for s in seqs]
         present = set(ids) - {None}
         if not present:
             return NO_LORA
-        if len(present) == 1 and None not in ids:
-            return LoraBatch([(self.adapters[ids[0]].layers, None)])
         q_lens = [s.num_tokens for s in seqs]
         per_row = np.repeat(np.array([-1 if i is None else i for i in ids]), q_lens)
-        groups = []
-        for lora_id in sorted(present):
-            rows = torch.from_numpy(np.flatnonzero(per_row == lora_id)).to(device)
-            groups.append((self.adapters[lora_id].layers, rows))
-        return LoraBatch(groups)
+        groups = [(self.adapters[lora_id].layers, np.flatnonzero(per_row == lora_id))
+                  for lora_id in sorted(present)]
+        return LoraBatch.build(groups, len(per_row), device)
 
 
 class LoraLayerStack:
