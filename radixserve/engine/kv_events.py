@@ -161,6 +161,7 @@ class ZmqPublisher:
         self._num_unsent_events = 0  # events of batches the socket failed to send (publisher)
         self.num_published = 0  # batches sent (publisher thread)
         self._seqs = count()  # drawn on the engine thread, in step order
+        self._is_fresh = True  # the first batch announces an empty cache
         self._queue: queue.Queue[tuple[int, float, list[core.KVEvent]] | None] = queue.Queue(
             config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
@@ -189,7 +190,11 @@ class ZmqPublisher:
 
     def publish(self, events: list[core.KVEvent]) -> None:
         """Queue one batch (a step's events) under the next ``seq``; never waits: a full
-        queue drops it (its ``seq`` stays unused: a gap for subscribers)."""
+        queue drops it (its ``seq`` stays unused: a gap for subscribers). The first batch
+        starts with AllBlocksCleared: a new engine (one that replaces a dead one too) holds
+        nothing, and subscribers that indexed its predecessor learn so."""
+        if self._is_fresh:
+            events, self._is_fresh = [core.AllBlocksCleared(), *events], False
         try:
             self._queue.put_nowait((next(self._seqs), time.time(), events))
         except queue.Full:

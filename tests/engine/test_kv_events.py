@@ -260,3 +260,18 @@ def test_wire_formats_map_by_default_array_on_request():
         assert batch.wire_format == fmt and batch.data_parallel_rank == 0
         assert isinstance(batch.events[0], BlockStored) and batch.events[1].block_hashes == [7]
         assert batch.events[2] == AllBlocksCleared()
+
+
+def test_a_new_publishers_first_batch_announces_an_empty_cache():
+    """An engine that replaces a dead one starts empty: its first batch says so before its
+    first stores, so a router drops what it indexed of the old process."""
+    pub = ZmqPublisher(KVEventsConfig(True, "zmq", "tcp://127.0.0.1:*"), "CPU")
+    sub = Subscriber(pub.endpoint)
+    stored = CoreStored([1], None, list(range(BS)), BS)
+    pub.publish([stored])
+    pub.publish([stored])
+    got = [batch.events for _, batch in sub.drain()]
+    pub.close()
+    sub.close()
+    assert [[type(e).__name__ for e in events] for events in got] == [
+        ["AllBlocksCleared", "BlockStored"], ["BlockStored"]]
