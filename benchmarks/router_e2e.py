@@ -97,7 +97,7 @@ class Worker:
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
         out = {}
         for name in ("prefix_cache_hits", "prefix_cache_queries", "request_success"):
-            values = re.findall(rf"^vllm:{name}_total{{[^}}]*}} ([0-9.e+]+)$", text, re.M)
+            values = re.findall(rf"^vllm:{name}_total{{[^}}]*}} ([0-9.e+]+)$", text, re.MULTILINE)
             out[name] = sum(map(float, values))
         return out
 
@@ -279,7 +279,7 @@ def main() -> None:
             r = run_policy(args, policy, workers, logs)
             out["policies"].append(r)
             print(f"{policy:<14}{r['hit_rate']:>9.3f}{r['hit_tokens']:>10}/{r['query_tokens']:<9}"
-                  f"{r['ttft_p50']:>10.3f}{r['ttft_p90']:>10.3f}{str(r['per_worker']):>12}"
+                  f"{r['ttft_p50']:>10.3f}{r['ttft_p90']:>10.3f}{r['per_worker']!s:>12}"
                   f"{r['errors']:>8}{r['wall_s']:>8.1f}", flush=True)
         if args.kill_policy:
             k = kill_test(args, workers, logs)
