@@ -131,7 +131,10 @@ def test_openapi_describes_every_route(server):
     assert {p: described.get(p) for p in served} == served
     assert set(described) - set(served) <= {"/v1/engine/state", "/", "/ui/engine",
                                             "/get_model_info", "/get_server_info",
-                                            "/get_load", "/health_generate"}
+                                            "/get_load", "/health_generate",
+                                            "/server_info", "/model_info",
+                                            "/reset_prefix_cache", "/flush_cache",
+                                            "/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
     schemas = schema["components"]["schemas"]
     for path, model in (("/v1/completions", "CompletionRequest"),
                         ("/v1/chat/completions", "ChatCompletionRequest")):
