@@ -11,6 +11,11 @@ With ``logit_token_ids`` (last pooling only) the request returns, instead of the
 the model's raw logits of those tokens at the last position: a causal-LM reranker's "yes" and
 "no" (`radixserve.frontend.rerank`), one prefill that may reuse a cached prefix.
 
+With ``classify`` pooling (a cross-encoder engine only: engine/encoder_build.py) the request is a
+(query, document) pair read whole by a bidirectional encoder, and returns its classifier's
+logits; ``second_segment_start`` is where the document's tokens start (token type 1 from
+there on, for the models that use token types).
+
 The engine returns the raw pooled vector; normalisation and ``dimensions`` truncation are the
 frontend's (`radixserve.frontend.pooling`).
 """
@@ -19,17 +24,24 @@ from __future__ import annotations
 
 import msgspec
 
-POOLING_TYPES = ("last", "mean")
+POOLING_TYPES = ("last", "mean")  # what embeddings may use
+_ENGINE_POOLING = (*POOLING_TYPES, "classify")
 
 
 class PoolingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     pooling: str = "last"
     logit_token_ids: list[int] | None = None
+    second_segment_start: int | None = None
 
     def __post_init__(self) -> None:
-        if self.pooling not in POOLING_TYPES:
-            raise ValueError(f"PoolingParams.pooling must be one of {', '.join(POOLING_TYPES)}, "
-                             f"got {self.pooling!r}")
+        if self.pooling not in _ENGINE_POOLING:
+            raise ValueError(f"PoolingParams.pooling must be one of "
+                             f"{', '.join(_ENGINE_POOLING)}, got {self.pooling!r}")
+        if self.second_segment_start is not None and (
+                self.pooling != "classify" or not isinstance(self.second_segment_start, int)
+                or self.second_segment_start < 1):
+            raise ValueError("PoolingParams.second_segment_start must be a position >= 1 and "
+                             "needs classify pooling")
         if self.logit_token_ids is not None:
             ids = self.logit_token_ids
             if self.pooling != "last":

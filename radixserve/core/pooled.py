@@ -22,7 +22,7 @@ def add_chunk(request: Request, vector: list[float]) -> list[float] | None:
     """Take one chunk's pooled vector; return the request's final vector once its whole prompt
     is computed (the caller then finishes it), else None. Mutates ``request.pooled_sum``."""
     done = request.num_computed_tokens >= request.num_prompt_tokens
-    if request.pooling.pooling == "last":
+    if request.pooling.pooling != "mean":  # last, classify: the final chunk's vector as is
         return vector if done else None
     acc = request.pooled_sum
     request.pooled_sum = vector if acc is None else [a + b for a, b in zip(acc, vector)]

@@ -14,6 +14,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     policy: str = "fcfs"  # or "lpm": longest prefix match first (cache-aware)
+    # False: a waiting prompt is scheduled whole or waits (a cross-encoder's pairs: one
+    # bidirectional forward each); max_num_batched_tokens must then hold max_model_len
+    chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "lpm"):

@@ -157,7 +157,8 @@ class Scheduler:
                 if request.num_preemptions == 0:
                     request.num_cached_tokens = cached
             num_new = min(request.num_new_tokens, budget)
-            if not self.kv.allocate_slots(request, num_new):
+            is_whole = self.config.chunked_prefill or num_new == request.num_new_tokens
+            if not is_whole or not self.kv.allocate_slots(request, num_new):
                 self.kv.free(request)
                 request.num_computed_tokens = 0
                 break

@@ -36,6 +36,7 @@ from radixserve.engine.kv_events import KVEventsOutlet, make_publisher
 from radixserve.engine.tp.group import TensorParallelGroup
 from radixserve.engine.tp.ranks import start_tensor_parallel
 from radixserve.models.half_stored import checkpoint_dtype
+from radixserve.models.cross_encoder_config import cross_encoder_config
 from radixserve.models.loader import (device_and_dtype, load_model, load_model_config,
                                       open_gguf)
 from radixserve.models.quantization import resolve_quantization
@@ -59,7 +60,12 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
     """Load the model and size the KV pool; ``reader``: an open GGUFReader to reuse;
     ``tokenizer`` returns the caller's `Tokenizer` (default: load it from ``source``); it is
     called on the first structured-output request. This process is rank 0: it starts the
-    other tensor-parallel ranks when ``config.parallel`` asks for several."""
+    other tensor-parallel ranks when ``config.parallel`` asks for several. A BERT-style
+    cross-encoder folder gets its own runner and no KV cache (engine/encoder_build.py)."""
+    if (encoder := cross_encoder_config(source)) is not None:
+        from radixserve.engine.encoder_build import build_encoder_core
+
+        return build_encoder_core(config, source, encoder)
     if reader is None and source.kind == "gguf":
         reader = open_gguf(source.path)
     model_config = load_model_config(source, reader)

@@ -117,6 +117,8 @@ class EngineCore:
                              f"{self.max_model_len}")
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             raise ValueError(f"input token ids must be in [0, {self.vocab_size})")
+        if req.pooling_params.pooling == "classify":
+            raise ValueError("classify pooling needs a cross-encoder model")
         if max(req.pooling_params.logit_token_ids or [0]) >= self.vocab_size:
             raise ValueError(f"logit_token_ids must be in [0, {self.vocab_size})")
         request = Request(req.request_id, list(ids), req.sampling_params, frozenset(), 0,
