@@ -8,7 +8,9 @@ Side by side with llama-server's router mode (``llama-server --models-dir``) whe
 ``--models-dir``; else ours only, saying so. Both servers see the same folder (a symlink to the
 file), get the same streamed chat request (max_tokens 8, temperature 0) and unload through
 their own ``POST /models/unload``. TTFT is measured at the client: request sent -> first SSE
-chunk carrying content. Prints the load average before and after: on a shared machine these
+chunk carrying content. After each warm request, the resident memory of the server's whole
+process tree, and again after the unload: their difference is one resident model's memory.
+Prints the load average before and after: on a shared machine these
 are indications, not figures to quote.
 """
 
@@ -83,17 +85,37 @@ def ttft(url: str, model: str) -> float:
     raise RuntimeError("the stream carried no content")
 
 
-def measure(name: str, url: str, model: str, runs: int) -> list[tuple[str, int, float, float]]:
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a server and every process under it (its engines or child
+    servers), in MB."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 1e6
+
+
+def measure(name: str, url: str, model: str, runs: int,
+            pid: int) -> list[tuple[str, int, float, float, float, float]]:
+    """Per run: cold and warm TTFT, then the server's memory with the model resident and
+    after its unload (their difference: what one resident model costs)."""
     rows = []
     for run in range(runs):
         cold = ttft(url, model)
         warm = ttft(url, model)
-        rows.append((name, run, cold, warm))
-        print(f"  {name:<14} run {run}: cold {cold * 1000:8.0f} ms   warm {warm * 1000:6.0f} ms",
-              flush=True)
+        resident = tree_rss_mb(pid)
         r = httpx.post(f"{url}/models/unload", json={"model": model}, timeout=120)
         r.raise_for_status()
-        time.sleep(0.5)  # let the unloaded process exit before the next cold start
+        time.sleep(1.0)  # let the unloaded process exit before the next cold start
+        unloaded = tree_rss_mb(pid)
+        rows.append((name, run, cold, warm, resident, unloaded))
+        print(f"  {name:<14} run {run}: cold {cold * 1000:8.0f} ms   warm {warm * 1000:6.0f} ms"
+              f"   RSS {resident:6.0f} MB resident, {unloaded:6.0f} MB unloaded", flush=True)
     return rows
 
 
@@ -123,7 +145,7 @@ def main() -> int:
         proc = start([sys.executable, "-m", "radixserve", "serve", "--models-dir", folder,
                       "--port", str(port), *threads], url)
         try:
-            rows += measure("radixserve", url, model, args.runs)
+            rows += measure("radixserve", url, model, args.runs, proc.pid)
         finally:
             stop(proc)
         if has_router_mode(args.llama_server):
@@ -132,7 +154,7 @@ def main() -> int:
             proc = start([args.llama_server, "--models-dir", folder, "--port", str(port),
                           *threads], url)
             try:
-                rows += measure("llama-server", url, model, args.runs)
+                rows += measure("llama-server", url, model, args.runs, proc.pid)
             finally:
                 stop(proc)
         else:
@@ -144,8 +166,10 @@ def main() -> int:
     for name in dict.fromkeys(r[0] for r in rows):
         colds = [r[2] for r in rows if r[0] == name]
         warms = [r[3] for r in rows if r[0] == name]
+        extra = statistics.median(r[4] - r[5] for r in rows if r[0] == name)
         print(f"{name:<14} cold TTFT median {statistics.median(colds) * 1000:8.0f} ms   "
-              f"warm TTFT median {statistics.median(warms) * 1000:6.0f} ms   ({len(colds)} runs)")
+              f"warm TTFT median {statistics.median(warms) * 1000:6.0f} ms   "
+              f"one resident model {extra:6.0f} MB   ({len(colds)} runs)")
     return 0
 
 
