@@ -75,7 +75,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "for a model whose files name no pooling (auto: embedding "
                              "models only). rerank: serve /v1/rerank and /v1/score with a "
                              "causal-LM reranker, scored as Qwen3-Reranker (P(yes) of a "
-                             "yes/no judgement prompt: frontend/rerank.py)")
+                             "yes/no judgement prompt: frontend/rerank.py), or a BERT / XLM-R "
+                             "cross-encoder folder's sigmoid(logit) (frontend/cross_encoder.py;"
+                             " auto picks rerank for those)")
     parser.add_argument("--pooling", default=None, choices=["last", "mean"],
                         help="how embeddings pool the tokens' hidden states (default: the "
                              "model's pooling_type, else last)")
@@ -133,6 +135,7 @@ def serve(args: argparse.Namespace) -> int:
     from radixserve.models.source import ModelSource
 
     source = ModelSource.resolve(args.model)
+    args.task = _task(source, args.task)
     reasoning = get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None
     embedding = _embedding_setup(source, args)
     kwargs = engine_kwargs(args)
@@ -170,10 +173,13 @@ def _frontend_tables(load_tokenizer, source):
     """What the API process derives from the model before it serves: the tokenizer with its
     token -> bytes table and the grammar validator (seconds on a 262k vocabulary; built while
     the engine process loads the model)."""
-    from radixserve.structured.validator import grammar_validator
+    from radixserve.models.cross_encoder_config import cross_encoder_config
+    from radixserve.structured.validator import GrammarValidator, grammar_validator
 
     tokenizer = load_tokenizer(source)
     tokenizer.detokenizer([])  # builds the token → bytes table now, not on the first request
+    if cross_encoder_config(source) is not None:  # it scores pairs: no grammar over its vocab
+        return tokenizer, GrammarValidator()
     return tokenizer, grammar_validator(tokenizer)
 
 
@@ -207,6 +213,29 @@ def _embedding_setup(source, args):
         return resolve_embedding(source, args.pooling, args.task)
     except ValueError as exc:
         raise SystemExit(f"radixserve: error: {exc}") from None
+
+
+def _task(source, task: str) -> str:
+    """``--task``, with auto resolved to rerank for a cross-encoder folder."""
+    from radixserve.frontend.cross_encoder import resolve_task
+
+    try:
+        return resolve_task(source, task)
+    except ValueError as exc:
+        raise SystemExit(f"radixserve: error: {exc}") from None
+
+
+def _cross_encoder(args, max_model_len: int):
+    """With --task rerank on a cross-encoder folder, its pair tokenizer; None otherwise."""
+    if args.task != "rerank" or args.mock_engine:
+        return None
+    from radixserve.frontend.cross_encoder import cross_encoder_reranker
+
+    reranker = cross_encoder_reranker(_model_path(args), max_model_len)
+    if reranker is not None:
+        logger.info("reranker: cross-encoder, sigmoid of its logit; pairs cut to %d tokens",
+                    reranker.max_len)
+    return reranker
 
 
 def _reranker(task: str, tokenizer):
@@ -257,7 +286,8 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
         ready = await supervisor.start()
         tokenizer, validator = await frontend
         tool_format, tool_parser = _tool_parser(args.tool_call_parser, tokenizer)
-        reranker = _reranker(args.task, tokenizer)
+        reranker = (_cross_encoder(args, ready.max_model_len)
+                    or _reranker(args.task, tokenizer))
         client = supervisor.client
         metrics = ServerMetrics(client, name, ready.max_model_len)
         metrics.registry.register(ReplicaCollector(supervisor, name))

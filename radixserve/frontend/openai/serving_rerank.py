@@ -3,7 +3,9 @@
 
 Each (query, document) pair is one prefill-only engine request returning the "yes" and "no"
 logits at its last position; they are sent together, so the scheduler batches them (and the
-pairs after the first reuse the cached prompt prefix up to the document).
+pairs after the first reuse the cached prompt prefix up to the document). A BERT-style
+cross-encoder (`frontend.cross_encoder`) sends each pair's own encoding instead and gets its
+classifier logit back, scored as sigmoid(logit).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import time
 
 from radixserve.frontend.async_llm import NO_TICKET, QueueTicket
+from radixserve.frontend.cross_encoder import CrossEncoderReranker
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.openai.protocol import random_id, unix_now
 from radixserve.frontend.openai.protocol_rerank import (RerankDocument, RerankRequest,
@@ -27,7 +30,7 @@ class RerankServer:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
-    def check_served(self) -> Reranker:
+    def check_served(self) -> Reranker | CrossEncoderReranker:
         """The reranker; 400 naming ``model`` when the server does not serve the model as one."""
         if self.ctx.reranker is None:
             raise OpenAIError(f"{self.ctx.model_name} is not served as a reranker; start the "
@@ -54,14 +57,35 @@ class RerankServer:
                     code="context_length_exceeded")
         return prompts
 
-    async def score(self, reranker: Reranker, prompts: list[list[int]], priority: int,
-                    arrival: float, ticket: QueueTicket = NO_TICKET) -> list[float]:
-        """P("yes") of each prompt, computed together (the engine batches them)."""
-        pooling = PoolingParams(logit_token_ids=[reranker.yes_id, reranker.no_id])
+    async def encode_pairs(self, encoder: CrossEncoderReranker, pairs: list[tuple[str, str]],
+                           instruction: str | None, param: str
+                           ) -> tuple[list[list[int]], list[PoolingParams]]:
+        """A cross-encoder's pairs (cut to its length) and their pooling; 400 for an
+        instruction (it has no prompt to put one in) or a text too long to be worth cutting."""
+        if instruction is not None:
+            raise OpenAIError("instruction is for causal-LM rerankers; this cross-encoder "
+                              "scores the pair as it is", param="instruction")
+        for i, (q, d) in enumerate(pairs):
+            if len(q) + len(d) > encoder.max_chars:
+                raise OpenAIError(
+                    f"pair {i} has {len(q) + len(d)} characters; this cross-encoder reads "
+                    f"{encoder.max_len} tokens of a pair (longer ones are cut) and refuses "
+                    f"texts over {encoder.max_chars} characters", param=param,
+                    code="context_length_exceeded")
+        encoded = await self.ctx.prep.run(encoder.encode_pairs, pairs)
+        return [ids for ids, _ in encoded], [encoder.pooling(s) for _, s in encoded]
+
+    async def score(self, reranker: Reranker | CrossEncoderReranker, prompts: list[list[int]],
+                    poolings: list[PoolingParams], priority: int, arrival: float,
+                    ticket: QueueTicket = NO_TICKET) -> list[float]:
+        """Each prompt's score, computed together (the engine batches them): P("yes"), or a
+        cross-encoder's sigmoid(logit)."""
         base = random_id("rerank-")
         outs = await asyncio.gather(*(
             self.ctx.engine.embed(ids, pooling, f"{base}-{i}", priority, arrival, ticket)
-            for i, ids in enumerate(prompts)))
+            for i, (ids, pooling) in enumerate(zip(prompts, poolings))))
+        if isinstance(reranker, CrossEncoderReranker):
+            return [reranker.relevance(out.pooled) for out in outs]
         return [relevance(*out.pooled) for out in outs]
 
     async def _run(self, body, pairs: list[tuple[str, str]], param: str, admit
@@ -70,11 +94,18 @@ class RerankServer:
         arrival = time.time()
         self.ctx.check_model(body.model)
         reranker = self.check_served()
-        prompts = await self.tokenize(reranker, pairs, body.instruction, param)
+        if isinstance(reranker, CrossEncoderReranker):
+            prompts, poolings = await self.encode_pairs(reranker, pairs, body.instruction,
+                                                        param)
+        else:
+            prompts = await self.tokenize(reranker, pairs, body.instruction, param)
+            poolings = [PoolingParams(logit_token_ids=[reranker.yes_id, reranker.no_id])]
+            poolings *= len(prompts)
         self.ctx.check_alive()
         num_tokens = sum(map(len, prompts))
         ticket = admit(len(prompts), num_tokens, body.timeout)
-        return await self.score(reranker, prompts, body.priority, arrival, ticket), num_tokens
+        scores = await self.score(reranker, prompts, poolings, body.priority, arrival, ticket)
+        return scores, num_tokens
 
     async def rerank(self, body: RerankRequest, admit) -> RerankResponse:
         """``POST /v1/rerank``: the documents by relevance to the query, best first (ties in
