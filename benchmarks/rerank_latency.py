@@ -1,6 +1,8 @@
 """Rerank latency through a real server: ``POST /v1/rerank`` of one query against 16 documents
-of about 100 words, p50 and mean of ``--calls`` calls after 2 warm-up calls. The machine may be
-shared: the load average is printed beside the figures.
+of about 100 words, p50 and mean of ``--calls`` calls after 2 warm-up calls. Each call sends new
+documents (the same query), so a causal reranker's prefix cache reuses the prompt up to the
+document, not whole prompts. The machine may be shared: the load average is printed beside
+the figures.
 
 Models: ``--model PATH`` (a cross-encoder folder, or a GGUF served as a causal reranker), or
 ``--minilm DIR``: write there a random cross-encoder of MiniLM-L12's shape (BERT, hidden 384,
@@ -55,11 +57,11 @@ def main() -> None:
         model = args.minilm
     extra = ["--threads", args.threads] if args.threads else []
     server = ServerProc("--model", model, "--task", "rerank", *extra, timeout=600)
-    query, docs = documents(args.docs, args.words)
-    body = {"query": query, "documents": docs, "return_documents": False}
     try:
         times = []
         for i in range(args.calls + 2):
+            query, docs = documents(args.docs, args.words, seed=i)
+            body = {"query": query, "documents": docs, "return_documents": False}
             start = time.perf_counter()
             r = httpx.post(f"{server.url}/v1/rerank", json=body, timeout=600)
             elapsed = time.perf_counter() - start
