@@ -11,7 +11,7 @@ import hashlib
 from pathlib import Path
 
 SOURCES = ("int8_linear.cpp", "block_linear.cpp", "block_pack.cpp", "half_linear.cpp", "paged_attention.cpp",
-           "layer_ops.cpp", "bitmask.cpp", "decoder_layer.cpp")
+           "layer_ops.cpp", "bitmask.cpp", "decoder_layer.cpp", "lora.cpp")
 HEADERS = ("simd.h", "half_linear.h")
 
 # Every level: optimised, no FMA contraction the source did not write (the kernels state their

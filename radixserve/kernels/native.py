@@ -30,9 +30,10 @@ from radixserve.kernels import levels as _levels
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 13  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap;
+ABI_VERSION = 14  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap;
 # 11: + rs_decoder_attention, rs_decoder_mlp (the layer in two halves, for tensor parallel);
-# 12: Gemma and q/k norms in the native decoder layer; 13: rs_block_pack (the repack at load)
+# 12: Gemma and q/k norms in the native decoder layer; 13: rs_block_pack (the repack at load);
+# 14: rs_lora_shrink, rs_lora_expand
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -59,6 +60,8 @@ _SIGNATURES = {
     "rs_decoder_attention": (ctypes.c_int, [_P, _P, ctypes.c_int]),
     "rs_decoder_mlp": (ctypes.c_int, [_P, _P]),
     "rs_apply_bitmask": (None, [_P, _I64, _P, _I64, _P, _I64, _I64]),
+    "rs_lora_shrink": (None, [_P, _I64, _I64, _I64, _P, _P, _P, _I64, _P, _I64]),
+    "rs_lora_expand": (None, [_P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _P, _I64]),
 }
 
 

@@ -143,6 +143,61 @@ def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tenso
                                 logits.shape[1])
 
 
+# -- LoRA (lora.cpp) --------------------------------------------------------------------------
+
+class LoraSlots:
+    """One linear's adapter matrices per slot, pointers taken once: ``(A [r, K], B [N, r])``
+    float32 contiguous (the scale folded into B), or None where that slot's adapter leaves the
+    linear alone. Keeps the tensors alive while the handle is."""
+
+    def __init__(self, slots: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
+        num, k, n = len(slots), None, None
+        a_ptrs, b_ptrs, ranks = (ctypes.c_int64 * num)(), (ctypes.c_int64 * num)(), \
+            (ctypes.c_int64 * num)()
+        for s, pair in enumerate(slots):
+            if pair is None:
+                continue
+            a, b = pair
+            _check("rs_lora_shrink", "A", a, _F32, 2)
+            _check("rs_lora_expand", "B", b, _F32, 2)
+            k, n = k or a.shape[1], n or b.shape[0]
+            _same("rs_lora_shrink", "A's width", a.shape[1], k)
+            _same("rs_lora_expand", "B's shape", tuple(b.shape), (n, a.shape[0]))
+            a_ptrs[s], b_ptrs[s], ranks[s] = a.data_ptr(), b.data_ptr(), a.shape[0]
+        self.slots, self.num_slots = slots, num
+        self.in_features, self.out_features = k, n
+        self.max_rank = max(ranks, default=0)
+        self.a_ptrs, self.b_ptrs, self.ranks = a_ptrs, b_ptrs, ranks
+
+
+def lora_add_(x: torch.Tensor, y: torch.Tensor, row_slot: torch.Tensor,
+              slots: LoraSlots) -> torch.Tensor:
+    """In place: ``y[m] += B_s (A_s x[m])`` with s = ``row_slot[m]`` (int32 [M]; -1, or a slot
+    that is None, leaves the row alone); float32 x [M, K], y [M, N], each row contiguous
+    (rs_lora_shrink, then rs_lora_expand). A row's result does not depend on the other rows."""
+    _check("rs_lora_shrink", "x", x, _F32, 2, "any")
+    _check("rs_lora_expand", "y", y, _F32, 2, "any")
+    _check("rs_lora_shrink", "row_slot", row_slot, _I32, 1)
+    rows = x.shape[0]
+    if x.stride(1) != 1 or y.stride(1) != 1:
+        raise ValueError(f"rs_lora_shrink: x and y must have contiguous rows, got strides "
+                         f"{x.stride()} and {y.stride()}")
+    _same("rs_lora_expand", "y's rows", y.shape[0], rows)
+    _same("rs_lora_shrink", "the number of row slots", row_slot.shape[0], rows)
+    if slots.in_features is None or not rows:
+        return y
+    _same("rs_lora_shrink", "x's width", x.shape[1], slots.in_features)
+    _same("rs_lora_expand", "y's width", y.shape[1], slots.out_features)
+    t = torch.empty(rows, slots.max_rank)
+    lib = _lib()
+    lib.rs_lora_shrink(x.data_ptr(), x.stride(0), rows, x.shape[1], row_slot.data_ptr(),
+                       slots.a_ptrs, slots.ranks, slots.num_slots, t.data_ptr(), slots.max_rank)
+    lib.rs_lora_expand(t.data_ptr(), slots.max_rank, rows, y.shape[1], row_slot.data_ptr(),
+                       slots.b_ptrs, slots.ranks, None, slots.num_slots, y.data_ptr(),
+                       y.stride(0))
+    return y
+
+
 # -- attention (paged_attention.cpp) ----------------------------------------------------------
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
