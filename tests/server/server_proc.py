@@ -71,3 +71,18 @@ def _cmdline(pid: int) -> bytes:
             return f.read()
     except FileNotFoundError:
         return b""
+
+
+def wait_until_serving(proc, url: str, log_path, timeout: float = 60.0) -> None:
+    """Until ``url``/v1/models answers 200 (a router or server started as ``proc``, its output
+    in ``log_path``); fails with that output if the process exits, or after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, log_path.read_text()
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{url} did not start in {timeout} s"
+        time.sleep(0.3)

@@ -17,7 +17,7 @@ import time
 
 import httpx
 import pytest
-from server_proc import ServerProc, free_port
+from server_proc import ServerProc, free_port, wait_until_serving
 
 pytest.importorskip("vllm_router", reason="vllm-router is not installed "
                     "(pip install vllm-router; it is in the test extra)")
@@ -49,17 +49,8 @@ def router(workers, router_log):
          str(free_port()), "--log-level", "debug", "--worker-urls", *[w.url for w in workers]],
         stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
     try:
-        while True:
-            assert proc.poll() is None, router_log.read_text()
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the router did not start"
-            time.sleep(0.3)
+        wait_until_serving(proc, url, router_log)
         yield url
     finally:
         proc.terminate()

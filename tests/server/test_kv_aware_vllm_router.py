@@ -16,7 +16,7 @@ import time
 
 import httpx
 import pytest
-from server_proc import ServerProc, free_port
+from server_proc import ServerProc, free_port, wait_until_serving
 
 pytest.importorskip("vllm_router", reason="vllm-router is not installed "
                     "(pip install vllm-router; it is in the test extra)")
@@ -55,16 +55,7 @@ def router(workers, tmp_path_factory):
             stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the router did not start"
-            time.sleep(0.3)
+        wait_until_serving(proc, url, log_path)
         yield url, log_path
     finally:
         proc.terminate()
