@@ -30,6 +30,30 @@
 // operations in this order, so a row's output is bit-identical alone, in any batch, on either
 // path. (Without FMA, on the generic level, each FMA is two roundings.)
 //
+// K-quants (Q4_K, Q5_K, Q6_K) fold their sub-block scales (small integers) into exact integer
+// sums over a super-block of 256, so the activations' steps there must be powers of two of
+// one step: per row and super-block s = max(max|x|, 1e-30) / 127 (llama.cpp's Q8_K), and per
+// block of 32 the step s / 2^e, e the largest of 0..3 with max|x over the block| * 2^e <=
+// max|x over the super-block|; hi = round(x / (s / 2^e)) in -127..127, sh = 3 - e. With the
+// block's C = sum q*hi and h = sum hi (h0, h1: its halves'),
+//     Q4_K / Q5_K:  I = sum over blocks of (sc * C) << sh,   Mi = sum of mn * (h << sh)
+//     Q6_K:         I = sum over blocks of (sc0 * (C0 - 32 h0) + sc1 * (C1 - 32 h1)) << sh
+// all exact in int32 (|I| <= 8 * 8 * 63 * 32 * 31 * 127 < 2^29 for Q5_K, < 2^30 for Q6_K;
+// h << sh within int16 for the mins' vpdpwssd), then per super-block, in order,
+//     acc = float(I) * (D * (s / 8)) + acc         (the product one rounding, then an FMA)
+//     acc = float(Mi) * (-Dmin * (s / 8)) + acc    (Q4_K / Q5_K)
+// One float step per 256 weights instead of three per 32: the fused multiply-adds share the
+// execution ports of the integer dot products (AMD Zen 5: each costs one vpdpbusd), and made
+// the legacy epilogue a quarter of the work. Every path (packed or decoded weights, any row
+// count) computes the same integers and these steps, so rows stay batch invariant.
+// Measured (bench_gemv.py-shaped 3B matrices, AMD EPYC Zen 5, 2 threads, rows 16 / 64 / 256,
+// GMAC/s, per-32 float epilogue before -> now): AVX-512 Q4_K 611 -> 622, 616 -> 657, 623 ->
+// 654; Q6_K 400 -> 419, 425 -> 552, 470 -> 591; AVX2 Q4_K 197 -> 225, 214 -> 228, 232 -> 234;
+// Q6_K 135 -> 147, 153 -> 172, 161 -> 167. Fidelity (benchmarks/fidelity.py, Gemma 3 270M
+// Q4_K_M, KL to the float model over llama-server's top 10): per-32 steps 0.00153, these
+// 0.00178, one step per 256 alone (e = 0) 0.00328, llama-server 0.00365. One step per 256
+// is 8-12 % faster again at AVX-512 (no shift) but doubles the KL: left out.
+//
 // Packed layout, per format: [N16][units][unit bytes], N16 = ceil(N / 16) groups of 16 outputs,
 // a unit = U blocks of 32 k (U = 1 for the legacy formats, 8 = one super-block of 256 for the
 // K-quants). A unit is
@@ -48,7 +72,7 @@
 //
 // Activations ("a"): [M][B][64] signed bytes, a block's 32 hi then 32 zeros (one AMX A-tile row,
 // against the tile rows of q); per row and block four floats: s / 16, S, and S of the first and
-// second 16.
+// second 16 (K-quants: KAct, the same 16 bytes).
 
 #include <omp.h>
 #include <stdint.h>
@@ -78,6 +102,7 @@ enum Format : int64_t { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, 
                         kNumFormats };
 
 inline bool is_half(int64_t f) { return f == kF16 || f == kBF16; }
+inline bool is_kquant(int64_t f) { return f == kQ4_K || f == kQ5_K || f == kQ6_K; }
 
 // Compile-time description of a format (see the header's layout).
 template <int64_t F>
@@ -137,29 +162,19 @@ void quantize_row(const float* x, int64_t K, int8_t* a, float* sc) {
 
 inline vf load_half(const uint8_t* p) { return load_f16((const uint16_t*)p); }
 
-// A block's sub-block multipliers d and offsets m for the kW outputs at `lane0` of a group:
-// block j of the unit at `u`. Halves (Q6_K): d[1], m[1] are the second 16's.
+// A legacy block's multipliers d and offsets m for the kW outputs at `lane0` of a group:
+// block j of the unit at `u` (d[1], m[1] unused: one sub-block). K-quants: dot_kquant.
 template <int64_t F>
 inline void block_scales(const uint8_t* u, int j, int lane0, vf d[2], vf m[2]) {
   using Q = Fmt<F>;
+  static_assert(!Q::kSuper, "K-quants fold their scales in integers (dot_kquant)");
   const uint8_t* s = u + Q::U * (256 + Q::P) + j * Q::S;
-  const uint8_t* t = u + Q::U * (256 + Q::P + Q::S);
   if constexpr (F == kQ4_1 || F == kQ5_1) {
     d[0] = load_half(s + 2 * lane0);
     m[0] = load_half(s + 32 + 2 * lane0);
-  } else if constexpr (!Q::kSuper) {
+  } else {
     d[0] = load_half(s + 2 * lane0);
     m[0] = mul(d[0], set1(F == kQ4_0 ? -8.0f : F == kQ5_0 ? -16.0f : -(float)kQ8Offset));
-  } else if constexpr (F == kQ6_K) {
-    const vf dd = load_half(t + 2 * lane0);
-    for (int h = 0; h < 2; ++h) {
-      d[h] = mul(dd, load_i8((const int8_t*)s + 16 * h + lane0));
-      m[h] = mul(d[h], set1(-32.0f));
-    }
-  } else {
-    d[0] = mul(load_half(t + 2 * lane0), load_u8(s + lane0));
-    m[0] = mul(load_half(t + 32 + 2 * lane0), load_u8(s + 16 + lane0));
-    m[0] = sub(zero(), m[0]);
   }
 }
 
@@ -200,8 +215,266 @@ inline void store_out(vf acc, const float* bias, float* y, int64_t n, int64_t N)
   store_n(y + n, acc, N - n);
 }
 
-// R rows x NG groups of 16 outputs over all of K: per block the exact integer sums, then the
-// epilogue (the header's order).
+// ---- K-quants: integer sums over a super-block, one float step per super-block ------------
+// (the header's "K-quants" paragraph). Activations per row and block of 32: the super-block's
+// step and the block's shift and sums of hi (KAct, the same 16 bytes a block as the legacy
+// floats).
+struct KAct {
+  float s;         // the super-block's s / 8: hi * 2^sh * s is the block's value
+  int16_t h0, h1;  // the sums of hi over the block's first 16 and second 16
+  int32_t sh;      // 0..3
+  int32_t hp;      // in an even block: its and the next block's 2^sh * sum hi as int16 pairs
+};
+static_assert(sizeof(KAct) == kActFloats * sizeof(float), "a row's KAct and floats align");
+
+// One row of x [K] (K a multiple of 256) -> its activation bytes a [B][64] (as quantize_row's)
+// and ka [B].
+void quantize_row_k(const float* x, int64_t K, int8_t* a, KAct* ka) {
+  for (int64_t u = 0; u < K / 256; ++u) {
+    vf vmax = zero();
+    for (int i = 0; i < 256; i += kW) vmax = max(vmax, abs(load(x + 256 * u + i)));
+    float bmax[8], amax = 0.0f;
+    for (int j = 0; j < 8; ++j) {
+      vf m = zero();
+      for (int i = 0; i < 32; i += kW) m = max(m, abs(load(x + 256 * u + 32 * j + i)));
+      bmax[j] = reduce_max(m);
+      amax = bmax[j] > amax ? bmax[j] : amax;
+    }
+    const float s = (amax > kTiny ? amax : kTiny) / 127.0f;
+    int32_t hs[8];  // 2^sh * sum hi per block
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = 8 * u + j;
+      int e = 0;  // the block's step s / 2^e, 2^e <= amax / bmax (its hi stay in -127..127)
+      while (e < 3 && bmax[j] * (float)(2 << e) <= amax) ++e;
+      const vf vs = set1(s * (1.0f / (float)(1 << e)));
+      vf hsum[2] = {zero(), zero()};
+      for (int i = 0; i < 32; i += kW) {
+        vf h = round(div(load(x + 32 * b + i), vs));
+        hsum[i / 16] = add(hsum[i / 16], h);  // small integers: exact in any order
+        store_bytes(a + 64 * b + i, to_int(h), 0);
+      }
+      memset(a + 64 * b + 32, 0, 32);
+      const int32_t h0 = (int32_t)reduce_add(hsum[0]), h1 = (int32_t)reduce_add(hsum[1]);
+      ka[b] = KAct{s * 0.125f, (int16_t)h0, (int16_t)h1, 3 - e, 0};
+      hs[j] = (h0 + h1) * (1 << (3 - e));  // |.| <= 32 * 127 * 8 < 2^15
+    }
+    for (int j = 0; j < 8; j += 2)
+      ka[8 * u + j].hp = (int32_t)((uint16_t)hs[j] | (uint32_t)(uint16_t)hs[j + 1] << 16);
+  }
+}
+
+// A K-quant group decoded (decode_kgroup): per block kDecBlock bytes, codes [4 k][q0, q1][64]
+// then int32 lanes [2][16] (Q4_K / Q5_K: scale, min; Q6_K: the halves' scales); after the B
+// blocks, per super-block kDecUnit bytes: floats [2][16], D and -Dmin (Q6_K: D), then the
+// mins as int16 pairs [4][16] (k_min_pairs').
+constexpr int64_t kDecBlock = 640, kDecUnit = 384;
+inline int64_t dec_group_bytes(int64_t B) { return B * kDecBlock + B / 8 * kDecUnit; }
+
+// The codes of vector k of block j of unit `un` (kDecoded: decode_kgroup's bytes).
+template <int64_t F, bool kDecoded>
+inline void k_codes(const uint8_t* g, int64_t un, int j, int k, int off, vi& q0, vi& q1) {
+  if constexpr (kDecoded) {
+    const uint8_t* q = g + (un * 8 + j) * kDecBlock + k * 128 + off;
+    q0 = iload(q);
+    q1 = iload(q + 64);
+  } else {
+    block_codes<F>(g + un * Fmt<F>::kUnitBytes, j, k, off, q0, q1);
+  }
+}
+
+// Block j's int32 lanes at lane0: sc[0] the scale (Q6_K: the first half's), sc[1] the min
+// (Q6_K: the second half's scale).
+template <int64_t F, bool kDecoded>
+inline void k_scales(const uint8_t* g, int64_t un, int j, int lane0, vi sc[2]) {
+  if constexpr (kDecoded) {
+    const uint8_t* p = g + (un * 8 + j) * kDecBlock + 512 + 4 * lane0;
+    sc[0] = iload(p);
+    sc[1] = iload(p + 64);
+  } else {
+    using Q = Fmt<F>;
+    const uint8_t* s = g + un * Q::kUnitBytes + Q::U * (256 + Q::P) + j * Q::S + lane0;
+    if constexpr (F == kQ6_K) {
+      sc[0] = iload_i8((const int8_t*)s);
+      sc[1] = iload_i8((const int8_t*)s + 16);
+    } else {
+      sc[0] = iload_u8(s);
+      sc[1] = iload_u8(s + 16);
+    }
+  }
+}
+
+// Unit un's D and -Dmin (Q6_K: D only) at lane0.
+template <int64_t F, bool kDecoded>
+inline void k_unit(const uint8_t* g, int64_t B, int64_t un, int lane0, vf& d, vf& nm) {
+  if constexpr (kDecoded) {
+    const float* f = (const float*)(g + B * kDecBlock + un * kDecUnit) + lane0;
+    d = load(f);
+    nm = load(f + 16);
+  } else {
+    using Q = Fmt<F>;
+    const uint8_t* t = g + un * Q::kUnitBytes + Q::U * (256 + Q::P + Q::S);
+    d = load_half(t + 2 * lane0);
+    nm = F == kQ6_K ? zero() : sub(zero(), load_half(t + 32 + 2 * lane0));
+  }
+}
+
+// Unit un's mins (Q4_K, Q5_K) at lane0 as int16 pairs: mp[i] = (min of block 2i, of 2i + 1).
+template <int64_t F, bool kDecoded>
+inline void k_min_pairs(const uint8_t* g, int64_t B, int64_t un, int lane0, vi mp[4]) {
+  if constexpr (kDecoded) {
+    const uint8_t* p = g + B * kDecBlock + un * kDecUnit + 128 + 4 * lane0;
+    for (int i = 0; i < 4; ++i) mp[i] = iload(p + 64 * i);
+  } else {
+    using Q = Fmt<F>;
+    const uint8_t* s = g + un * Q::kUnitBytes + Q::U * (256 + Q::P) + 16 + lane0;
+    for (int i = 0; i < 4; ++i) mp[i] = u8_pairs(s + 2 * i * Q::S, s + (2 * i + 1) * Q::S);
+  }
+}
+
+// One K-quant group's B blocks -> dec_group_bytes(B) bytes (kDecBlock's layout).
+template <int64_t F>
+void decode_kgroup(const uint8_t* w, int64_t B, uint8_t* out) {
+  constexpr int64_t kPerBlock = Fmt<F>::kUnitBytes / 8;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t un = b / 8;
+    const int j = (int)(b % 8);
+    uint8_t* o = out + b * kDecBlock;
+    for (int64_t at = 0; at < kPerBlock; at += 64)  // as dot_kquant does
+      __builtin_prefetch((const char*)w + un * Fmt<F>::kUnitBytes + j * kPerBlock + kPrefetch +
+                         at);
+    for (int k = 0; k < 4; ++k)
+      for (int v = 0; v < kSub; ++v) {
+        vi q0, q1;
+        k_codes<F, false>(w, un, j, k, v * 4 * kW, q0, q1);
+        istore(o + k * 128 + v * 4 * kW, q0);
+        istore(o + k * 128 + 64 + v * 4 * kW, q1);
+      }
+    for (int v = 0; v < kSub; ++v) {
+      vi sc[2];
+      k_scales<F, false>(w, un, j, v * kW, sc);
+      istore(o + 512 + 4 * v * kW, sc[0]);
+      istore(o + 576 + 4 * v * kW, sc[1]);
+    }
+  }
+  for (int64_t un = 0; un < B / 8; ++un) {
+    uint8_t* o = out + B * kDecBlock + un * kDecUnit;
+    for (int v = 0; v < kSub; ++v) {
+      vf d, nm;
+      k_unit<F, false>(w, B, un, v * kW, d, nm);
+      store((float*)o + v * kW, d);
+      store((float*)o + 16 + v * kW, nm);
+      if constexpr (F != kQ6_K) {
+        vi mp[4];
+        k_min_pairs<F, false>(w, B, un, v * kW, mp);
+        for (int i = 0; i < 4; ++i) istore(o + 128 + 64 * i + 4 * v * kW, mp[i]);
+      }
+    }
+  }
+}
+
+// R rows x NG groups of 16 outputs of a K-quant over all of K (the header's K-quant order):
+// per block the exact integer sums H, folded into the super-block's integer sum with the
+// block's integer scale; per super-block one conversion and a fused multiply-add each for the
+// scales and the mins. From the packed weights at w, or (kDecoded) decode_kgroup's bytes.
+template <int64_t F, int R, int NG, bool kDecoded>
+void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
+                const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
+  using Q = Fmt<F>;
+  constexpr int V = NG * kSub;
+  constexpr int NS = Q::kHalves ? 2 : 1;
+  constexpr bool kPairs = kPairSums && R == 1 && Q::kBits == 4;  // as dot_block
+  // integer sums per block: Q6_K's halves apart; with VNNI the first and second 16's apart
+  // too (two dependency chains a tile hide vpdpbusd's latency: AVX-512 Q4_K +8 %); below it
+  // one (dot_q4x2 adds the two in int16 first: fewer instructions, fewer registers)
+  constexpr int NH = Q::kHalves || !kPairSums ? 2 : 1;
+  const KAct* ka = (const KAct*)sc;
+  const int64_t B = K / 32, units = B / 8;
+  const int64_t group_stride = kDecoded ? dec_group_bytes(B) : units * Q::kUnitBytes;
+  vf acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = zero();
+  for (int64_t un = 0; un < units; ++un) {
+    vi CI[R][V];  // sum over the unit's blocks of scale * H (Q6_K: of (H - 32 sum hi))
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) CI[r][v] = izero();
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = un * 8 + j;
+      if constexpr (!kDecoded && kPrefetch > 0) {  // as dot_block
+        constexpr int64_t kPerBlock = Q::kUnitBytes / 8;
+        for (int g = 0; g < NG; ++g) {
+          const char* p = (const char*)w + g * group_stride + un * Q::kUnitBytes +
+                          j * kPerBlock + kPrefetch;
+          for (int64_t o = 0; o < kPerBlock; o += 64) __builtin_prefetch(p + o);
+        }
+      }
+      vi H[R][V][NH];
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < V; ++v)
+          for (int h = 0; h < NH; ++h) H[r][v][h] = izero();
+      for (int k = 0; k < 4; ++k) {
+        vi q0[V], q1[V];
+        for (int v = 0; v < V; ++v)
+          k_codes<F, kDecoded>(w + (v / kSub) * group_stride, un, j, k, (v % kSub) * 4 * kW,
+                               q0[v], q1[v]);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* ab = a + (r * B + b) * 64 + 4 * k;
+          vi h0 = bcast4(ab), h1 = bcast4(ab + 16);
+          for (int v = 0; v < V; ++v) {
+            if constexpr (kPairs) {
+              H[r][v][0] = q4x2_pairs(H[r][v][0], q0[v], h0, q1[v], h1);
+            } else if constexpr (NH == 1) {
+              H[r][v][0] = dot_q4x2(H[r][v][0], q0[v], h0, q1[v], h1);
+            } else {
+              H[r][v][0] = dot_codes(H[r][v][0], q0[v], h0);
+              H[r][v][1] = dot_codes(H[r][v][1], q1[v], h1);
+            }
+          }
+        }
+      }
+      for (int v = 0; v < V; ++v) {
+        vi s[2];
+        k_scales<F, kDecoded>(w + (v / kSub) * group_stride, un, j, (v % kSub) * kW, s);
+        for (int r = 0; r < R; ++r) {
+          const KAct& x = ka[r * B + b];
+          vi t;
+          if constexpr (NS == 2) {
+            t = iadd(imul(isub(H[r][v][0], iset1(32 * x.h0)), s[0]),
+                     imul(isub(H[r][v][1], iset1(32 * x.h1)), s[1]));
+          } else {
+            const vi h = kPairs ? widen_pairs(H[r][v][0])
+                                : NH == 1 ? H[r][v][0] : iadd(H[r][v][0], H[r][v][NH - 1]);
+            t = imul(h, s[0]);
+          }
+          CI[r][v] = iadd(CI[r][v], ishlv(t, iset1(x.sh)));
+        }
+      }
+    }
+    for (int v = 0; v < V; ++v) {
+      const uint8_t* g = w + (v / kSub) * group_stride;
+      const int lane0 = (v % kSub) * kW;
+      vf d, nm;
+      k_unit<F, kDecoded>(g, B, un, lane0, d, nm);
+      vi mp[4];  // the unit's blocks' mins (Q4_K, Q5_K)
+      if constexpr (NS == 1) k_min_pairs<F, kDecoded>(g, B, un, lane0, mp);
+      for (int r = 0; r < R; ++r) {
+        const KAct* x = ka + r * B + un * 8;
+        const vf s = set1(x->s);
+        acc[r][v] = fmadd(to_float(CI[r][v]), mul(d, s), acc[r][v]);
+        if constexpr (NS == 1) {
+          vi mi = izero();
+          for (int i = 0; i < 4; ++i) mi = dot_i16(mi, mp[i], bcast4(&x[2 * i].hp));
+          acc[r][v] = fmadd(to_float(mi), mul(nm, s), acc[r][v]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v)
+      store_out(acc[r][v], bias, y + r * ldy, n0 + 16 * (v / kSub) + (v % kSub) * kW, N);
+}
+
+// R rows x NG groups of 16 outputs of a legacy format over all of K: per block the exact
+// integer sums, then the epilogue (the header's order).
 template <int64_t F, int R, int NG>
 void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
                const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
@@ -246,9 +519,6 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
           for (int v = 0; v < V; ++v) {
             if constexpr (kPairs) {
               H[r][v][0] = q4x2_pairs(H[r][v][0], q0[v], h0, q1[v], h1);
-            } else if constexpr (Q::kHalves) {
-              H[r][v][0] = dot_codes(H[r][v][0], q0[v], h0);
-              H[r][v][1] = dot_codes(H[r][v][1], q1[v], h1);
             } else if constexpr (Q::kBytes) {
               H[r][v][0] = dot_s8(dot_s8(H[r][v][0], q0[v], h0), q1[v], h1);
             } else {
@@ -291,6 +561,12 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
 // AVX-512 loses ~10 % (the decoded bytes come from L2, the packed ones were in L1): hence
 // the threshold per level.
 constexpr int64_t kDecodeRows = kW == 16 ? 96 : 12;
+// K-quants fold their scales in integers (dot_kquant), so decoding pays from other row counts
+// (bench_gemv.py, AMD EPYC Zen 5, 2 threads): AVX-512 Q5_K / Q6_K from 32 rows (Q6_K at 64:
+// 587 vs 443 GMAC/s), Q4_K at about 96 (at 64 undecoded 685 vs 598); AVX2 Q4_K from 64 (at 16
+// undecoded 229 vs 193), Q5_K / Q6_K from 12 (at 16: 191 vs 157, 152 vs 133).
+constexpr int64_t kDecodeRowsK4 = kW == 16 ? 96 : 64;
+constexpr int64_t kDecodeRowsK = kW == 16 ? 32 : 12;
 
 template <int64_t F>
 struct Dec {
@@ -299,10 +575,14 @@ struct Dec {
 };
 // two groups of the largest decoded block
 inline int64_t dec_buffer_bytes(int64_t B) {
-  return 2 * B * Dec<kQ6_K>::kBlock;
+  return 2 * dec_group_bytes(B);
 }
 
-inline bool decodes(int64_t f, int64_t M) { return M >= kDecodeRows && f != kQ8_0; }
+inline bool decodes(int64_t f, int64_t M) {
+  if (f == kQ4_K) return M >= kDecodeRowsK4;
+  if (f == kQ5_K || f == kQ6_K) return M >= kDecodeRowsK;
+  return M >= kDecodeRows && f != kQ8_0;
+}
 
 // One group's B blocks -> [B][Dec<F>::kBlock]: per k-step q0 and q1
 // (block_codes' bytes), then d[NS][16], m[NS][16] (block_scales').
@@ -392,7 +672,9 @@ void dot_decoded(const int8_t* a, const float* sc, int64_t K, const uint8_t* dec
 template <int64_t F, int R, int NG, bool kDecoded>
 inline void dot_rows(const int8_t* a, const float* sc, int64_t K, const uint8_t* src,
                      const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
-  if constexpr (kDecoded)
+  if constexpr (Fmt<F>::kSuper)
+    dot_kquant<F, R, NG, kDecoded>(a, sc, K, src, bias, y, ldy, n0, N);
+  else if constexpr (kDecoded)
     dot_decoded<F, R, NG>(a, sc, K, src, bias, y, ldy, n0, N);
   else
     dot_block<F, R, NG>(a, sc, K, src, bias, y, ldy, n0, N);
@@ -448,9 +730,13 @@ void dot_groups(int groups, int64_t M, const int8_t* a, const float* sc, int64_t
   const int64_t B = K / 32, group_stride = B / Fmt<F>::U * Fmt<F>::kUnitBytes;
   if constexpr (F != kQ8_0) {
     if (dec) {
-      const int64_t dec_stride = B * Dec<F>::kBlock;  // per group
-      for (int g = 0; g < groups; ++g)
-        decode_group<F>(w + g * group_stride, B, dec + g * dec_stride);
+      const int64_t dec_stride = Fmt<F>::kSuper ? dec_group_bytes(B) : B * Dec<F>::kBlock;
+      for (int g = 0; g < groups; ++g) {
+        if constexpr (Fmt<F>::kSuper)
+          decode_kgroup<F>(w + g * group_stride, B, dec + g * dec_stride);
+        else
+          decode_group<F>(w + g * group_stride, B, dec + g * dec_stride);
+      }
       return row_blocks<F, true>(groups, M, a, sc, K, dec, dec_stride, bias, y, ldy, n0, N);
     }
   }
@@ -569,22 +855,28 @@ int64_t rs_block_packed_bytes(int64_t format, int64_t N, int64_t K) {
 // scratch cannot be allocated, 2 for a bad format or K.
 int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts,
                     int64_t nparts, float* y, int64_t ldy) {
-  bool quantized = false, half = false;
+  bool quantized = false, kquants = false, half = false;  // legacy, K-quant, 16-bit parts
   for (int64_t p = 0; p < nparts; ++p) {
-    if (!rs_block_packed_bytes(parts[p].format, 1, K)) return 2;
-    (is_half(parts[p].format) ? half : quantized) = true;
+    const int64_t f = parts[p].format;
+    if (!rs_block_packed_bytes(f, 1, K)) return 2;
+    (is_half(f) ? half : is_kquant(f) ? kquants : quantized) = true;
   }
   const int64_t B = K / 32;
   const bool amx = quantized && rs_amx_enabled() && M >= kAmxMinRows;
   const int64_t Mp = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole 16-row tiles
-  // the activations in 8 bits, for the block-quantized parts only
+  // the activations in 8 bits: per block for the legacy parts (a, sc), per super-block for
+  // the K-quants (ak, ka)
   int8_t* a = quantized ? (int8_t*)aligned_alloc(64, (size_t)(Mp * 2 * K)) : nullptr;
   float* sc = quantized ? (float*)malloc((size_t)(Mp * B * kActFloats) * sizeof(float))
                         : nullptr;
+  int8_t* ak = kquants ? (int8_t*)aligned_alloc(64, (size_t)(M * 2 * K)) : nullptr;
+  KAct* ka = kquants ? (KAct*)malloc((size_t)(M * B) * sizeof(KAct)) : nullptr;
   int64_t* first = (int64_t*)malloc((size_t)(nparts + 1) * 2 * sizeof(int64_t));
-  if ((quantized && (!a || !sc)) || !first) {
+  if ((quantized && (!a || !sc)) || (kquants && (!ak || !ka)) || !first) {
     free(a);
     free(sc);
+    free(ak);
+    free(ka);
     free(first);
     return 1;
   }
@@ -592,10 +884,12 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
     memset(a + M * 2 * K, 0, (size_t)((Mp - M) * 2 * K));
     memset(sc + M * B * kActFloats, 0, (size_t)((Mp - M) * B * kActFloats) * sizeof(float));
   }
-  if (quantized) {
+  if (quantized || kquants) {
 #pragma omp parallel for schedule(static) if (M >= 16)
-    for (int64_t r = 0; r < M; ++r)
-      quantize_row(x + r * K, K, a + r * 2 * K, sc + r * B * kActFloats);
+    for (int64_t r = 0; r < M; ++r) {
+      if (quantized) quantize_row(x + r * K, K, a + r * 2 * K, sc + r * B * kActFloats);
+      if (kquants) quantize_row_k(x + r * K, K, ak + r * 2 * K, ka + r * B);
+    }
   }
   // work items, part after part: a block part's are pairs of groups of 16 outputs; a 16-bit
   // part's are kHalfGroups groups x kHalfRows rows, row chunks of one strip consecutive.
@@ -673,8 +967,9 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
       }
 #endif
       if (any_decodes && !dec) continue;
-      dispatch(part.format, groups, M, a, sc, K, w, decodes(part.format, M) ? dec : nullptr,
-               part.bias, yp, ldy, g0 * 16, part.n);
+      const bool kq = is_kquant(part.format);
+      dispatch(part.format, groups, M, kq ? ak : a, kq ? (const float*)ka : sc, K, w,
+               decodes(part.format, M) ? dec : nullptr, part.bias, yp, ldy, g0 * 16, part.n);
     }
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
     if (tiles) {
@@ -687,6 +982,8 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
   }
   free(a);
   free(sc);
+  free(ak);
+  free(ka);
   free(first);
   return failed;
 }

@@ -133,6 +133,23 @@ inline vf load_u8(const uint8_t* p) {
 inline vf load_i8(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
 }
+// kW bytes at p (unsigned / signed) as int32 lanes; a * b in int32 (the low 32 bits); x in
+// every lane.
+inline vi iload_u8(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+}
+inline vi iload_i8(const int8_t* p) {
+  return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
+}
+inline vi imul(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
+inline vi iset1(int32_t x) { return _mm512_set1_epi32(x); }
+inline vi ishlv(vi a, vi n) { return _mm512_sllv_epi32(a, n); }
+// acc += a.lo * b.lo + a.hi * b.hi, the int16 halves of each int32 lane (vpdpwssd).
+inline vi dot_i16(vi acc, vi a, vi b) { return _mm512_dpwssd_epi32(acc, a, b); }
+// kW lanes of 16-bit pairs (lo[i], hi[i]) from two runs of kW bytes.
+inline vi u8_pairs(const uint8_t* lo, const uint8_t* hi) {
+  return _mm512_or_si512(iload_u8(lo), _mm512_slli_epi32(iload_u8(hi), 16));
+}
 
 // Lane i of the result = the sum of the lanes of a[i] (a 16 x 16 transpose-and-add).
 inline vf hsum_lanes(const vf a[16]) {
@@ -287,6 +304,19 @@ inline vf load_u8(const uint8_t* p) {
 }
 inline vf load_i8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+inline vi iload_u8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+}
+inline vi iload_i8(const int8_t* p) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p));
+}
+inline vi imul(vi a, vi b) { return _mm256_mullo_epi32(a, b); }
+inline vi iset1(int32_t x) { return _mm256_set1_epi32(x); }
+inline vi ishlv(vi a, vi n) { return _mm256_sllv_epi32(a, n); }
+inline vi dot_i16(vi acc, vi a, vi b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+inline vi u8_pairs(const uint8_t* lo, const uint8_t* hi) {
+  return _mm256_or_si256(iload_u8(lo), _mm256_slli_epi32(iload_u8(hi), 16));
 }
 
 inline vf hsum_lanes(const vf a[8]) {  // an 8 x 8 transpose-and-add
@@ -460,6 +490,30 @@ inline vf load_u8(const uint8_t* p) {
 inline vf load_i8(const int8_t* p) {
   vf v;
   for (int i = 0; i < kW; ++i) v[i] = (float)p[i];
+  return v;
+}
+inline vi iload_u8(const uint8_t* p) {
+  vi v;
+  for (int i = 0; i < kW; ++i) v[i] = p[i];
+  return v;
+}
+inline vi iload_i8(const int8_t* p) {
+  vi v;
+  for (int i = 0; i < kW; ++i) v[i] = p[i];
+  return v;
+}
+inline vi imul(vi a, vi b) { return a * b; }
+inline vi iset1(int32_t x) { return vi{} + x; }
+inline vi ishlv(vi a, vi n) { return a << n; }
+inline vi dot_i16(vi acc, vi a, vi b) {
+  for (int i = 0; i < kW; ++i)
+    acc[i] += (int32_t)(int16_t)(a[i] & 0xFFFF) * (int16_t)(b[i] & 0xFFFF) +
+              (int32_t)(int16_t)((uint32_t)a[i] >> 16) * (int16_t)((uint32_t)b[i] >> 16);
+  return acc;
+}
+inline vi u8_pairs(const uint8_t* lo, const uint8_t* hi) {
+  vi v;
+  for (int i = 0; i < kW; ++i) v[i] = (int32_t)(lo[i] | (uint32_t)hi[i] << 16);
   return v;
 }
 

@@ -6,9 +6,11 @@ Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): the weights are exactly the file's and take about
 layer (q/k/v, gate/up) whose matrices differ in type — Q4_K_M files store some as Q6_K — keeps
 one part per type, side by side in the output.
 
-The activations are quantized per row and block of 32 to 8 bits (llama.cpp's Q8_1); the integer
-sum of each sub-block is exact and the float accumulation runs block by block in one fixed order, so a
-row's output is bit-identical alone or in any batch. The numerics and the packed layout are
+The activations are quantized per row to 8 bits: for the legacy types per block of 32 (llama.cpp's
+Q8_1), for the K-quants with one step per super-block of 256 and a power-of-two fraction of it per
+block (their sub-block scales then fold into exact integer sums over the super-block: one float step
+per 256 weights). The integer sums are exact and the float accumulation runs in one fixed order, so
+a row's output is bit-identical alone or in any batch. The numerics and the packed layout are
 stated in ``kernels/block_linear.cpp``; ``pack`` writes that layout from the file's bytes
 (``kernels/block_pack.cpp``; ``tests/block_pack_reference.py`` is the same in numpy).
 
