@@ -137,21 +137,29 @@ int64_t unit_bytes(int64_t f) {
 int64_t unit_blocks(int64_t f) { return f >= kQ4_K ? 8 : 1; }
 
 // One row of x [K] (K a multiple of 32) -> its activation bytes a [B][64] and floats sc [B][4].
+// One block of 32 x at step s -> its bytes a [64] (hi = round(x / s), then 32 zeros) and the
+// sums of hi over its first and second 16 (small integers: exact in any order).
+inline void round_block(const float* x, float s, int8_t* a, float& h0, float& h1) {
+  const vf vs = set1(s);
+  vf hsum[2] = {zero(), zero()};
+  for (int i = 0; i < 32; i += kW) {
+    vf h = round(div(load(x + i), vs));
+    hsum[i / 16] = add(hsum[i / 16], h);
+    store_bytes(a + i, to_int(h), 0);
+  }
+  memset(a + 32, 0, 32);
+  h0 = reduce_add(hsum[0]);
+  h1 = reduce_add(hsum[1]);
+}
+
 void quantize_row(const float* x, int64_t K, int8_t* a, float* sc) {
   for (int64_t b = 0; b < K / 32; ++b) {
     vf vmax = zero();
     for (int i = 0; i < 32; i += kW) vmax = max(vmax, abs(load(x + 32 * b + i)));
     float amax = reduce_max(vmax);
     float s = (amax > kTiny ? amax : kTiny) / 127.0f;
-    const vf vs = set1(s);
-    vf hsum[2] = {zero(), zero()};
-    for (int i = 0; i < 32; i += kW) {
-      vf h = round(div(load(x + 32 * b + i), vs));
-      hsum[i / 16] = add(hsum[i / 16], h);  // small integers: exact in any order
-      store_bytes(a + 64 * b + i, to_int(h), 0);
-    }
-    memset(a + 64 * b + 32, 0, 32);
-    const float h0 = reduce_add(hsum[0]), h1 = reduce_add(hsum[1]);
+    float h0, h1;
+    round_block(x + 32 * b, s, a + 64 * b, h0, h1);
     float* f = sc + kActFloats * b;
     f[0] = s * (1.0f / 16.0f);
     f[1] = s * (h0 + h1);
@@ -246,15 +254,9 @@ void quantize_row_k(const float* x, int64_t K, int8_t* a, KAct* ka) {
       const int64_t b = 8 * u + j;
       int e = 0;  // the block's step s / 2^e, 2^e <= amax / bmax (its hi stay in -127..127)
       while (e < 3 && bmax[j] * (float)(2 << e) <= amax) ++e;
-      const vf vs = set1(s * (1.0f / (float)(1 << e)));
-      vf hsum[2] = {zero(), zero()};
-      for (int i = 0; i < 32; i += kW) {
-        vf h = round(div(load(x + 32 * b + i), vs));
-        hsum[i / 16] = add(hsum[i / 16], h);  // small integers: exact in any order
-        store_bytes(a + 64 * b + i, to_int(h), 0);
-      }
-      memset(a + 64 * b + 32, 0, 32);
-      const int32_t h0 = (int32_t)reduce_add(hsum[0]), h1 = (int32_t)reduce_add(hsum[1]);
+      float f0, f1;
+      round_block(x + 32 * b, s * (1.0f / (float)(1 << e)), a + 64 * b, f0, f1);
+      const int32_t h0 = (int32_t)f0, h1 = (int32_t)f1;
       ka[b] = KAct{s * 0.125f, (int16_t)h0, (int16_t)h1, 3 - e, 0};
       hs[j] = (h0 + h1) * (1 << (3 - e));  // |.| <= 32 * 127 * 8 < 2^15
     }
