@@ -3,12 +3,14 @@
 //
 // Query row t belongs to sequence row_seq[t] and attends to its first row_len[t] tokens (the
 // causal limit; a sliding-window layer: only the last `window` of them), whose KV lives in the
-// pool blocks table[row_seq[t], 0..]; the row's grouped
-// query heads (H / KVH per KV head) share each K and V load. One work item per (row, KV head)
-// with a fixed order of operations: scores q.k * scale token by token, an exact two-pass
-// softmax (max, then exp and sum) and the weighted sum of V, in float32. So a row's result
-// depends only on its query and its context, never on how the step was batched, chunked, or
-// which part of the context came from the prefix cache.
+// pool blocks table[row_seq[t], 0..]. A prompt's rows (up to 16 consecutive rows of one
+// sequence: a tile) and each row's grouped query heads (H / KVH per KV head) share each K and V
+// load, widened to float32 once for all of them; one work item per (tile, KV head). Each row
+// keeps a fixed order of operations of its own: scores q.k * scale token by token, an exact
+// two-pass softmax (max, then exp and sum) and the weighted sum of V, in float32, the same
+// whichever rows share its tile. So a row's result depends only on its query and its context,
+// never on how the step was batched, chunked, or which part of the context came from the
+// prefix cache.
 //
 // Pool layout, as radixserve/runner/kv_cache.py allocates it: [num_blocks, block_size, KVH, dp],
 // of float32, float16 or bfloat16 (dp = d; --kv-cache-dtype; read widened to float32, exactly),
@@ -67,125 +69,195 @@ inline void store_token(KV* dst, const float* src, int64_t KVH, int64_t d) {
 constexpr int kMaxGroup = 16;  // query heads per KV head
 constexpr int kMaxDim = 256;  // head_dim
 constexpr int kMaxDimVecs = kMaxDim / kW;
+constexpr int kTileRows = 16;  // query rows of one sequence that share each K / V load
+constexpr int kVTokens = 32;  // V rows widened at a time for a tile's rows
 
-// One (row, KV head) over `len` context tokens starting at blocks[0]: q [G, d] (the row's heads
-// of this group), out [G, d]; scores scratch [G, len]. With `ml` null, out is the attention
-// output; otherwise this is one chunk of a longer context: out gets the unnormalised sum of
-// exp(score - max) * v and ml[2g], ml[2g + 1] head g's max score and sum of exp (merged by
-// merge_chunks). kG / kDV > 0 fix the group size and the kW-float vectors per head at compile
-// time (so the queries and sums stay in registers); 0 takes them from G and d at run time.
+// Head-dim vectors of V per pass for G heads: as many as keep G of them of sums in about
+// three quarters of the vector registers (a power of two, at most dv); 0 when G or dv is 0.
+constexpr int kAccRegs = kW == 16 ? 24 : 12;
+constexpr int v_block(int G, int dv) {
+  if (G <= 0 || dv <= 0) return 0;
+  int cb = 1;
+  while (cb * 2 <= dv && cb * 2 * G <= kAccRegs) cb *= 2;
+  return cb;
+}
+
+// One query row of a tile: its group's G heads of queries q [G, d], how many of the span's
+// tokens it attends to (its first `len`), and where its result goes: head g at out + g *
+// out_stride; with `ml` null the attention output, else this chunk's unnormalised sum of
+// exp(score - max) * v, with head g's max score and sum of exp at ml[g * ml_stride], +1
+// (merged by merge_chunks).
+struct TileRow {
+  const float* q;
+  int64_t len;
+  float* out;
+  int64_t out_stride;
+  float* ml;
+  int64_t ml_stride;
+};
+
+// R query rows of one sequence and KV head (a tile) over the context span starting at
+// blocks[0] token `first`; row r attends to its first rows[r].len tokens of it. Each K and V
+// row is loaded (and a 16-bit pool's widened) once for all the tile's rows and heads. Row r's
+// operations are exactly those it runs alone (R = 1), in the same order: scores kW tokens at a
+// time (kW partial sums over the head dim folded by hsum_lanes), times scale, an exact
+// two-pass softmax over its own tokens, then out += p * v token by token from its first.
+// Which rows share the tile never reaches a row's arithmetic.
+// Scratch: scores [R][G][score_stride >= the longest len], acc [R][G][dv * kW].
+// kG / kDV > 0 fix the group size and the kW-float vectors per head at compile time (so the
+// queries and sums stay in registers); 0 takes them from G and d at run time.
 template <typename KV, int kG, int kDV>
-void attend(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* blocks,
-            int64_t first, int64_t len, int G_, int64_t d, int64_t bs, int64_t token_stride,
-            float scale, float softcap, float* scores, float* out, float* ml) {
+void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
+            const int64_t* blocks, int64_t first, int G_, int64_t d, int64_t bs,
+            int64_t token_stride, float scale, float softcap, float* scores,
+            int64_t score_stride, float* acc_buf) {
+  constexpr bool kFloat = std::is_same_v<KV, float>;
   const int G = kG ? kG : G_;
   const int dv = kDV ? kDV : (int)((d + kW - 1) / kW);
   const int64_t dlast = d - kW * (dv - 1);  // floats in a head's last vector
-  vf qv[kG ? kG : kMaxGroup][kDV ? kDV : kMaxDimVecs];
-  for (int g = 0; g < G; ++g)
-    for (int c = 0; c < dv; ++c) qv[g][c] = load_n(q + g * d + kW * c, c == dv - 1 ? dlast : kW);
+  const int64_t vpitch = (int64_t)kW * dv;  // a widened row's floats
+  int64_t span = 0;
+  for (int r = 0; r < R; ++r) span = rows[r].len > span ? rows[r].len : span;
   // Scores, kW tokens at a time per query head: kW partial-sum vectors folded into one vector
   // of kW dot products (hsum_lanes), block by block (no division per token).
   const vf ninf = set1(-INFINITY);
-  alignas(64) float kwide[std::is_same_v<KV, float> ? 1 : kW * kMaxDim];  // widened K rows
-  vf vmax[kG ? kG : kMaxGroup];
-  for (int g = 0; g < G; ++g) vmax[g] = ninf;
-  for (int64_t t0 = 0; t0 < len;) {  // t0: the token's index in the span, first + t0 in all
+  alignas(64) float kwide[kW * kMaxDim];  // K rows as floats
+  vf vmax[kTileRows * (kG ? kG : kMaxGroup)];
+  for (int i = 0; i < R * G; ++i) vmax[i] = ninf;
+  for (int64_t t0 = 0; t0 < span;) {  // t0: the token's index in the span, first + t0 in all
     const int64_t off = (first + t0) % bs;  // where the span starts in this block
     const KV* kb = k_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
-    const int64_t n_block = len - t0 < bs - off ? len - t0 : bs - off;
+    const int64_t n_block = span - t0 < bs - off ? span - t0 : bs - off;
     for (int64_t i0 = 0; i0 < n_block; i0 += kW) {
       const int n = (int)(n_block - i0 < kW ? n_block - i0 : kW);
-      // A 16-bit pool's rows are widened once here for all G query heads (exactly: the same
-      // floats, so the same bits as widening per head).
+      // The n K rows, widened once here for all rows and query heads (exactly: the same
+      // floats, so the same bits as widening per head), zeros after them.
       const KV* krows = kb + i0 * token_stride;
-      int64_t kstride = token_stride;
-      if constexpr (!std::is_same_v<KV, float>) {
-        for (int i = 0; i < n; ++i) {
-          const KV* row = krows + i * token_stride;
-          for (int c = 0; c < dv; ++c) {
-            vf x = load_kv(row + kW * c, c == dv - 1 ? dlast : kW);
-            if constexpr (std::is_same_v<KV, q8>) x = mul(x, set1(row_scale(row, d)));
-            store(kwide + i * kW * dv + kW * c, x);
-          }
+      for (int i = 0; i < n; ++i) {
+        const KV* row = krows + i * token_stride;
+        for (int c = 0; c < dv; ++c) {
+          vf x = load_kv(row + kW * c, c == dv - 1 ? dlast : kW);
+          if constexpr (std::is_same_v<KV, q8>) x = mul(x, set1(row_scale(row, d)));
+          store(kwide + i * vpitch + kW * c, x);
         }
-        kstride = kW * dv;
       }
-      for (int g = 0; g < G; ++g) {
-        vf part[kW];
-        for (int i = 0; i < kW; ++i) {
-          if (i >= n) {
-            part[i] = zero();
-            continue;
-          }
-          if constexpr (std::is_same_v<KV, float>) {
-            const float* k = krows + i * kstride;
-            vf acc = mul(qv[g][0], load_n(k, dv == 1 ? dlast : kW));
+      for (int i = n; i < kW; ++i)
+        for (int c = 0; c < dv; ++c) store(kwide + i * vpitch + kW * c, zero());
+      for (int r = 0; r < R; ++r) {
+        const int64_t left = rows[r].len - (t0 + i0);
+        if (left <= 0) continue;
+        const int nr = left < n ? (int)left : n;  // this row's tokens of these n
+        for (int g = 0; g < G; ++g) {
+          // Token i's kW partial sums: the query's head-dim vector c times its K row's, in
+          // order of c (the kW tokens interleaved: independent chains).
+          const float* q = rows[r].q + g * d;
+          vf part[kW];
+          if constexpr (kW == 16) {  // 32 registers: the query's vectors stay in them
+            vf qv[kDV ? kDV : kMaxDimVecs];
+            for (int c = 0; c < dv; ++c) qv[c] = load_n(q + kW * c, c == dv - 1 ? dlast : kW);
+            for (int i = 0; i < kW; ++i) part[i] = mul(qv[0], load(kwide + i * vpitch));
             for (int c = 1; c < dv; ++c)
-              acc = fmadd(qv[g][c], load_n(k + kW * c, c == dv - 1 ? dlast : kW), acc);
-            part[i] = acc;
-          } else {  // widened rows: whole vectors, zeros past d
-            const float* k = kwide + i * kstride;
-            vf acc = mul(qv[g][0], load(k));
-            for (int c = 1; c < dv; ++c) acc = fmadd(qv[g][c], load(k + kW * c), acc);
-            part[i] = acc;
+              for (int i = 0; i < kW; ++i)
+                part[i] = fmadd(qv[c], load(kwide + i * vpitch + kW * c), part[i]);
+          } else {  // 16 registers: the sums, and the query's vector c loaded as it goes
+            vf qc = load_n(q, dv == 1 ? dlast : kW);
+            for (int i = 0; i < kW; ++i) part[i] = mul(qc, load(kwide + i * vpitch));
+            for (int c = 1; c < dv; ++c) {
+              qc = load_n(q + kW * c, c == dv - 1 ? dlast : kW);
+              for (int i = 0; i < kW; ++i)
+                part[i] = fmadd(qc, load(kwide + i * vpitch + kW * c), part[i]);
+            }
           }
+          vf sc = mul(hsum_lanes(part), set1(scale));
+          float* dst = scores + (r * G + g) * score_stride + t0 + i0;
+          store_n(dst, sc, nr);
+          if (softcap > 0.0f) {  // Gemma 2: cap * tanh(score / cap), before the softmax
+            for (int i = 0; i < nr; ++i) dst[i] = softcap * tanhf(dst[i] / softcap);
+            sc = load_n(dst, nr);
+          }
+          vmax[r * G + g] = max(vmax[r * G + g], keep_n(sc, nr, ninf));
         }
-        vf sc = mul(hsum_lanes(part), set1(scale));
-        float* dst = scores + g * len + t0 + i0;
-        store_n(dst, sc, n);
-        if (softcap > 0.0f) {  // Gemma 2: cap * tanh(score / cap), before the softmax
-          for (int i = 0; i < n; ++i) dst[i] = softcap * tanhf(dst[i] / softcap);
-          sc = load_n(dst, n);
-        }
-        vmax[g] = max(vmax[g], keep_n(sc, n, ninf));
       }
     }
     t0 += n_block;
   }
-  float row_max[kMaxGroup];
-  for (int g = 0; g < G; ++g) row_max[g] = reduce_max(vmax[g]);
-  float inv_sum[kMaxGroup];
-  for (int g = 0; g < G; ++g) {
-    float* sg = scores + g * len;
-    const vf m = set1(row_max[g]);
-    vf sum = zero();
-    for (int64_t t = 0; t < len; t += kW) {
-      vf e = keep_n(exp_ps(sub(load_n(sg + t, len - t), m)), len - t, zero());
-      store_n(sg + t, e, len - t);
-      sum = add(sum, e);
+  // Softmax per row and head over its own tokens: exp(score - max) in place, and the sum.
+  float inv_sum[kTileRows * kMaxGroup];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) {
+      const int64_t len = rows[r].len;
+      float* sg = scores + (r * G + g) * score_stride;
+      const float row_max = reduce_max(vmax[r * G + g]);
+      const vf m = set1(row_max);
+      vf sum = zero();
+      for (int64_t t = 0; t < len; t += kW) {
+        vf e = keep_n(exp_ps(sub(load_n(sg + t, len - t), m)), len - t, zero());
+        store_n(sg + t, e, len - t);
+        sum = add(sum, e);
+      }
+      const float total = reduce_add(sum);
+      float* ml = rows[r].ml;
+      inv_sum[r * G + g] = ml ? 1.0f : 1.0f / total;
+      if (ml) ml[g * rows[r].ml_stride] = row_max, ml[g * rows[r].ml_stride + 1] = total;
     }
-    const float total = reduce_add(sum);
-    inv_sum[g] = ml ? 1.0f : 1.0f / total;
-    if (ml) ml[2 * g] = row_max[g], ml[2 * g + 1] = total;
-  }
-  vf acc[kG ? kG : kMaxGroup][kDV ? kDV : kMaxDimVecs];
-  for (int g = 0; g < G; ++g)
-    for (int c = 0; c < dv; ++c) acc[g][c] = zero();
-  for (int64_t t0 = 0; t0 < len;) {
+  // out += p * v, token by token: kVTokens V rows at a time, widened once for all the tile's
+  // rows; per row, kCB head-dim vectors at a time for all its heads (the sums in registers),
+  // carried in acc_buf between them.
+  alignas(64) float vwide[kVTokens * kMaxDim];
+  constexpr int kCB = v_block(kG, kDV);
+  const int CB = kCB ? kCB : v_block(G, dv);
+  for (int64_t t0 = 0; t0 < span;) {
     const int64_t off = (first + t0) % bs;
-    const KV* v = v_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
-    const int64_t n = len - t0 < bs - off ? len - t0 : bs - off;
-    for (int64_t i = 0; i < n; ++i, v += token_stride) {
-      vf vv[kDV ? kDV : kMaxDimVecs];
-      for (int c = 0; c < dv; ++c) vv[c] = load_kv(v + kW * c, c == dv - 1 ? dlast : kW);
-      if constexpr (std::is_same_v<KV, q8>) {
-        const vf sv = set1(row_scale(v, d));
-        for (int c = 0; c < dv; ++c) vv[c] = mul(vv[c], sv);
+    const KV* vb = v_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
+    const int64_t n_block = span - t0 < bs - off ? span - t0 : bs - off;
+    for (int64_t i0 = 0; i0 < n_block; i0 += kVTokens) {
+      const int n = (int)(n_block - i0 < kVTokens ? n_block - i0 : kVTokens);
+      const KV* vrows = vb + i0 * token_stride;
+      for (int i = 0; i < n; ++i) {
+        const KV* row = vrows + i * token_stride;
+        for (int c = 0; c < dv; ++c) {
+          vf x = load_kv(row + kW * c, c == dv - 1 ? dlast : kW);
+          if constexpr (std::is_same_v<KV, q8>) x = mul(x, set1(row_scale(row, d)));
+          store(vwide + i * vpitch + kW * c, x);
+        }
       }
-      for (int g = 0; g < G; ++g) {
-        vf p = set1(scores[g * len + t0 + i]);
-        for (int c = 0; c < dv; ++c) acc[g][c] = fmadd(p, vv[c], acc[g][c]);
+      const int64_t at = t0 + i0;  // the first of these tokens in the span
+      for (int r = 0; r < R; ++r) {
+        const int64_t left = rows[r].len - at;
+        if (left <= 0) continue;
+        const int nr = left < n ? (int)left : n;
+        float* keep = acc_buf + r * G * vpitch;
+        const float* p = scores + r * G * score_stride + at;
+        for (int c0 = 0; c0 < dv; c0 += CB) {
+          const int cn = kCB && kDV % kCB == 0 ? kCB : (dv - c0 < CB ? dv - c0 : CB);
+          vf acc[kCB ? kG * kCB : kMaxGroup * kMaxDimVecs];  // [g][c - c0]
+          for (int g = 0; g < G; ++g)
+            for (int c = 0; c < cn; ++c)
+              acc[g * CB + c] = at == 0 ? zero() : load(keep + g * vpitch + kW * (c0 + c));
+          for (int i = 0; i < nr; ++i) {
+            const float* v = vwide + i * vpitch + kW * c0;
+            for (int g = 0; g < G; ++g) {
+              const vf pg = set1(p[g * score_stride + i]);
+              for (int c = 0; c < cn; ++c)
+                acc[g * CB + c] = fmadd(pg, load(v + kW * c), acc[g * CB + c]);
+            }
+          }
+          for (int g = 0; g < G; ++g)
+            for (int c = 0; c < cn; ++c) store(keep + g * vpitch + kW * (c0 + c), acc[g * CB + c]);
+        }
       }
     }
-    t0 += n;
+    t0 += n_block;
   }
-  for (int g = 0; g < G; ++g) {
-    vf is = set1(inv_sum[g]);
-    for (int c = 0; c < dv; ++c)
-      store_n(out + g * d + kW * c, ml ? acc[g][c] : mul(acc[g][c], is),
-              c == dv - 1 ? dlast : kW);
-  }
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) {
+      const float* a = acc_buf + (r * G + g) * vpitch;
+      const vf is = set1(inv_sum[r * G + g]);
+      float* out = rows[r].out + g * rows[r].out_stride;
+      for (int c = 0; c < dv; ++c)
+        store_n(out + kW * c, rows[r].ml ? load(a + kW * c) : mul(load(a + kW * c), is),
+                c == dv - 1 ? dlast : kW);
+    }
 }
 
 // One query head's output from its chunks' partials (acc [n][d], ml [n][2]), chunk by chunk in
@@ -206,8 +278,8 @@ void merge_chunks(const float* acc, const float* ml, int64_t n, int64_t stride, 
 }
 
 template <typename KV>
-using AttendFn = void (*)(const float*, const KV*, const KV*, const int64_t*, int64_t, int64_t,
-                          int, int64_t, int64_t, int64_t, float, float, float*, float*, float*);
+using AttendFn = void (*)(const TileRow*, int, const KV*, const KV*, const int64_t*, int64_t,
+                          int, int64_t, int64_t, int64_t, float, float, float*, int64_t, float*);
 
 // Context chunk of a row, in tokens: contexts longer than this are split into chunks attended
 // as separate work items (balance across threads at batch 1, each chunk's K/V read once per KV
@@ -257,18 +329,29 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
     return window > 0 && row_len[t] > window ? row_len[t] - window : (int64_t)0;
   };
   auto span_of = [&](int64_t t) { return row_len[t] - lo(t); };
-  // Work items (row, first query head, chunk), ordered row, KV head, chunk, query heads: the
-  // heads of one KV head follow each other on a chunk, which they then read from cache.
-  // Partials of a chunked row: [row's offset + head * n + chunk].
-  int64_t grouped_items = 0, partial_rows = 0;
-  int64_t* part_off = (int64_t*)malloc((size_t)(T > 0 ? T : 1) * sizeof(int64_t));
+  auto chunks_of = [&](int64_t t) { return (span_of(t) + chunk - 1) / chunk; };
+  // Tiles: runs of up to kTileRows consecutive rows of one sequence whose spans all start at
+  // its first token (a prompt's rows; a row cut by its window is a tile of its own), so their
+  // chunks begin at the same tokens. Work items (tile, first query head, chunk), ordered tile,
+  // KV head, chunk, query heads. Partials of a chunked row: [row's offset + head * n + chunk].
+  int64_t grouped_items = 0, partial_rows = 0, tiles = 0;
+  int64_t* part_off = (int64_t*)malloc((size_t)(T > 0 ? T : 1) * 3 * sizeof(int64_t));
   if (!part_off) return 1;
+  int64_t* tile_first = part_off + T;  // [tiles] the tile's first row
+  int64_t* tile_chunks = part_off + 2 * T;  // [tiles] its longest row's chunks
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t n = (span_of(t) + chunk - 1) / chunk;
-    grouped_items += KVH * n;
+    const int64_t n = chunks_of(t);
     part_off[t] = partial_rows;
     if (n > 1) partial_rows += H * n;
+    const int64_t tf = tiles ? tile_first[tiles - 1] : -1;
+    if (tf >= 0 && t - tf < kTileRows && row_seq[t] == row_seq[tf] && lo(t) == 0 && lo(tf) == 0) {
+      tile_chunks[tiles - 1] = n > tile_chunks[tiles - 1] ? n : tile_chunks[tiles - 1];
+    } else {
+      tile_first[tiles] = t;
+      tile_chunks[tiles++] = n;
+    }
   }
+  for (int64_t i = 0; i < tiles; ++i) grouped_items += KVH * tile_chunks[i];
   // Few items (a batch-1 decode: 3 KV heads for 2 threads): one item per query head instead,
   // for balance. Each query head's operations are the same either way, so are its bits.
   const bool per_head = G > 1 && grouped_items < 4 * omp_get_max_threads();
@@ -284,57 +367,64 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
     return 1;
   }
   int64_t max_span = 0;
-  for (int64_t t = 0, i = 0; t < T; ++t) {
-    const int64_t n = (span_of(t) + chunk - 1) / chunk;
-    const int64_t span = n > 1 ? chunk : span_of(t);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t span = chunks_of(t) > 1 ? chunk : span_of(t);
     max_span = span > max_span ? span : max_span;
+  }
+  for (int64_t tile = 0, i = 0; tile < tiles; ++tile)
     for (int64_t kvh = 0; kvh < KVH; ++kvh)
-      for (int64_t c = 0; c < n; ++c)
+      for (int64_t c = 0; c < tile_chunks[tile]; ++c)
         for (int64_t j = 0; j < G / group; ++j, ++i) {
-          item_row[3 * i] = t;
+          item_row[3 * i] = tile;
           item_row[3 * i + 1] = kvh * G + j * group;
           item_row[3 * i + 2] = c;
         }
-  }
   float* acc_part = partials;  // [partial_rows][d]
   float* ml_part = partials + partial_rows * d;  // [partial_rows][2]
+  const int64_t dpad = (d + kW - 1) / kW * kW;
   int failed = 0;
 #pragma omp parallel
   {
-    float* scores = (float*)malloc((size_t)(G * max_span + kW) * sizeof(float));
-    if (!scores) {
+    // scores [kTileRows][group][max_span], sums [kTileRows][group][dpad]
+    float* scratch = (float*)malloc(
+        (size_t)(kTileRows * group * (max_span + dpad) + kW) * sizeof(float));
+    if (!scratch) {
 #pragma omp atomic write
       failed = 1;
     }
-#pragma omp for schedule(dynamic, 4)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
-      if (!scores) continue;
-      const int64_t t = item_row[3 * item], first = item_row[3 * item + 1];
+      if (!scratch) continue;
+      const int64_t tile = item_row[3 * item], head = item_row[3 * item + 1];
       const int64_t c = item_row[3 * item + 2];
-      const int64_t h = first / G;  // the KV head
-      const int64_t span = span_of(t), n = (span + chunk - 1) / chunk;
-      const int64_t* blocks = table + row_seq[t] * table_stride;
-      if (n == 1) {
-        attend_fn(q + t * ldq + first * d, k_pool + h * dp, v_pool + h * dp, blocks, lo(t), span,
-                  (int)group, d, bs, width, scale, softcap, scores, out + (t * H + first) * d,
-                  nullptr);
-        continue;
+      const int64_t t_first = tile_first[tile];
+      const int64_t t_end = tile + 1 < tiles ? tile_first[tile + 1] : T;
+      const int64_t h = head / G;  // the KV head
+      TileRow rows[kTileRows];
+      int R = 0;
+      for (int64_t t = t_first; t < t_end; ++t) {
+        const int64_t span = span_of(t), n = chunks_of(t);
+        if (c >= n) continue;  // shorter than this chunk
+        TileRow& row = rows[R++];
+        row.q = q + t * ldq + head * d;
+        if (n == 1) {
+          row.len = span;
+          row.out = out + (t * H + head) * d, row.out_stride = d;
+          row.ml = nullptr, row.ml_stride = 0;
+        } else {
+          const int64_t begin = c * chunk;
+          const int64_t p = part_off[t] + head * n + c;  // head `head`, chunk c; next head +n
+          row.len = span - begin < chunk ? span - begin : chunk;
+          row.out = acc_part + p * d, row.out_stride = n * d;
+          row.ml = ml_part + 2 * p, row.ml_stride = 2 * n;
+        }
       }
-      const int64_t begin = c * chunk;
-      const int64_t len = span - begin < chunk ? span - begin : chunk;
-      const int64_t p = part_off[t] + first * n + c;  // head `first`, chunk c; next head +n
-      float ml[2 * kMaxGroup];
-      float* acc = acc_part + p * d;
-      alignas(64) float tmp[kMaxGroup * kMaxDim];
-      attend_fn(q + t * ldq + first * d, k_pool + h * dp, v_pool + h * dp, blocks,
-                lo(t) + begin, len, (int)group, d, bs, width, scale, softcap, scores, tmp, ml);
-      for (int64_t g = 0; g < group; ++g) {
-        memcpy(acc + g * n * d, tmp + g * d, (size_t)d * sizeof(float));
-        ml_part[2 * (p + g * n)] = ml[2 * g];
-        ml_part[2 * (p + g * n) + 1] = ml[2 * g + 1];
-      }
+      const int64_t* blocks = table + row_seq[t_first] * table_stride;
+      attend_fn(rows, R, k_pool + h * dp, v_pool + h * dp, blocks, lo(t_first) + c * chunk,
+                (int)group, d, bs, width, scale, softcap, scratch, max_span,
+                scratch + kTileRows * group * max_span);
     }
-    free(scores);
+    free(scratch);
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < T * H; ++th) {
       const int64_t t = th / H, head = th % H;

@@ -414,3 +414,42 @@ def test_native_long_rows_with_a_window_in_chunks_match_dense_and_the_batch(wind
         if n <= window:
             assert torch.equal(together[i], full[i])
     assert torch.equal(run([3, 0], window), together[[3, 0]])
+
+
+# -- a prompt's rows in tiles -----------------------------------------------------------------
+
+@needs_native
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 128), (6, 6, 48)])
+def test_native_prompt_rows_in_tiles_equal_each_row_alone(heads, kv_heads, dim, kv_dtype):
+    """A 600-token prompt's rows share each K / V load in tiles of up to 16 rows of the
+    sequence: every row is the same bits as that row attended alone (a decode row), whether the
+    prompt runs in one step or in uneven chunks over its cached part, across the 512-token
+    context chunk; and close to the dense result."""
+    block, num_blocks, n = 16, 48, 600
+    gen = torch.Generator().manual_seed(heads * dim)
+    blocks = torch.randperm(num_blocks, generator=gen)[:-(-n // block)].tolist()
+    q = torch.randn(n, heads, dim, generator=gen)
+    k, v = torch.randn(n, kv_heads, dim, generator=gen), torch.randn(n, kv_heads, dim, generator=gen)
+    backend = NativeCpuPagedAttention()
+    pool = (to_pool(torch.zeros(num_blocks, block, kv_heads, dim), kv_dtype),
+            to_pool(torch.zeros(num_blocks, block, kv_heads, dim), kv_dtype))
+
+    def run(start, count):
+        rows = slice(start, start + count)
+        slots = torch.tensor([blocks[p // block] * block + p % block
+                              for p in range(start, start + count)])
+        meta = backend.build_metadata(slot_mapping=slots, block_table=torch.tensor([blocks]),
+                                      context_lens=[start + count], q_lens=[count],
+                                      start_pos=[start], block_size=block)
+        return backend.forward(q[rows], k[rows], v[rows], pool, meta, dim ** -0.5)
+
+    whole = run(0, n)
+    assert torch.equal(torch.cat([run(s, c) for s, c in ((0, 5), (5, 290), (295, 218),
+                                                         (513, 87))]), whole)
+    keys = from_pool(to_pool(k, kv_dtype), kv_dtype)
+    values = from_pool(to_pool(v, kv_dtype), kv_dtype)
+    for p in [0, 1, 15, 16, 17, 100, 255, 510, 511, 512, 513, 530, 599]:
+        assert torch.equal(run(p, 1), whole[p:p + 1]), p
+        torch.testing.assert_close(whole[p], dense_row(q[p], keys[:p + 1], values[:p + 1]),
+                                   rtol=1e-4, atol=1e-5)
