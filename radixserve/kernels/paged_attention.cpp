@@ -3,7 +3,7 @@
 //
 // Query row t belongs to sequence row_seq[t] and attends to its first row_len[t] tokens (the
 // causal limit; a sliding-window layer: only the last `window` of them), whose KV lives in the
-// pool blocks table[row_seq[t], 0..]. A prompt's rows (up to 16 consecutive rows of one
+// pool blocks table[row_seq[t], 0..]. A prompt's rows (up to 32 consecutive rows of one
 // sequence: a tile) and each row's grouped query heads (H / KVH per KV head) share each K and V
 // load, widened to float32 once for all of them; one work item per (tile, KV head). Each row
 // keeps a fixed order of operations of its own: scores q.k * scale token by token, an exact
@@ -69,7 +69,7 @@ inline void store_token(KV* dst, const float* src, int64_t KVH, int64_t d) {
 constexpr int kMaxGroup = 16;  // query heads per KV head
 constexpr int kMaxDim = 256;  // head_dim
 constexpr int kMaxDimVecs = kMaxDim / kW;
-constexpr int kTileRows = 16;  // query rows of one sequence that share each K / V load
+constexpr int kTileRows = 32;  // query rows of one sequence that share each K / V load
 constexpr int kVTokens = 32;  // V rows widened at a time for a tile's rows
 
 // Head-dim vectors of V per pass for G heads: as many as keep G of them of sums in about
@@ -111,7 +111,6 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
             const int64_t* blocks, int64_t first, int G_, int64_t d, int64_t bs,
             int64_t token_stride, float scale, float softcap, float* scores,
             int64_t score_stride, float* acc_buf) {
-  constexpr bool kFloat = std::is_same_v<KV, float>;
   const int G = kG ? kG : G_;
   const int dv = kDV ? kDV : (int)((d + kW - 1) / kW);
   const int64_t dlast = d - kW * (dv - 1);  // floats in a head's last vector

@@ -422,7 +422,7 @@ def test_native_long_rows_with_a_window_in_chunks_match_dense_and_the_batch(wind
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 128), (6, 6, 48)])
 def test_native_prompt_rows_in_tiles_equal_each_row_alone(heads, kv_heads, dim, kv_dtype):
-    """A 600-token prompt's rows share each K / V load in tiles of up to 16 rows of the
+    """A 600-token prompt's rows share each K / V load in tiles of up to 32 rows of the
     sequence: every row is the same bits as that row attended alone (a decode row), whether the
     prompt runs in one step or in uneven chunks over its cached part, across the 512-token
     context chunk; and close to the dense result."""
