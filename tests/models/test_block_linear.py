@@ -123,6 +123,23 @@ def test_block_linear_rows_are_bit_identical_alone_or_in_any_batch(qtype):
 
 
 @needs_native
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_rows_in_several_activation_chunks_are_the_rows_alone(qtype):
+    """Many rows of a long K are taken in chunks of rows whose activations fit a core's L2
+    (block_linear.cpp: 64 rows at K = 8192): rows across chunk edges and in the short last
+    chunk are the bits they have alone or in a small batch, and close to the float result."""
+    n, k, m = 40, 8192, 150
+    raw, w = _matrix(qtype, n, k, seed=3)
+    layer = BlockLinear.from_stored([(qtype, raw)], k)
+    x = _input(m, k, seed=4)
+    batched = layer(x)
+    for i in (0, 63, 64, 65, 127, 128, 149):
+        assert torch.equal(layer(x[i:i + 1]), batched[i:i + 1]), i
+    assert torch.equal(layer(x[60:70]), batched[60:70])
+    assert _rel_err(batched, x.double() @ w.double().T) < REL_TOL
+
+
+@needs_native
 def test_a_layer_of_mixed_types_is_its_parts_side_by_side():
     """A fused layer keeps one part per type (Q4_K_M's q/k in Q4_K, v in Q6_K): its output is
     exactly each part's own layer output, and consecutive parts of one type pack as one."""
