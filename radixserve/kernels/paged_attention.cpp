@@ -199,13 +199,40 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
       inv_sum[r * G + g] = ml ? 1.0f : 1.0f / total;
       if (ml) ml[g * rows[r].ml_stride] = row_max, ml[g * rows[r].ml_stride + 1] = total;
     }
-  // out += p * v, token by token: kVTokens V rows at a time, widened once for all the tile's
-  // rows; per row, kCB head-dim vectors at a time for all its heads (the sums in registers),
-  // carried in acc_buf between them.
+  // out += p * v, token by token, into acc_buf. A row alone (a decode row): each V row widened
+  // in registers, the sums kept in them. A tile: kVTokens V rows at a time, widened once for
+  // all its rows; per row kCB head-dim vectors at a time for all its heads (the sums in
+  // registers), carried in acc_buf between them. The same operations per row either way.
+  const bool alone = R == 1;
+  if (alone) {
+    vf acc[kG ? kG : kMaxGroup][kDV ? kDV : kMaxDimVecs];
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < dv; ++c) acc[g][c] = zero();
+    for (int64_t t0 = 0; t0 < span;) {
+      const int64_t off = (first + t0) % bs;
+      const KV* v = v_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
+      const int64_t n = span - t0 < bs - off ? span - t0 : bs - off;
+      for (int64_t i = 0; i < n; ++i, v += token_stride) {
+        vf vv[kDV ? kDV : kMaxDimVecs];
+        for (int c = 0; c < dv; ++c) vv[c] = load_kv(v + kW * c, c == dv - 1 ? dlast : kW);
+        if constexpr (std::is_same_v<KV, q8>) {
+          const vf sv = set1(row_scale(v, d));
+          for (int c = 0; c < dv; ++c) vv[c] = mul(vv[c], sv);
+        }
+        for (int g = 0; g < G; ++g) {
+          const vf p = set1(scores[g * score_stride + t0 + i]);
+          for (int c = 0; c < dv; ++c) acc[g][c] = fmadd(p, vv[c], acc[g][c]);
+        }
+      }
+      t0 += n;
+    }
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < dv; ++c) store(acc_buf + g * vpitch + kW * c, acc[g][c]);
+  }
   alignas(64) float vwide[kVTokens * kMaxDim];
   constexpr int kCB = v_block(kG, kDV);
   const int CB = kCB ? kCB : v_block(G, dv);
-  for (int64_t t0 = 0; t0 < span;) {
+  for (int64_t t0 = 0; !alone && t0 < span;) {  // a tile's rows
     const int64_t off = (first + t0) % bs;
     const KV* vb = v_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
     const int64_t n_block = span - t0 < bs - off ? span - t0 : bs - off;
@@ -350,7 +377,12 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
       tile_chunks[tiles++] = n;
     }
   }
-  for (int64_t i = 0; i < tiles; ++i) grouped_items += KVH * tile_chunks[i];
+  int64_t tile_rows = 1;  // the largest tile's rows: the scratch each thread needs
+  for (int64_t i = 0; i < tiles; ++i) {
+    grouped_items += KVH * tile_chunks[i];
+    const int64_t rows = (i + 1 < tiles ? tile_first[i + 1] : T) - tile_first[i];
+    tile_rows = rows > tile_rows ? rows : tile_rows;
+  }
   // Few items (a batch-1 decode: 3 KV heads for 2 threads): one item per query head instead,
   // for balance. Each query head's operations are the same either way, so are its bits.
   const bool per_head = G > 1 && grouped_items < 4 * omp_get_max_threads();
@@ -381,17 +413,18 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
   float* acc_part = partials;  // [partial_rows][d]
   float* ml_part = partials + partial_rows * d;  // [partial_rows][2]
   const int64_t dpad = (d + kW - 1) / kW * kW;
+  const int item_chunk = tile_rows > 1 ? 1 : 4;  // tiles are big items; rows alone are not
   int failed = 0;
 #pragma omp parallel
   {
-    // scores [kTileRows][group][max_span], sums [kTileRows][group][dpad]
+    // scores [tile_rows][group][max_span], sums [tile_rows][group][dpad]
     float* scratch = (float*)malloc(
-        (size_t)(kTileRows * group * (max_span + dpad) + kW) * sizeof(float));
+        (size_t)(tile_rows * group * (max_span + dpad) + kW) * sizeof(float));
     if (!scratch) {
 #pragma omp atomic write
       failed = 1;
     }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, item_chunk)
     for (int64_t item = 0; item < items; ++item) {
       if (!scratch) continue;
       const int64_t tile = item_row[3 * item], head = item_row[3 * item + 1];
@@ -421,7 +454,7 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
       const int64_t* blocks = table + row_seq[t_first] * table_stride;
       attend_fn(rows, R, k_pool + h * dp, v_pool + h * dp, blocks, lo(t_first) + c * chunk,
                 (int)group, d, bs, width, scale, softcap, scratch, max_span,
-                scratch + kTileRows * group * max_span);
+                scratch + tile_rows * group * max_span);
     }
     free(scratch);
 #pragma omp for schedule(static)
