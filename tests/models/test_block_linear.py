@@ -87,11 +87,12 @@ def _k_quant_activations(x):
 
 @needs_native
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("m", [1, 5, 40, 100])
+@pytest.mark.parametrize("m", [1, 5, 16, 40, 100])
 def test_k_quants_are_exact_integer_sums_of_their_rounded_activations(qtype, m):
     """K-quants' numerics (block_linear.cpp's header): only the float steps' rounding after
     the activations' own: within 2e-5 of the float64 product of those activations and the
-    dequantized weights, on the packed and decoded paths alike (a scale, min, shift or row
+    dequantized weights, on the packed, held (16 rows) and decoded paths alike (a scale, min,
+    shift or row
     wired wrong is off by far more). The input's blocks differ in size, so they take every
     shift."""
     n, k = 100, 768
@@ -108,8 +109,9 @@ def test_block_linear_rows_are_bit_identical_alone_or_in_any_batch(qtype):
     """Single rows and small groups take the dot-product path; 40 and 100 rows the AMX one
     for the 4-bit legacy types (where the CPU has it), the others the weights decoded once per
     work item (block_linear.cpp: legacy from 12 rows below AVX-512 and 96 at it; Q5_K / Q6_K
-    from 12 / 32, Q4_K from 64 / 96): the same exact integer sums and float steps. n = 72: a
-    group pair and a lone, part-filled group."""
+    from 12 / 32, Q4_K from 64 / 96); at AVX-512 Q5_K / Q6_K from 6 to 31 rows hold each
+    block's codes in registers for all rows: the same exact integer sums and float steps.
+    n = 72: a group pair and a lone, part-filled group."""
     n, k = 72, 512
     raw, _ = _matrix(qtype, n, k, seed=1)
     layer = BlockLinear.from_stored([(qtype, raw)], k, torch.randn(n))
@@ -118,6 +120,9 @@ def test_block_linear_rows_are_bit_identical_alone_or_in_any_batch(qtype):
     assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(100)]), batched)
     assert torch.equal(torch.cat([layer(x[i:i + 3]) for i in range(0, 100, 3)]), batched)
     assert torch.equal(layer(x[:33])[:5], batched[:5])
+    assert torch.equal(layer(x[7:23]), batched[7:23])
+    assert torch.equal(layer(x[:31]), batched[:31])
+    assert torch.equal(layer(x[50:56]), batched[50:56])
     assert torch.equal(layer(x[:40]), batched[:40])
     assert layer(x[:0]).shape == (0, n)
 
