@@ -80,6 +80,7 @@
 #include <string.h>
 
 #include "half_linear.h"
+#include "scratch.h"
 #include "simd.h"
 
 namespace {
@@ -983,20 +984,15 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
   const int64_t Mp = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole 16-row tiles
   // the activations in 8 bits: per block for the legacy parts (a, sc), per super-block for
   // the K-quants (ak, ka)
-  int8_t* a = quantized ? (int8_t*)aligned_alloc(64, (size_t)(Mp * 2 * K)) : nullptr;
-  float* sc = quantized ? (float*)malloc((size_t)(Mp * B * kActFloats) * sizeof(float))
+  using scratch::get;
+  int8_t* a = quantized ? (int8_t*)get(scratch::kActivations, (size_t)(Mp * 2 * K)) : nullptr;
+  float* sc = quantized ? (float*)get(scratch::kActScales,
+                                      (size_t)(Mp * B * kActFloats) * sizeof(float))
                         : nullptr;
-  int8_t* ak = kquants ? (int8_t*)aligned_alloc(64, (size_t)(M * 2 * K)) : nullptr;
-  KAct* ka = kquants ? (KAct*)malloc((size_t)(M * B) * sizeof(KAct)) : nullptr;
-  int64_t* first = (int64_t*)malloc((size_t)(nparts + 1) * 2 * sizeof(int64_t));
-  if ((quantized && (!a || !sc)) || (kquants && (!ak || !ka)) || !first) {
-    free(a);
-    free(sc);
-    free(ak);
-    free(ka);
-    free(first);
-    return 1;
-  }
+  int8_t* ak = kquants ? (int8_t*)get(scratch::kKActivations, (size_t)(M * 2 * K)) : nullptr;
+  KAct* ka = kquants ? (KAct*)get(scratch::kKScales, (size_t)(M * B) * sizeof(KAct)) : nullptr;
+  int64_t* first = (int64_t*)get(scratch::kItems, (size_t)(nparts + 1) * 2 * sizeof(int64_t));
+  if ((quantized && (!a || !sc)) || (kquants && (!ak || !ka)) || !first) return 1;
   if (Mp > M) {
     memset(a + M * 2 * K, 0, (size_t)((Mp - M) * 2 * K));
     memset(sc + M * B * kActFloats, 0, (size_t)((Mp - M) * B * kActFloats) * sizeof(float));
@@ -1033,7 +1029,8 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
   int failed = 0;
 #pragma omp parallel
   {
-    float* strip = widen ? (float*)malloc((size_t)(kHalfGroups * 16 * K) * sizeof(float))
+    float* strip = widen ? (float*)get(scratch::kHalfStrip,
+                                       (size_t)(kHalfGroups * 16 * K) * sizeof(float))
                          : nullptr;
     if (widen && !strip) {
 #pragma omp atomic write
@@ -1043,14 +1040,14 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
     bool any_decodes = false;
     for (int64_t p = 0; p < nparts; ++p)
       any_decodes |= !is_half(parts[p].format) && decodes(parts[p].format, M);
-    uint8_t* dec = any_decodes ? (uint8_t*)aligned_alloc(64, (size_t)dec_buffer_bytes(B))
-                                : nullptr;
+    uint8_t* dec = any_decodes ? (uint8_t*)get(scratch::kDecoded, (size_t)dec_buffer_bytes(B))
+                               : nullptr;
     if (any_decodes && !dec) {
 #pragma omp atomic write
       failed = 1;
     }
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-    uint8_t* tiles = amx ? (uint8_t*)aligned_alloc(64, (size_t)(2 * B * 1024)) : nullptr;
+    uint8_t* tiles = amx ? (uint8_t*)get(scratch::kTiles, (size_t)(2 * B * 1024)) : nullptr;
     if (amx && !tiles) {
 #pragma omp atomic write
       failed = 1;
@@ -1104,19 +1101,9 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
                part.n);
     }
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-    if (tiles) {
-      _tile_release();
-      free(tiles);
-    }
+    if (tiles) _tile_release();
 #endif
-    free(strip);
-    free(dec);
   }
-  free(a);
-  free(sc);
-  free(ak);
-  free(ka);
-  free(first);
   return failed;
 }
 

@@ -34,6 +34,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "scratch.h"
 #include "simd.h"
 
 namespace {
@@ -286,13 +287,9 @@ int rs_int8_linear(const float* x, int64_t M, int64_t K, const int8_t* packed,
   const int64_t Kp = (K + 63) / 64 * 64, N16 = (N + 15) / 16, K4 = Kp / 4;
   const bool amx = g_amx && M >= kAmxMinRows;
   const int64_t Mp = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole 16-row tiles
-  uint8_t* q = (uint8_t*)aligned_alloc(64, (size_t)((2 * Mp * Kp + 63) / 64 * 64));
-  float* scales = (float*)malloc((size_t)M * sizeof(float));
-  if (!q || !scales) {
-    free(q);
-    free(scales);
-    return 1;
-  }
+  uint8_t* q = (uint8_t*)scratch::get(scratch::kInt8Activations, (size_t)(2 * Mp * Kp));
+  float* scales = (float*)scratch::get(scratch::kInt8Scales, (size_t)M * sizeof(float));
+  if (!q || !scales) return 1;
   uint8_t* qhi = q;
   uint8_t* qlo = q + Mp * Kp;
   if (Mp > M) memset(qhi + M * Kp, 128, (size_t)((Mp - M) * Kp));
@@ -343,8 +340,6 @@ int rs_int8_linear(const float* x, int64_t M, int64_t K, const int8_t* packed,
     if (amx) _tile_release();
 #endif
   }
-  free(q);
-  free(scales);
   return 0;
 }
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 SOURCES = ("int8_linear.cpp", "block_linear.cpp", "block_pack.cpp", "half_linear.cpp", "paged_attention.cpp",
            "layer_ops.cpp", "bitmask.cpp", "decoder_layer.cpp", "lora.cpp")
-HEADERS = ("simd.h", "half_linear.h")
+HEADERS = ("simd.h", "half_linear.h", "scratch.h")
 
 # Every level: optimised, no FMA contraction the source did not write (the kernels state their
 # rounding), OpenMP (bound at run time to the libgomp torch loaded).

@@ -26,6 +26,7 @@
 
 #include <type_traits>
 
+#include "scratch.h"
 #include "simd.h"
 
 namespace {
@@ -361,7 +362,8 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
   // chunks begin at the same tokens. Work items (tile, first query head, chunk), ordered tile,
   // KV head, chunk, query heads. Partials of a chunked row: [row's offset + head * n + chunk].
   int64_t grouped_items = 0, partial_rows = 0, tiles = 0;
-  int64_t* part_off = (int64_t*)malloc((size_t)(T > 0 ? T : 1) * 3 * sizeof(int64_t));
+  int64_t* part_off =
+      (int64_t*)scratch::get(scratch::kAttnOffsets, (size_t)(T > 0 ? T : 1) * 3 * sizeof(int64_t));
   if (!part_off) return 1;
   int64_t* tile_first = part_off + T;  // [tiles] the tile's first row
   int64_t* tile_chunks = part_off + 2 * T;  // [tiles] its longest row's chunks
@@ -389,14 +391,11 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
   const AttendFn<KV> attend_fn = pick_attend<KV>(per_head ? 1 : G, d);
   const int64_t group = per_head ? 1 : G;
   const int64_t items = grouped_items * G / group;
-  int64_t* item_row = (int64_t*)malloc((size_t)(items > 0 ? items : 1) * 3 * sizeof(int64_t));
-  float* partials = (float*)malloc((size_t)(partial_rows * (d + 2) + 1) * sizeof(float));
-  if (!item_row || !partials) {
-    free(part_off);
-    free(item_row);
-    free(partials);
-    return 1;
-  }
+  int64_t* item_row = (int64_t*)scratch::get(scratch::kAttnItems,
+                                              (size_t)(items > 0 ? items : 1) * 3 * sizeof(int64_t));
+  float* partials = (float*)scratch::get(scratch::kAttnPartials,
+                                         (size_t)(partial_rows * (d + 2) + 1) * sizeof(float));
+  if (!item_row || !partials) return 1;
   int64_t max_span = 0;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t span = chunks_of(t) > 1 ? chunk : span_of(t);
@@ -418,15 +417,15 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
 #pragma omp parallel
   {
     // scores [tile_rows][group][max_span], sums [tile_rows][group][dpad]
-    float* scratch = (float*)malloc(
-        (size_t)(tile_rows * group * (max_span + dpad) + kW) * sizeof(float));
-    if (!scratch) {
+    float* scores = (float*)scratch::get(
+        scratch::kAttnScores, (size_t)(tile_rows * group * (max_span + dpad) + kW) * sizeof(float));
+    if (!scores) {
 #pragma omp atomic write
       failed = 1;
     }
 #pragma omp for schedule(dynamic, item_chunk)
     for (int64_t item = 0; item < items; ++item) {
-      if (!scratch) continue;
+      if (!scores) continue;
       const int64_t tile = item_row[3 * item], head = item_row[3 * item + 1];
       const int64_t c = item_row[3 * item + 2];
       const int64_t t_first = tile_first[tile];
@@ -453,10 +452,9 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
       }
       const int64_t* blocks = table + row_seq[t_first] * table_stride;
       attend_fn(rows, R, k_pool + h * dp, v_pool + h * dp, blocks, lo(t_first) + c * chunk,
-                (int)group, d, bs, width, scale, softcap, scratch, max_span,
-                scratch + tile_rows * group * max_span);
+                (int)group, d, bs, width, scale, softcap, scores, max_span,
+                scores + tile_rows * group * max_span);
     }
-    free(scratch);
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < T * H; ++th) {
       const int64_t t = th / H, head = th % H;
@@ -466,9 +464,6 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
       merge_chunks(acc_part + p * d, ml_part + 2 * p, n, d, d, out + (t * H + head) * d);
     }
   }
-  free(part_off);
-  free(item_row);
-  free(partials);
   return failed;
 }
 
