@@ -7,14 +7,23 @@ bytes than the last-level cache) multiplied by 1, 16 and 128 rows: GB/s of weigh
 share of the bandwidth at 1 row, GMAC/s (multiply-adds) at more rows.
 
     .venv/bin/python benchmarks/bench_gemv.py [--levels amx,avx2] [--types Q4_K,Q8_0]
-        [--rows 1,16,128] [--gb 1.5] [--threads 2]
+        [--rows 1,16,128] [--gb 1.5] [--threads 2] [--against OTHER.so --reps 7]
+
+``--against`` times a second build of the same level (a copy of an earlier commit's library,
+say) on the same matrices and inputs, the two called in turn every repetition, so a shared
+machine's swings hit both alike: each cell is then this build's and the other's best GB/s or
+GMAC/s over the repetitions (their medians after), and whether every output is bit-identical.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import shutil
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,6 +77,41 @@ def time_rows(layers, rows: int, reps: int) -> float:
     return (time.perf_counter() - t) / reps
 
 
+def other_build(path: str):
+    """``rs_block_linear`` of another build of this level (through a copy: the loader keeps one
+    library per file name)."""
+    copy = Path(tempfile.mkdtemp()) / Path(path).name
+    shutil.copy(path, copy)
+    lib = ctypes.CDLL(str(copy))
+    fn = lib.rs_block_linear
+    fn.restype, fn.argtypes = native._SIGNATURES["rs_block_linear"]
+    if hasattr(lib, "rs_init"):
+        lib.rs_init(1)
+    return fn
+
+
+def time_pair(layers, rows: int, reps: int, other) -> tuple[list[float], list[float], bool]:
+    """Each repetition one pass over ``layers`` by this build, then one by ``other``: their
+    times, and whether all outputs agreed bit for bit."""
+    xs = {k: torch.randn(rows, k) for _, _, k in layers}
+    ours, theirs, same = [], [], True
+    for _ in range(reps):
+        t = time.perf_counter()
+        mine = [layer(xs[k]) for layer, _, k in layers]
+        ours.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        outs = []
+        for layer, n, k in layers:
+            w = layer._native
+            y = torch.empty(rows, n)
+            if other(xs[k].data_ptr(), rows, k, w.parts, len(w.parts), y.data_ptr(), n):
+                raise MemoryError("the other build's scratch allocation failed")
+            outs.append(y)
+        theirs.append(time.perf_counter() - t)
+        same &= all(torch.equal(a, b) for a, b in zip(mine, outs))
+    return ours, theirs, same
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     info = native.describe()
@@ -76,7 +120,11 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16,128")
     ap.add_argument("--gb", type=float, default=1.5, help="weights per type, GB")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--against", help="another build's library of the (one) level in --levels")
+    ap.add_argument("--reps", type=int, default=7, help="with --against")
     args = ap.parse_args()
+    if args.against and "," in args.levels:
+        ap.error("--against compares builds of one level: name one in --levels")
     torch.set_num_threads(args.threads)
     bw = read_bandwidth()
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
@@ -93,6 +141,7 @@ def main() -> None:
         if native.load() is None:
             print(f"| {level} | not available here |")
             continue
+        other = other_build(args.against) if args.against else None
         for kind in args.types.split(","):
             layers = matrices(kind, args.gb)
             stored = sum(layer.out_features * k * (2 if kind in ("F16", "BF16") else
@@ -102,6 +151,14 @@ def main() -> None:
             macs = sum(n * k for _, n, k in layers)
             cells = []
             for r in rows:
+                work, unit = (stored, "GB/s") if r == 1 else (macs * r, "GMAC/s")
+                if args.against:
+                    ours, theirs, same = time_pair(layers, r, args.reps, other)
+                    cells.append(f"{work / min(ours) / 1e9:.0f} vs {work / min(theirs) / 1e9:.0f}"
+                                 f" {unit} (medians {work / statistics.median(ours) / 1e9:.0f}"
+                                 f" vs {work / statistics.median(theirs) / 1e9:.0f})"
+                                 + ("" if same else " OUTPUTS DIFFER"))
+                    continue
                 dt = time_rows(layers, r, 5 if r == 1 else 2)
                 cells.append(f"{stored / dt / 1e9:.1f} GB/s ({stored / dt / 1e9 / bw:.0%})"
                              if r == 1 else f"{macs * r / dt / 1e9:.0f} GMAC/s")
