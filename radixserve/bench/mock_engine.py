@@ -3,7 +3,8 @@
 Prefill is instant; each step emits one random token per running request until its
 ``max_tokens`` (EOS is never sampled). It speaks the same ZMQ protocol through core_proc.
 Steps run back to back, or at most one per ``step_time`` seconds to stand in for a model's
-decode step (``radixserve serve --mock-engine --mock-step-ms 20``). At most ``max_num_seqs``
+decode step (``radixserve serve --mock-engine --mock-step-ms 20``), the wait slept in slices of
+at most ``LAYER_S`` with ``layer_done()`` between them, as a model's layers call it. At most ``max_num_seqs``
 requests run; the others wait in arrival order (``--mock-max-seqs``), so queueing and
 admission control can be measured without a model.
 """
@@ -15,7 +16,10 @@ import time
 from collections import OrderedDict
 
 from radixserve.core.reports import EngineCoreOutput, EngineState, RequestInfo, SchedulerStats
+from radixserve.layers.layer_progress import layer_done
 from radixserve.messages import EngineCoreOutputs, EngineCoreRequest, EngineStateQuery
+
+LAYER_S = 0.1  # a stand-in layer's time within a step
 
 
 class _MockKV:
@@ -93,8 +97,9 @@ class MockEngine:
     def step(self) -> EngineCoreOutputs:
         if self.step_time:
             now = time.monotonic()
-            if now < self._next_step:
-                time.sleep(self._next_step - now)
+            while (left := self._next_step - time.monotonic()) > 0:
+                time.sleep(min(left, LAYER_S))
+                layer_done()
             self._next_step = max(now, self._next_step) + self.step_time
         self._steps = step = self._steps + 1
         queued: dict[str, float] = {}  # scheduled this step -> its queue time (first output)

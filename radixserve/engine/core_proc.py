@@ -12,7 +12,9 @@ are drained (its ``state`` set; every other message carries None there, one byte
 each).
 Idle, it blocks on the input socket (waking every second to notice an orphaned process).
 A fault while stepping fails the requests it belongs to inside ``engine.step()``; one that
-escapes it ends this process, and the API process starts a new one.
+escapes it ends this process, and the API process starts a new one. A step that runs longer
+than ``HEARTBEAT_S`` also sends an empty ``EngineCoreOutputs`` between its decoder layers that
+often (`Heartbeat`, layers/layer_progress.py): progress the API process's stall watch sees.
 
 Torch-free at import: the API process imports this module to start the process, and
 `build_engine` sizes the thread pools before torch loads.
@@ -38,6 +40,7 @@ from radixserve.messages import (
 
 _IDLE_POLL_MS = 1000
 _SEND_TIMEOUT_MS = 1000
+HEARTBEAT_S = 1.0  # a step's sign of life between its layers, at most this often
 
 
 class _Orphaned(Exception):
@@ -151,8 +154,31 @@ def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
         ctx.term()
 
 
+class Heartbeat:
+    """Installed between the decoder layers (layers/layer_progress.py): an empty
+    ``EngineCoreOutputs`` when ``HEARTBEAT_S`` have passed since this process's last message
+    (``send`` is how the loop sends, so it knows when that was)."""
+
+    def __init__(self, out: zmq.Socket, encoder, parent: int) -> None:
+        self.out, self.encoder, self.parent = out, encoder, parent
+        self.last = time.monotonic()
+        self._empty = encoder.encode(EngineCoreOutputs([], 0.0))
+
+    def send(self, data: bytes) -> None:
+        _send(self.out, data, self.parent)
+        self.last = time.monotonic()
+
+    def __call__(self) -> None:
+        if time.monotonic() - self.last >= HEARTBEAT_S:
+            self.send(self._empty)
+
+
 def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> None:
+    from radixserve.layers import layer_progress  # torch-free
+
     decoder = msgspec.msgpack.Decoder(EngineInput)
+    heartbeat = Heartbeat(out, encoder, parent)
+    layer_progress.install(heartbeat)
     while True:
         busy = engine.has_unfinished_requests()
         if inp.poll(0 if busy else _IDLE_POLL_MS):
@@ -191,12 +217,12 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
                 # report refusals, the asked-for state, resets and fresh stats (e.g. after an
                 # abort) now, not after the next step
                 answer = None if state is None else engine.state(state)
-                _send(out, encoder.encode(EngineCoreOutputs(
+                heartbeat.send(encoder.encode(EngineCoreOutputs(
                     errors, time.time(), engine_stats(engine), answer, resets or None,
-                    loras or None)), parent)
+                    loras or None)))
         elif not busy and os.getppid() != parent:
             return  # orphaned: the API process is gone
         if engine.has_unfinished_requests():
             outputs = engine.step()
             outputs.stats = engine_stats(engine)
-            _send(out, encoder.encode(outputs), parent)
+            heartbeat.send(encoder.encode(outputs))

@@ -1,8 +1,10 @@
 """ProgressWatch: when the engine last showed progress, and how long its steps take.
 
-The engine sends one ``EngineCoreOutputs`` per step while it has work, so in the API process
-"a message arrived" is the engine's heartbeat, and the gap between two messages while requests
-are in flight is one step's time (plus the engine's input handling, which is small):
+The engine sends one ``EngineCoreOutputs`` per step while it has work, and an empty one between
+the decoder layers of a step longer than a few seconds (engine/core_proc.py ``Heartbeat``), so
+in the API process "a message arrived" is the engine's heartbeat, and the gap between two
+messages while requests are in flight is one step's time, or a long step's few seconds (plus
+the engine's input handling, which is small):
 
     work arrives at an idle engine ──▶ clock starts (t0)
     message ──▶ step time = now - t0, recorded;  t0 = now

@@ -31,6 +31,7 @@ from radixserve.kernels import native, ops
 from radixserve.layers.attn_backends.cpu_native import NativeAttentionMetadata
 from radixserve.layers.block_linear import BlockLinear
 from radixserve.layers.int8_linear import Int8Linear
+from radixserve.layers.layer_progress import layer_done
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.layers.row_parallel import RowParallelLinear
@@ -148,6 +149,7 @@ class PythonLayerStack:
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
+            layer_done()
         return x, residual
 
 
@@ -190,6 +192,7 @@ class NativeLayerStack:
                 if self._comm is None:
                     if step.layer(layer, i == 0):
                         raise RuntimeError(f"native decoder layer {i} failed (memory or shapes)")
+                    layer_done()
                     continue
                 # a tensor-parallel rank: sum x over the ranks after each half
                 if step.attention(layer, i == 0):
@@ -198,6 +201,7 @@ class NativeLayerStack:
                 if step.mlp(layer):
                     raise RuntimeError(f"native decoder layer {i} failed (memory)")
                 self._comm.all_reduce(x)
+                layer_done()
         return x, step.residual
 
     def _layer_structs(self, kv_caches: list, block_size: int) -> list[ops.DecoderLayer]:

@@ -106,6 +106,30 @@ def test_an_engine_continued_before_the_limit_fails_nothing(server):
     assert _health(url).json() == {"status": "ok"}
 
 
+def test_a_step_longer_than_the_limit_is_not_a_hang_while_its_layers_finish():
+    """A model's step may take longer than the stall limit (a 2,048-token prefill of a 3B
+    model on two AVX2 cores: more than 30 s). Its layers' sign of life (core_proc.Heartbeat,
+    once a second between layers) keeps /health 200 and the request alive: a mock engine whose
+    steps take twice the limit, slept in stand-in layers."""
+    s = ServerProc("--mock-engine", "--mock-step-ms", str(int(2000 * STALL_S)),
+                   "--engine-stall-timeout", str(STALL_S), timeout=120)
+    try:
+        engine = s.engine_pid()
+        stream = _Stream(s.url, _stream_body(2))
+        stream.start()
+        t0 = time.monotonic()
+        while stream.is_alive():
+            assert _health(s.url).status_code == 200
+            assert time.monotonic() - t0 < 60
+            time.sleep(0.1)
+        assert stream.error is None and stream.status == 200
+        assert stream.payloads[-1] == "[DONE]"
+        assert time.monotonic() - t0 > 2 * STALL_S  # at least one step ran the whole time
+        assert s.engine_pid() == engine and _restarts(s.url) == 0
+    finally:
+        assert s.stop() == 0
+
+
 def test_a_stopped_replica_fails_its_own_requests_and_is_replaced_alone():
     s = ServerProc("--mock-engine", "--mock-step-ms", "20", "--max-model-len", "1000000",
                    "--data-parallel-size", "2", "--dp-routing", "round_robin",
