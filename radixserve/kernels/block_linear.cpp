@@ -386,6 +386,21 @@ void decode_kgroup(const uint8_t* w, int64_t B, uint8_t* out) {
   }
 }
 
+// One row's float step for a super-block (the header's K-quant order): its integer sum CI
+// times D * s, then (NS == 1: Q4_K, Q5_K) its mins' sum from the mins' pairs mp times -Dmin * s;
+// x: the row's KAct of the super-block's first block.
+template <int NS>
+inline vf super_block_step(vf acc, vi CI, vf d, vf nm, const vi mp[4], const KAct* x) {
+  const vf s = set1(x->s);
+  acc = fmadd(to_float(CI), mul(d, s), acc);
+  if constexpr (NS == 1) {
+    vi mi = izero();
+    for (int i = 0; i < 4; ++i) mi = dot_i16(mi, mp[i], bcast4(&x[2 * i].hp));
+    acc = fmadd(to_float(mi), mul(nm, s), acc);
+  }
+  return acc;
+}
+
 // R rows x NG groups of 16 outputs of a K-quant over all of K (the header's K-quant order):
 // per block the exact integer sums H, folded into the super-block's integer sum with the
 // block's integer scale; per super-block one conversion and a fused multiply-add each for the
@@ -470,16 +485,8 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
       k_unit<F, kDecoded>(g, B, un, lane0, d, nm);
       vi mp[4];  // the unit's blocks' mins (Q4_K, Q5_K)
       if constexpr (NS == 1) k_min_pairs<F, kDecoded>(g, B, un, lane0, mp);
-      for (int r = 0; r < R; ++r) {
-        const KAct* x = ka + r * B + un * 8;
-        const vf s = set1(x->s);
-        acc[r][v] = fmadd(to_float(CI[r][v]), mul(d, s), acc[r][v]);
-        if constexpr (NS == 1) {
-          vi mi = izero();
-          for (int i = 0; i < 4; ++i) mi = dot_i16(mi, mp[i], bcast4(&x[2 * i].hp));
-          acc[r][v] = fmadd(to_float(mi), mul(nm, s), acc[r][v]);
-        }
-      }
+      for (int r = 0; r < R; ++r)
+        acc[r][v] = super_block_step<NS>(acc[r][v], CI[r][v], d, nm, mp, ka + r * B + un * 8);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -560,16 +567,8 @@ void dot_kquant_held(int64_t M, const int8_t* a, const float* sc, int64_t K, con
       k_unit<F, false>(g, B, un, lane0, d, nm);
       vi mp[4];
       if constexpr (NS == 1) k_min_pairs<F, false>(g, B, un, lane0, mp);
-      for (int64_t r = 0; r < M; ++r) {
-        const KAct* x = ka + r * B + un * 8;
-        const vf xs = set1(x->s);
-        acc[r][v] = fmadd(to_float(CI[r][v]), mul(d, xs), acc[r][v]);
-        if constexpr (NS == 1) {
-          vi mi = izero();
-          for (int i = 0; i < 4; ++i) mi = dot_i16(mi, mp[i], bcast4(&x[2 * i].hp));
-          acc[r][v] = fmadd(to_float(mi), mul(nm, xs), acc[r][v]);
-        }
-      }
+      for (int64_t r = 0; r < M; ++r)
+        acc[r][v] = super_block_step<NS>(acc[r][v], CI[r][v], d, nm, mp, ka + r * B + un * 8);
     }
   }
   for (int64_t r = 0; r < M; ++r)
