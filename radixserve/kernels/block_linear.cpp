@@ -501,7 +501,7 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
 // a block's codes fit the registers (AVX-512: 16 of 32). The same integers and the same
 // float steps per row in the same order as dot_kquant, so the same bits. Measured on
 // bench_gemv.py's matrices, the two builds alternated in one process, AMD EPYC Zen 5, 2
-// threads, rows 8 / 16 / 24, GMAC/s: Q6_K 291 -> 323, 318 -> 378, 343 -> 444; Q5_K
+// threads, rows 8 / 16 / 24, GMAC/s (medians of 5): Q6_K 291 -> 323, 318 -> 378, 343 -> 444; Q5_K
 // (8, 16, 24) 334 -> 389, 388 -> 476, 422 -> 514 (Q4_K +3 % at 16, within the noise: left
 // on dot_kquant). From 32 rows the decoded path (decodes()) is as fast.
 constexpr int kHeldRows = 32;
