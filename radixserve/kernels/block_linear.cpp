@@ -659,16 +659,20 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
 // (Chunks of 8 or 32 blocks along K, the decoded chunk in L1 and the accumulators kept in y
 // between chunks, measured 5-20 % slower than whole rows.) The integer sums and the epilogue
 // are the same operations on the same values in the same order, so a row's output is
-// bit-identical to the undecoded path's (fewer rows, or one alone). Measured (bench_gemv.py, AMD EPYC Zen 5, 2 threads), 128 rows: AVX-512 Q4_K
-// +8 %, Q6_K +13 %, Q5_K +32 %; AVX2 +16 %, +36 %, +61 %; at 16 rows AVX2 gains 7-35 % but
-// AVX-512 loses ~10 % (the decoded bytes come from L2, the packed ones were in L1): hence
-// the threshold per level.
-constexpr int64_t kDecodeRows = kW == 16 ? 96 : 12;
+// bit-identical to the undecoded path's (fewer rows, or one alone). Measured (bench_gemv.py,
+// AMD EPYC Zen 5, 2 threads), 128 rows: AVX-512 Q4_K +8 %, Q6_K +13 %, Q5_K +32 %; AVX2 +16 %,
+// +36 %, +61 %; at 16 rows AVX2 gains 7-35 % but AVX-512 loses ~10 % (the decoded bytes come
+// from L2, the packed ones were in L1): hence the threshold per level.
+constexpr int64_t kDecodeRows = kW == 16 ? 96 : kVnni ? 64 : 12;
 // K-quants fold their scales in integers (dot_kquant), so decoding pays from other row counts
 // (bench_gemv.py, AMD EPYC Zen 5, 2 threads): AVX-512 Q5_K / Q6_K from 32 rows (Q6_K at 64:
 // 587 vs 443 GMAC/s), Q4_K at about 96 (at 64 undecoded 685 vs 598); AVX2 Q4_K from 64 (at 16
-// undecoded 229 vs 193), Q5_K / Q6_K from 12 (at 16: 191 vs 157, 152 vs 133).
-constexpr int64_t kDecodeRowsK4 = kW == 16 ? 96 : 64;
+// undecoded 229 vs 193), Q5_K / Q6_K from 12 (at 16: 191 vs 157, 152 vs 133). AVX-VNNI
+// (256-bit vpdpbusd, same machine, paired): Q4_K never (512 rows undecoded 261 vs 224, 64 rows
+// 264 vs 220), Q5_K / Q6_K from 12 (16 rows decoded 187 vs 154, 178 vs 137), the legacy
+// formats from 64 (Q4_0 at 16 rows undecoded 245 vs 216, equal from 64).
+constexpr int64_t kNever = INT64_MAX;
+constexpr int64_t kDecodeRowsK4 = kW == 16 ? 96 : kVnni ? kNever : 64;
 constexpr int64_t kDecodeRowsK = kW == 16 ? 32 : 12;
 
 template <int64_t F>

@@ -27,6 +27,9 @@ X86_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "amx": (("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-int8",
              "-mamx-bf16"), (*_V4_VNNI, "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")),
     "avx512": (("-march=x86-64-v4", "-mavx512vnni"), _V4_VNNI),
+    # AVX2 with the 256-bit VNNI dot products (Intel Alder Lake and later laptops and desktops,
+    # which have no AVX-512; AMD Zen 5)
+    "avxvnni": (("-march=x86-64-v3", "-mavxvnni"), (*_V3, "avx_vnni")),
     "avx2": (("-march=x86-64-v3",), _V3),
     "generic": (("-march=x86-64",), ()),
 }

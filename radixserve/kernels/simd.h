@@ -4,6 +4,8 @@
 //   level    kW  floats                int8 dot products (u8 x s8 -> i32, 4 bytes a lane)
 //   amx      16  AVX-512               AVX-512 VNNI (the linear kernels add AMX tiles)
 //   avx512   16  AVX-512               AVX-512 VNNI
+//   avxvnni   8  AVX2 + FMA + F16C     AVX-VNNI (vpdpbusd on 256 bits: Intel Alder Lake and
+//                                      later without AVX-512, AMD Zen 5)
 //   avx2      8  AVX2 + FMA + F16C     maddubs on |w| and sign(x, w), then madd: exact, since
 //                                      no operand is -128 (llama.cpp's way without VNNI)
 //   generic   8  GCC vector extensions plain integer loops the compiler vectorizes
@@ -106,6 +108,7 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
 inline vi dot_codes(vi acc, vi q, vi a) { return _mm512_dpbusd_epi32(acc, q, a); }
 // 4-bit codes' sums kept in int16 pairs over a block (q4x2_pairs) and widened once
 // (widen_pairs): only where the int32 step costs instructions (below VNNI; block_linear.cpp).
+constexpr bool kVnni = true;  // int8 dot products in one instruction (vpdpbusd)
 constexpr bool kPairSums = false;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) { return dot_q4x2(acc, q0, a0, q1, a1); }
 inline vi widen_pairs(vi acc) { return acc; }
@@ -171,7 +174,11 @@ inline vf hsum_lanes(const vf a[16]) {
 // ---------------------------------------------------------------------------------------------
 #elif defined(__AVX2__)
 constexpr int kW = 8;
+#if defined(__AVXVNNI__)
+constexpr const char* kLevel = "avxvnni";
+#else
 constexpr const char* kLevel = "avx2";
+#endif
 using vf = __m256;
 using vi = __m256i;
 
@@ -252,6 +259,26 @@ inline vf load_f16(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
 }
 
+#if defined(__AVXVNNI__)
+// The AVX-512 level's dot products on 256 bits (the same integers: all sums are exact).
+constexpr bool kDotNeedsComp = false;
+inline vi bcast4(const void* p) { return _mm256_set1_epi32(*(const int32_t*)p); }
+inline vi bcast_u8(const void* p) { return bcast4(p); }
+inline vi dot_u8s8(vi acc, vi u4, vi w) { return _mm256_dpbusd_avx_epi32(acc, u4, w); }
+inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, q0, a0), q1, a1);
+}
+inline vi dot_codes(vi acc, vi q, vi a) { return _mm256_dpbusd_avx_epi32(acc, q, a); }
+constexpr bool kVnni = true;  // int8 dot products in one instruction (vpdpbusd)
+constexpr bool kPairSums = false;
+inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) { return dot_q4x2(acc, q0, a0, q1, a1); }
+inline vi widen_pairs(vi acc) { return acc; }
+constexpr int kQ8Offset = 128;
+inline vi dot_s8(vi acc, vi q, vi a) {
+  return _mm256_dpbusd_avx_epi32(acc, _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)), a);
+}
+inline vi dot_i16(vi acc, vi a, vi b) { return _mm256_dpwssd_avx_epi32(acc, a, b); }
+#else
 // No VNNI: the sums are of u - 128 (signed, never -128) times w, through maddubs(|w|,
 // sign(x, w)) whose byte-pair sums stay within int16 (2 * 128 * 127 < 2^15). Callers start
 // the accumulators at 128 * sum(w) ("comp") so that they hold the same sums as vpdpbusd.
@@ -272,6 +299,7 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
 }
 // 4-bit codes: a block's four k-steps summed in int16 pairs (4 * 2 * (2 * 15 * 127) = 30,480 <
 // 2^15, exact), then one madd to int32 (widen_pairs) instead of one a k-step.
+constexpr bool kVnni = false;  // int8 dot products in one instruction (vpdpbusd)
 constexpr bool kPairSums = true;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(q0, a0),
@@ -289,6 +317,8 @@ inline vi dot_s8(vi acc, vi q, vi a) {
   __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
+inline vi dot_i16(vi acc, vi a, vi b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+#endif
 inline vi low_nibbles(vi raw) { return _mm256_and_si256(raw, _mm256_set1_epi8(0x0F)); }
 inline vi high_nibbles(vi raw) {
   return _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
@@ -314,7 +344,6 @@ inline vi iload_i8(const int8_t* p) {
 inline vi imul(vi a, vi b) { return _mm256_mullo_epi32(a, b); }
 inline vi iset1(int32_t x) { return _mm256_set1_epi32(x); }
 inline vi ishlv(vi a, vi n) { return _mm256_sllv_epi32(a, n); }
-inline vi dot_i16(vi acc, vi a, vi b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
 inline vi u8_pairs(const uint8_t* lo, const uint8_t* hi) {
   return _mm256_or_si256(iload_u8(lo), _mm256_slli_epi32(iload_u8(hi), 16));
 }
@@ -469,6 +498,7 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
 }
 inline vi dot_codes(vi acc, vi q, vi a) { return acc + pairs_to_lanes(pair_products(q, a)); }
 // As on AVX2: a block's 4-bit sums in int16 pairs (|sum| <= 30,480), widened once.
+constexpr bool kVnni = false;  // int8 dot products in one instruction (vpdpbusd)
 constexpr bool kPairSums = true;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return (vi)((v16i16)acc + pair_products(q0, a0) + pair_products(q1, a1));

@@ -91,7 +91,7 @@ def test_the_best_level_this_cpu_runs_is_loaded(fresh_load):
     assert lib.rs_level().decode() == info.level and info.path.endswith(".so")
 
 
-@pytest.mark.parametrize("level", ["avx2", "generic"])
+@pytest.mark.parametrize("level", ["avxvnni", "avx2", "generic"])
 def test_a_forced_level_loads_that_library(fresh_load, monkeypatch, level):
     info = native.describe()
     if level not in info.runnable or level not in info.built:
