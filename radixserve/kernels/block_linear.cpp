@@ -129,7 +129,12 @@ struct Fmt {
   static constexpr int64_t kUnitBytes = U * (256 + P + S) + T;
   static constexpr bool kHalves = F == kQ6_K;  // two sub-blocks of 16 per block
   static constexpr bool kBytes = kBits == 8;  // whole signed bytes (simd.h dot_s8)
-  static constexpr int kRows = kW == 16 ? 4 : 2;  // rows per register block
+  // rows per register block: 16 registers below AVX-512 hold 2, or 4 with VNNI's one
+  // instruction a product and one sum a block (NH in dot_kquant) but not Q6_K's halves
+  // (bench_gemv.py, AMD EPYC Zen 5, 2 threads, avxvnni, paired: 4 rows against 2 at 16 / 64
+  // rows Q4_K 237 / 239 vs 206 / 213 GMAC/s, Q5_K 223 / 255 vs 183 / 213, Q4_0 257 / 256 vs
+  // 212 / 232; Q6_K 147 vs 167 at 16: slower)
+  static constexpr int kRows = kW == 16 || (kVnni && !kHalves) ? 4 : 2;
 };
 
 int64_t unit_bytes(int64_t f) {
@@ -412,10 +417,11 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
   constexpr int V = NG * kSub;
   constexpr int NS = Q::kHalves ? 2 : 1;
   constexpr bool kPairs = kPairSums && R == 1 && Q::kBits == 4;  // as dot_block
-  // integer sums per block: Q6_K's halves apart; with VNNI the first and second 16's apart
-  // too (two dependency chains a tile hide vpdpbusd's latency: AVX-512 Q4_K +8 %); below it
-  // one (dot_q4x2 adds the two in int16 first: fewer instructions, fewer registers)
-  constexpr int NH = Q::kHalves || !kPairSums ? 2 : 1;
+  // integer sums per block: Q6_K's halves apart; with AVX-512 VNNI the first and second 16's
+  // apart too (two dependency chains a tile hide vpdpbusd's latency: Q4_K +8 %); below it one
+  // (dot_q4x2 adds the two in int16 first: fewer instructions, fewer registers), and one with
+  // AVX-VNNI (16 registers: four rows' chains instead, Fmt::kRows)
+  constexpr int NH = Q::kHalves || (kW == 16 && kVnni) ? 2 : 1;
   const KAct* ka = (const KAct*)sc;
   const int64_t B = K / 32, units = B / 8;
   const int64_t group_stride = kDecoded ? dec_group_bytes(B) : units * Q::kUnitBytes;
