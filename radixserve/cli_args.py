@@ -29,10 +29,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-dtype", default="auto",
                    choices=["auto", "float32", "float16", "bfloat16", "int8"],
                    help="element type of the KV pool. auto: float16 for float32 models at the "
-                        "avx2 / avx512 / amx kernel levels (measured faster for long contexts), "
-                        "else the model's dtype. float16 / bfloat16 halve the KV memory and the "
-                        "bytes each token reads, int8 (a scale per token and head) quarters "
-                        "them (CPU: needs the native kernels' attention)")
+                        "avx2 / avxvnni / avx512 / amx kernel levels (measured faster for long "
+                        "contexts), else the model's dtype. float16 / bfloat16 halve the KV "
+                        "memory and the bytes each token reads, int8 (a scale per token and "
+                        "head) quarters them (CPU: needs the native kernels' attention)")
     g.add_argument("--num-kv-blocks", type=int, default=None,
                    help="explicit KV pool size in blocks (overrides the memory budget)")
     g.add_argument("--no-prefix-cache", action="store_true",
