@@ -391,8 +391,8 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
   const AttendFn<KV> attend_fn = pick_attend<KV>(per_head ? 1 : G, d);
   const int64_t group = per_head ? 1 : G;
   const int64_t items = grouped_items * G / group;
-  int64_t* item_row = (int64_t*)scratch::get(scratch::kAttnItems,
-                                              (size_t)(items > 0 ? items : 1) * 3 * sizeof(int64_t));
+  int64_t* item_row = (int64_t*)scratch::get(
+      scratch::kAttnItems, (size_t)(items > 0 ? items : 1) * 3 * sizeof(int64_t));
   float* partials = (float*)scratch::get(scratch::kAttnPartials,
                                          (size_t)(partial_rows * (d + 2) + 1) * sizeof(float));
   if (!item_row || !partials) return 1;

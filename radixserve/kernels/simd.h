@@ -85,10 +85,12 @@ inline vf to_float(vi a) { return _mm512_cvtepi32_ps(a); }
 inline vi to_int(vf a) { return _mm512_cvtps_epi32(a); }  // a integral: exact
 // kW int32 lanes (each -128..127 after `offset` is added) -> kW bytes at p.
 inline void store_bytes(void* p, vi v, int offset) {
-  _mm_storeu_si128((__m128i*)p, _mm512_cvtepi32_epi8(_mm512_add_epi32(v, _mm512_set1_epi32(offset))));
+  _mm_storeu_si128((__m128i*)p,
+                   _mm512_cvtepi32_epi8(_mm512_add_epi32(v, _mm512_set1_epi32(offset))));
 }
 inline void store_bytes_n(void* p, vi v, int offset, int64_t n) {
-  _mm_mask_storeu_epi8(p, lanes(n), _mm512_cvtepi32_epi8(_mm512_add_epi32(v, _mm512_set1_epi32(offset))));
+  _mm_mask_storeu_epi8(p, lanes(n),
+                      _mm512_cvtepi32_epi8(_mm512_add_epi32(v, _mm512_set1_epi32(offset))));
 }
 inline vf load_f16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
