@@ -110,7 +110,7 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
 inline vi dot_codes(vi acc, vi q, vi a) { return _mm512_dpbusd_epi32(acc, q, a); }
 // 4-bit codes' sums kept in int16 pairs over a block (q4x2_pairs) and widened once
 // (widen_pairs): only where the int32 step costs instructions (below VNNI; block_linear.cpp).
-constexpr bool kVnni = true;  // int8 dot products in one instruction (vpdpbusd)
+constexpr bool kVnni = true;  // whether an int8 dot product is one instruction (vpdpbusd)
 constexpr bool kPairSums = false;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) { return dot_q4x2(acc, q0, a0, q1, a1); }
 inline vi widen_pairs(vi acc) { return acc; }
@@ -271,7 +271,7 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, q0, a0), q1, a1);
 }
 inline vi dot_codes(vi acc, vi q, vi a) { return _mm256_dpbusd_avx_epi32(acc, q, a); }
-constexpr bool kVnni = true;  // int8 dot products in one instruction (vpdpbusd)
+constexpr bool kVnni = true;  // whether an int8 dot product is one instruction (vpdpbusd)
 constexpr bool kPairSums = false;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) { return dot_q4x2(acc, q0, a0, q1, a1); }
 inline vi widen_pairs(vi acc) { return acc; }
@@ -301,7 +301,7 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
 }
 // 4-bit codes: a block's four k-steps summed in int16 pairs (4 * 2 * (2 * 15 * 127) = 30,480 <
 // 2^15, exact), then one madd to int32 (widen_pairs) instead of one a k-step.
-constexpr bool kVnni = false;  // int8 dot products in one instruction (vpdpbusd)
+constexpr bool kVnni = false;  // whether an int8 dot product is one instruction (vpdpbusd)
 constexpr bool kPairSums = true;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(q0, a0),
@@ -500,7 +500,7 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
 }
 inline vi dot_codes(vi acc, vi q, vi a) { return acc + pairs_to_lanes(pair_products(q, a)); }
 // As on AVX2: a block's 4-bit sums in int16 pairs (|sum| <= 30,480), widened once.
-constexpr bool kVnni = false;  // int8 dot products in one instruction (vpdpbusd)
+constexpr bool kVnni = false;  // whether an int8 dot product is one instruction (vpdpbusd)
 constexpr bool kPairSums = true;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return (vi)((v16i16)acc + pair_products(q0, a0) + pair_products(q1, a1));
