@@ -27,7 +27,7 @@ def row_width(model: ModelConfig, dtype: torch.dtype) -> int:
 
 def resolve_kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
     """The pool's elements for ``--kv-cache-dtype`` ``name``. ``auto``: float16 for a float32
-    model on CPU at the amx / avx512 / avxvnni / avx2 kernel levels — measured there (benchmarks/
+    model on CPU at every kernel level with F16C (all but generic) — measured there (benchmarks/
     bench_kv_dtype.py, docs/benchmarks.md) ~1.9x (avx512) and ~1.4x (avx2) the float32 pool's
     single-stream decode after 4,000 prompt tokens, at KL 4e-7 from it and the same greedy
     tokens, with twice the blocks per GiB — else the model's own dtype (at the generic level
@@ -37,7 +37,7 @@ def resolve_kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype) 
     if device.type == "cpu" and model_dtype == torch.float32:
         from radixserve.kernels import native
 
-        if native.describe().level in ("amx", "avx512", "avxvnni", "avx2"):
+        if native.describe().level not in (None, "generic"):
             return torch.float16
     return model_dtype
 
