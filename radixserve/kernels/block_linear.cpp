@@ -480,7 +480,7 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
                                 : NH == 1 ? H[r][v][0] : iadd(H[r][v][0], H[r][v][NH - 1]);
             t = imul(h, s[0]);
           }
-          CI[r][v] = iadd(CI[r][v], ishlv(t, iset1(x.sh)));
+          CI[r][v] = iadd(CI[r][v], ishl(t, x.sh));
         }
       }
     }
@@ -562,7 +562,7 @@ void dot_kquant_held(int64_t M, const int8_t* a, const float* sc, int64_t K, con
                      imul(isub(H1, iset1(32 * x.h1)), s[v][1]));
           else
             t = imul(iadd(H0, H1), s[v][0]);
-          CI[r][v] = iadd(CI[r][v], ishlv(t, iset1(x.sh)));
+          CI[r][v] = iadd(CI[r][v], ishl(t, x.sh));
         }
       }
     }

@@ -22,7 +22,7 @@ COMMON_FLAGS = ("-O3", "-g0", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"
 _V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm")  # x86-64-v3 in /proc/cpuinfo
 _V4_VNNI = (*_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni")
 
-# name -> (compiler flags, CPU flags needed), best level first. x86-64 only except "generic".
+# name -> (compiler flags, CPU flags needed), best level first.
 X86_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "amx": (("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-int8",
              "-mamx-bf16"), (*_V4_VNNI, "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")),
@@ -33,14 +33,23 @@ X86_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "avx2": (("-march=x86-64-v3",), _V3),
     "generic": (("-march=x86-64",), ()),
 }
-# Other architectures get the portable level only, with the compiler's baseline for the target
-# (NEON on aarch64).
+# aarch64: Armv8.2's int8 dot product (sdot; "asimddp" in /proc/cpuinfo's Features: Graviton 2
+# and later, Ampere Altra, Apple M under Linux, Cortex-A76 and later), else the compiler's
+# baseline (NEON).
+ARM_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "dotprod": (("-march=armv8.2-a+dotprod",), ("asimddp",)),
+    "generic": ((), ()),
+}
+# Other architectures get the portable level only, with the compiler's baseline for the target.
 OTHER_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {"generic": ((), ())}
 
 
 def levels_for(machine: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
     """The levels built and loadable on ``platform.machine()`` == ``machine``."""
-    return X86_LEVELS if machine.lower() in ("x86_64", "amd64") else OTHER_LEVELS
+    machine = machine.lower()
+    if machine in ("x86_64", "amd64"):
+        return X86_LEVELS
+    return ARM_LEVELS if machine in ("aarch64", "arm64") else OTHER_LEVELS
 
 
 def library_stem(level: str) -> str:

@@ -8,6 +8,8 @@
 //                                      later without AVX-512, AMD Zen 5)
 //   avx2      8  AVX2 + FMA + F16C     maddubs on |w| and sign(x, w), then madd: exact, since
 //                                      no operand is -128 (llama.cpp's way without VNNI)
+//   dotprod   8  GCC vector extensions Armv8.2's sdot (aarch64 with the dot product
+//                (NEON)                extension: Graviton 2+, Ampere, Apple M, Cortex-A76+)
 //   generic   8  GCC vector extensions plain integer loops the compiler vectorizes
 //                (SSE2 on x86-64, NEON on aarch64)
 //
@@ -23,6 +25,9 @@
 
 #if defined(__AVX2__)
 #include <immintrin.h>
+#endif
+#if defined(__ARM_FEATURE_DOTPROD)
+#include <arm_neon.h>
 #endif
 
 #if defined(__AVX512F__) && !(defined(__AVX512BW__) && defined(__AVX512VNNI__))
@@ -148,7 +153,7 @@ inline vi iload_i8(const int8_t* p) {
 }
 inline vi imul(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
 inline vi iset1(int32_t x) { return _mm512_set1_epi32(x); }
-inline vi ishlv(vi a, vi n) { return _mm512_sllv_epi32(a, n); }
+inline vi ishl(vi a, int n) { return _mm512_sllv_epi32(a, _mm512_set1_epi32(n)); }
 // acc += a.lo * b.lo + a.hi * b.hi, the int16 halves of each int32 lane (vpdpwssd).
 inline vi dot_i16(vi acc, vi a, vi b) { return _mm512_dpwssd_epi32(acc, a, b); }
 // kW lanes of 16-bit pairs (lo[i], hi[i]) from two runs of kW bytes.
@@ -345,7 +350,7 @@ inline vi iload_i8(const int8_t* p) {
 }
 inline vi imul(vi a, vi b) { return _mm256_mullo_epi32(a, b); }
 inline vi iset1(int32_t x) { return _mm256_set1_epi32(x); }
-inline vi ishlv(vi a, vi n) { return _mm256_sllv_epi32(a, n); }
+inline vi ishl(vi a, int n) { return _mm256_sllv_epi32(a, _mm256_set1_epi32(n)); }
 inline vi u8_pairs(const uint8_t* lo, const uint8_t* hi) {
   return _mm256_or_si256(iload_u8(lo), _mm256_slli_epi32(iload_u8(hi), 16));
 }
@@ -365,12 +370,24 @@ inline vf hsum_lanes(const vf a[8]) {  // an 8 x 8 transpose-and-add
 // ---------------------------------------------------------------------------------------------
 #else
 constexpr int kW = 8;
+#if defined(__ARM_FEATURE_DOTPROD)
+constexpr const char* kLevel = "dotprod";
+#else
 constexpr const char* kLevel = "generic";
+#endif
 // The int8 linear keeps its weights row-major here: a plain loop over one weight row is what
 // compilers turn into widening multiply-adds (pmaddwd on SSE2, smlal or sdot on aarch64).
 #define RS_ROW_MAJOR_INT8 1
 typedef float vf __attribute__((vector_size(32), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(32), aligned(4)));
+typedef int8_t v32i8 __attribute__((vector_size(32)));
+typedef uint8_t v32u8 __attribute__((vector_size(32)));
+typedef int16_t v16i16 __attribute__((vector_size(32)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+typedef uint32_t vu __attribute__((vector_size(32), aligned(4)));
+typedef uint8_t v8u8 __attribute__((vector_size(8), aligned(1)));
+typedef int8_t v8i8 __attribute__((vector_size(8), aligned(1)));
+typedef uint16_t v8u16 __attribute__((vector_size(16), aligned(2)));
 
 inline vf zero() { return vf{}; }
 inline vf set1(float x) { return vf{} + x; }
@@ -466,87 +483,118 @@ inline float half_to_float(uint16_t h) {  // IEEE binary16 -> binary32, exact
   memcpy(&f, &bits, 4);
   return f;
 }
+// kW halves -> floats, exact (half_to_float's values without a branch a lane): normal halves
+// are their bits moved to float's place and rebiased by a multiplication by 2^112, subnormal ones
+// their mantissa times 2^-24, infinities and NaNs their bits under float's all-ones exponent.
 inline vf load_f16(const uint16_t* p) {
-  vf v;
-  for (int i = 0; i < kW; ++i) v[i] = half_to_float(p[i]);
-  return v;
+  v8u16 h;
+  memcpy(&h, p, sizeof h);
+  const vi x = __builtin_convertvector(h, vi), e = x & 0x7C00, mag = (x & 0x7FFF) << 13;
+  vf normal;
+  memcpy(&normal, &mag, sizeof normal);
+  normal = normal * 5.192296858534828e+33f;  // 2^112
+  const vf sub = to_float(x & 0x3FF) * 5.9604644775390625e-8f;  // 2^-24
+  vi bits, sub_bits;
+  memcpy(&bits, &normal, sizeof bits);
+  memcpy(&sub_bits, &sub, sizeof sub_bits);
+  bits = e == 0 ? sub_bits : e == 0x7C00 ? (mag | 0x7F800000) : bits;
+  bits |= (x & 0x8000) << 16;
+  vf f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
 }
 
 // Codes 0..63 times signed bytes -127..127, 4 a lane, in vector arithmetic (the block linear's
 // dot products; the int8 linear uses its own row-major loops, RS_ROW_MAJOR_INT8): products in
-// int16, byte pairs summed in int16 (two pairs: |sum| <= 4 * 63 * 127), then in int32.
-typedef int8_t v32i8 __attribute__((vector_size(32)));
-typedef uint8_t v32u8 __attribute__((vector_size(32)));
-typedef int16_t v32i16 __attribute__((vector_size(64)));
-typedef int16_t v16i16 __attribute__((vector_size(32)));
-typedef int32_t v16i32 __attribute__((vector_size(64)));
+// int16, byte pairs summed in int16 (two pairs: |sum| <= 4 * 63 * 127), then in int32. A byte
+// pair is one 16-bit lane (little-endian: the even byte low): the bytes are taken out by shifts
+// and masks on 16-bit lanes, and pairs of 16-bit lanes summed by shifts on 32-bit lanes, not by
+// lane shuffles, which SSE2 has no instruction for (GCC spilled them to memory) and NEON does
+// not need.
 inline vi bcast4(const void* p) {
   int32_t x;
   memcpy(&x, p, 4);
   return vi{} + x;
 }
-inline v16i16 pair_products(vi a, vi b) {
-  v32i16 p = __builtin_convertvector((v32i8)a, v32i16) * __builtin_convertvector((v32i8)b, v32i16);
-  return __builtin_shufflevector(p, p, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
-         + __builtin_shufflevector(p, p, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+inline v16i16 even_s8(vi a) { return (v16i16)((v16u16)a << 8) >> 8; }  // sign-extended
+inline v16i16 odd_s8(vi a) { return (v16i16)a >> 8; }
+inline v16i16 even_u7(vi a) { return (v16i16)((v16u16)a & 0xFF); }  // bytes 0..127
+inline v16i16 odd_u7(vi a) { return (v16i16)((v16u16)a >> 8); }
+inline v16i16 pair_products(vi a, vi b) {  // signed bytes a, b
+  return even_s8(a) * even_s8(b) + odd_s8(a) * odd_s8(b);
+}
+inline v16i16 code_pair_products(vi q, vi a) {  // codes 0..63 q, signed bytes a
+  return even_u7(q) * even_s8(a) + odd_u7(q) * odd_s8(a);
 }
 inline vi pairs_to_lanes(v16i16 pairs) {
-  v16i32 w = __builtin_convertvector(pairs, v16i32);
-  return __builtin_shufflevector(w, w, 0, 2, 4, 6, 8, 10, 12, 14)
-         + __builtin_shufflevector(w, w, 1, 3, 5, 7, 9, 11, 13, 15);
+  const vi w = (vi)pairs;
+  return ((vi)((vu)w << 16) >> 16) + (w >> 16);
 }
+#if defined(__ARM_FEATURE_DOTPROD)
+// Armv8.2's dot product (sdot: 4 signed byte products summed into each int32 lane, one
+// instruction a register), on the vector's two NEON registers: the same exact sums as the
+// generic arithmetic below (codes are below 128, so signed), hence the same bits.
+inline vi sdot(vi acc, vi q, vi a) {
+  int32x4_t c[2];
+  int8x16_t x[2], y[2];
+  memcpy(c, &acc, sizeof c);
+  memcpy(x, &q, sizeof x);
+  memcpy(y, &a, sizeof y);
+  c[0] = vdotq_s32(c[0], x[0], y[0]);
+  c[1] = vdotq_s32(c[1], x[1], y[1]);
+  memcpy(&acc, c, sizeof acc);
+  return acc;
+}
+inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) { return sdot(sdot(acc, q0, a0), q1, a1); }
+inline vi dot_codes(vi acc, vi q, vi a) { return sdot(acc, q, a); }
+constexpr bool kVnni = true;  // whether an int8 dot product is one instruction (vpdpbusd, sdot)
+constexpr bool kPairSums = false;
+inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) { return dot_q4x2(acc, q0, a0, q1, a1); }
+inline vi widen_pairs(vi acc) { return acc; }
+constexpr int kQ8Offset = 0;  // signed bytes against signed bytes
+inline vi dot_s8(vi acc, vi q, vi a) { return sdot(acc, q, a); }
+#else
 inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
-  return acc + pairs_to_lanes(pair_products(q0, a0) + pair_products(q1, a1));
+  return acc + pairs_to_lanes(code_pair_products(q0, a0) + code_pair_products(q1, a1));
 }
-inline vi dot_codes(vi acc, vi q, vi a) { return acc + pairs_to_lanes(pair_products(q, a)); }
+inline vi dot_codes(vi acc, vi q, vi a) { return acc + pairs_to_lanes(code_pair_products(q, a)); }
 // As on AVX2: a block's 4-bit sums in int16 pairs (|sum| <= 30,480), widened once.
 constexpr bool kVnni = false;  // whether an int8 dot product is one instruction (vpdpbusd)
 constexpr bool kPairSums = true;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) {
-  return (vi)((v16i16)acc + pair_products(q0, a0) + pair_products(q1, a1));
+  return (vi)((v16i16)acc + code_pair_products(q0, a0) + code_pair_products(q1, a1));
 }
 inline vi widen_pairs(vi acc) { return pairs_to_lanes((v16i16)acc); }
 constexpr int kQ8Offset = 0;  // signed bytes: |products| <= 128 * 127, pairs within int16
 inline vi dot_s8(vi acc, vi q, vi a) { return acc + pairs_to_lanes(pair_products(q, a)); }
+#endif
 inline vi low_nibbles(vi raw) { return (vi)((v32u8)raw & (uint8_t)0x0F); }
 inline vi high_nibbles(vi raw) { return (vi)((v32u8)raw >> 4); }
 inline vi code_high_bits(vi raw, int shift, int mask) {
   return (vi)((((v32u8)raw >> (uint8_t)shift) & (uint8_t)mask) << (uint8_t)4);
 }
 inline vi ior(vi a, vi b) { return a | b; }
-inline vf load_u8(const uint8_t* p) {
-  vf v;
-  for (int i = 0; i < kW; ++i) v[i] = (float)p[i];
-  return v;
-}
-inline vf load_i8(const int8_t* p) {
-  vf v;
-  for (int i = 0; i < kW; ++i) v[i] = (float)p[i];
-  return v;
-}
 inline vi iload_u8(const uint8_t* p) {
-  vi v;
-  for (int i = 0; i < kW; ++i) v[i] = p[i];
-  return v;
+  v8u8 b;
+  memcpy(&b, p, sizeof b);
+  return __builtin_convertvector(b, vi);
 }
 inline vi iload_i8(const int8_t* p) {
-  vi v;
-  for (int i = 0; i < kW; ++i) v[i] = p[i];
-  return v;
+  v8i8 b;
+  memcpy(&b, p, sizeof b);
+  return __builtin_convertvector(b, vi);
 }
+inline vf load_u8(const uint8_t* p) { return to_float(iload_u8(p)); }
+inline vf load_i8(const int8_t* p) { return to_float(iload_i8(p)); }
 inline vi imul(vi a, vi b) { return a * b; }
 inline vi iset1(int32_t x) { return vi{} + x; }
-inline vi ishlv(vi a, vi n) { return a << n; }
-inline vi dot_i16(vi acc, vi a, vi b) {
-  for (int i = 0; i < kW; ++i)
-    acc[i] += (int32_t)(int16_t)(a[i] & 0xFFFF) * (int16_t)(b[i] & 0xFFFF) +
-              (int32_t)(int16_t)((uint32_t)a[i] >> 16) * (int16_t)((uint32_t)b[i] >> 16);
-  return acc;
+inline vi ishl(vi a, int n) { return a << n; }  // one count for every lane (SSE2: pslld)
+inline vi dot_i16(vi acc, vi a, vi b) {  // the int16 halves' products summed a lane
+  const vi a_lo = (vi)((vu)a << 16) >> 16, b_lo = (vi)((vu)b << 16) >> 16;
+  return acc + a_lo * b_lo + (a >> 16) * (b >> 16);
 }
 inline vi u8_pairs(const uint8_t* lo, const uint8_t* hi) {
-  vi v;
-  for (int i = 0; i < kW; ++i) v[i] = (int32_t)(lo[i] | (uint32_t)hi[i] << 16);
-  return v;
+  return (vi)((vu)iload_u8(lo) | (vu)iload_u8(hi) << 16);
 }
 
 inline vf hsum_lanes(const vf a[8]) {
