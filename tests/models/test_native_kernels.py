@@ -243,3 +243,20 @@ def test_head_norms_native_match_torch_and_the_row_kernel():
     assert torch.equal(got.view(-1, 16), norm(q.reshape(-1, 16)))
     torch.testing.assert_close(got, reference(q), rtol=2e-6, atol=1e-6)
     assert torch.equal(norm(q[7:8]), got[7:8])
+
+
+@pytest.mark.parametrize("features,runnable", [({"fp", "asimd", "asimddp"}, ("dotprod", "generic")),
+                                               ({"fp", "asimd"}, ("generic",))], ids=["dp", "v8"])
+def test_aarch64_runs_dotprod_where_the_cpu_lists_asimddp(monkeypatch, features, runnable):
+    """/proc/cpuinfo's Features on an Arm CPU pick the levels (kernels/levels.py: ARM_LEVELS);
+    no library of them is built on this machine, so the torch paths would run."""
+    monkeypatch.setattr(native.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(native, "cpu_flags", lambda: features)
+    monkeypatch.setattr(native, "library_path", lambda level: None)
+    monkeypatch.delenv(native.ISA_ENV, raising=False)  # the module's kernel_level forces one
+    native.reset()
+    try:
+        info = native.describe()
+        assert info.runnable == runnable and info.cpu_flags == tuple(sorted(features & {"asimddp"}))
+    finally:
+        native.reset()
