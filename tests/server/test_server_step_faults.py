@@ -100,12 +100,18 @@ def test_a_killed_engine_is_replaced_with_the_same_pool(server):
     deadline = time.monotonic() + 90
     statuses = set()
     # (the death is noticed once the kernel has torn the process down: a few 200s may come
-    # first; the new engine takes seconds to import torch and load)
-    while ((r := httpx.get(f"{url}/health")).status_code != 200
-           or server.engine_pid() in (engine, None)):
+    # first; the new engine takes seconds to import torch and load). The new pid is read
+    # before /health: the replacement is spawned only after the death was noticed, so a 200
+    # after it means the new engine is ready (read the other way round, a 200 from before
+    # the death was noticed could pass beside a replacement spawned just after it)
+    while True:
+        replaced = server.engine_pid() not in (engine, None)
+        r = httpx.get(f"{url}/health")
         statuses.add(r.status_code)
         if r.status_code != 200:
             assert r.status_code == 503 and "being restarted" in r.json()["error"]["message"]
+        elif replaced:
+            break
         assert time.monotonic() < deadline, "the engine was not replaced"
         time.sleep(0.05)
     assert 503 in statuses and _restarts(url) == 1
