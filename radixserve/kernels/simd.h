@@ -376,7 +376,8 @@ constexpr const char* kLevel = "dotprod";
 constexpr const char* kLevel = "generic";
 #endif
 // The int8 linear keeps its weights row-major here: a plain loop over one weight row is what
-// compilers turn into widening multiply-adds (pmaddwd on SSE2, smlal or sdot on aarch64).
+// compilers turn into widening multiply-adds (pmaddwd on SSE2; on aarch64 widenings, mul and
+// saddw: its activations are unsigned bytes, so not sdot, even at the dotprod level).
 #define RS_ROW_MAJOR_INT8 1
 typedef float vf __attribute__((vector_size(32), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(32), aligned(4)));
@@ -483,21 +484,18 @@ inline float half_to_float(uint16_t h) {  // IEEE binary16 -> binary32, exact
   memcpy(&f, &bits, 4);
   return f;
 }
-// kW halves -> floats, exact (half_to_float's values without a branch a lane): normal halves
-// are their bits moved to float's place and rebiased by a multiplication by 2^112, subnormal ones
-// their mantissa times 2^-24, infinities and NaNs their bits under float's all-ones exponent.
+// kW halves -> floats, exact, without a branch a lane (half_linear.cpp's generic widening, on
+// kW lanes): normal halves are their bits moved to float's place with the exponent rebiased,
+// subnormal ones their mantissa times 2^-24, infinities and NaNs their bits under float's
+// all-ones exponent.
 inline vf load_f16(const uint16_t* p) {
   v8u16 h;
   memcpy(&h, p, sizeof h);
   const vi x = __builtin_convertvector(h, vi), e = x & 0x7C00, mag = (x & 0x7FFF) << 13;
-  vf normal;
-  memcpy(&normal, &mag, sizeof normal);
-  normal = normal * 5.192296858534828e+33f;  // 2^112
-  const vf sub = to_float(x & 0x3FF) * 5.9604644775390625e-8f;  // 2^-24
-  vi bits, sub_bits;
-  memcpy(&bits, &normal, sizeof bits);
-  memcpy(&sub_bits, &sub, sizeof sub_bits);
-  bits = e == 0 ? sub_bits : e == 0x7C00 ? (mag | 0x7F800000) : bits;
+  const vf tiny = to_float(x & 0x3FF) * 5.9604644775390625e-8f;  // 2^-24
+  vi tiny_bits;
+  memcpy(&tiny_bits, &tiny, sizeof tiny_bits);
+  vi bits = e == 0 ? tiny_bits : e == 0x7C00 ? (mag | 0x7F800000) : mag + ((127 - 15) << 23);
   bits |= (x & 0x8000) << 16;
   vf f;
   memcpy(&f, &bits, sizeof f);

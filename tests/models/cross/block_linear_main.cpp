@@ -2,9 +2,9 @@
 // an emulator (tests/models/test_other_arch_levels.py): reads cases from argv[1], writes their
 // outputs to argv[2], through the same C entry points the Python layer calls.
 //
-// Input: int64 count, then per case int64 format, N, K, M, raw bytes (N rows of the format's
-// GGUF blocks, rs_block_packed_bytes-independent: N * K / 32 * block bytes, given as int64 first)
-// and x [M, K] float32. Output: per case y [M, N] float32.
+// Input: int64 count, then per case int64 format, N, K, M and the raw bytes' size, the raw
+// bytes (N rows of the format's GGUF blocks, as in the file) and x [M, K] float32.
+// Output: per case y [M, N] float32.
 
 #include <stdint.h>
 #include <stdio.h>
