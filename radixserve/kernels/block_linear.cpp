@@ -508,11 +508,15 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
 // float steps per row in the same order as dot_kquant, so the same bits. Measured on
 // bench_gemv.py's matrices, the two builds alternated in one process, AMD EPYC Zen 5, 2
 // threads, rows 8 / 16 / 24, GMAC/s (medians of 5): Q6_K 291 -> 323, 318 -> 378, 343 -> 444; Q5_K
-// (8, 16, 24) 334 -> 389, 388 -> 476, 422 -> 514 (Q4_K +3 % at 16, within the noise: left
-// on dot_kquant). From 32 rows the decoded path (decodes()) is as fast.
+// (8, 16, 24) 334 -> 389, 388 -> 476, 422 -> 514. Q4_K too: the 3B shape's four Q4_K
+// matrices (4096 / 3072 / 16384 x 3072, 3072 x 8192), the two paths alternated 20 times in
+// one process, 2 threads, medians at 6 / 10 / 16 / 24 / 32 / 64 rows: 386 -> 413, 355 -> 375,
+// 339 -> 376, 439 -> 466, 470 -> 490, 446 -> 475 GMAC/s (8 rows: 368 -> 360, even; the host
+// swings 30 % from minute to minute, the pairs far less). From 32 rows the decoded path
+// (decodes()) is as fast for Q5_K and Q6_K; Q4_K decodes from 96.
 constexpr int kHeldRows = 32;
 template <int64_t F>
-constexpr bool kHeld = kW == 16 && (F == kQ5_K || F == kQ6_K);
+constexpr bool kHeld = kW == 16 && (F == kQ4_K || F == kQ5_K || F == kQ6_K);
 constexpr int64_t kHeldMinRows = 6;  // fewer rows: dot_kquant's register blocks (4: as fast)
 
 template <int64_t F, int NG>
