@@ -30,6 +30,9 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 namespace {
 
@@ -100,9 +103,9 @@ inline void interleave(hv even, hv odd, hv& first, hv& second) {
   second = _mm256_permute2f128_ps(lo, hi, 0x31);
 }
 #else
-// Portable vector arithmetic (SSE2 on x86-64, NEON on aarch64); both widenings are integer bit
-// moves, exact and independent of the float unit's denormal mode. No FMA: -ffp-contract=off
-// keeps a multiply and an add.
+// Portable vector arithmetic (SSE2 on x86-64, NEON on aarch64); the widenings are integer bit
+// moves (f16 on aarch64: NEON's fcvtl), exact and independent of the float unit's denormal
+// mode. No FMA: -ffp-contract=off keeps a multiply and an add.
 constexpr int kL = 4;
 typedef float hv __attribute__((vector_size(16)));
 typedef uint32_t hu __attribute__((vector_size(16)));
@@ -141,6 +144,17 @@ inline hu widen_u16(const uint16_t* p) {
   return __builtin_convertvector(h, hu);
 }
 inline hv widen_bf16(const uint16_t* p) { return as_float(widen_u16(p) << 16); }
+#if defined(__aarch64__)
+// NEON's fcvtl (base Armv8-A): one instruction for four, exact for every half, subnormals
+// included (Arm's conversions do not flush half inputs; tests/models/test_other_arch_levels.py
+// checks every subnormal)
+inline hv widen_f16(const uint16_t* p) {
+  const float32x4_t f = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+  hv v;
+  memcpy(&v, &f, sizeof v);
+  return v;
+}
+#else
 inline hv widen_f16(const uint16_t* p) {
   const hu h = widen_u16(p), sign = (h & 0x8000u) << 16, exp = h & 0x7C00u, man = h & 0x3FFu;
   const hu normal = ((h & 0x7FFFu) << 13) + ((127u - 15u) << 23);  // rebias the exponent
@@ -150,6 +164,7 @@ inline hv widen_f16(const uint16_t* p) {
   const hu bits = exp == 0 ? tiny : exp == 0x7C00u ? special : normal;
   return as_float(sign | bits);
 }
+#endif
 constexpr bool kBf16Pairs = true;
 inline void widen_bf16_pairs(const uint16_t* p, hv& even, hv& odd) {
   hu w;

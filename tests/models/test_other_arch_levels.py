@@ -1,8 +1,9 @@
 """The aarch64 kernel levels (kernels/levels.py: ``dotprod``, ``generic``), cross-compiled and
 run under qemu's user-mode emulator where this machine has both (Debian: g++-aarch64-linux-gnu,
-qemu-user; skipped otherwise): every block format's linear, through the same C entry points the
-Python layer calls (cross/block_linear_main.cpp), on shapes that take the single-row, register
-block, held and decoded paths, must give this machine's generic level's bits exactly. Both
+qemu-user; skipped otherwise): every block format's linear and the 16-bit ones', through the
+same C entry points the Python layer calls (cross/block_linear_main.cpp), on shapes that take
+the single-row, register block, held and decoded paths, and every F16 subnormal widened alone,
+must give this machine's generic level's bits exactly. Both
 sides sum integers exactly and run the same float steps without fused multiply-adds
 (-ffp-contract=off), so any difference is a fault in the aarch64 code (sdot's operands, a
 vector cast, a lane order), not rounding; the x86 generic level itself is checked against the
@@ -24,7 +25,7 @@ import torch
 from kquants import quantize
 
 from radixserve.kernels import levels
-from radixserve.layers.block_linear import FORMATS, HALF_TYPES
+from radixserve.layers.block_linear import FORMATS, HALF_TYPES, pack
 
 CXX, QEMU = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
 KERNELS = Path(levels.__file__).parent
@@ -35,7 +36,6 @@ pytestmark = pytest.mark.skipif(
 
 # what the block linear links (the decoder layer, attention and LoRA are not needed here)
 SOURCES = ("block_linear.cpp", "block_pack.cpp", "half_linear.cpp", "int8_linear.cpp")
-TYPES = [t for t in FORMATS if t not in HALF_TYPES]
 SHAPES = [(40, 512, m) for m in (1, 3, 16, 70)]  # N: two groups, one part-filled
 
 
@@ -44,13 +44,29 @@ class BlockPart(ctypes.Structure):
                 ("bias", ctypes.c_void_p)]
 
 
+def _stored(qtype, w: np.ndarray) -> np.ndarray:
+    """The bytes the harness takes: a block format's GGUF rows, a 16-bit one's packed layout."""
+    if qtype in HALF_TYPES:
+        half = torch.from_numpy(w).to(torch.float16 if qtype.name == "F16" else torch.bfloat16)
+        raw = half.view(torch.uint8).reshape(w.shape[0], -1)
+        return pack(qtype, raw, w.shape[1]).numpy()
+    return np.ascontiguousarray(quantize(w, qtype), np.uint8)
+
+
 def _cases(seed: int = 0) -> list[tuple[int, int, int, int, np.ndarray, np.ndarray]]:
     rng, cases = np.random.default_rng(seed), []
-    for qtype in TYPES:
+    for qtype in FORMATS:
         for n, k, m in SHAPES:
-            raw = quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+            raw = _stored(qtype, rng.standard_normal((n, k)).astype(np.float32))
             x = (rng.standard_normal((m, k)) * np.linspace(0.1, 3.0, k)).astype(np.float32)
-            cases.append((FORMATS[qtype], n, k, m, np.ascontiguousarray(raw, np.uint8), x))
+            cases.append((FORMATS[qtype], n, k, m, raw, x))
+    # every F16 subnormal and zero (both signs: 2,048) and 2,048 normals, each picked out alone
+    # by an identity input: y = W.T, so every widening is compared, not a sum of them
+    bits = np.concatenate([np.arange(1024, dtype=np.uint16), np.arange(1024, dtype=np.uint16) |
+                           0x8000, rng.integers(0x0400, 0x7C00, 2048).astype(np.uint16)])
+    w = torch.from_numpy(bits.view(np.int16).reshape(16, 256)).view(torch.float16).float()
+    cases.append((FORMATS[HALF_TYPES[0]], 16, 256, 256, _stored(HALF_TYPES[0], w.numpy()),
+                  np.eye(256, dtype=np.float32)))
     return cases
 
 
@@ -71,9 +87,12 @@ def _x86_generic(cases) -> list[np.ndarray]:
     outs = []
     for fmt, n, k, m, raw, x in cases:
         packed = np.zeros(lib.rs_block_packed_bytes(fmt, n, k), np.uint8)
-        assert lib.rs_block_pack(ctypes.c_int64(fmt), raw.ctypes.data_as(ctypes.c_void_p),
-                                 ctypes.c_int64(n), ctypes.c_int64(k),
-                                 packed.ctypes.data_as(ctypes.c_void_p)) == 0
+        if fmt >= FORMATS[HALF_TYPES[0]]:  # packed already (_stored)
+            packed[:] = raw
+        else:
+            assert lib.rs_block_pack(ctypes.c_int64(fmt), raw.ctypes.data_as(ctypes.c_void_p),
+                                     ctypes.c_int64(n), ctypes.c_int64(k),
+                                     packed.ctypes.data_as(ctypes.c_void_p)) == 0
         part = BlockPart(fmt, packed.ctypes.data, n, None)
         y = np.zeros((m, n), np.float32)
         assert lib.rs_block_linear(x.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(m),

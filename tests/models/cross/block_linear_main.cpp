@@ -3,7 +3,8 @@
 // outputs to argv[2], through the same C entry points the Python layer calls.
 //
 // Input: int64 count, then per case int64 format, N, K, M and the raw bytes' size, the raw
-// bytes (N rows of the format's GGUF blocks, as in the file) and x [M, K] float32.
+// bytes (N rows of the format's GGUF blocks, as in the file; F16 / BF16: already packed, as
+// layers/block_linear.py's pack writes them) and x [M, K] float32.
 // Output: per case y [M, N] float32.
 
 #include <stdint.h>
@@ -27,6 +28,8 @@ int rs_block_pack(int64_t format, const uint8_t* raw, int64_t N, int64_t K, uint
 int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts, int64_t nparts,
                     float* y, int64_t ldy);
 }
+
+constexpr int64_t kHalfFormats = 8;  // formats 8, 9: F16, BF16 (layers/block_linear.py FORMATS)
 
 namespace {
 
@@ -67,7 +70,12 @@ int main(int argc, char** argv) {
     const std::vector<uint8_t> raw = read_vec<uint8_t>(in, read_i64(in));
     const std::vector<float> x = read_vec<float>(in, M * K);
     std::vector<uint8_t> packed((size_t)rs_block_packed_bytes(format, N, K));
-    if (packed.empty() || rs_block_pack(format, raw.data(), N, K, packed.data())) return 3;
+    if (format >= kHalfFormats) {  // 16-bit parts arrive packed (the layout is Python's)
+      if (raw.size() != packed.size()) return 3;
+      packed = raw;
+    } else if (packed.empty() || rs_block_pack(format, raw.data(), N, K, packed.data())) {
+      return 3;
+    }
     const BlockPart part = {format, packed.data(), N, nullptr};
     std::vector<float> y((size_t)(M * N));
     if (rs_block_linear(x.data(), M, K, &part, 1, y.data(), N)) return 4;
