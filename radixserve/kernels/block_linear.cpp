@@ -134,7 +134,11 @@ struct Fmt {
   // (bench_gemv.py, AMD EPYC Zen 5, 2 threads, avxvnni, paired: 4 rows against 2 at 16 / 64
   // rows Q4_K 237 / 239 vs 206 / 213 GMAC/s, Q5_K 223 / 255 vs 183 / 213, Q4_0 257 / 256 vs
   // 212 / 232; Q6_K 147 vs 167 at 16: slower)
-  static constexpr int kRows = kW == 16 || (kVnni && !kHalves) ? 4 : 2;
+  // Below VNNI, 4-bit codes sum in int16 pairs (kPairSums) and hold 4 rows too (bench_gemv-
+  // shaped 3B matrices, AMD EPYC Zen 5, 2 threads, avx2, paired: Q4_K 16 / 128 rows 195 / 224
+  // GMAC/s at 2 rows, 214 / 262 at 4, 203 / 251 at 3).
+  static constexpr int kRows = kW == 16 || (kVnni && !kHalves) || (kPairSums && kBits == 4)
+                                   ? 4 : 2;
 };
 
 int64_t unit_bytes(int64_t f) {
@@ -416,7 +420,11 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
   using Q = Fmt<F>;
   constexpr int V = NG * kSub;
   constexpr int NS = Q::kHalves ? 2 : 1;
-  constexpr bool kPairs = kPairSums && R == 1 && Q::kBits == 4;  // as dot_block
+  // Below VNNI, 4-bit codes: a block's eight maddubs summed in int16 pairs (simd.h
+  // q4x2_pairs, |sum| <= 30,480), then the pairs times the block's scale << sh (<= 504, an
+  // int16 pair too) in one madd (dot_i16): the same exact integer as widening, multiplying
+  // and shifting in int32, with one multiply instead of four widenings and a vpmulld.
+  constexpr bool kPairs = kPairSums && Q::kBits == 4;
   // integer sums per block: Q6_K's halves apart; with AVX-512 VNNI the first and second 16's
   // apart too (two dependency chains a tile hide vpdpbusd's latency: Q4_K +8 %); below it one
   // (dot_q4x2 adds the two in int16 first: fewer instructions, fewer registers), and one with
@@ -457,6 +465,7 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
           for (int v = 0; v < V; ++v) {
             if constexpr (kPairs) {
               H[r][v][0] = q4x2_pairs(H[r][v][0], q0[v], h0, q1[v], h1);
+              pin(H[r][v][0]);
             } else if constexpr (NH == 1) {
               H[r][v][0] = dot_q4x2(H[r][v][0], q0[v], h0, q1[v], h1);
             } else {
@@ -469,8 +478,13 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
       for (int v = 0; v < V; ++v) {
         vi s[2];
         k_scales<F, kDecoded>(w + (v / kSub) * group_stride, un, j, (v % kSub) * kW, s);
+        if constexpr (kPairs && kPairScale) s[0] = ior(s[0], ishl(s[0], 16));  // both halves
         for (int r = 0; r < R; ++r) {
           const KAct& x = ka[r * B + b];
+          if constexpr (kPairs && kPairScale) {
+            CI[r][v] = dot_i16(CI[r][v], H[r][v][0], ishl(s[0], x.sh));
+            continue;
+          }
           vi t;
           if constexpr (NS == 2) {
             t = iadd(imul(isub(H[r][v][0], iset1(32 * x.h0)), s[0]),
@@ -594,11 +608,15 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
   using Q = Fmt<F>;
   constexpr int V = NG * kSub;
   constexpr int NS = Q::kHalves ? 2 : 1;  // integer sums per block: halves or the whole
-  // Below VNNI, one row of 4-bit codes: a block's four k-steps summed in int16 pairs (exact:
-  // simd.h q4x2_pairs), widened once: avx2 Q4_K GEMV +14 % (2 threads) / +18 % (1). With more
-  // rows it measured slower (128 rows: 145 -> 120 GMAC/s), and for 5-bit codes and Q6_K's
-  // halves (two k-steps a widening) no faster / slower: they keep the int32 step.
-  constexpr bool kPairs = kPairSums && R == 1 && Q::kBits == 4;
+  // Below VNNI, 4-bit codes: a block's four k-steps summed in int16 pairs (exact: simd.h
+  // q4x2_pairs), widened once: avx2 GEMV +14 % (2 threads) / +18 % (1). Each step pinned
+  // (simd.h pin): left alone the compiler reassociated the sums into a tree of every product
+  // at once, spilled, which had measured more rows slower (128 rows: 145 -> 120 GMAC/s).
+  // Pinned, with 4 rows a register block, paired on bench_gemv-shaped 3B matrices (AMD EPYC
+  // Zen 5, 2 threads, 16 / 128 rows, GMAC/s): Q4_0 95 / 163 -> 121 / 216 (the decoded path,
+  // dot_decoded, pairs too), Q4_1 137 / 164 -> 176 / 213. 5-bit codes and Q6_K's halves (two
+  // k-steps a widening) measured no faster / slower: they keep the int32 step.
+  constexpr bool kPairs = kPairSums && Q::kBits == 4;
   const int64_t B = K / 32, units = B / Q::U, group_stride = units * Q::kUnitBytes;
   vf acc[R][V];
   for (int r = 0; r < R; ++r)
@@ -632,6 +650,7 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
           for (int v = 0; v < V; ++v) {
             if constexpr (kPairs) {
               H[r][v][0] = q4x2_pairs(H[r][v][0], q0[v], h0, q1[v], h1);
+              pin(H[r][v][0]);
             } else if constexpr (Q::kBytes) {
               H[r][v][0] = dot_s8(dot_s8(H[r][v][0], q0[v], h0), q1[v], h1);
             } else {
@@ -739,6 +758,7 @@ template <int64_t F, int R, int NG>
 void dot_decoded(const int8_t* a, const float* sc, int64_t K, const uint8_t* dec,
                  const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
   constexpr int V = NG * kSub, NS = Dec<F>::NS;
+  constexpr bool kPairs = kPairSums && Fmt<F>::kBits == 4;  // as dot_block
   constexpr int64_t DB = Dec<F>::kBlock;
   const int64_t B = K / 32, group_stride = B * DB;
   vf acc[R][V];
@@ -764,12 +784,18 @@ void dot_decoded(const int8_t* a, const float* sc, int64_t K, const uint8_t* dec
           if constexpr (NS == 2) {
             H[r][v][0] = dot_codes(H[r][v][0], q0[v], h0);
             H[r][v][1] = dot_codes(H[r][v][1], q1[v], h1);
+          } else if constexpr (kPairs) {
+            H[r][v][0] = q4x2_pairs(H[r][v][0], q0[v], h0, q1[v], h1);
+            pin(H[r][v][0]);
           } else {
             H[r][v][0] = dot_q4x2(H[r][v][0], q0[v], h0, q1[v], h1);
           }
         }
       }
     }
+    if constexpr (kPairs)
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < V; ++v) H[r][v][0] = widen_pairs(H[r][v][0]);
     for (int v = 0; v < V; ++v) {
       const float* f = (const float*)(db + (v / kSub) * group_stride + 512) + (v % kSub) * kW;
       for (int r = 0; r < R; ++r) {

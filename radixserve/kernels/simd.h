@@ -119,6 +119,8 @@ constexpr bool kVnni = true;  // whether an int8 dot product is one instruction 
 constexpr bool kPairSums = false;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) { return dot_q4x2(acc, q0, a0, q1, a1); }
 inline vi widen_pairs(vi acc) { return acc; }
+inline void pin(vi&) {}  // (the AVX2 level's: an opaque step)
+constexpr bool kPairScale = false;
 // Signed bytes q against signed bytes a (-127..127): acc += sum (q + kQ8Offset) * a, exact;
 // here q + 128 as the unsigned operand (the caller offsets by -128 * sum a).
 constexpr int kQ8Offset = 128;
@@ -280,6 +282,8 @@ constexpr bool kVnni = true;  // whether an int8 dot product is one instruction 
 constexpr bool kPairSums = false;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) { return dot_q4x2(acc, q0, a0, q1, a1); }
 inline vi widen_pairs(vi acc) { return acc; }
+inline void pin(vi&) {}  // (the AVX2 level's: an opaque step)
+constexpr bool kPairScale = false;
 constexpr int kQ8Offset = 128;
 inline vi dot_s8(vi acc, vi q, vi a) {
   return _mm256_dpbusd_avx_epi32(acc, _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)), a);
@@ -313,6 +317,11 @@ inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) {
                                                 _mm256_maddubs_epi16(q1, a1)));
 }
 inline vi widen_pairs(vi acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
+// An opaque step for the compiler: integer sums would otherwise be reassociated into trees of
+// all a block's products at once (the pair sums: 32 maddubs live, spilled; 23 % slower).
+inline void pin(vi& v) { __asm__("" : "+x"(v)); }
+// Whether a block's pair sums take their scale in one madd (dot_i16): yes here.
+constexpr bool kPairScale = true;
 // Codes up to 63 fit too: 2 * (2 * 63 * 127) < 2^15.
 inline vi dot_codes(vi acc, vi q, vi a) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, a),
@@ -561,6 +570,8 @@ constexpr bool kVnni = true;  // whether an int8 dot product is one instruction 
 constexpr bool kPairSums = false;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) { return dot_q4x2(acc, q0, a0, q1, a1); }
 inline vi widen_pairs(vi acc) { return acc; }
+inline void pin(vi&) {}  // (the AVX2 level's: an opaque step)
+constexpr bool kPairScale = false;
 constexpr int kQ8Offset = 0;  // signed bytes against signed bytes
 inline vi dot_s8(vi acc, vi q, vi a) { return sdot(acc, q, a); }
 #else
@@ -575,6 +586,10 @@ inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return (vi)((v16i16)acc + code_pair_products(q0, a0) + code_pair_products(q1, a1));
 }
 inline vi widen_pairs(vi acc) { return pairs_to_lanes((v16i16)acc); }
+inline void pin(vi&) {}  // (the AVX2 level's: an opaque step)
+// No: dot_i16 is four shifts and two multiplies here; widening, one multiply (M = 1: 17 vs 12
+// GMAC/s, the 3B shape's Q4_K matrices, 2 threads).
+constexpr bool kPairScale = false;
 constexpr int kQ8Offset = 0;  // signed bytes: |products| <= 128 * 127, pairs within int16
 inline vi dot_s8(vi acc, vi q, vi a) { return acc + pairs_to_lanes(pair_products(q, a)); }
 #endif
