@@ -425,6 +425,15 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
   // int16 pair too) in one madd (dot_i16): the same exact integer as widening, multiplying
   // and shifting in int32, with one multiply instead of four widenings and a vpmulld.
   constexpr bool kPairs = kPairSums && Q::kBits == 4;
+  // Where that madd is one instruction (kPairScale: AVX2), Q5_K and Q6_K too, each as far as
+  // int16 holds: Q5_K a half's four maddubs (|sum| <= 4 * 2 * 31 * 127 = 31,496) times the
+  // scale << sh; Q6_K a half's two (2 * 2 * 63 * 127 = 32,004) times its scale (|sc| <= 128),
+  // folded into int32 every second k-step, and its -32 * (h0 sc0 + h1 sc1) in one more madd
+  // of the row's (h0, h1) pair against (sc0, sc1). The same integers as the int32 steps.
+  // Paired (the 3B shape's matrices, AMD EPYC Zen 5, 2 threads, avx2, 16 / 128 rows, GMAC/s):
+  // Q6_K 100 / 114 -> 121 / 141, Q5_K 144 / 171 -> 160 / 192 (4 rows a block: slower).
+  constexpr bool kPairs5 = kPairSums && kPairScale && Q::kBits == 5;
+  constexpr bool kPairs6 = kPairSums && kPairScale && NS == 2;
   // integer sums per block: Q6_K's halves apart; with AVX-512 VNNI the first and second 16's
   // apart too (two dependency chains a tile hide vpdpbusd's latency: Q4_K +8 %); below it one
   // (dot_q4x2 adds the two in int16 first: fewer instructions, fewer registers), and one with
@@ -450,10 +459,21 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
           for (int64_t o = 0; o < kPerBlock; o += 64) __builtin_prefetch(p + o);
         }
       }
-      vi H[R][V][NH];
+      vi H[R][V][kPairs5 ? 2 : NH];
       for (int r = 0; r < R; ++r)
         for (int v = 0; v < V; ++v)
-          for (int h = 0; h < NH; ++h) H[r][v][h] = izero();
+          for (int h = 0; h < (kPairs5 ? 2 : NH); ++h) H[r][v][h] = izero();
+      vi S6[kPairs6 ? V : 1][2], T[kPairs6 ? R : 1][kPairs6 ? V : 1];
+      if constexpr (kPairs6) {  // the halves' scales as int16 pairs, and int32 sums
+        for (int v = 0; v < V; ++v) {
+          vi s[2];
+          k_scales<F, kDecoded>(w + (v / kSub) * group_stride, un, j, (v % kSub) * kW, s);
+          S6[v][0] = i16_pairs(s[0], s[0]);
+          S6[v][1] = i16_pairs(s[1], s[1]);
+        }
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < V; ++v) T[r][v] = izero();
+      }
       for (int k = 0; k < 4; ++k) {
         vi q0[V], q1[V];
         for (int v = 0; v < V; ++v)
@@ -466,6 +486,19 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
             if constexpr (kPairs) {
               H[r][v][0] = q4x2_pairs(H[r][v][0], q0[v], h0, q1[v], h1);
               pin(H[r][v][0]);
+            } else if constexpr (kPairs5 || kPairs6) {
+              H[r][v][0] = code_pairs(H[r][v][0], q0[v], h0);
+              H[r][v][1] = code_pairs(H[r][v][1], q1[v], h1);
+              pin(H[r][v][0]);
+              pin(H[r][v][1]);
+              if constexpr (kPairs6) {
+                if (k % 2 == 1) {
+                  T[r][v] = dot_i16(dot_i16(T[r][v], H[r][v][0], S6[v][0]), H[r][v][1],
+                                    S6[v][1]);
+                  pin(T[r][v]);
+                  H[r][v][0] = H[r][v][1] = izero();
+                }
+              }
             } else if constexpr (NH == 1) {
               H[r][v][0] = dot_q4x2(H[r][v][0], q0[v], h0, q1[v], h1);
             } else {
@@ -478,11 +511,22 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
       for (int v = 0; v < V; ++v) {
         vi s[2];
         k_scales<F, kDecoded>(w + (v / kSub) * group_stride, un, j, (v % kSub) * kW, s);
-        if constexpr (kPairs && kPairScale) s[0] = ior(s[0], ishl(s[0], 16));  // both halves
+        if constexpr ((kPairs && kPairScale) || kPairs5) s[0] = i16_pairs(s[0], s[0]);
+        if constexpr (kPairs6) s[0] = i16_pairs(s[0], s[1]);  // (sc0, sc1)
         for (int r = 0; r < R; ++r) {
           const KAct& x = ka[r * B + b];
           if constexpr (kPairs && kPairScale) {
             CI[r][v] = dot_i16(CI[r][v], H[r][v][0], ishl(s[0], x.sh));
+            continue;
+          }
+          if constexpr (kPairs5) {
+            const vi sp = ishl(s[0], x.sh);
+            CI[r][v] = dot_i16(dot_i16(CI[r][v], H[r][v][0], sp), H[r][v][1], sp);
+            continue;
+          }
+          if constexpr (kPairs6) {  // x.h0, x.h1: the row's (h0, h1) int16 pair
+            const vi c = dot_i16(izero(), bcast4(&x.h0), s[0]);
+            CI[r][v] = iadd(CI[r][v], ishl(isub(T[r][v], ishl(c, 5)), x.sh));
             continue;
           }
           vi t;

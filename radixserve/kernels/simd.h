@@ -113,6 +113,7 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, q0, a0), q1, a1);
 }
 inline vi dot_codes(vi acc, vi q, vi a) { return _mm512_dpbusd_epi32(acc, q, a); }
+inline vi code_pairs(vi acc, vi q, vi a) { return dot_codes(acc, q, a); }  // (AVX2's)
 // 4-bit codes' sums kept in int16 pairs over a block (q4x2_pairs) and widened once
 // (widen_pairs): only where the int32 step costs instructions (below VNNI; block_linear.cpp).
 constexpr bool kVnni = true;  // whether an int8 dot product is one instruction (vpdpbusd)
@@ -161,6 +162,10 @@ inline vi dot_i16(vi acc, vi a, vi b) { return _mm512_dpwssd_epi32(acc, a, b); }
 // kW lanes of 16-bit pairs (lo[i], hi[i]) from two runs of kW bytes.
 inline vi u8_pairs(const uint8_t* lo, const uint8_t* hi) {
   return _mm512_or_si512(iload_u8(lo), _mm512_slli_epi32(iload_u8(hi), 16));
+}
+// Each lane's low 16 bits of lo and of hi as an int16 pair (lo, hi).
+inline vi i16_pairs(vi lo, vi hi) {
+  return _mm512_mask_blend_epi16((__mmask32)0xAAAAAAAAu, lo, _mm512_slli_epi32(hi, 16));
 }
 
 // Lane i of the result = the sum of the lanes of a[i] (a 16 x 16 transpose-and-add).
@@ -278,6 +283,7 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, q0, a0), q1, a1);
 }
 inline vi dot_codes(vi acc, vi q, vi a) { return _mm256_dpbusd_avx_epi32(acc, q, a); }
+inline vi code_pairs(vi acc, vi q, vi a) { return dot_codes(acc, q, a); }  // (AVX2's)
 constexpr bool kVnni = true;  // whether an int8 dot product is one instruction (vpdpbusd)
 constexpr bool kPairSums = false;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) { return dot_q4x2(acc, q0, a0, q1, a1); }
@@ -327,6 +333,11 @@ inline vi dot_codes(vi acc, vi q, vi a) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, a),
                                                  _mm256_set1_epi16(1)));
 }
+// Codes against signed bytes, the products' pair sums added in int16 (the caller keeps them in
+// range: codes 0..63 with |a| <= 127 give at most 16,002 a maddubs).
+inline vi code_pairs(vi acc, vi q, vi a) {
+  return _mm256_add_epi16(acc, _mm256_maddubs_epi16(q, a));
+}
 // |q| (-128 gives 128 as unsigned, still exact) against sign(a, q): 2 * 128 * 127 < 2^15.
 constexpr int kQ8Offset = 0;
 inline vi dot_s8(vi acc, vi q, vi a) {
@@ -363,6 +374,7 @@ inline vi ishl(vi a, int n) { return _mm256_sllv_epi32(a, _mm256_set1_epi32(n));
 inline vi u8_pairs(const uint8_t* lo, const uint8_t* hi) {
   return _mm256_or_si256(iload_u8(lo), _mm256_slli_epi32(iload_u8(hi), 16));
 }
+inline vi i16_pairs(vi lo, vi hi) { return _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xAA); }
 
 inline vf hsum_lanes(const vf a[8]) {  // an 8 x 8 transpose-and-add
   __m256 s1[4], s2[2];
@@ -566,6 +578,7 @@ inline vi sdot(vi acc, vi q, vi a) {
 }
 inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) { return sdot(sdot(acc, q0, a0), q1, a1); }
 inline vi dot_codes(vi acc, vi q, vi a) { return sdot(acc, q, a); }
+inline vi code_pairs(vi acc, vi q, vi a) { return dot_codes(acc, q, a); }  // (AVX2's)
 constexpr bool kVnni = true;  // whether an int8 dot product is one instruction (vpdpbusd, sdot)
 constexpr bool kPairSums = false;
 inline vi q4x2_pairs(vi acc, vi q0, vi a0, vi q1, vi a1) { return dot_q4x2(acc, q0, a0, q1, a1); }
@@ -579,6 +592,7 @@ inline vi dot_q4x2(vi acc, vi q0, vi a0, vi q1, vi a1) {
   return acc + pairs_to_lanes(code_pair_products(q0, a0) + code_pair_products(q1, a1));
 }
 inline vi dot_codes(vi acc, vi q, vi a) { return acc + pairs_to_lanes(code_pair_products(q, a)); }
+inline vi code_pairs(vi acc, vi q, vi a) { return (vi)((v16i16)acc + code_pair_products(q, a)); }
 // As on AVX2: a block's 4-bit sums in int16 pairs (|sum| <= 30,480), widened once.
 constexpr bool kVnni = false;  // whether an int8 dot product is one instruction (vpdpbusd)
 constexpr bool kPairSums = true;
@@ -621,6 +635,7 @@ inline vi dot_i16(vi acc, vi a, vi b) {  // the int16 halves' products summed a 
 inline vi u8_pairs(const uint8_t* lo, const uint8_t* hi) {
   return (vi)((vu)iload_u8(lo) | (vu)iload_u8(hi) << 16);
 }
+inline vi i16_pairs(vi lo, vi hi) { return (vi)(((vu)lo & 0xFFFFu) | (vu)hi << 16); }
 
 inline vf hsum_lanes(const vf a[8]) {
   vf out;

@@ -103,6 +103,47 @@ def test_k_quants_are_exact_integer_sums_of_their_rounded_activations(qtype, m):
     assert _rel_err(layer(x), _k_quant_activations(x) @ w.double().T) < 2e-5
 
 
+def _extreme_blocks(qtype, n, k, q6_scale):
+    """[n, row bytes] uint8: every code at its largest (all code bits set; Q8_0 -128), every
+    scale at its largest magnitude (K-quants' 6-bit 63, Q6_K's int8 q6_scale), mins 0, d 2^-8:
+    the integer sums' bounds in block_linear.cpp's int16 pair sums and madds."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    b = np.full((n, k // block, size), 0xFF, np.uint8)
+    d = np.frombuffer(np.float16(2.0 ** -8).tobytes(), np.uint8)
+    if qtype == T.Q6_K:
+        b[..., 192:208] = np.uint8(q6_scale & 0xFF)
+        b[..., 208:210] = d
+        return torch.from_numpy(b.reshape(n, -1))
+    b[..., 0:2] = d
+    if qtype in (T.Q4_K, T.Q5_K):  # dmin 0; scales 63 and mins 0 in their 12-byte packing
+        b[..., 2:4] = 0
+        b[..., 4:8], b[..., 8:12], b[..., 12:16] = 0xFF, 0x00, 0x0F
+    elif qtype in (T.Q4_1, T.Q5_1):
+        b[..., 2:4] = 0  # m
+    elif qtype == T.Q8_0:
+        b[..., 2:] = 0x80
+    return torch.from_numpy(b.reshape(n, -1))
+
+
+@needs_native
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("q6_scale", [-128, 127])
+def test_largest_codes_and_scales_against_the_largest_activations(qtype, q6_scale):
+    """Codes, scales and activations all at their extremes, of one sign (the integer sums at
+    their bounds: a block's int16 pair sums below VNNI, the scale madds): every path (1, 4,
+    16 and 100 rows) gives the float64 product (the activations round exactly)."""
+    if q6_scale == 127 and qtype != T.Q6_K:
+        pytest.skip("the scale variant is Q6_K's")
+    n, k = 40, 512
+    raw = _extreme_blocks(qtype, n, k, q6_scale)
+    w = dequantize(raw.numpy(), qtype, (n, k))
+    layer = BlockLinear.from_stored([(qtype, raw)], k)
+    for sign in (1.0, -1.0):
+        for m in (1, 4, 16, 100):
+            x = torch.full((m, k), sign)
+            assert _rel_err(layer(x), x.double() @ w.double().T) < 1e-5, (sign, m)
+
+
 @needs_native
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_block_linear_rows_are_bit_identical_alone_or_in_any_batch(qtype):
