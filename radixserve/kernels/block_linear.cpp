@@ -515,13 +515,10 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
         if constexpr (kPairs6) s[0] = i16_pairs(s[0], s[1]);  // (sc0, sc1)
         for (int r = 0; r < R; ++r) {
           const KAct& x = ka[r * B + b];
-          if constexpr (kPairs && kPairScale) {
-            CI[r][v] = dot_i16(CI[r][v], H[r][v][0], ishl(s[0], x.sh));
-            continue;
-          }
-          if constexpr (kPairs5) {
+          if constexpr ((kPairs && kPairScale) || kPairs5) {  // Q4_K one pair sum, Q5_K two
             const vi sp = ishl(s[0], x.sh);
-            CI[r][v] = dot_i16(dot_i16(CI[r][v], H[r][v][0], sp), H[r][v][1], sp);
+            for (int h = 0; h < (kPairs5 ? 2 : 1); ++h)
+              CI[r][v] = dot_i16(CI[r][v], H[r][v][h], sp);
             continue;
           }
           if constexpr (kPairs6) {  // x.h0, x.h1: the row's (h0, h1) int16 pair
