@@ -67,6 +67,23 @@ inline void store_token(KV* dst, const float* src, int64_t KVH, int64_t d) {
   store_kv(dst, src, KVH * d);
 }
 
+// Asks for one head's rows of a sequence's tokens from `at` (a token index in its pool blocks
+// `blocks`) to the end of that block, at most `left` of them: the next block's rows, while
+// this one's are used. Once the pool has been in use a while, a sequence's blocks lie anywhere
+// and the hardware prefetcher does not follow it from one block to the next; waiting on each
+// block's misses, decode attention read scattered blocks at about half the speed of adjacent
+// ones. (always_inline: GCC 12 drops calls to a function whose only effect is a prefetch.)
+template <typename KV>
+__attribute__((always_inline)) inline void prefetch_block(const KV* pool, const int64_t* blocks,
+                                                          int64_t at, int64_t left, int64_t bs,
+                                                          int64_t token_stride, int64_t d) {
+  const int64_t off = at % bs, n = left < bs - off ? left : bs - off;
+  const int64_t bytes = (d + kRowExtra<KV>) * (int64_t)sizeof(KV);
+  const KV* row = pool + (blocks[at / bs] * bs + off) * token_stride;
+  for (int64_t i = 0; i < n; ++i, row += token_stride)
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char*)row + b);
+}
+
 constexpr int kMaxGroup = 16;  // query heads per KV head
 constexpr int kMaxDim = 256;  // head_dim
 constexpr int kMaxDimVecs = kMaxDim / kW;
@@ -128,6 +145,11 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
     const int64_t off = (first + t0) % bs;  // where the span starts in this block
     const KV* kb = k_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
     const int64_t n_block = span - t0 < bs - off ? span - t0 : bs - off;
+    if (t0 + n_block < span)  // the next block's K rows, else the first block's V rows
+      prefetch_block(k_pool, blocks, first + t0 + n_block, span - t0 - n_block, bs, token_stride,
+                     d);
+    else
+      prefetch_block(v_pool, blocks, first, span, bs, token_stride, d);
     for (int64_t i0 = 0; i0 < n_block; i0 += kW) {
       const int n = (int)(n_block - i0 < kW ? n_block - i0 : kW);
       // The n K rows, widened once here for all rows and query heads (exactly: the same
@@ -213,6 +235,8 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
       const int64_t off = (first + t0) % bs;
       const KV* v = v_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
       const int64_t n = span - t0 < bs - off ? span - t0 : bs - off;
+      if (t0 + n < span)  // the next block's V rows
+        prefetch_block(v_pool, blocks, first + t0 + n, span - t0 - n, bs, token_stride, d);
       for (int64_t i = 0; i < n; ++i, v += token_stride) {
         vf vv[kDV ? kDV : kMaxDimVecs];
         for (int c = 0; c < dv; ++c) vv[c] = load_kv(v + kW * c, c == dv - 1 ? dlast : kW);
@@ -237,6 +261,9 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
     const int64_t off = (first + t0) % bs;
     const KV* vb = v_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
     const int64_t n_block = span - t0 < bs - off ? span - t0 : bs - off;
+    if (t0 + n_block < span)  // the next block's V rows
+      prefetch_block(v_pool, blocks, first + t0 + n_block, span - t0 - n_block, bs, token_stride,
+                     d);
     for (int64_t i0 = 0; i0 < n_block; i0 += kVTokens) {
       const int n = (int)(n_block - i0 < kVTokens ? n_block - i0 : kVTokens);
       const KV* vrows = vb + i0 * token_stride;
