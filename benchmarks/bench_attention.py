@@ -1,6 +1,7 @@
 """The native paged attention (paged_attention.cpp) at real shapes, per CPU level: a whole
 prompt prefilled in one step (every row of one sequence, causal) and a batch of decode rows at
-a long context, over a float16 pool (``--kv-cache-dtype auto``) of random K/V. Prints ms per
+a long context, its pool blocks adjacent (a fresh server) and scattered (a pool whose blocks were
+taken and freed in other orders for a while), over a float16 pool (``--kv-cache-dtype auto``) of random K/V. Prints ms per
 layer call and GMAC/s of useful multiply-adds (q.k and p.v: 2 * H * d per context token per
 row), beside torch's own CPU attention (``scaled_dot_product_attention``, causal, float32,
 dense K/V already gathered: no pool reads) on the same rows in the same run.
@@ -30,8 +31,9 @@ SHAPES = {  # heads, kv heads, head dim
 BLOCK = 16
 
 
-def _case(shape, seqs: list[tuple[int, int]], kv_dtype: torch.dtype):
-    """seqs: (cached tokens, new rows) per sequence → (q, k, v, pools, meta, dense inputs)."""
+def _case(shape, seqs: list[tuple[int, int]], kv_dtype: torch.dtype, scattered: bool = False):
+    """seqs: (cached tokens, new rows) per sequence → (q, k, v, pools, meta); each sequence's
+    blocks one after another in the pool, or with ``scattered`` anywhere in it."""
     heads, kv_heads, dim = shape
     gen = torch.Generator().manual_seed(0)
     blocks_per = [-(-(c + n) // BLOCK) for c, n in seqs]
@@ -39,9 +41,11 @@ def _case(shape, seqs: list[tuple[int, int]], kv_dtype: torch.dtype):
     pools = tuple(torch.randn(num_blocks, BLOCK, kv_heads, dim, generator=gen).to(kv_dtype)
                   for _ in range(2))
     width = max(blocks_per)
-    table, slots, first = [], [], 1
+    order = (torch.randperm(num_blocks - 1, generator=gen) + 1 if scattered
+             else torch.arange(1, num_blocks)).tolist()
+    table, slots, first = [], [], 0
     for (cached, new), nb in zip(seqs, blocks_per):
-        ids = list(range(first, first + nb))
+        ids = order[first:first + nb]
         first += nb
         table.append(ids + [0] * (width - nb))
         slots += [ids[p // BLOCK] * BLOCK + p % BLOCK for p in range(cached, cached + new)]
@@ -114,8 +118,9 @@ def main() -> None:
                      _torch_prefill(shape, args.prompt)),
                     (f"decode {batch}x{context}", [(context - 1, 1)] * batch, batch * context,
                      _torch_decode(shape, batch, context))]
+            work.append((f"{work[1][0]}, scattered blocks", *work[1][1:]))
             for label, seqs, tokens, peer in work:
-                q, k, v, pools, meta = _case(shape, seqs, kv_dtype)
+                q, k, v, pools, meta = _case(shape, seqs, kv_dtype, "scattered" in label)
                 ours = _best(lambda: ops.paged_attention(q, k, v, *pools, meta, dim ** -0.5,
                                                          None, None), args.reps)
                 theirs = _best(peer, args.reps)
