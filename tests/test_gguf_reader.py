@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import mmap
 
-import gguf
 import numpy as np
 import pytest
-from real_models import gemma3_270m
+from real_models import gemma3_270m, gguf_reader
 
 from radixserve.gguf_reader import open_gguf
 from radixserve.models.default import default_model_path
@@ -17,7 +16,7 @@ from radixserve.models.default import default_model_path
 @pytest.mark.parametrize("which", ["embedded", "gemma3-270m"])
 def test_fields_and_tensors_are_gguf_readers(which):
     path = str(default_model_path()) if which == "embedded" else gemma3_270m()
-    fast, ref = open_gguf(path), gguf.GGUFReader(path)
+    fast, ref = open_gguf(path), gguf_reader(path)
     assert list(fast.fields) == list(ref.fields)
     for name, field in fast.fields.items():
         other = ref.fields[name]

@@ -24,7 +24,7 @@ from gguf_vocabs import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from real_models import gemma3_270m
+from real_models import gemma3_270m, one_reader
 
 from radixserve.tokenizer.byte_pieces import ByteLevelDetokenizer, _byte_of_char
 from radixserve.tokenizer.detokenizer import IncrementalDetokenizer
@@ -299,7 +299,8 @@ def gemma() -> tuple[Tokenizer, object]:
         path = Path(gemma3_270m())
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    return Tokenizer.from_gguf(path), _reference(path)
+    with one_reader(str(path)):
+        return Tokenizer.from_gguf(path), _reference(path)
 
 
 def test_gemma3_matches_transformers(gemma) -> None:

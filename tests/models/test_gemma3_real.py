@@ -9,15 +9,13 @@ legitimately flip the choice). One prompt is over 512 tokens, so the sliding lay
 matters. Token ids come from transformers' tokenizer of the same file.
 
 The same file in float (dequantized weights, float32 KV) must give transformers' logits to
-float rounding. One GGUFReader serves transformers' config, tokenizer and weights and both
-engines (parsing the 262k-token vocabulary costs ~15 s a time on a busy 2-core machine).
+float rounding. One GGUFReader (the session's: real_models.one_reader) serves transformers'
+config, tokenizer and weights and both engines.
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
-from unittest import mock
 
 import pytest
 import torch
@@ -52,23 +50,6 @@ PROMPTS = [
 ]
 
 
-@contextmanager
-def _one_reader(path: str):
-    """transformers' GGUFReader calls on ``path`` all answered by one open reader."""
-    import gguf
-
-    reader_class = gguf.GGUFReader
-    reader = reader_class(path)
-
-    def open_reader(p, *args, **kwargs):  # transformers imports it from gguf at each call
-        if os.path.exists(p) and os.path.samefile(p, path):
-            return reader
-        return reader_class(p, *args, **kwargs)
-
-    with mock.patch.object(gguf, "GGUFReader", open_reader):
-        yield reader
-
-
 def _margins_and_tokens(model, ids: list[int]) -> tuple[list[int], list[float]]:
     """transformers' greedy continuation of ``ids`` and each step's top-2 logit margin."""
     with torch.inference_mode():
@@ -88,7 +69,7 @@ def reference():
 
     path = real_models.gemma3_270m()
     folder, name = os.path.split(path)
-    with _one_reader(path) as reader:
+    with real_models.one_reader(path) as reader:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = load_gguf_model(path)
     assert model.config.sliding_window == 512
