@@ -5,6 +5,11 @@ context; the native kernel's rows do not depend on the rest of the batch, bit fo
 
 from __future__ import annotations
 
+import platform
+import re
+import shutil
+import subprocess
+
 import pytest
 import torch
 
@@ -453,3 +458,17 @@ def test_native_prompt_rows_in_tiles_equal_each_row_alone(heads, kv_heads, dim, 
         assert torch.equal(run(p, 1), whole[p:p + 1]), p
         torch.testing.assert_close(whole[p], dense_row(q[p], keys[:p + 1], values[:p + 1]),
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_each_attend_of_the_loaded_library_asks_for_the_next_pool_block():
+    """The next block's prefetches survive the compiler: GCC 12 once dropped every call to the
+    helper as having no effect, and nothing else shows it (the results are the same)."""
+    objdump = shutil.which("objdump")
+    if native.load() is None or objdump is None:
+        pytest.skip("needs this level's kernel library and objdump")
+    text = subprocess.run([objdump, "-d", "--no-show-raw-insn", "-C", native.describe().path],
+                          capture_output=True, text=True, check=True).stdout
+    attends = [body for body in re.split(r"\n(?=[0-9a-f]+ <)", text)
+               if re.match(r"[0-9a-f]+ <void \(anonymous namespace\)::attend<", body)]
+    opcode = "prfm" if platform.machine().lower() in ("aarch64", "arm64") else "prefetch"
+    assert attends and all(opcode in body for body in attends)
