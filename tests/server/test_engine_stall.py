@@ -54,16 +54,21 @@ def test_a_stopped_engine_is_reported_failed_and_replaced(server):
     engine = server.engine_pid()
     os.kill(engine, signal.SIGSTOP)
     stopped = time.monotonic()
+    # The limit is the flag's 2 s unless a step of the last minutes took over a quarter of it
+    # (ProgressWatch: a busy machine's slow step raises it); the reason names the limit used.
     while (r := _health(url)).status_code == 200:
-        assert time.monotonic() - stopped < STALL_S + 3, "the stall was not noticed"
+        assert time.monotonic() - stopped < 30, "the stall was not noticed"
         time.sleep(0.02)
     noticed = time.monotonic() - stopped
-    assert noticed >= STALL_S - 0.1, noticed  # not before the limit
     assert r.status_code == 503, r.text
     body = r.json()
     assert body["status"] == "unhealthy", body
-    assert re.fullmatch(r"the engine has made no progress for [23] s with 1 request in flight "
-                        r"\(stall limit 2\.0 s\); it is being restarted", body["reason"]), body
+    m = re.fullmatch(r"the engine has made no progress for (\d+) s with 1 request in flight "
+                     r"\(stall limit (\d+\.\d) s\); it is being restarted", body["reason"])
+    assert m, body
+    limit = float(m[2])
+    assert limit >= STALL_S and limit - 0.1 <= noticed < limit + 3, (noticed, body)
+    assert abs(int(m[1]) - noticed) <= 1.5, (noticed, body)
 
     stream.join(10)
     assert not stream.is_alive() and stream.error is None and stream.status == 200
@@ -158,7 +163,7 @@ def test_a_stopped_replica_fails_its_own_requests_and_is_replaced_alone():
         failed = [e["message"] for e in errors if e is not None]
         assert len(failed) == 2 and failed[0] == failed[1], errors
         assert re.fullmatch(r"engine unavailable: replica 0: the engine has made no progress "
-                            r"for [23] s with 2 requests in flight \(stall limit 2\.0 s\); it "
+                            r"for \d+ s with 2 requests in flight \(stall limit \d+\.\d s\); it "
                             r"is being restarted", failed[0]), failed
         r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "hi", "max_tokens": 3})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
