@@ -27,10 +27,12 @@ class BuildKernels(build_ext):
     paged_attention.cpp alone takes ~25 s; one after another the five x86 levels took over
     three minutes on two cores), then each level linked. A level the compiler cannot build
     (an old g++ without AMX, say) is left out with a message; the loader then picks the best
-    level that is there."""
+    level that is there. ``RADIXSERVE_BUILD_LEVELS=avx2,generic`` (say) builds only those
+    (levels.chosen_levels)."""
 
     def build_extensions(self) -> None:
         self.check_extensions_list(self.extensions)
+        self._remove_unchosen()
         todo = [ext for ext in self.extensions
                 if self.force or newer_group([*ext.sources, *ext.depends],
                                              self.get_ext_fullpath(ext.name), "newer")]
@@ -46,6 +48,17 @@ class BuildKernels(build_ext):
                 except Exception as exc:  # noqa: BLE001 (any compiler failure: leave it out)
                     print(f"radixserve: the {ext.name} kernels did not build and are left "
                           f"out: {exc}")
+
+    def _remove_unchosen(self) -> None:
+        """A level not chosen this time (RADIXSERVE_BUILD_LEVELS) must not ship from an earlier
+        build's output: its library is removed from where this build puts its own."""
+        chosen = {ext.name for ext in self.extensions}
+        for level in levels.levels_for(platform.machine()):
+            name = f"radixserve.kernels.{levels.library_stem(level)}"
+            path = Path(self.get_ext_fullpath(name))
+            if name not in chosen and path.exists():
+                print(f"radixserve: {path.name} removed (not among RADIXSERVE_BUILD_LEVELS)")
+                path.unlink()
 
     def _compile(self, ext: Extension, source: str) -> str:
         """One source of one level, into that level's temporary folder: its object file."""
@@ -68,7 +81,12 @@ def _extensions() -> list[Extension]:
     sources = [str(Path("radixserve/kernels") / name) for name in levels.SOURCES]
     digest = levels.source_hash(_KERNELS)
     out = []
-    for level, (flags, _needs) in levels.levels_for(platform.machine()).items():
+    try:
+        chosen = levels.chosen_levels(platform.machine(),
+                                      os.environ.get("RADIXSERVE_BUILD_LEVELS"))
+    except ValueError as exc:
+        raise SystemExit(f"radixserve: {exc}") from None
+    for level, (flags, _needs) in chosen.items():
         out.append(Extension(
             f"radixserve.kernels.{levels.library_stem(level)}", sources=sources, language="c++",
             depends=[str(Path("radixserve/kernels") / h) for h in levels.HEADERS],

@@ -55,6 +55,23 @@ def levels_for(machine: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]
     return ARM_LEVELS if machine in ("aarch64", "arm64") else OTHER_LEVELS
 
 
+def chosen_levels(machine: str, spec: str | None) -> dict[str, tuple[tuple[str, ...],
+                                                                    tuple[str, ...]]]:
+    """The levels to build: all of ``levels_for(machine)``, or those named in ``spec`` (the
+    ``RADIXSERVE_BUILD_LEVELS`` environment variable of a source install: comma-separated, e.g.
+    ``avx2`` to build only what an AVX2 machine runs, in a fraction of the time). A name this
+    machine's architecture has no level of is a ValueError naming the ones it has."""
+    known = levels_for(machine)
+    if spec is None or not spec.strip():
+        return known
+    names = [n.strip().lower() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"RADIXSERVE_BUILD_LEVELS names {', '.join(unknown)}: the levels of "
+                         f"{machine} are {', '.join(known)}")
+    return {name: flags for name, flags in known.items() if name in names}
+
+
 def library_stem(level: str) -> str:
     """The extension module name of a level's library (``radixserve.kernels.<stem>``)."""
     return f"_cpu_{level}"
