@@ -741,9 +741,18 @@ constexpr int64_t kDecodeRows = kW == 16 ? 96 : kVnni ? 64 : 12;
 // (256-bit vpdpbusd, same machine, paired): Q4_K never (512 rows undecoded 261 vs 224, 64 rows
 // 264 vs 220), Q5_K / Q6_K from 12 (16 rows decoded 187 vs 154, 178 vs 137), the legacy
 // formats from 64 (Q4_0 at 16 rows undecoded 245 vs 216, equal from 64).
+// Fewer rows (a speculative verify step, a few streams), the 3B shape's matrices paired in one
+// process (AMD EPYC Zen 5, 2 threads, medians of 9, GMAC/s undecoded vs decoded): AVX2 Q6_K
+// decodes from 4 rows (4: 69 vs 78, 6: 77 vs 100, 8: 73 vs 106, 10: 78 vs 117; 3 rows and
+// fewer lose), Q5_K from 8 (4: 126 vs 108, 6: 122 vs 124, 8: 112 vs 126, 10: 120 vs 143);
+// AVX-VNNI Q6_K from 8 (4: 96 vs 88, 6: 110 vs 111, 8: 109 vs 122), Q5_K still from 12 (its
+// 4-row register blocks: 4 rows 196 vs 122, 10: 159 vs 168); generic both from 4 (Q6_K 4: 10
+// vs 13, 8: 10 vs 16; Q5_K 4: 12 vs 15, 8: 12 vs 19). The Arm dotprod level takes AVX-VNNI's
+// (not measured on Arm).
 constexpr int64_t kNever = INT64_MAX;
 constexpr int64_t kDecodeRowsK4 = kW == 16 ? 96 : kVnni ? kNever : 64;
-constexpr int64_t kDecodeRowsK = kW == 16 ? 32 : 12;
+constexpr int64_t kDecodeRowsK5 = kW == 16 ? 32 : kVnni ? 12 : kPairScale ? 8 : 4;
+constexpr int64_t kDecodeRowsK6 = kW == 16 ? 32 : kVnni ? 8 : 4;
 
 template <int64_t F>
 struct Dec {
@@ -757,7 +766,8 @@ inline int64_t dec_buffer_bytes(int64_t B) {
 
 inline bool decodes(int64_t f, int64_t M) {
   if (f == kQ4_K) return M >= kDecodeRowsK4;
-  if (f == kQ5_K || f == kQ6_K) return M >= kDecodeRowsK;
+  if (f == kQ5_K) return M >= kDecodeRowsK5;
+  if (f == kQ6_K) return M >= kDecodeRowsK6;
   return M >= kDecodeRows && f != kQ8_0;
 }
 
