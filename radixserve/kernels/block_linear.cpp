@@ -734,6 +734,11 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
 // +36 %, +61 %; at 16 rows AVX2 gains 7-35 % but AVX-512 loses ~10 % (the decoded bytes come
 // from L2, the packed ones were in L1): hence the threshold per level.
 constexpr int64_t kDecodeRows = kW == 16 ? 96 : kVnni ? 64 : 12;
+// AVX2's 4-bit legacy formats since their int16 pair sums and 4-row register blocks (dot_block)
+// from 32 rows (paired as below, GMAC/s undecoded vs decoded: Q4_0 12 rows 203 vs 177, 16: 216
+// vs 200, 32: 224 vs 215, 64: 192 vs 207, 128: 219 vs 236; Q4_1 12: 220 vs 183, 16: 223 vs
+// 197, 32: 225 vs 223); generic's stay at 12 (Q4_0 12 / 32 rows: 20 vs 21).
+constexpr int64_t kDecodeRows4 = kPairScale ? 32 : kDecodeRows;
 // K-quants fold their scales in integers (dot_kquant), so decoding pays from other row counts
 // (bench_gemv.py, AMD EPYC Zen 5, 2 threads): AVX-512 Q5_K / Q6_K from 32 rows (Q6_K at 64:
 // 587 vs 443 GMAC/s), Q4_K at about 96 (at 64 undecoded 685 vs 598); AVX2 Q4_K from 64 (at 16
@@ -768,6 +773,7 @@ inline bool decodes(int64_t f, int64_t M) {
   if (f == kQ4_K) return M >= kDecodeRowsK4;
   if (f == kQ5_K) return M >= kDecodeRowsK5;
   if (f == kQ6_K) return M >= kDecodeRowsK6;
+  if (f == kQ4_0 || f == kQ4_1) return M >= kDecodeRows4;
   return M >= kDecodeRows && f != kQ8_0;
 }
 
