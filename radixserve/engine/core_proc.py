@@ -22,6 +22,7 @@ Torch-free at import: the API process imports this module to start the process, 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -139,6 +140,7 @@ def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
         out.send(encoder.encode(EngineReady(error=f"{type(exc).__name__}: {exc}")))
         traceback.print_exc()
         return
+    _freeze_start_up_heap()
     stats = engine.scheduler.stats()
     out.send(encoder.encode(EngineReady(engine.max_model_len, engine.vocab_size,
                                         stats.num_kv_blocks, engine.scheduler.kv.block_size)))
@@ -152,6 +154,19 @@ def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
         out.close(linger=1000)
         inp.close(linger=0)
         ctx.term()
+
+
+def _freeze_start_up_heap() -> None:
+    """Move what loading allocated (torch's and the other libraries' modules and functions, the
+    model's layers: ~390,000 tracked objects with a 3B GGUF) out of the garbage collector's
+    sight for the life of the process. A full collection walked all of them: 230 ms on AMD EPYC
+    Zen 5 (``gc.collect()`` after loading the 3B shape), a whole decode step's time stolen from
+    whichever step it fell in. Those come when enough objects have outlived two younger
+    collections (a long-running server's radix tree and requests), not every step: a b16 run
+    of 128 steps had none. Per-step garbage is still collected; only what lives as long as
+    the engine is frozen (as vLLM's and SGLang's engine processes do)."""
+    gc.collect()
+    gc.freeze()
 
 
 class Heartbeat:
