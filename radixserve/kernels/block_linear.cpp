@@ -739,6 +739,12 @@ constexpr int64_t kDecodeRows = kW == 16 ? 96 : kVnni ? 64 : 12;
 // vs 200, 32: 224 vs 215, 64: 192 vs 207, 128: 219 vs 236; Q4_1 12: 220 vs 183, 16: 223 vs
 // 197, 32: 225 vs 223); generic's stay at 12 (Q4_0 12 / 32 rows: 20 vs 21).
 constexpr int64_t kDecodeRows4 = kPairScale ? 32 : kDecodeRows;
+// The 5-bit legacy formats (Q5_0, Q5_1) decode sooner than the 4-bit ones where the dot
+// product is one instruction (paired as below, packed vs decoded GMAC/s): AVX-512 from 32
+// (Q5_0 16 rows 446 vs 363, 32: 449 vs 446, 64: 473 vs 517; Q5_1 64: 429 vs 482; Q4_0 stays
+// packed, 64: 543 vs 503); AVX-VNNI from 12 (Q5_0 8: 123 vs 109, 12: 169 vs 178, 16: 172 vs
+// 197, 32: 184 vs 231; Q5_1 16: 183 vs 203, 32: 203 vs 234; Q4_0 stays at 64, 16: 224 vs 199).
+constexpr int64_t kDecodeRows5 = kW == 16 ? 32 : kVnni ? 12 : kDecodeRows;
 // K-quants fold their scales in integers (dot_kquant), so decoding pays from other row counts
 // (bench_gemv.py, AMD EPYC Zen 5, 2 threads): AVX-512 Q5_K / Q6_K from 32 rows (Q6_K at 64:
 // 587 vs 443 GMAC/s), Q4_K at about 96 (at 64 undecoded 685 vs 598); AVX2 Q4_K from 64 (at 16
@@ -774,6 +780,7 @@ inline bool decodes(int64_t f, int64_t M) {
   if (f == kQ5_K) return M >= kDecodeRowsK5;
   if (f == kQ6_K) return M >= kDecodeRowsK6;
   if (f == kQ4_0 || f == kQ4_1) return M >= kDecodeRows4;
+  if (f == kQ5_0 || f == kQ5_1) return M >= kDecodeRows5;
   return M >= kDecodeRows && f != kQ8_0;
 }
 

@@ -147,7 +147,7 @@ def test_largest_codes_and_scales_against_the_largest_activations(qtype, q6_scal
 def test_block_linear_rows_are_bit_identical_alone_or_in_any_batch(qtype):
     """Single rows and small groups take the dot-product path; 40 and 100 rows the AMX one
     for the 4-bit legacy types (where the CPU has it), the others the weights decoded once per
-    work item (block_linear.cpp: legacy from 12-32 rows below AVX-512, 96 at it; Q5_K / Q6_K
+    work item (block_linear.cpp: legacy from 12-96 rows by level and width; Q5_K / Q6_K
     from 4-12 by level / 32, Q4_K from 64 / 96); at AVX-512 the K-quants from 6 rows until they decode
     hold each block's codes in registers for up to 32 rows at a time: the same exact integer
     sums and float steps.
