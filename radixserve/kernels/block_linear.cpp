@@ -572,7 +572,11 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
 constexpr int kHeldRows = 32;
 template <int64_t F>
 constexpr bool kHeld = kW == 16 && (F == kQ4_K || F == kQ5_K || F == kQ6_K);
-constexpr int64_t kHeldMinRows = 6;  // fewer rows: dot_kquant's register blocks (4: as fast)
+// fewer rows: dot_kquant's register blocks. 5 rows (a block of 4 and a lone row) measured
+// slower than held (paired, the 3B shape's matrices, 2 threads, GMAC/s blocks vs held: Q4_K
+// 235 vs 258, Q5_K 166 vs 190, Q6_K 156 vs 174); 2-4 rows faster or even (4: Q4_K 246 vs 223,
+// Q5_K 211 vs 201, Q6_K 143 vs 151)
+constexpr int64_t kHeldMinRows = 5;
 
 template <int64_t F, int NG>
 void dot_kquant_held(int64_t M, const int8_t* a, const float* sc, int64_t K, const uint8_t* w,

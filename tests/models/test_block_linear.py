@@ -148,9 +148,9 @@ def test_block_linear_rows_are_bit_identical_alone_or_in_any_batch(qtype):
     """Single rows and small groups take the dot-product path; 40 and 100 rows the AMX one
     for the 4-bit legacy types (where the CPU has it), the others the weights decoded once per
     work item (block_linear.cpp: legacy from 12-96 rows by level and width; Q5_K / Q6_K
-    from 4-12 by level / 32, Q4_K from 64 / 96); at AVX-512 the K-quants from 6 rows until they decode
-    hold each block's codes in registers for up to 32 rows at a time: the same exact integer
-    sums and float steps.
+    from 4-12 by level / 32, Q4_K from 64 / 96); at AVX-512 the K-quants from 5 rows until
+    they decode hold each block's codes in registers for up to 32 rows at a time: the same
+    exact integer sums and float steps.
     n = 72: a group pair and a lone, part-filled group."""
     n, k = 72, 512
     raw, _ = _matrix(qtype, n, k, seed=1)
@@ -163,6 +163,8 @@ def test_block_linear_rows_are_bit_identical_alone_or_in_any_batch(qtype):
     assert torch.equal(layer(x[7:23]), batched[7:23])
     assert torch.equal(layer(x[:31]), batched[:31])
     assert torch.equal(layer(x[50:56]), batched[50:56])
+    assert torch.equal(layer(x[60:64]), batched[60:64])
+    assert torch.equal(layer(x[60:65]), batched[60:65])
     assert torch.equal(layer(x[:40]), batched[:40])
     assert layer(x[:0]).shape == (0, n)
 
