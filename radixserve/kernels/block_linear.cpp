@@ -645,6 +645,87 @@ void dot_kquant_held(int64_t M, const int8_t* a, const float* sc, int64_t K, con
       store_out(acc[r][v], bias, y + r * ldy, n0 + 16 * (v / kSub) + (v % kSub) * kW, N);
 }
 
+// Below VNNI (kPairScale: AVX2), Q6_K from kHeldPairsMinRows rows: dot_kquant_held's order,
+// one vector of 8 outputs at a time. A block's eight code vectors and its halves' scales as
+// int16 pairs (11 of the 16 registers) are unpacked once from the packed weights and held
+// while every row takes its sums, dot_kquant's kPairs6 integers: per half, two maddubs added
+// in int16 (<= 2 * 16,002) times the half's scale in one madd, then -32 * (h0 sc0 + h1 sc1) in
+// one madd of the row's (h0, h1) against (sc0, sc1), and the shift; the same float steps, so
+// the same bits. dot_kquant's register blocks (2 rows x 4 vectors, some 40 live vectors)
+// spilled, and the decoded path read the codes back from L2 for every 2 rows. Paired on the
+// 3B shape's matrices (AMD EPYC Zen 4, 2 threads, GMAC/s, before -> held): 3 rows 66 -> 83,
+// 4: 61 -> 100, 8: 86 -> 117, 16: 112 -> 132, 32: 125 -> 141, 128: 133 -> 136; 2 rows stay in
+// blocks (66 vs 61). Q4_K and Q5_K held this way measured slower or even (16 / 64 rows: Q4_K
+// 174 / 194 -> 126 / 145, Q5_K 106 / 179 -> 109 / 160): a broadcast of the row's bytes per
+// maddubs instead of one per four vectors, and their blocks, with fewer high bits to unpack,
+// spill less.
+constexpr int64_t kHeldPairsMinRows = 3;
+template <int64_t F>
+constexpr bool kHeldPairs = kPairScale && F == kQ6_K;
+
+template <int NG>
+void dot_q6k_held_pairs(int64_t M, const int8_t* a, const float* sc, int64_t K,
+                        const uint8_t* w, const float* bias, float* y, int64_t ldy, int64_t n0,
+                        int64_t N) {
+  constexpr int64_t F = kQ6_K;
+  using Q = Fmt<F>;
+  constexpr int V = NG * kSub;
+  const KAct* ka = (const KAct*)sc;
+  const int64_t B = K / 32, units = B / 8, group_stride = units * Q::kUnitBytes;
+  alignas(64) vf acc[kHeldRows][V];
+  alignas(64) vi CI[kHeldRows][V];
+  for (int64_t r = 0; r < M; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = zero();
+  for (int64_t un = 0; un < units; ++un) {
+    for (int64_t r = 0; r < M; ++r)
+      for (int v = 0; v < V; ++v) CI[r][v] = izero();
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = un * 8 + j;
+      if constexpr (kPrefetch > 0) {  // as dot_kquant_held
+        constexpr int64_t kPerBlock = Q::kUnitBytes / 8;
+        for (int g = 0; g < NG; ++g) {
+          const char* p = (const char*)w + g * group_stride + un * Q::kUnitBytes +
+                          j * kPerBlock + kPrefetch;
+          for (int64_t o = 0; o < kPerBlock; o += 64) __builtin_prefetch(p + o);
+        }
+      }
+      for (int v = 0; v < V; ++v) {
+        const uint8_t* g = w + (v / kSub) * group_stride;
+        vi q[2][4], s[2];
+        for (int k = 0; k < 4; ++k)
+          k_codes<F, false>(g, un, j, k, (v % kSub) * 4 * kW, q[0][k], q[1][k]);
+        k_scales<F, false>(g, un, j, (v % kSub) * kW, s);
+        const vi sp[2] = {i16_pairs(s[0], s[0]), i16_pairs(s[1], s[1])};
+        const vi s01 = i16_pairs(s[0], s[1]);
+        for (int64_t r = 0; r < M; ++r) {
+          const int8_t* ab = a + (r * B + b) * 64;
+          const KAct& x = ka[r * B + b];
+          vi t = izero();
+          for (int h = 0; h < 2; ++h)
+            for (int k = 0; k < 4; k += 2) {
+              vi p = code_pairs(izero(), q[h][k], bcast4(ab + 16 * h + 4 * k));
+              p = code_pairs(p, q[h][k + 1], bcast4(ab + 16 * h + 4 * k + 4));
+              t = dot_i16(t, p, sp[h]);
+            }
+          const vi c = dot_i16(izero(), bcast4(&x.h0), s01);
+          CI[r][v] = iadd(CI[r][v], ishl(isub(t, ishl(c, 5)), x.sh));
+        }
+      }
+    }
+    for (int v = 0; v < V; ++v) {
+      const uint8_t* g = w + (v / kSub) * group_stride;
+      vf d, nm;
+      k_unit<F, false>(g, B, un, (v % kSub) * kW, d, nm);
+      vi mp[4];  // (Q6_K has no mins)
+      for (int64_t r = 0; r < M; ++r)
+        acc[r][v] = super_block_step<2>(acc[r][v], CI[r][v], d, nm, mp, ka + r * B + un * 8);
+    }
+  }
+  for (int64_t r = 0; r < M; ++r)
+    for (int v = 0; v < V; ++v)
+      store_out(acc[r][v], bias, y + r * ldy, n0 + 16 * (v / kSub) + (v % kSub) * kW, N);
+}
+
 // R rows x NG groups of 16 outputs of a legacy format over all of K: per block the exact
 // integer sums, then the epilogue (the header's order).
 template <int64_t F, int R, int NG>
@@ -763,11 +844,12 @@ constexpr int64_t kDecodeRows5 = kW == 16 ? 32 : kVnni ? 12 : kDecodeRows;
 // AVX-VNNI Q6_K from 8 (4: 96 vs 88, 6: 110 vs 111, 8: 109 vs 122), Q5_K still from 12 (its
 // 4-row register blocks: 4 rows 196 vs 122, 10: 159 vs 168); generic both from 4 (Q6_K 4: 10
 // vs 13, 8: 10 vs 16; Q5_K 4: 12 vs 15, 8: 12 vs 19). The Arm dotprod level takes AVX-VNNI's
-// (not measured on Arm).
+// (not measured on Arm). AVX2's Q6_K no longer decodes: from 3 rows dot_q6k_held_pairs holds
+// each block's codes in registers, faster than both (and no slower from 32 rows).
 constexpr int64_t kNever = INT64_MAX;
 constexpr int64_t kDecodeRowsK4 = kW == 16 ? 96 : kVnni ? kNever : 64;
 constexpr int64_t kDecodeRowsK5 = kW == 16 ? 32 : kVnni ? 12 : kPairScale ? 8 : 4;
-constexpr int64_t kDecodeRowsK6 = kW == 16 ? 32 : kVnni ? 8 : 4;
+constexpr int64_t kDecodeRowsK6 = kW == 16 ? 32 : kVnni ? 8 : kPairScale ? kNever : 4;
 
 template <int64_t F>
 struct Dec {
@@ -958,6 +1040,20 @@ void dot_groups(int groups, int64_t M, const int8_t* a, const float* sc, int64_t
           decode_group<F>(w + g * group_stride, B, dec + g * dec_stride);
       }
       return row_blocks<F, true>(groups, M, a, sc, K, dec, dec_stride, bias, y, ldy, n0, N);
+    }
+  }
+  if constexpr (kHeldPairs<F>) {
+    if (M >= kHeldPairsMinRows) {
+      for (int64_t r0 = 0; r0 < M; r0 += kHeldRows) {
+        const int64_t rows = M - r0 < kHeldRows ? M - r0 : kHeldRows;
+        const int8_t* ar = a + r0 * 2 * K;
+        const float* sr = sc + r0 * B * kActFloats;
+        if (groups == 2)
+          dot_q6k_held_pairs<2>(rows, ar, sr, K, w, bias, y + r0 * ldy, ldy, n0, N);
+        else
+          dot_q6k_held_pairs<1>(rows, ar, sr, K, w, bias, y + r0 * ldy, ldy, n0, N);
+      }
+      return;
     }
   }
   if constexpr (kHeld<F>) {
