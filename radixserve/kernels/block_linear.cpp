@@ -726,6 +726,17 @@ void dot_q6k_held_pairs(int64_t M, const int8_t* a, const float* sc, int64_t K,
       store_out(acc[r][v], bias, y + r * ldy, n0 + 16 * (v / kSub) + (v % kSub) * kW, N);
 }
 
+// Up to kHeldRows rows of a K-quant with each block's codes held in registers: AVX-512's
+// dot_kquant_held, or AVX2's Q6_K (dot_q6k_held_pairs).
+template <int64_t F, int NG>
+inline void dot_held(int64_t M, const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
+                     const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
+  if constexpr (kHeldPairs<F>)
+    dot_q6k_held_pairs<NG>(M, a, sc, K, w, bias, y, ldy, n0, N);
+  else
+    dot_kquant_held<F, NG>(M, a, sc, K, w, bias, y, ldy, n0, N);
+}
+
 // R rows x NG groups of 16 outputs of a legacy format over all of K: per block the exact
 // integer sums, then the epilogue (the header's order).
 template <int64_t F, int R, int NG>
@@ -1042,30 +1053,16 @@ void dot_groups(int groups, int64_t M, const int8_t* a, const float* sc, int64_t
       return row_blocks<F, true>(groups, M, a, sc, K, dec, dec_stride, bias, y, ldy, n0, N);
     }
   }
-  if constexpr (kHeldPairs<F>) {
-    if (M >= kHeldPairsMinRows) {
+  if constexpr (kHeld<F> || kHeldPairs<F>) {
+    if (M >= (kHeld<F> ? kHeldMinRows : kHeldPairsMinRows)) {
       for (int64_t r0 = 0; r0 < M; r0 += kHeldRows) {
         const int64_t rows = M - r0 < kHeldRows ? M - r0 : kHeldRows;
         const int8_t* ar = a + r0 * 2 * K;
         const float* sr = sc + r0 * B * kActFloats;
         if (groups == 2)
-          dot_q6k_held_pairs<2>(rows, ar, sr, K, w, bias, y + r0 * ldy, ldy, n0, N);
+          dot_held<F, 2>(rows, ar, sr, K, w, bias, y + r0 * ldy, ldy, n0, N);
         else
-          dot_q6k_held_pairs<1>(rows, ar, sr, K, w, bias, y + r0 * ldy, ldy, n0, N);
-      }
-      return;
-    }
-  }
-  if constexpr (kHeld<F>) {
-    if (M >= kHeldMinRows) {
-      for (int64_t r0 = 0; r0 < M; r0 += kHeldRows) {
-        const int64_t rows = M - r0 < kHeldRows ? M - r0 : kHeldRows;
-        const int8_t* ar = a + r0 * 2 * K;
-        const float* sr = sc + r0 * B * kActFloats;
-        if (groups == 2)
-          dot_kquant_held<F, 2>(rows, ar, sr, K, w, bias, y + r0 * ldy, ldy, n0, N);
-        else
-          dot_kquant_held<F, 1>(rows, ar, sr, K, w, bias, y + r0 * ldy, ldy, n0, N);
+          dot_held<F, 1>(rows, ar, sr, K, w, bias, y + r0 * ldy, ldy, n0, N);
       }
       return;
     }
