@@ -72,17 +72,34 @@ inline void store_token(KV* dst, const float* src, int64_t KVH, int64_t d) {
 // this one's are used. Once the pool has been in use a while, a sequence's blocks lie anywhere
 // and the hardware prefetcher does not follow it from one block to the next; waiting on each
 // block's misses, decode attention read scattered blocks at about half the speed of adjacent
-// ones. (always_inline: GCC 12 drops calls to a function whose only effect is a prefetch.)
+// ones. The rows are asked for one at a time (row(i)), between the current block's rows, not
+// all at once: a burst of a block's prefetches fills the core's miss buffers and stalls the
+// loop until they drain. (always_inline: GCC 12 drops calls to a function whose only effect is
+// a prefetch.)
 template <typename KV>
-__attribute__((always_inline)) inline void prefetch_block(const KV* pool, const int64_t* blocks,
-                                                          int64_t at, int64_t left, int64_t bs,
-                                                          int64_t token_stride, int64_t d) {
-  const int64_t off = at % bs, n = left < bs - off ? left : bs - off;
-  const int64_t bytes = (d + kRowExtra<KV>) * (int64_t)sizeof(KV);
-  const KV* row = pool + (blocks[at / bs] * bs + off) * token_stride;
-  for (int64_t i = 0; i < n; ++i, row += token_stride)
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char*)row + b);
-}
+struct NextRows {
+  const char* first = nullptr;  // the next block's first wanted row
+  int64_t n = 0, pitch = 0, bytes = 0;  // rows, bytes from one to the next, bytes of each
+  NextRows() = default;
+  NextRows(const KV* pool, const int64_t* blocks, int64_t at, int64_t left, int64_t bs,
+           int64_t token_stride, int64_t d) {
+    if (left <= 0) return;
+    const int64_t off = at % bs;
+    n = left < bs - off ? left : bs - off;
+    pitch = token_stride * (int64_t)sizeof(KV);
+    bytes = (d + kRowExtra<KV>) * (int64_t)sizeof(KV);
+    first = (const char*)(pool + (blocks[at / bs] * bs + off) * token_stride);
+  }
+  __attribute__((always_inline)) inline void row(int64_t i) const {
+    if (i >= n) return;
+    const char* p = first + i * pitch;
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
+  }
+  // Rows from `i` on: those the current block had no row of its own to ask beside.
+  __attribute__((always_inline)) inline void rest(int64_t i) const {
+    for (; i < n; ++i) row(i);
+  }
+};
 
 constexpr int kMaxGroup = 16;  // query heads per KV head
 constexpr int kMaxDim = 256;  // head_dim
@@ -97,6 +114,21 @@ constexpr int v_block(int G, int dv) {
   if (G <= 0 || dv <= 0) return 0;
   int cb = 1;
   while (cb * 2 <= dv && cb * 2 * G <= kAccRegs) cb *= 2;
+  return cb;
+}
+// The same for a row alone, which holds a V row's cb vectors beside its G * cb sums: as many
+// as keep (G + 1) * cb within the registers less a few (AVX-512: 32 of them, AVX2: 16). The
+// generic level's vectors are the compiler's, each two or four machine registers, kept in
+// memory either way: all of a head in one pass there (passes only cost it time).
+#if defined(__AVX2__)
+constexpr int kAloneRegs = kW == 16 ? 28 : 14;
+#else
+constexpr int kAloneRegs = 1 << 20;
+#endif
+constexpr int v_block_alone(int G, int dv) {
+  if (G <= 0 || dv <= 0) return 0;
+  int cb = 1;
+  while (cb * 2 <= dv && cb * 2 * (G + 1) <= kAloneRegs) cb *= 2;
   return cb;
 }
 
@@ -114,22 +146,28 @@ struct TileRow {
   int64_t ml_stride;
 };
 
-// R query rows of one sequence and KV head (a tile) over the context span starting at
-// blocks[0] token `first`; row r attends to its first rows[r].len tokens of it. Each K and V
+// R query rows of one sequence (a tile) and NH consecutive KV heads over the context span
+// starting at blocks[0] token `first`; row r attends to its first rows[r].len tokens of it.
+// KV head h's pool rows start h * head_off elements after k_pool / v_pool, its G query heads'
+// at rows[r].q + h * G * d, their results at out / ml + h * G * the row's stride. Each K and V
 // row is loaded (and a 16-bit pool's widened) once for all the tile's rows and heads. Row r's
-// operations are exactly those it runs alone (R = 1), in the same order: scores kW tokens at a
-// time (kW partial sums over the head dim folded by hsum_lanes), times scale, an exact
-// two-pass softmax over its own tokens, then out += p * v token by token from its first.
-// Which rows share the tile never reaches a row's arithmetic.
-// Scratch: scores [R][G][score_stride >= the longest len], acc [R][G][dv * kW].
+// operations are exactly those it runs alone (R = 1), in the same order, and each KV head's
+// those it runs alone (NH = 1): scores kW tokens at a time (kW partial sums over the head dim
+// folded by hsum_lanes), times scale, an exact two-pass softmax over its own tokens, then
+// out += p * v token by token from its first. Which rows and heads share the call never
+// reaches a row's arithmetic. NH > 1 (a decode row's every KV head, block by block: each pool
+// block read whole, front to back, which the memory reads far faster than one head's rows
+// strided through it) only with R = 1.
+// Scratch: scores [R][NH * G][score_stride >= the longest len], acc [R][NH * G][dv * kW].
 // kG / kDV > 0 fix the group size and the kW-float vectors per head at compile time (so the
 // queries and sums stay in registers); 0 takes them from G and d at run time.
 template <typename KV, int kG, int kDV>
-void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
-            const int64_t* blocks, int64_t first, int G_, int64_t d, int64_t bs,
-            int64_t token_stride, float scale, float softcap, float* scores,
+void attend(const TileRow* rows, int R, int NH, const KV* k_pool, const KV* v_pool,
+            int64_t head_off, const int64_t* blocks, int64_t first, int G_, int64_t d,
+            int64_t bs, int64_t token_stride, float scale, float softcap, float* scores,
             int64_t score_stride, float* acc_buf) {
   const int G = kG ? kG : G_;
+  const int HG = NH * G;  // a row's query heads here
   const int dv = kDV ? kDV : (int)((d + kW - 1) / kW);
   const int64_t dlast = d - kW * (dv - 1);  // floats in a head's last vector
   const int64_t vpitch = (int64_t)kW * dv;  // a widened row's floats
@@ -139,23 +177,25 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
   // of kW dot products (hsum_lanes), block by block (no division per token).
   const vf ninf = set1(-INFINITY);
   alignas(64) float kwide[kW * kMaxDim];  // K rows as floats
-  vf vmax[kTileRows * (kG ? kG : kMaxGroup)];
-  for (int i = 0; i < R * G; ++i) vmax[i] = ninf;
+  vf vmax[kTileRows * kMaxGroup];  // [r][h * G + g]; R * NH * G fit (the caller's check)
+  for (int i = 0; i < R * HG; ++i) vmax[i] = ninf;
   for (int64_t t0 = 0; t0 < span;) {  // t0: the token's index in the span, first + t0 in all
     const int64_t off = (first + t0) % bs;  // where the span starts in this block
-    const KV* kb = k_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
     const int64_t n_block = span - t0 < bs - off ? span - t0 : bs - off;
-    if (t0 + n_block < span)  // the next block's K rows, else the first block's V rows
-      prefetch_block(k_pool, blocks, first + t0 + n_block, span - t0 - n_block, bs, token_stride,
-                     d);
-    else
-      prefetch_block(v_pool, blocks, first, span, bs, token_stride, d);
+    for (int h = 0; h < NH; ++h) {
+    const KV* kb = k_pool + h * head_off + (blocks[(first + t0) / bs] * bs + off) * token_stride;
+    const NextRows<KV> next =  // the next block's K rows, else the first block's V rows
+        t0 + n_block < span
+            ? NextRows<KV>(k_pool + h * head_off, blocks, first + t0 + n_block,
+                           span - t0 - n_block, bs, token_stride, d)
+            : NextRows<KV>(v_pool + h * head_off, blocks, first, span, bs, token_stride, d);
     for (int64_t i0 = 0; i0 < n_block; i0 += kW) {
       const int n = (int)(n_block - i0 < kW ? n_block - i0 : kW);
       // The n K rows, widened once here for all rows and query heads (exactly: the same
       // floats, so the same bits as widening per head), zeros after them.
       const KV* krows = kb + i0 * token_stride;
       for (int i = 0; i < n; ++i) {
+        next.row(i0 + i);
         const KV* row = krows + i * token_stride;
         for (int c = 0; c < dv; ++c) {
           vf x = load_kv(row + kW * c, c == dv - 1 ? dlast : kW);
@@ -172,7 +212,7 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
         for (int g = 0; g < G; ++g) {
           // Token i's kW partial sums: the query's head-dim vector c times its K row's, in
           // order of c (the kW tokens interleaved: independent chains).
-          const float* q = rows[r].q + g * d;
+          const float* q = rows[r].q + (h * G + g) * d;
           vf part[kW];
           if constexpr (kW == 16) {  // 32 registers: the query's vectors stay in them
             vf qv[kDV ? kDV : kMaxDimVecs];
@@ -191,25 +231,27 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
             }
           }
           vf sc = mul(hsum_lanes(part), set1(scale));
-          float* dst = scores + (r * G + g) * score_stride + t0 + i0;
+          float* dst = scores + (r * HG + h * G + g) * score_stride + t0 + i0;
           store_n(dst, sc, nr);
           if (softcap > 0.0f) {  // Gemma 2: cap * tanh(score / cap), before the softmax
             for (int i = 0; i < nr; ++i) dst[i] = softcap * tanhf(dst[i] / softcap);
             sc = load_n(dst, nr);
           }
-          vmax[r * G + g] = max(vmax[r * G + g], keep_n(sc, nr, ninf));
+          vmax[r * HG + h * G + g] = max(vmax[r * HG + h * G + g], keep_n(sc, nr, ninf));
         }
       }
+    }
+    next.rest(n_block);
     }
     t0 += n_block;
   }
   // Softmax per row and head over its own tokens: exp(score - max) in place, and the sum.
   float inv_sum[kTileRows * kMaxGroup];
   for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < HG; ++g) {  // g: the query head h * G + g' here
       const int64_t len = rows[r].len;
-      float* sg = scores + (r * G + g) * score_stride;
-      const float row_max = reduce_max(vmax[r * G + g]);
+      float* sg = scores + (r * HG + g) * score_stride;
+      const float row_max = reduce_max(vmax[r * HG + g]);
       const vf m = set1(row_max);
       vf sum = zero();
       for (int64_t t = 0; t < len; t += kW) {
@@ -219,7 +261,7 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
       }
       const float total = reduce_add(sum);
       float* ml = rows[r].ml;
-      inv_sum[r * G + g] = ml ? 1.0f : 1.0f / total;
+      inv_sum[r * HG + g] = ml ? 1.0f : 1.0f / total;
       if (ml) ml[g * rows[r].ml_stride] = row_max, ml[g * rows[r].ml_stride + 1] = total;
     }
   // out += p * v, token by token, into acc_buf. A row alone (a decode row): each V row widened
@@ -227,32 +269,46 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
   // all its rows; per row kCB head-dim vectors at a time for all its heads (the sums in
   // registers), carried in acc_buf between them. The same operations per row either way.
   const bool alone = R == 1;
-  if (alone) {
-    vf acc[kG ? kG : kMaxGroup][kDV ? kDV : kMaxDimVecs];
-    for (int g = 0; g < G; ++g)
-      for (int c = 0; c < dv; ++c) acc[g][c] = zero();
+  if (alone) {  // kCBA head-dim vectors of all G heads' sums at a time, in registers
+    constexpr int kCBA = v_block_alone(kG, kDV);
+    const int CBA = kCBA ? kCBA : v_block_alone(G, dv);
     for (int64_t t0 = 0; t0 < span;) {
       const int64_t off = (first + t0) % bs;
-      const KV* v = v_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
       const int64_t n = span - t0 < bs - off ? span - t0 : bs - off;
-      if (t0 + n < span)  // the next block's V rows
-        prefetch_block(v_pool, blocks, first + t0 + n, span - t0 - n, bs, token_stride, d);
-      for (int64_t i = 0; i < n; ++i, v += token_stride) {
-        vf vv[kDV ? kDV : kMaxDimVecs];
-        for (int c = 0; c < dv; ++c) vv[c] = load_kv(v + kW * c, c == dv - 1 ? dlast : kW);
-        if constexpr (std::is_same_v<KV, q8>) {
-          const vf sv = set1(row_scale(v, d));
-          for (int c = 0; c < dv; ++c) vv[c] = mul(vv[c], sv);
+      for (int h = 0; h < NH; ++h) {
+      const KV* vb = v_pool + h * head_off + (blocks[(first + t0) / bs] * bs + off) * token_stride;
+      const NextRows<KV> next(v_pool + h * head_off, blocks, first + t0 + n, span - t0 - n, bs,
+                              token_stride, d);
+      float* keep = acc_buf + h * G * vpitch;
+      const float* ps = scores + h * G * score_stride;
+      for (int c0 = 0; c0 < dv; c0 += CBA) {
+        const int cn = kCBA && kDV % kCBA == 0 ? kCBA : (dv - c0 < CBA ? dv - c0 : CBA);
+        vf acc[kCBA ? kG * kCBA : kMaxGroup * kMaxDimVecs];  // [g][c - c0]
+        for (int g = 0; g < G; ++g)
+          for (int c = 0; c < cn; ++c)
+            acc[g * CBA + c] = t0 == 0 ? zero() : load(keep + g * vpitch + kW * (c0 + c));
+        const KV* v = vb;
+        for (int64_t i = 0; i < n; ++i, v += token_stride) {
+          if (c0 == 0) next.row(i);
+          vf vv[kCBA ? kCBA : kMaxDimVecs];
+          for (int c = 0; c < cn; ++c)
+            vv[c] = load_kv(v + kW * (c0 + c), c0 + c == dv - 1 ? dlast : kW);
+          if constexpr (std::is_same_v<KV, q8>) {
+            const vf sv = set1(row_scale(v, d));
+            for (int c = 0; c < cn; ++c) vv[c] = mul(vv[c], sv);
+          }
+          for (int g = 0; g < G; ++g) {
+            const vf p = set1(ps[g * score_stride + t0 + i]);
+            for (int c = 0; c < cn; ++c) acc[g * CBA + c] = fmadd(p, vv[c], acc[g * CBA + c]);
+          }
         }
-        for (int g = 0; g < G; ++g) {
-          const vf p = set1(scores[g * score_stride + t0 + i]);
-          for (int c = 0; c < dv; ++c) acc[g][c] = fmadd(p, vv[c], acc[g][c]);
-        }
+        for (int g = 0; g < G; ++g)
+          for (int c = 0; c < cn; ++c) store(keep + g * vpitch + kW * (c0 + c), acc[g * CBA + c]);
+      }
+      next.rest(n);
       }
       t0 += n;
     }
-    for (int g = 0; g < G; ++g)
-      for (int c = 0; c < dv; ++c) store(acc_buf + g * vpitch + kW * c, acc[g][c]);
   }
   alignas(64) float vwide[kVTokens * kMaxDim];
   constexpr int kCB = v_block(kG, kDV);
@@ -261,13 +317,13 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
     const int64_t off = (first + t0) % bs;
     const KV* vb = v_pool + (blocks[(first + t0) / bs] * bs + off) * token_stride;
     const int64_t n_block = span - t0 < bs - off ? span - t0 : bs - off;
-    if (t0 + n_block < span)  // the next block's V rows
-      prefetch_block(v_pool, blocks, first + t0 + n_block, span - t0 - n_block, bs, token_stride,
-                     d);
+    const NextRows<KV> next(v_pool, blocks, first + t0 + n_block, span - t0 - n_block, bs,
+                            token_stride, d);  // the next block's V rows
     for (int64_t i0 = 0; i0 < n_block; i0 += kVTokens) {
       const int n = (int)(n_block - i0 < kVTokens ? n_block - i0 : kVTokens);
       const KV* vrows = vb + i0 * token_stride;
       for (int i = 0; i < n; ++i) {
+        next.row(i0 + i);
         const KV* row = vrows + i * token_stride;
         for (int c = 0; c < dv; ++c) {
           vf x = load_kv(row + kW * c, c == dv - 1 ? dlast : kW);
@@ -280,8 +336,8 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
         const int64_t left = rows[r].len - at;
         if (left <= 0) continue;
         const int nr = left < n ? (int)left : n;
-        float* keep = acc_buf + r * G * vpitch;
-        const float* p = scores + r * G * score_stride + at;
+        float* keep = acc_buf + r * HG * vpitch;  // NH = 1 here: HG = G
+        const float* p = scores + r * HG * score_stride + at;
         for (int c0 = 0; c0 < dv; c0 += CB) {
           const int cn = kCB && kDV % kCB == 0 ? kCB : (dv - c0 < CB ? dv - c0 : CB);
           vf acc[kCB ? kG * kCB : kMaxGroup * kMaxDimVecs];  // [g][c - c0]
@@ -301,12 +357,13 @@ void attend(const TileRow* rows, int R, const KV* k_pool, const KV* v_pool,
         }
       }
     }
+    next.rest(n_block);
     t0 += n_block;
   }
   for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g) {
-      const float* a = acc_buf + (r * G + g) * vpitch;
-      const vf is = set1(inv_sum[r * G + g]);
+    for (int g = 0; g < HG; ++g) {
+      const float* a = acc_buf + (r * HG + g) * vpitch;
+      const vf is = set1(inv_sum[r * HG + g]);
       float* out = rows[r].out + g * rows[r].out_stride;
       for (int c = 0; c < dv; ++c)
         store_n(out + kW * c, rows[r].ml ? load(a + kW * c) : mul(load(a + kW * c), is),
@@ -332,8 +389,9 @@ void merge_chunks(const float* acc, const float* ml, int64_t n, int64_t stride, 
 }
 
 template <typename KV>
-using AttendFn = void (*)(const TileRow*, int, const KV*, const KV*, const int64_t*, int64_t,
-                          int, int64_t, int64_t, int64_t, float, float, float*, int64_t, float*);
+using AttendFn = void (*)(const TileRow*, int, int, const KV*, const KV*, int64_t,
+                          const int64_t*, int64_t, int, int64_t, int64_t, int64_t, float, float,
+                          float*, int64_t, float*);
 
 // Context chunk of a row, in tokens: contexts longer than this are split into chunks attended
 // as separate work items (balance across threads at batch 1, each chunk's K/V read once per KV
@@ -413,11 +471,17 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
     tile_rows = rows > tile_rows ? rows : tile_rows;
   }
   // Few items (a batch-1 decode: 3 KV heads for 2 threads): one item per query head instead,
-  // for balance. Each query head's operations are the same either way, so are its bits.
-  const bool per_head = G > 1 && grouped_items < 4 * omp_get_max_threads();
+  // for balance. Rows alone (decodes) and enough of them: one item for all KV heads of a row's
+  // chunk, its pool blocks read whole. Each query head's operations are the same either way,
+  // so are its bits.
+  const int threads = omp_get_max_threads();
+  const bool per_head = G > 1 && grouped_items < 4 * threads;
+  const bool all_heads = !per_head && KVH > 1 && tile_rows == 1 && H <= kTileRows * kMaxGroup &&
+                         grouped_items / KVH >= 4 * threads;
   const AttendFn<KV> attend_fn = pick_attend<KV>(per_head ? 1 : G, d);
   const int64_t group = per_head ? 1 : G;
-  const int64_t items = grouped_items * G / group;
+  const int64_t NH = all_heads ? KVH : 1;  // KV heads of an item
+  const int64_t items = grouped_items * G / group / NH;
   int64_t* item_row = (int64_t*)scratch::get(
       scratch::kAttnItems, (size_t)(items > 0 ? items : 1) * 3 * sizeof(int64_t));
   float* partials = (float*)scratch::get(scratch::kAttnPartials,
@@ -429,7 +493,7 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
     max_span = span > max_span ? span : max_span;
   }
   for (int64_t tile = 0, i = 0; tile < tiles; ++tile)
-    for (int64_t kvh = 0; kvh < KVH; ++kvh)
+    for (int64_t kvh = 0; kvh < KVH; kvh += NH)
       for (int64_t c = 0; c < tile_chunks[tile]; ++c)
         for (int64_t j = 0; j < G / group; ++j, ++i) {
           item_row[3 * i] = tile;
@@ -439,13 +503,14 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
   float* acc_part = partials;  // [partial_rows][d]
   float* ml_part = partials + partial_rows * d;  // [partial_rows][2]
   const int64_t dpad = (d + kW - 1) / kW * kW;
-  const int item_chunk = tile_rows > 1 ? 1 : 4;  // tiles are big items; rows alone are not
+  const int item_chunk = tile_rows > 1 || all_heads ? 1 : 4;  // big items one at a time
   int failed = 0;
 #pragma omp parallel
   {
-    // scores [tile_rows][group][max_span], sums [tile_rows][group][dpad]
+    // scores [tile_rows][NH * group][max_span], sums [tile_rows][NH * group][dpad]
     float* scores = (float*)scratch::get(
-        scratch::kAttnScores, (size_t)(tile_rows * group * (max_span + dpad) + kW) * sizeof(float));
+        scratch::kAttnScores,
+        (size_t)(tile_rows * NH * group * (max_span + dpad) + kW) * sizeof(float));
     if (!scores) {
 #pragma omp atomic write
       failed = 1;
@@ -478,9 +543,9 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
         }
       }
       const int64_t* blocks = table + row_seq[t_first] * table_stride;
-      attend_fn(rows, R, k_pool + h * dp, v_pool + h * dp, blocks, lo(t_first) + c * chunk,
-                (int)group, d, bs, width, scale, softcap, scores, max_span,
-                scores + tile_rows * group * max_span);
+      attend_fn(rows, R, (int)NH, k_pool + h * dp, v_pool + h * dp, dp, blocks,
+                lo(t_first) + c * chunk, (int)group, d, bs, width, scale, softcap, scores,
+                max_span, scores + tile_rows * NH * group * max_span);
     }
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < T * H; ++th) {

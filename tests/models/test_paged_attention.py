@@ -246,6 +246,49 @@ def test_native_decode_rows_do_not_depend_on_the_batch(kv_dtype):
 
 
 @needs_native
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.int8])
+def test_native_decode_batch_read_block_by_block_for_every_kv_head_keeps_each_rows_bits(kv_dtype):
+    """Many decode rows: one work item reads a row's every KV head block by block (its pool
+    blocks whole); few: one KV head or one query head a row. A row's bits are the same in each
+    way, and the dense result: 24 rows together against each alone, contexts that end inside a
+    block, span a chunk boundary (512) or are one token long, the blocks scattered."""
+    heads, kv_heads, dim, block, num_blocks = 8, 4, 64, 16, 300
+    gen = torch.Generator().manual_seed(23)
+    pool = (to_pool(torch.randn(num_blocks, block, kv_heads, dim, generator=gen), kv_dtype),
+            to_pool(torch.randn(num_blocks, block, kv_heads, dim, generator=gen), kv_dtype))
+    lens = [1, 17, 31, 64, 100, 511, 512, 513, 700] + [40 + 9 * i for i in range(15)]
+    order, tables = torch.randperm(num_blocks, generator=gen).tolist(), []
+    for n in lens:  # each sequence's own blocks, anywhere in the pool
+        tables.append(order[:-(-n // block)])
+        order = order[len(tables[-1]):]
+    width = max(len(t) for t in tables)
+    q = torch.randn(len(lens), heads, dim, generator=gen)
+    k = torch.randn(len(lens), kv_heads, dim, generator=gen)
+    v = torch.randn(len(lens), kv_heads, dim, generator=gen)
+    backend = NativeCpuPagedAttention()
+
+    def run(rows):
+        last = [lens[i] - 1 for i in rows]
+        slots = torch.tensor([tables[i][p // block] * block + p % block
+                              for i, p in zip(rows, last)])
+        table = torch.tensor([tables[i] + [0] * (width - len(tables[i])) for i in rows])
+        meta = backend.build_metadata(slot_mapping=slots, block_table=table,
+                                      context_lens=[lens[i] for i in rows],
+                                      q_lens=[1] * len(rows), start_pos=last, block_size=block)
+        pools = tuple(p.clone() for p in pool)
+        return backend.forward(q[rows], k[rows], v[rows], pools, meta, dim ** -0.5), pools
+
+    together, pools = run(list(range(len(lens))))
+    keys, values = (from_pool(p, kv_dtype).view(-1, kv_heads, dim) for p in pools)
+    for i, n in enumerate(lens):
+        assert torch.equal(run([i])[0], together[i:i + 1]), n
+        slots = [tables[i][p // block] * block + p % block for p in range(n)]
+        torch.testing.assert_close(together[i], dense_row(q[i], keys[slots], values[slots]),
+                                   rtol=1e-4, atol=1e-5)
+    assert torch.equal(run(list(range(0, len(lens), 2)))[0], together[::2])
+
+
+@needs_native
 def test_native_rows_are_the_same_in_one_chunk_or_several():
     """A 10-token prompt prefilled at once, in chunks of 6 + 4, or token by token: every
     row's output is the same bits (the cached context is read back from the pool)."""
