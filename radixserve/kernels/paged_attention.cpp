@@ -132,6 +132,20 @@ constexpr int v_block_alone(int G, int dv) {
   return cb;
 }
 
+// G heads' sums of head-dim vectors c0 .. c0 + cn - 1, into acc[g * cb + c]: zeros before a
+// row's first token, else those carried in keep [g][vpitch] from its earlier tokens; and back.
+inline void load_sums(vf* acc, const float* keep, int G, int cn, int cb, int64_t vpitch, int c0,
+                      bool first) {
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < cn; ++c)
+      acc[g * cb + c] = first ? zero() : load(keep + g * vpitch + kW * (c0 + c));
+}
+inline void store_sums(const vf* acc, float* keep, int G, int cn, int cb, int64_t vpitch,
+                       int c0) {
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < cn; ++c) store(keep + g * vpitch + kW * (c0 + c), acc[g * cb + c]);
+}
+
 // One query row of a tile: its group's G heads of queries q [G, d], how many of the span's
 // tokens it attends to (its first `len`), and where its result goes: head g at out + g *
 // out_stride; with `ml` null the attention output, else this chunk's unnormalised sum of
@@ -183,65 +197,66 @@ void attend(const TileRow* rows, int R, int NH, const KV* k_pool, const KV* v_po
     const int64_t off = (first + t0) % bs;  // where the span starts in this block
     const int64_t n_block = span - t0 < bs - off ? span - t0 : bs - off;
     for (int h = 0; h < NH; ++h) {
-    const KV* kb = k_pool + h * head_off + (blocks[(first + t0) / bs] * bs + off) * token_stride;
-    const NextRows<KV> next =  // the next block's K rows, else the first block's V rows
-        t0 + n_block < span
-            ? NextRows<KV>(k_pool + h * head_off, blocks, first + t0 + n_block,
-                           span - t0 - n_block, bs, token_stride, d)
-            : NextRows<KV>(v_pool + h * head_off, blocks, first, span, bs, token_stride, d);
-    for (int64_t i0 = 0; i0 < n_block; i0 += kW) {
-      const int n = (int)(n_block - i0 < kW ? n_block - i0 : kW);
-      // The n K rows, widened once here for all rows and query heads (exactly: the same
-      // floats, so the same bits as widening per head), zeros after them.
-      const KV* krows = kb + i0 * token_stride;
-      for (int i = 0; i < n; ++i) {
-        next.row(i0 + i);
-        const KV* row = krows + i * token_stride;
-        for (int c = 0; c < dv; ++c) {
-          vf x = load_kv(row + kW * c, c == dv - 1 ? dlast : kW);
-          if constexpr (std::is_same_v<KV, q8>) x = mul(x, set1(row_scale(row, d)));
-          store(kwide + i * vpitch + kW * c, x);
+      const KV* kb =
+          k_pool + h * head_off + (blocks[(first + t0) / bs] * bs + off) * token_stride;
+      const NextRows<KV> next =  // the next block's K rows, else the first block's V rows
+          t0 + n_block < span
+              ? NextRows<KV>(k_pool + h * head_off, blocks, first + t0 + n_block,
+                             span - t0 - n_block, bs, token_stride, d)
+              : NextRows<KV>(v_pool + h * head_off, blocks, first, span, bs, token_stride, d);
+      for (int64_t i0 = 0; i0 < n_block; i0 += kW) {
+        const int n = (int)(n_block - i0 < kW ? n_block - i0 : kW);
+        // The n K rows, widened once here for all rows and query heads (exactly: the same
+        // floats, so the same bits as widening per head), zeros after them.
+        const KV* krows = kb + i0 * token_stride;
+        for (int i = 0; i < n; ++i) {
+          next.row(i0 + i);
+          const KV* row = krows + i * token_stride;
+          for (int c = 0; c < dv; ++c) {
+            vf x = load_kv(row + kW * c, c == dv - 1 ? dlast : kW);
+            if constexpr (std::is_same_v<KV, q8>) x = mul(x, set1(row_scale(row, d)));
+            store(kwide + i * vpitch + kW * c, x);
+          }
         }
-      }
-      for (int i = n; i < kW; ++i)
-        for (int c = 0; c < dv; ++c) store(kwide + i * vpitch + kW * c, zero());
-      for (int r = 0; r < R; ++r) {
-        const int64_t left = rows[r].len - (t0 + i0);
-        if (left <= 0) continue;
-        const int nr = left < n ? (int)left : n;  // this row's tokens of these n
-        for (int g = 0; g < G; ++g) {
-          // Token i's kW partial sums: the query's head-dim vector c times its K row's, in
-          // order of c (the kW tokens interleaved: independent chains).
-          const float* q = rows[r].q + (h * G + g) * d;
-          vf part[kW];
-          if constexpr (kW == 16) {  // 32 registers: the query's vectors stay in them
-            vf qv[kDV ? kDV : kMaxDimVecs];
-            for (int c = 0; c < dv; ++c) qv[c] = load_n(q + kW * c, c == dv - 1 ? dlast : kW);
-            for (int i = 0; i < kW; ++i) part[i] = mul(qv[0], load(kwide + i * vpitch));
-            for (int c = 1; c < dv; ++c)
-              for (int i = 0; i < kW; ++i)
-                part[i] = fmadd(qv[c], load(kwide + i * vpitch + kW * c), part[i]);
-          } else {  // 16 registers: the sums, and the query's vector c loaded as it goes
-            vf qc = load_n(q, dv == 1 ? dlast : kW);
-            for (int i = 0; i < kW; ++i) part[i] = mul(qc, load(kwide + i * vpitch));
-            for (int c = 1; c < dv; ++c) {
-              qc = load_n(q + kW * c, c == dv - 1 ? dlast : kW);
-              for (int i = 0; i < kW; ++i)
-                part[i] = fmadd(qc, load(kwide + i * vpitch + kW * c), part[i]);
+        for (int i = n; i < kW; ++i)
+          for (int c = 0; c < dv; ++c) store(kwide + i * vpitch + kW * c, zero());
+        for (int r = 0; r < R; ++r) {
+          const int64_t left = rows[r].len - (t0 + i0);
+          if (left <= 0) continue;
+          const int nr = left < n ? (int)left : n;  // this row's tokens of these n
+          for (int g = 0; g < G; ++g) {
+            // Token i's kW partial sums: the query's head-dim vector c times its K row's, in
+            // order of c (the kW tokens interleaved: independent chains).
+            const float* q = rows[r].q + (h * G + g) * d;
+            vf part[kW];
+            if constexpr (kW == 16) {  // 32 registers: the query's vectors stay in them
+              vf qv[kDV ? kDV : kMaxDimVecs];
+              for (int c = 0; c < dv; ++c) qv[c] = load_n(q + kW * c, c == dv - 1 ? dlast : kW);
+              for (int i = 0; i < kW; ++i) part[i] = mul(qv[0], load(kwide + i * vpitch));
+              for (int c = 1; c < dv; ++c)
+                for (int i = 0; i < kW; ++i)
+                  part[i] = fmadd(qv[c], load(kwide + i * vpitch + kW * c), part[i]);
+            } else {  // 16 registers: the sums, and the query's vector c loaded as it goes
+              vf qc = load_n(q, dv == 1 ? dlast : kW);
+              for (int i = 0; i < kW; ++i) part[i] = mul(qc, load(kwide + i * vpitch));
+              for (int c = 1; c < dv; ++c) {
+                qc = load_n(q + kW * c, c == dv - 1 ? dlast : kW);
+                for (int i = 0; i < kW; ++i)
+                  part[i] = fmadd(qc, load(kwide + i * vpitch + kW * c), part[i]);
+              }
             }
+            vf sc = mul(hsum_lanes(part), set1(scale));
+            float* dst = scores + (r * HG + h * G + g) * score_stride + t0 + i0;
+            store_n(dst, sc, nr);
+            if (softcap > 0.0f) {  // Gemma 2: cap * tanh(score / cap), before the softmax
+              for (int i = 0; i < nr; ++i) dst[i] = softcap * tanhf(dst[i] / softcap);
+              sc = load_n(dst, nr);
+            }
+            vmax[r * HG + h * G + g] = max(vmax[r * HG + h * G + g], keep_n(sc, nr, ninf));
           }
-          vf sc = mul(hsum_lanes(part), set1(scale));
-          float* dst = scores + (r * HG + h * G + g) * score_stride + t0 + i0;
-          store_n(dst, sc, nr);
-          if (softcap > 0.0f) {  // Gemma 2: cap * tanh(score / cap), before the softmax
-            for (int i = 0; i < nr; ++i) dst[i] = softcap * tanhf(dst[i] / softcap);
-            sc = load_n(dst, nr);
-          }
-          vmax[r * HG + h * G + g] = max(vmax[r * HG + h * G + g], keep_n(sc, nr, ninf));
         }
       }
-    }
-    next.rest(n_block);
+      next.rest(n_block);
     }
     t0 += n_block;
   }
@@ -276,36 +291,34 @@ void attend(const TileRow* rows, int R, int NH, const KV* k_pool, const KV* v_po
       const int64_t off = (first + t0) % bs;
       const int64_t n = span - t0 < bs - off ? span - t0 : bs - off;
       for (int h = 0; h < NH; ++h) {
-      const KV* vb = v_pool + h * head_off + (blocks[(first + t0) / bs] * bs + off) * token_stride;
-      const NextRows<KV> next(v_pool + h * head_off, blocks, first + t0 + n, span - t0 - n, bs,
-                              token_stride, d);
-      float* keep = acc_buf + h * G * vpitch;
-      const float* ps = scores + h * G * score_stride;
-      for (int c0 = 0; c0 < dv; c0 += CBA) {
-        const int cn = kCBA && kDV % kCBA == 0 ? kCBA : (dv - c0 < CBA ? dv - c0 : CBA);
-        vf acc[kCBA ? kG * kCBA : kMaxGroup * kMaxDimVecs];  // [g][c - c0]
-        for (int g = 0; g < G; ++g)
-          for (int c = 0; c < cn; ++c)
-            acc[g * CBA + c] = t0 == 0 ? zero() : load(keep + g * vpitch + kW * (c0 + c));
-        const KV* v = vb;
-        for (int64_t i = 0; i < n; ++i, v += token_stride) {
-          if (c0 == 0) next.row(i);
-          vf vv[kCBA ? kCBA : kMaxDimVecs];
-          for (int c = 0; c < cn; ++c)
-            vv[c] = load_kv(v + kW * (c0 + c), c0 + c == dv - 1 ? dlast : kW);
-          if constexpr (std::is_same_v<KV, q8>) {
-            const vf sv = set1(row_scale(v, d));
-            for (int c = 0; c < cn; ++c) vv[c] = mul(vv[c], sv);
+        const KV* vb =
+            v_pool + h * head_off + (blocks[(first + t0) / bs] * bs + off) * token_stride;
+        const NextRows<KV> next(v_pool + h * head_off, blocks, first + t0 + n, span - t0 - n, bs,
+                                token_stride, d);
+        float* keep = acc_buf + h * G * vpitch;
+        const float* ps = scores + h * G * score_stride;
+        for (int c0 = 0; c0 < dv; c0 += CBA) {
+          const int cn = kCBA && kDV % kCBA == 0 ? kCBA : (dv - c0 < CBA ? dv - c0 : CBA);
+          vf acc[kCBA ? kG * kCBA : kMaxGroup * kMaxDimVecs];  // [g][c - c0]
+          load_sums(acc, keep, G, cn, CBA, vpitch, c0, t0 == 0);
+          const KV* v = vb;
+          for (int64_t i = 0; i < n; ++i, v += token_stride) {
+            if (c0 == 0) next.row(i);
+            vf vv[kCBA ? kCBA : kMaxDimVecs];
+            for (int c = 0; c < cn; ++c)
+              vv[c] = load_kv(v + kW * (c0 + c), c0 + c == dv - 1 ? dlast : kW);
+            if constexpr (std::is_same_v<KV, q8>) {
+              const vf sv = set1(row_scale(v, d));
+              for (int c = 0; c < cn; ++c) vv[c] = mul(vv[c], sv);
+            }
+            for (int g = 0; g < G; ++g) {
+              const vf p = set1(ps[g * score_stride + t0 + i]);
+              for (int c = 0; c < cn; ++c) acc[g * CBA + c] = fmadd(p, vv[c], acc[g * CBA + c]);
+            }
           }
-          for (int g = 0; g < G; ++g) {
-            const vf p = set1(ps[g * score_stride + t0 + i]);
-            for (int c = 0; c < cn; ++c) acc[g * CBA + c] = fmadd(p, vv[c], acc[g * CBA + c]);
-          }
+          store_sums(acc, keep, G, cn, CBA, vpitch, c0);
         }
-        for (int g = 0; g < G; ++g)
-          for (int c = 0; c < cn; ++c) store(keep + g * vpitch + kW * (c0 + c), acc[g * CBA + c]);
-      }
-      next.rest(n);
+        next.rest(n);
       }
       t0 += n;
     }
@@ -341,9 +354,7 @@ void attend(const TileRow* rows, int R, int NH, const KV* k_pool, const KV* v_po
         for (int c0 = 0; c0 < dv; c0 += CB) {
           const int cn = kCB && kDV % kCB == 0 ? kCB : (dv - c0 < CB ? dv - c0 : CB);
           vf acc[kCB ? kG * kCB : kMaxGroup * kMaxDimVecs];  // [g][c - c0]
-          for (int g = 0; g < G; ++g)
-            for (int c = 0; c < cn; ++c)
-              acc[g * CB + c] = at == 0 ? zero() : load(keep + g * vpitch + kW * (c0 + c));
+          load_sums(acc, keep, G, cn, CB, vpitch, c0, at == 0);
           for (int i = 0; i < nr; ++i) {
             const float* v = vwide + i * vpitch + kW * c0;
             for (int g = 0; g < G; ++g) {
@@ -352,8 +363,7 @@ void attend(const TileRow* rows, int R, int NH, const KV* k_pool, const KV* v_po
                 acc[g * CB + c] = fmadd(pg, load(v + kW * c), acc[g * CB + c]);
             }
           }
-          for (int g = 0; g < G; ++g)
-            for (int c = 0; c < cn; ++c) store(keep + g * vpitch + kW * (c0 + c), acc[g * CB + c]);
+          store_sums(acc, keep, G, cn, CB, vpitch, c0);
         }
       }
     }
