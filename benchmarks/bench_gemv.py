@@ -4,7 +4,10 @@ Batch 1 (GEMV) is bound by memory: each weight byte is read once a step. This me
 bandwidth (a 2 GB float32 ``torch.sum`` on the same threads) and then, per level and file type,
 a set of matrices of a 3B model's shapes (3072 x 8192 and 8192 x 3072, random valid blocks, more
 bytes than the last-level cache) multiplied by 1, 16 and 128 rows: GB/s of weights read and the
-share of the bandwidth at 1 row, GMAC/s (multiply-adds) at more rows.
+share of the bandwidth at 1 row, GMAC/s (multiply-adds) at more rows. A shared host's bandwidth
+swings by half from one minute to the next (AMD EPYC under KVM: 32 to 58 GB/s), so each 1-row
+repetition comes right after a probe of its own (a 1 GB ``torch.sum``): the share is the median
+over the repetitions of the pass's GB/s over its probe's, printed with the probes' median.
 
     .venv/bin/python benchmarks/bench_gemv.py [--levels amx,avx2] [--types Q4_K,Q8_0]
         [--rows 1,16,128] [--gb 1.5] [--threads 2] [--against OTHER.so --reps 7]
@@ -50,6 +53,13 @@ def read_bandwidth() -> float:
     return x.numel() * 4 * 5 / (time.perf_counter() - t) / 1e9
 
 
+def probe(buf: torch.Tensor) -> float:
+    """The read bandwidth now: one float32 sum over ``buf`` (1 GB), GB/s."""
+    t = time.perf_counter()
+    buf.sum()
+    return buf.numel() * 4 / (time.perf_counter() - t) / 1e9
+
+
 def matrices(kind: str, gb: float) -> list[tuple[BlockLinear, int, int]]:
     rng = np.random.default_rng(0)
     out, total = [], 0.0
@@ -66,15 +76,21 @@ def matrices(kind: str, gb: float) -> list[tuple[BlockLinear, int, int]]:
     return out
 
 
-def time_rows(layers, rows: int, reps: int) -> float:
+def time_rows(layers, rows: int, reps: int, buf: torch.Tensor | None = None
+              ) -> list[tuple[float, float]]:
+    """``reps`` passes over ``layers``: each pass's seconds, after a bandwidth probe of ``buf``
+    where given (its GB/s; else 0)."""
     xs = {k: torch.randn(rows, k) for _, _, k in layers}
     for layer, _, k in layers:
         layer(xs[k])
-    t = time.perf_counter()
+    out = []
     for _ in range(reps):
+        bw = probe(buf) if buf is not None else 0.0
+        t = time.perf_counter()
         for layer, _, k in layers:
             layer(xs[k])
-    return (time.perf_counter() - t) / reps
+        out.append((bw, time.perf_counter() - t))
+    return out
 
 
 def other_build(path: str):
@@ -90,12 +106,15 @@ def other_build(path: str):
     return fn
 
 
-def time_pair(layers, rows: int, reps: int, other) -> tuple[list[float], list[float], bool]:
-    """Each repetition one pass over ``layers`` by this build, then one by ``other``: their
-    times, and whether all outputs agreed bit for bit."""
+def time_pair(layers, rows: int, reps: int, other, buf: torch.Tensor | None = None
+              ) -> tuple[list[float], list[float], list[float], bool]:
+    """Each repetition a bandwidth probe of ``buf`` where given, one pass over ``layers`` by this
+    build, then one by ``other``: the probes' GB/s, the two builds' times, and whether all
+    outputs agreed bit for bit."""
     xs = {k: torch.randn(rows, k) for _, _, k in layers}
-    ours, theirs, same = [], [], True
+    probes, ours, theirs, same = [], [], [], True
     for _ in range(reps):
+        probes.append(probe(buf) if buf is not None else 0.0)
         t = time.perf_counter()
         mine = [layer(xs[k]) for layer, _, k in layers]
         ours.append(time.perf_counter() - t)
@@ -109,7 +128,12 @@ def time_pair(layers, rows: int, reps: int, other) -> tuple[list[float], list[fl
             outs.append(y)
         theirs.append(time.perf_counter() - t)
         same &= all(torch.equal(a, b) for a, b in zip(mine, outs))
-    return ours, theirs, same
+    return probes, ours, theirs, same
+
+
+def _share(work: float, probes: list[float], times: list[float]) -> str:
+    """The median over repetitions of a pass's GB/s over the probe's just before it."""
+    return f"{statistics.median(work / t / 1e9 / p for p, t in zip(probes, times)):.0%}"
 
 
 def main() -> None:
@@ -130,7 +154,9 @@ def main() -> None:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
                 .splitlines() if ln.startswith("model name")), "unknown CPU")
     print(f"{cpu}, {args.threads} threads, load average {os.getloadavg()[0]:.2f}; "
-          f"read bandwidth {bw:.1f} GB/s")
+          f"read bandwidth {bw:.1f} GB/s (1 row: GB/s, share of the probe before each "
+          f"repetition, the probes' median)")
+    buf = torch.ones(256 << 20, dtype=torch.float32)  # 1 GiB: the probe
     rows = [int(r) for r in args.rows.split(",")]
     print("| level | type | " + " | ".join(
         f"{r} row{'s' if r > 1 else ''}" for r in rows) + " |")
@@ -153,15 +179,27 @@ def main() -> None:
             for r in rows:
                 work, unit = (stored, "GB/s") if r == 1 else (macs * r, "GMAC/s")
                 if args.against:
-                    ours, theirs, same = time_pair(layers, r, args.reps, other)
+                    probes, ours, theirs, same = time_pair(layers, r, args.reps, other,
+                                                           buf if r == 1 else None)
+                    shares = ""
+                    if r == 1:
+                        shares = (f"; shares {_share(work, probes, ours)} vs "
+                                  f"{_share(work, probes, theirs)} of "
+                                  f"{statistics.median(probes):.0f}")
                     cells.append(f"{work / min(ours) / 1e9:.0f} vs {work / min(theirs) / 1e9:.0f}"
                                  f" {unit} (medians {work / statistics.median(ours) / 1e9:.0f}"
-                                 f" vs {work / statistics.median(theirs) / 1e9:.0f})"
+                                 f" vs {work / statistics.median(theirs) / 1e9:.0f}{shares})"
                                  + ("" if same else " OUTPUTS DIFFER"))
                     continue
-                dt = time_rows(layers, r, 5 if r == 1 else 2)
-                cells.append(f"{stored / dt / 1e9:.1f} GB/s ({stored / dt / 1e9 / bw:.0%})"
-                             if r == 1 else f"{macs * r / dt / 1e9:.0f} GMAC/s")
+                if r == 1:
+                    runs = time_rows(layers, r, 7, buf)
+                    probes, times = [p for p, _ in runs], [t for _, t in runs]
+                    cells.append(f"{stored / min(times) / 1e9:.1f} GB/s "
+                                 f"({_share(stored, probes, times)} of "
+                                 f"{statistics.median(probes):.0f})")
+                    continue
+                dt = statistics.median(t for _, t in time_rows(layers, r, 2))
+                cells.append(f"{macs * r / dt / 1e9:.0f} GMAC/s")
             print(f"| {level} | {kind} | " + " | ".join(cells) + " |", flush=True)
             del layers
 

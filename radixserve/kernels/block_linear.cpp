@@ -107,6 +107,11 @@ constexpr int64_t kActChunkBytes = RS_ACT_CHUNK_BYTES;
 #define RS_PREFETCH 4096
 #endif
 constexpr int64_t kPrefetch = RS_PREFETCH;  // bytes ahead a single row's GEMV prefetches
+// (Fmt::kAhead: Q6_K twice as far, a unit of it being 1.5 times a Q4_K unit: the 3B shape's
+// batch-1 decode, AMD EPYC Zen 4, avx512, 2 threads, the libraries rotated in one process, 48
+// steps, medians of 8 and of 16: 16.8 -> 17.6, 17.0 -> 17.9 tok/s; bench_gemv.py-shaped Q6_K
+// matrices, 1 row, 31-32 -> 32-34 GB/s against a probed 31-35, in the host's faster minutes
+// 37 -> 46 of 48. AVX2's Q6_K measured even so, Q4_K 2-3 % slower.)
 
 // The formats, by the ids the Python side uses (layers/block_linear.py: FORMATS).
 // kF16 and kBF16 are 16-bit parts (half_linear.cpp: their own layout, float32 activations).
@@ -127,6 +132,7 @@ struct Fmt {
   static constexpr int S = (F == kQ4_1 || F == kQ5_1) ? 64 : 32;
   static constexpr int T = F == kQ6_K ? 32 : kSuper ? 64 : 0;
   static constexpr int64_t kUnitBytes = U * (256 + P + S) + T;
+  static constexpr int64_t kAhead = F == kQ6_K ? 2 * kPrefetch : kPrefetch;  // (kPrefetch)
   static constexpr bool kHalves = F == kQ6_K;  // two sub-blocks of 16 per block
   static constexpr bool kBytes = kBits == 8;  // whole signed bytes (simd.h dot_s8)
   // rows per register block: 16 registers below AVX-512 hold 2, or 4 with VNNI's one
@@ -363,8 +369,8 @@ void decode_kgroup(const uint8_t* w, int64_t B, uint8_t* out) {
     const int j = (int)(b % 8);
     uint8_t* o = out + b * kDecBlock;
     for (int64_t at = 0; at < kPerBlock; at += 64)  // as dot_kquant does
-      __builtin_prefetch((const char*)w + un * Fmt<F>::kUnitBytes + j * kPerBlock + kPrefetch +
-                         at);
+      __builtin_prefetch((const char*)w + un * Fmt<F>::kUnitBytes + j * kPerBlock +
+                         Fmt<F>::kAhead + at);
     for (int k = 0; k < 4; ++k)
       for (int v = 0; v < kSub; ++v) {
         vi q0, q1;
@@ -451,11 +457,11 @@ void dot_kquant(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
       for (int v = 0; v < V; ++v) CI[r][v] = izero();
     for (int j = 0; j < 8; ++j) {
       const int64_t b = un * 8 + j;
-      if constexpr (!kDecoded && kPrefetch > 0) {  // as dot_block
+      if constexpr (!kDecoded && Fmt<F>::kAhead > 0) {  // as dot_block
         constexpr int64_t kPerBlock = Q::kUnitBytes / 8;
         for (int g = 0; g < NG; ++g) {
           const char* p = (const char*)w + g * group_stride + un * Q::kUnitBytes +
-                          j * kPerBlock + kPrefetch;
+                          j * kPerBlock + Fmt<F>::kAhead;
           for (int64_t o = 0; o < kPerBlock; o += 64) __builtin_prefetch(p + o);
         }
       }
@@ -595,11 +601,11 @@ void dot_kquant_held(int64_t M, const int8_t* a, const float* sc, int64_t K, con
       for (int v = 0; v < V; ++v) CI[r][v] = izero();
     for (int j = 0; j < 8; ++j) {
       const int64_t b = un * 8 + j;
-      if constexpr (kPrefetch > 0) {
+      if constexpr (Fmt<F>::kAhead > 0) {
         constexpr int64_t kPerBlock = Q::kUnitBytes / 8;
         for (int g = 0; g < NG; ++g) {
           const char* p = (const char*)w + g * group_stride + un * Q::kUnitBytes +
-                          j * kPerBlock + kPrefetch;
+                          j * kPerBlock + Fmt<F>::kAhead;
           for (int64_t o = 0; o < kPerBlock; o += 64) __builtin_prefetch(p + o);
         }
       }
@@ -681,11 +687,11 @@ void dot_q6k_held_pairs(int64_t M, const int8_t* a, const float* sc, int64_t K,
       for (int v = 0; v < V; ++v) CI[r][v] = izero();
     for (int j = 0; j < 8; ++j) {
       const int64_t b = un * 8 + j;
-      if constexpr (kPrefetch > 0) {  // as dot_kquant_held
+      if constexpr (Fmt<F>::kAhead > 0) {  // as dot_kquant_held
         constexpr int64_t kPerBlock = Q::kUnitBytes / 8;
         for (int g = 0; g < NG; ++g) {
           const char* p = (const char*)w + g * group_stride + un * Q::kUnitBytes +
-                          j * kPerBlock + kPrefetch;
+                          j * kPerBlock + Fmt<F>::kAhead;
           for (int64_t o = 0; o < kPerBlock; o += 64) __builtin_prefetch(p + o);
         }
       }
@@ -761,14 +767,14 @@ void dot_block(const int8_t* a, const float* sc, int64_t K, const uint8_t* w,
   for (int64_t un = 0; un < units; ++un) {
     for (int j = 0; j < Q::U; ++j) {
       const int64_t b = un * Q::U + j;
-      if constexpr (kPrefetch > 0) {
+      if constexpr (Fmt<F>::kAhead > 0) {
         // the first pass over a group reads each weight byte once, from memory: ask for the
-        // bytes kPrefetch ahead, a block's worth per block, in every group's stream (a GEMV
+        // bytes kAhead ahead, a block's worth per block, in every group's stream (a GEMV
         // on AMD EPYC Zen 5, 2 threads: Q4_K 32 -> ~40 GB/s at AVX-512, 22 -> ~40 at AVX2)
         constexpr int64_t kPerBlock = Q::kUnitBytes / Q::U;
         for (int g = 0; g < NG; ++g) {
           const char* p = (const char*)w + g * group_stride + un * Q::kUnitBytes +
-                          j * kPerBlock + kPrefetch;
+                          j * kPerBlock + Fmt<F>::kAhead;
           for (int64_t o = 0; o < kPerBlock; o += 64) __builtin_prefetch(p + o);
         }
       }
@@ -893,7 +899,7 @@ void decode_group(const uint8_t* w, int64_t B, uint8_t* out) {
     const int j = (int)(b % Q::U);
     uint8_t* o = out + b * Dec<F>::kBlock;
     for (int64_t at = 0; at < kPerBlock; at += 64)  // as dot_block does
-      __builtin_prefetch((const char*)u + j * kPerBlock + kPrefetch + at);
+      __builtin_prefetch((const char*)u + j * kPerBlock + Fmt<F>::kAhead + at);
     for (int k = 0; k < 4; ++k)
       for (int v = 0; v < kSub; ++v) {
         vi q0, q1;
