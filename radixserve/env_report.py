@@ -102,6 +102,8 @@ def report(model: str | None, quantization: str = "auto",
               f"  levels installed: {', '.join(info.built) or 'none'}",
               f"  selected: {info.level or 'none (the torch paths)'}: {info.reason}"
               + (" (AMX tiles on)" if info.amx_tiles else "")]
+    if info.tuning:
+        lines.append(f"  tuning: {info.tuning}")
     if info.path:
         lines.append(f"  library: {info.path}")
     affinity, quota = cpu_threads.affinity_cpus(), cpu_threads.cgroup_cpu_limit()

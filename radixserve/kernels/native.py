@@ -30,10 +30,10 @@ from radixserve.kernels import levels as _levels
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 14  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap;
+ABI_VERSION = 15  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap;
 # 11: + rs_decoder_attention, rs_decoder_mlp (the layer in two halves, for tensor parallel);
 # 12: Gemma and q/k norms in the native decoder layer; 13: rs_block_pack (the repack at load);
-# 14: rs_lora_shrink, rs_lora_expand
+# 14: rs_lora_shrink, rs_lora_expand; 15: rs_held_kquants
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -42,6 +42,7 @@ _SIGNATURES = {
     "rs_level": (ctypes.c_char_p, []),
     "rs_source_hash": (ctypes.c_char_p, []),
     "rs_init": (ctypes.c_int, [ctypes.c_int]),
+    "rs_held_kquants": (ctypes.c_int, [ctypes.c_int]),
     "rs_int8_pack": (None, [_P, _I64, _I64, _P, _P]),
     "rs_int8_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _P, _I64]),
     "rs_block_packed_bytes": (_I64, [_I64, _I64, _I64]),
@@ -80,6 +81,16 @@ class KernelInfo:
     built: tuple[str, ...]  # levels whose library is installed
     reason: str  # one line: why this level, or why none
     cpu_flags: tuple[str, ...] = field(default=())  # the CPU features the levels ask about
+    # Q4_K / Q5_K codes held in registers at every row count, never decoded (AMD Zen 4's
+    # AVX-512: block_linear.cpp zen4())
+    held_kquants: bool = False
+
+    @property
+    def tuning(self) -> str:
+        """The per-core choices inside the level, for the start-up line and ``radixserve env``
+        ('' where none applies)."""
+        return ("K-quant GEMM: Q4_K / Q5_K codes held in registers at every row count "
+                "(AMD Zen 4)" if self.held_kquants else "")
 
 
 def load() -> ctypes.CDLL | None:
@@ -138,12 +149,15 @@ def _load_and_describe() -> tuple[ctypes.CDLL | None, KernelInfo]:
             continue
         amx = bool(lib.rs_init(1)) if level == "amx" else False
         path = str(library_path(level))
-        logger.info("native CPU kernels: %s (%s%s), %s", level, why,
-                    ", AMX tiles" if amx else "", path)
+        chosen = KernelInfo(level, path, amx, reason=why, **info,
+                            held_kquants=bool(lib.rs_held_kquants(-1)))
+        logger.info("native CPU kernels: %s (%s%s%s), %s", level, why,
+                    ", AMX tiles" if amx else "",
+                    f"; {chosen.tuning}" if chosen.tuning else "", path)
         if errors:
             logger.warning("native CPU kernels: better levels failed to load: %s",
                            "; ".join(errors))
-        return lib, KernelInfo(level, path, amx, reason=why, **info)
+        return lib, chosen
     reason = ("; ".join(errors) if errors else
               "no kernel library is installed (build the package: pip install .)")
     logger.warning("native CPU kernels unavailable (%s); the torch paths run instead (float "

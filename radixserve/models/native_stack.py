@@ -59,7 +59,8 @@ class KernelPlan:
     def startup_line(self, kv_dtype, threads: int) -> str:
         """The engine's one line at start (logged by engine/build.py)."""
         info = native.describe()
-        kernels = (f"{info.level} ({info.reason}{', AMX tiles' if info.amx_tiles else ''})"
+        kernels = (f"{info.level} ({info.reason}{', AMX tiles' if info.amx_tiles else ''}"
+                   f"{'; ' + info.tuning if info.tuning else ''})"
                    if info.level else f"none ({info.reason})")
         return (f"kernels {kernels}; linears {self.linears}; attention {self.attention}, KV "
                 f"cache {str(kv_dtype).removeprefix('torch.')}; decoder layers: "

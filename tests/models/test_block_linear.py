@@ -170,6 +170,32 @@ def test_block_linear_rows_are_bit_identical_alone_or_in_any_batch(qtype):
 
 
 @needs_native
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K], ids=lambda t: t.name)
+def test_k_quants_held_or_decoded_give_the_same_bits(qtype):
+    """AMD Zen 4 keeps Q4_K / Q5_K codes in registers at every row count, other cores decode
+    them from 32-96 rows (block_linear.cpp: zen4()): both ways, forced on any machine, give each
+    row the bits it has alone, and the same bits as each other."""
+    lib = native.load()
+    n, k = 40, 512
+    raw, w = _matrix(qtype, n, k, seed=5)
+    layer = BlockLinear.from_stored([(qtype, raw)], k)
+    x = _input(130, k, seed=6)
+    was = lib.rs_held_kquants(-1)
+    try:
+        outs = []
+        for held in (0, 1):
+            lib.rs_held_kquants(held)
+            outs.append(layer(x))
+            assert torch.equal(layer(x[3:4]), outs[-1][3:4])
+            assert torch.equal(layer(x[100:130]), outs[-1][100:130])
+    finally:
+        lib.rs_held_kquants(was)
+    assert torch.equal(outs[0], outs[1])
+    assert _rel_err(outs[0], x.double() @ w.double().T) < REL_TOL
+    assert lib.rs_held_kquants(-1) == was
+
+
+@needs_native
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_rows_in_several_activation_chunks_are_the_rows_alone(qtype):
     """Many rows of a long K are taken in chunks of rows whose activations fit a core's L2
