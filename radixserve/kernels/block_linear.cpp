@@ -888,8 +888,9 @@ inline int64_t dec_buffer_bytes(int64_t B) {
 // paired, decoded vs held GMAC/s, Q4_K 96 / 160 / 512 rows 311 / 311 / 320 vs 333 / 329 / 332,
 // 1024 rows 308 vs 322; Q5_K 48 / 128 / 1024 rows 275 / 292 / 286 vs 308 / 319 / 310 (Q6_K
 // even: it still decodes). A 128-token prefill of the 3B shape, alternated 10 times in one
-// process: 1.31 -> 1.26 s. Zen 4 is told by CPUID (AMD, family 19h with AVX-512: Zen 3, the
-// other 19h cores, have none); rs_held_kquants reads it and sets it (the tests take both ways).
+// process: 1.31 -> 1.26 s. Zen 4 is told by CPUID: AMD, family 19h, in an AVX-512 build (which
+// loads only where the CPU has AVX-512: Zen 3, the other 19h cores, has none). rs_held_kquants
+// reads it and sets it (the tests take both ways).
 bool zen4() {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a, b, c, d;
@@ -897,7 +898,7 @@ bool zen4() {
   const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
   if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
   const unsigned family = ((a >> 8) & 0xF) + ((a >> 20) & 0xFF);
-  return family == 0x19 && __builtin_cpu_supports("avx512f");
+  return family == 0x19;
 #else
   return false;
 #endif
