@@ -101,6 +101,25 @@ struct NextRows {
   }
 };
 
+// n pool rows from `rows` (token_stride apart) widened to float into wide (vpitch floats
+// apart, dv vectors each, the last dlast wide; int8 rows times their scale), asking `next` for
+// the next block's row i0 + i beside row i.
+template <typename KV>
+__attribute__((always_inline)) inline void widen_rows(const KV* rows, int n, int64_t token_stride,
+                                                      const NextRows<KV>& next, int64_t i0,
+                                                      int dv, int64_t dlast, int64_t d, float* wide,
+                                                      int64_t vpitch) {
+  for (int i = 0; i < n; ++i) {
+    next.row(i0 + i);
+    const KV* row = rows + i * token_stride;
+    for (int c = 0; c < dv; ++c) {
+      vf x = load_kv(row + kW * c, c == dv - 1 ? dlast : kW);
+      if constexpr (std::is_same_v<KV, q8>) x = mul(x, set1(row_scale(row, d)));
+      store(wide + i * vpitch + kW * c, x);
+    }
+  }
+}
+
 constexpr int kMaxGroup = 16;  // query heads per KV head
 constexpr int kMaxDim = 256;  // head_dim
 constexpr int kMaxDimVecs = kMaxDim / kW;
@@ -208,16 +227,8 @@ void attend(const TileRow* rows, int R, int NH, const KV* k_pool, const KV* v_po
         const int n = (int)(n_block - i0 < kW ? n_block - i0 : kW);
         // The n K rows, widened once here for all rows and query heads (exactly: the same
         // floats, so the same bits as widening per head), zeros after them.
-        const KV* krows = kb + i0 * token_stride;
-        for (int i = 0; i < n; ++i) {
-          next.row(i0 + i);
-          const KV* row = krows + i * token_stride;
-          for (int c = 0; c < dv; ++c) {
-            vf x = load_kv(row + kW * c, c == dv - 1 ? dlast : kW);
-            if constexpr (std::is_same_v<KV, q8>) x = mul(x, set1(row_scale(row, d)));
-            store(kwide + i * vpitch + kW * c, x);
-          }
-        }
+        widen_rows(kb + i0 * token_stride, n, token_stride, next, i0, dv, dlast, d, kwide,
+                   vpitch);
         for (int i = n; i < kW; ++i)
           for (int c = 0; c < dv; ++c) store(kwide + i * vpitch + kW * c, zero());
         for (int r = 0; r < R; ++r) {
@@ -334,16 +345,7 @@ void attend(const TileRow* rows, int R, int NH, const KV* k_pool, const KV* v_po
                             token_stride, d);  // the next block's V rows
     for (int64_t i0 = 0; i0 < n_block; i0 += kVTokens) {
       const int n = (int)(n_block - i0 < kVTokens ? n_block - i0 : kVTokens);
-      const KV* vrows = vb + i0 * token_stride;
-      for (int i = 0; i < n; ++i) {
-        next.row(i0 + i);
-        const KV* row = vrows + i * token_stride;
-        for (int c = 0; c < dv; ++c) {
-          vf x = load_kv(row + kW * c, c == dv - 1 ? dlast : kW);
-          if constexpr (std::is_same_v<KV, q8>) x = mul(x, set1(row_scale(row, d)));
-          store(vwide + i * vpitch + kW * c, x);
-        }
-      }
+      widen_rows(vb + i0 * token_stride, n, token_stride, next, i0, dv, dlast, d, vwide, vpitch);
       const int64_t at = t0 + i0;  // the first of these tokens in the span
       for (int r = 0; r < R; ++r) {
         const int64_t left = rows[r].len - at;
