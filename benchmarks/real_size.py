@@ -6,7 +6,11 @@ stream, 128-token prompt, 128 out: TTFT and decode tok/s), ``b16`` / ``b64`` (16
 and ``a2k`` (one 2,048-token prompt: TTFT), then the resident memory of the server's processes
 (both of radixserve's). radixserve runs with speculation off and with its default (``auto``).
 Both servers get the same KV capacity (``--kv-tokens``) and threads. Prints one row per server
-with the CPU, the load average, and radixserve's ratios to llama-server.
+with the CPU, the load average, and radixserve's ratios to llama-server; then, for a dense
+model, each workload's weight work (a multiply-add per weight per token through the layers,
+the output head per sampled token; attention aside), the rate each server ran it at over its
+TTFT (``a``, ``a2k``) or its wall time (``b16``, ``b64``), and the rate issue 29's target
+ratio to llama-server would take — what to hold against the machine's int8 ceiling.
 
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python benchmarks/real_size.py \\
         --model /tmp/llama-3.2-3b-q4_k_m.gguf --workloads a,b16,a2k
@@ -32,6 +36,56 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(os.environ.get("RADIXSERVE_PEERS", ROOT.parent / "shared" / "peers"))
 WORKLOADS = {"a": "a", "b16": "b16", "b64": "b64", "a2k": "a"}  # ours -> the client's
+
+
+# issue 29's targets as rates against llama-server's: TTFT <= 0.5x, b16 >= 3x, b64 >= 4x
+TARGETS = {"a": 2.0, "a2k": 2.0, "b16": 3.0, "b64": 4.0}
+
+
+def weight_macs(path: str) -> tuple[int, int] | None:
+    """(multiply-adds per token through the layers, per sampled token in the output head) of a
+    dense GGUF model: its matrices' element counts; None for a mixture of experts (3-D expert
+    tensors: only the routed ones run)."""
+    import gguf
+
+    layers, head, embd = 0, 0, 0
+    for t in gguf.GGUFReader(path).tensors:
+        dims = [int(d) for d in t.shape if int(d) > 1]
+        if t.name.startswith("blk.") and len(dims) > 2:
+            return None
+        if t.name.startswith("blk.") and len(dims) == 2:
+            layers += int(t.n_elements)
+        elif t.name == "output.weight":
+            head = int(t.n_elements)
+        elif t.name == "token_embd.weight":
+            embd = int(t.n_elements)
+    return layers, head or embd  # no output.weight: the embedding is tied to the head
+
+
+def work_lines(rows: list, workloads: list[str], macs: tuple[int, int]) -> list[str]:
+    """Per workload: its weight work, each server's rate, and the target's (see TARGETS)."""
+    per_token, head = macs
+    lines = []
+    for w in workloads:
+        rates = []
+        for peer, _, _, figs in rows:
+            f = figs.get(w, {})
+            n, prompt, out = f.get("n_requests"), f.get("prompt_tokens"), f.get("output_tokens")
+            secs = f.get("ttft_s") if w in ("a", "a2k") else f.get("wall_s")
+            if not (n and prompt and out and secs):
+                continue
+            if w in ("a", "a2k"):  # the prompt, and the head for the first token
+                work = prompt * per_token + head
+            else:  # every prompt, then each request's later tokens; the head per token
+                work = n * (prompt + out / n - 1) * per_token + out * head
+            rates.append((peer, work, work / secs / 1e9))
+        if not rates:
+            continue
+        text = ", ".join(f"{peer} {rate:,.0f} GMAC/s" for peer, _, rate in rates)
+        need = (f"; {TARGETS[w]:g}x llama-server's would take {TARGETS[w] * rates[0][2]:,.0f}"
+                if rates[0][0] == "llama-server" and w in TARGETS else "")
+        lines.append(f"{w}: {rates[0][1] / 1e12:.2f} TMAC of weight products — {text}{need}")
+    return lines
 
 
 def cpu_name() -> str:
@@ -60,6 +114,7 @@ def prompts(folder: Path) -> tuple[Path, Path]:
     if not long.exists():
         data = json.loads(base.read_text())
         data["a"] = [[" ".join(rep)] for rep in data["b16"]]
+        data["token_counts"]["a"] = [16 * n for n in data["token_counts"]["b16"]]  # ± the joins
         long.write_text(json.dumps(data))
     return base, long
 
@@ -114,6 +169,12 @@ def run_client(port: int, peer: str, model: str, files: tuple[Path, Path], workl
                for k in ("output_tok_s", "ttft_s", "decode_tok_s", "wall_s")
                if any(r.get(k) is not None for r in recs)}
         med["bad"] = sum(r.get("bad_token_counts", 0) for r in recs)
+        med["n_requests"] = recs[0].get("n_requests")
+        med["output_tokens"] = statistics.median(r["output_tokens"] for r in recs)
+        # a streamed request's record has no prompt count: the prompt file's then
+        sizes = [n for r in recs for n in r.get("prompt_tokens") or []] or \
+            json.loads(prompt_file.read_text()).get("token_counts", {}).get(WORKLOADS[name], [])
+        med["prompt_tokens"] = statistics.mean(sizes) if sizes else None
         figures[name] = med
     return figures
 
@@ -184,6 +245,9 @@ def main() -> None:
             cells.append(text + (f" ({v / ratio:.2f}x)" if v is not None and ratio else ""))
         bad = sum(f.get("bad", 0) for f in row[3].values())
         print(f"| {row[0]} | " + " | ".join(cells) + f" | {bad} |")
+    macs = weight_macs(args.model)
+    if macs:
+        print("\n" + "\n".join(work_lines(rows, workloads, macs)))
 
 
 if __name__ == "__main__":
