@@ -10,7 +10,8 @@ with the CPU, the load average, and radixserve's ratios to llama-server; then, f
 model, each workload's weight work (a multiply-add per weight per token through the layers,
 the output head per sampled token; attention aside), the rate each server ran it at over its
 TTFT (``a``, ``a2k``) or its wall time (``b16``, ``b64``), and the rate issue 29's target
-ratio to llama-server would take — what to hold against the machine's int8 ceiling.
+ratio to llama-server would take, beside the machine's int8 dot-product ceiling per level
+(``benchmarks/int8_peak.cpp``: the instruction alone, back to back on every thread).
 
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python benchmarks/real_size.py \\
         --model /tmp/llama-3.2-3b-q4_k_m.gguf --workloads a,b16,a2k
@@ -86,6 +87,22 @@ def work_lines(rows: list, workloads: list[str], macs: tuple[int, int]) -> list[
                 if rates[0][0] == "llama-server" and w in TARGETS else "")
         lines.append(f"{w}: {rates[0][1] / 1e12:.2f} TMAC of weight products — {text}{need}")
     return lines
+
+
+def int8_ceiling(work: Path, threads: int) -> dict[str, float]:
+    """The machine's int8 dot-product ceiling per level, GMAC/s on ``threads`` threads
+    (``benchmarks/int8_peak.cpp``, built here once with g++); empty without a compiler."""
+    exe = work / "int8_peak"
+    src = ROOT / "benchmarks" / "int8_peak.cpp"
+    try:
+        if not exe.exists() or exe.stat().st_mtime < src.stat().st_mtime:
+            subprocess.run(["g++", "-O2", "-fopenmp", str(src), "-o", str(exe)], check=True,
+                           capture_output=True)
+        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": str(threads)}).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {level: float(rate) for level, rate in (ln.split() for ln in out.splitlines())}
 
 
 def cpu_name() -> str:
@@ -248,6 +265,10 @@ def main() -> None:
     macs = weight_macs(args.model)
     if macs:
         print("\n" + "\n".join(work_lines(rows, workloads, macs)))
+        ceiling = int8_ceiling(work, args.threads)
+        if ceiling:
+            print(f"the int8 dot products' ceiling on {t} threads (benchmarks/int8_peak.cpp): "
+                  + ", ".join(f"{level} {rate:,.0f} GMAC/s" for level, rate in ceiling.items()))
 
 
 if __name__ == "__main__":

@@ -3,11 +3,14 @@ weights, and the rates they imply (what issue 29's ratios are held against)."""
 
 from __future__ import annotations
 
+import platform
+import shutil
 import sys
 from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import real_size  # noqa: E402
@@ -60,3 +63,13 @@ def test_work_lines_rates_and_the_targets_rate():
 def test_work_lines_skip_a_workload_without_its_counts():
     rows = [("radixserve", 0, 0, {"b16": {"wall_s": 10.0}})]
     assert real_size.work_lines(rows, ["b16"], (1, 1)) == []
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not shutil.which("g++"),
+                    reason="the ceiling's loops are x86 instructions, built with g++")
+def test_int8_ceiling_measures_the_levels_the_cpu_has(tmp_path):
+    flags = Path("/proc/cpuinfo").read_text().split()
+    ceiling = real_size.int8_ceiling(tmp_path, 1)
+    assert ("avx2" in ceiling) == ("avx2" in flags)
+    assert ("avx512" in ceiling) == ("avx512_vnni" in flags and "avx512bw" in flags)
+    assert all(rate > 1 for rate in ceiling.values())  # GMAC/s, one thread
