@@ -219,6 +219,9 @@ def main() -> None:
     if not args.radixserve_only:
         if not args.llama_server:
             sys.exit("set LLAMA_SERVER or --llama-server (or --radixserve-only)")
+        # 16 slots, each a sixteenth of the KV: b64 runs as four waves of 16. 64 slots sharing
+        # one pool (-np 64 -kvu) ran it at half the speed (3B shape, AMD EPYC Zen 4: 9.7 against
+        # 18.9 tok/s; its decode steps took 5.2 s at 64 streams), so llama-server keeps its best.
         runs.append(("llama-server", [args.llama_server, "-m", args.model, "--host", "127.0.0.1",
                                       "--port", "8491", "-t", t, "-tb", t, "-np", "16", "-c",
                                       str(args.kv_tokens), "-cb"], 8491))
