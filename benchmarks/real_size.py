@@ -128,10 +128,11 @@ def prompts(folder: Path) -> tuple[Path, Path]:
             link.symlink_to(gguf)
         subprocess.run([sys.executable, str(PEERS / "make_prompts.py"), "--model-dir",
                         str(model_dir), "--gguf", gguf.name, "--out", str(base)], check=True)
-    if not long.exists():
-        data = json.loads(base.read_text())
+    data = json.loads(base.read_text())
+    joined = [16 * n for n in data["token_counts"]["b16"]]  # ± the joins
+    if not long.exists() or json.loads(long.read_text())["token_counts"]["a"] != joined:
         data["a"] = [[" ".join(rep)] for rep in data["b16"]]
-        data["token_counts"]["a"] = [16 * n for n in data["token_counts"]["b16"]]  # ± the joins
+        data["token_counts"]["a"] = joined  # (an older script's file said 128)
         long.write_text(json.dumps(data))
     return base, long
 
