@@ -1,4 +1,4 @@
-"""Tensor parallel on one machine: the all-reduce, and decode step times (docs/benchmarks.md).
+"""Tensor parallel on one machine: the all-reduce, and decode step times (docs/scale-out.md).
 
     python benchmarks/bench_tp.py allreduce [--hidden 576]
         shm vs gloo all_reduce between 2 ranks pinned to CPUs 0 and 1 (1 thread each), at a

@@ -169,7 +169,7 @@ class SpeculativeConfig:
     @staticmethod
     def resolve_method(method: str | None, draft_model: str | None) -> str:
         """The method when none was chosen (None): ``draft`` with a draft model, else
-        ``auto``, the default (measured never to lose more than 3%: docs/benchmarks.md); any
+        ``auto``, the default (measured never to lose more than 3%: docs/speculative-decoding.md); any
         other explicit method with a draft model is refused."""
         if method is None:
             return "draft" if draft_model is not None else DEFAULT_SPECULATIVE

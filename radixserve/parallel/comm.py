@@ -10,7 +10,7 @@ benchmarks) and ``close()``.
 - ``torch``: ``torch.distributed`` over the process group the ranks joined (gloo on CPU).
 
 ``auto`` is ``shm`` on x86-64 CPUs, ``torch`` elsewhere: measured (benchmarks/bench_tp.py,
-docs/benchmarks.md; 2 ranks on a loaded 2-vCPU machine) 6 µs against gloo's 3.3 ms for a
+docs/scale-out.md; 2 ranks on a loaded 2-vCPU machine) 6 µs against gloo's 3.3 ms for a
 decode step's 2 KB, 8 µs against 3.7 ms at 36 KB, 1–2 ms against 6–13 ms at 4.6 MB.
 """
 

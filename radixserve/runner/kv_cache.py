@@ -28,7 +28,7 @@ def row_width(model: ModelConfig, dtype: torch.dtype) -> int:
 def resolve_kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
     """The pool's elements for ``--kv-cache-dtype`` ``name``. ``auto``: float16 for a float32
     model on CPU at every kernel level with F16C (all but generic) — measured there (benchmarks/
-    bench_kv_dtype.py, docs/benchmarks.md) ~1.9x (avx512) and ~1.4x (avx2) the float32 pool's
+    bench_kv_dtype.py, docs/models.md) ~1.9x (avx512) and ~1.4x (avx2) the float32 pool's
     single-stream decode after 4,000 prompt tokens, at KL 4e-7 from it and the same greedy
     tokens, with twice the blocks per GiB — else the model's own dtype (at the generic level
     the widening is scalar and a 16-bit pool measured slower)."""

@@ -3,7 +3,7 @@
 Contract of a request: ``served = await hub.acquire(name)`` (loads the model if needed; counts
 the request in flight), forward to ``served.router``, then ``hub.release(name, keep_alive)``.
 
-Rules (README, docs/architecture.md):
+Rules (docs/models-dir.md, docs/architecture.md):
 - one load at a time (``_load_lock``), so the count and memory checks hold when it starts;
   a per-model lock makes a model's load and unload exclusive, so concurrent loads of one model
   start it once and an unload never races its load.
