@@ -1,4 +1,4 @@
-"""Run the abusive-input catalogue (radixserve/bench/abuse_cases.py) against a live server and
+"""Run the abusive-input catalogue (abuse_cases.py, beside this file) against a live server and
 print one row per case: expected status, the status got, milliseconds, verdict. Afterwards
 /load must show nothing pending, running, waiting or held in the KV cache.
 
@@ -18,9 +18,8 @@ import sys
 import time
 
 import httpx
-
-from radixserve.bench.abuse_cases import catalogue
-from radixserve.bench.abuse_runner import format_table, run_catalogue
+from abuse_cases import catalogue
+from abuse_runner import format_table, run_catalogue
 
 
 def _start(mock: bool) -> tuple[subprocess.Popen, str]:

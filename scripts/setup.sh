@@ -9,8 +9,11 @@ test_deps=false
 [ "${1:-}" = "--test" ] && test_deps=true
 if $test_deps; then
   # The browser tests (tests/server/test_ui_*.py) drive Debian's chromium through Playwright
-  # (never `playwright install`: no browser download).
-  command -v chromium >/dev/null 2>&1 || (apt-get update -q && apt-get install -y -q chromium)
+  # (never `playwright install`: no browser download). Without its recommends (printer
+  # services, avahi, udev, upower, perl and python stacks); headless it needs only a font to
+  # lay text out and draw the screenshots, named here rather than left to fontconfig's choice.
+  command -v chromium >/dev/null 2>&1 || (apt-get update -q &&
+    apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core)
 fi
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3

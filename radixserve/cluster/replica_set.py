@@ -71,10 +71,6 @@ class ReplicaSet:
             on_restart()
         return restarted
 
-    def refresh_pids(self) -> None:
-        if self.client is not None:
-            self.client.pids = lambda: [s.pid for s in self.supervisors]
-
     @property
     def num_restarts(self) -> list[int]:
         return [s.num_restarts for s in self.supervisors]

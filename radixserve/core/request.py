@@ -96,10 +96,6 @@ class Request:
         """It computes its prompt and samples nothing (an embedding, or ``max_tokens`` 0)."""
         return self.pooling is not None or self.max_tokens == 0
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status is RequestStatus.FINISHED
-
     def append_token(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)
         self.output_token_ids.append(token_id)

@@ -33,6 +33,7 @@ from radixserve.engine.context_len import resolve_max_model_len
 from radixserve.engine.draft_setup import build_draft_runner, open_draft
 from radixserve.engine.engine_core import EngineCore
 from radixserve.engine.kv_events import KVEventsOutlet, make_publisher
+from radixserve.engine.structured_manager import StructuredOutputManager
 from radixserve.engine.tp.group import TensorParallelGroup
 from radixserve.engine.tp.ranks import start_tensor_parallel
 from radixserve.models.half_stored import checkpoint_dtype
@@ -46,9 +47,8 @@ from radixserve.runner.fault_injection import inject_faults_from_env
 from radixserve.runner.kv_cache import (draft_pool_blocks, num_blocks_for_budget,
                                         resolve_kv_dtype)
 from radixserve.runner.model_runner import ModelRunner
-from radixserve.spec.drafter import make_spec
+from radixserve.spec.factory import make_spec
 from radixserve.structured.llguidance_backend import LLGuidanceBackend
-from radixserve.structured.manager import StructuredOutputManager
 from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)

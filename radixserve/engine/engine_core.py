@@ -20,10 +20,10 @@ from radixserve.core.state_summary import engine_state
 from radixserve.core.reports import EngineCoreOutput, EngineState
 from radixserve.engine.kv_events import KVEventsOutlet
 from radixserve.engine.lora_registry import LoraRegistry
+from radixserve.engine.structured_manager import StructuredOutputManager
 from radixserve.engine.thread_governor import FixedThreads
 from radixserve.messages import EngineCoreOutputs, EngineCoreRequest, EngineStateQuery
 from radixserve.sampling_params import SamplingParams
-from radixserve.structured.manager import StructuredOutputManager
 
 _COMPILE_WAIT_S = 0.005  # an idle step waits this long for a grammar compile to finish
 

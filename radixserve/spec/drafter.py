@@ -16,7 +16,6 @@ import logging
 import time
 
 from radixserve.core.sched_output import DraftResult, ScheduledSeq
-from radixserve.core.spec_hooks import NO_SPEC, SpecHooks
 from radixserve.spec.policy import SpecPolicy, SpecState, evidence_key
 from radixserve.spec.proposer import NO_DRAFT, Proposer
 
@@ -150,17 +149,3 @@ class SpecDecoding:
     def check_integrity(self, requests: dict) -> None:
         pass
 
-
-def make_spec(config, num_draft_blocks: int = 0, block_size: int = 16) -> SpecHooks:
-    """From a SpeculativeConfig; ``draft`` takes the draft model's KV pool size in blocks
-    (the runner holds the pool itself, engine/draft_setup.py)."""
-    from radixserve.spec.proposer import make_proposer
-
-    if config.method == "off":
-        return NO_SPEC
-    if config.method == "draft":
-        from radixserve.spec.draft_model import make_draft_spec
-
-        return make_draft_spec(config, num_draft_blocks, block_size)
-    policy = SpecPolicy(config.num_speculative_tokens, config.adaptive)
-    return SpecDecoding(make_proposer(config.method, acceptance=policy.table), policy)

@@ -1,4 +1,4 @@
-"""The proposer interface, its null object, and the factory that picks one by name.
+"""The proposer interface and the drafts it returns (spec/factory.py picks one by name).
 
 A proposer drafts the tokens a request will probably generate next, from plain token ids (no
 model, no torch). The ``draft`` proposer (spec/draft_model.py) is the one fed from the runner:
@@ -11,8 +11,6 @@ index them.
 from __future__ import annotations
 
 from typing import NamedTuple, Protocol
-
-from radixserve.config import PROPOSERS
 
 
 class Draft(NamedTuple):
@@ -46,40 +44,3 @@ class Proposer(Protocol):
         """The request is done (or aborted); forget its state, learn from its output."""
         ...
 
-
-class NoProposer:
-    """Null object: speculation off; never drafts."""
-
-    name = "off"
-    enabled = False
-    gives_evidence = False
-
-    def propose(self, request_id: str, token_ids: list[int], num_prompt: int,
-                k: int) -> Draft:
-        return NO_DRAFT
-
-    def on_finished(self, request_id: str, token_ids: list[int], num_prompt: int) -> None:
-        pass
-
-
-NO_PROPOSER = NoProposer()
-
-
-def make_proposer(name: str, max_ngram: int = 4, min_ngram: int = 1,
-                  acceptance=None) -> Proposer | NoProposer:
-    """The proposer called ``name`` (one of PROPOSERS). ``auto`` is ``suffix``: it covers the
-    prompt lookup of ``ngram`` and adds what earlier requests generated. ``acceptance``: the
-    policy's AcceptanceTable, by which ``suffix`` picks between its two sources."""
-    from radixserve.spec.ngram import NgramProposer
-    from radixserve.spec.suffix import SuffixProposer
-
-    if name == "off":
-        return NO_PROPOSER
-    if name == "ngram":
-        return NgramProposer(max_ngram, min_ngram)
-    if name in ("suffix", "auto"):
-        return SuffixProposer(acceptance=acceptance)
-    if name == "draft":
-        raise ValueError("the draft-model proposer needs its KV pool: build it with "
-                         "spec.drafter.make_spec")
-    raise ValueError(f"unknown speculative method {name!r}; supported: {', '.join(PROPOSERS)}")

@@ -10,6 +10,7 @@ from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,
                                           KVEventLog, NoKVEvents)
 from radixserve.core.kv.radix_cache import RadixCache
+from radixserve.core.kv.radix_node import iter_nodes
 
 SEED = "0"
 
@@ -117,4 +118,4 @@ def test_null_sink_keeps_no_hashes():
     cache = RadixCache(pool, 2)
     assert isinstance(cache.events, NoKVEvents)
     serve(cache, pool, [1, 2, 3, 4])
-    assert all(not node.hashes for node in cache._nodes())
+    assert all(not node.hashes for node in iter_nodes(cache.root))

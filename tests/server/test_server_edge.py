@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from server_proc import ServerProc
 
-from radixserve.bench.abuse_cases import catalogue
-from radixserve.bench.abuse_runner import format_table, run_catalogue
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+from abuse_cases import catalogue  # noqa: E402
+from abuse_runner import format_table, run_catalogue  # noqa: E402
 
 LONG = 1_000_000  # tokens: a request that runs until its client leaves
 

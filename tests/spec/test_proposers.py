@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from radixserve.spec.factory import make_proposer
 from radixserve.spec.policy import SpecPolicy, SpecState, evidence_key
-from radixserve.spec.proposer import (NO_DRAFT, NO_PROPOSER, OTHER_OUTPUTS, Draft,
-                                      make_proposer)
+from radixserve.spec.proposer import NO_DRAFT, OTHER_OUTPUTS, Draft
 from radixserve.spec.suffix import SuffixProposer, SuffixTree
 
 
@@ -126,7 +126,8 @@ def test_suffix_tree_is_bounded_and_remove_undoes_add():
 
 
 def test_unknown_method_is_refused():
-    assert make_proposer("off") is NO_PROPOSER
+    with pytest.raises(ValueError, match="speculation off has no proposer"):
+        make_proposer("off")
     with pytest.raises(ValueError, match="supported: off, ngram, suffix, auto"):
         make_proposer("eagle")
 

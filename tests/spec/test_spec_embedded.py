@@ -15,7 +15,7 @@ from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.radix_cache import RadixCache
 from radixserve.core.scheduler import Scheduler
-from radixserve.spec.drafter import make_spec
+from radixserve.spec.factory import make_spec
 
 PROMPTS = ["1, 2, 3, 4, 5, 6, 7, 8,", "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
            "The capital of France is"]

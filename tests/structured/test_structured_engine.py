@@ -16,6 +16,7 @@ from radixserve.core.sched_config import SchedulerConfig
 from radixserve.core.sched_output import ModelRunnerOutput
 from radixserve.core.scheduler import Scheduler
 from radixserve.engine.engine_core import EngineCore
+from radixserve.engine.structured_manager import StructuredOutputManager
 from radixserve.messages import EngineCoreRequest
 from radixserve.tokenizer.tokenizer import load_tokenizer
 from radixserve.models.source import ModelSource
@@ -23,7 +24,6 @@ from radixserve.sampling_params import SamplingParams
 from radixserve.structured.backend import GrammarError
 from radixserve.structured.bitmask import banned_tokens
 from radixserve.structured.llguidance_backend import LLGuidanceBackend
-from radixserve.structured.manager import StructuredOutputManager
 from radixserve.structured.params import StructuredOutputsParams as SO
 
 VOCAB = 49152

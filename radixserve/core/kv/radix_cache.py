@@ -16,18 +16,16 @@ Ownership: the tree holds ONE block-pool reference per cached block (``share`` o
 the matched blocks) and locks the matched path, so locked blocks cannot be evicted under it.
 
 Eviction frees the least recently used unlocked leaf first; a leaf only partly needed gives up
-its tail pages. Candidates sit in a persistent lazy min-heap of ``(last_access, uid, node)``
-entries: an entry is dropped on pop if its node died, grew children or got locked, and is
-pushed again with the fresh time if the node was touched since. Every unlocked leaf has at
-least one entry (pushed when it becomes one); the heap is rebuilt when stale entries outnumber
-the nodes, so evicting costs O(k log n), not a scan of the tree.
+its tail pages. The candidates are a lazy min-heap (radix_lru.py: `LeafHeap`), so evicting k
+blocks costs O(k log n), not a scan of the tree.
 
-Layout: plain ``@dataclass(slots=True)`` node objects. The alternative, an arena (parallel lists
-indexed by node number, free list of slots, int heap entries), is kept in
-``benchmarks/bench_radix_cache.py`` and was measured there (tree of 100k blocks, block_size 16,
-2000-token prompts, us per op, medians, four runs on a noisy 2-core box): match_prefix 9-12 vs
-11-13, match+lock+release 50-70 vs 58-72, the same in a full pool (evicting) 68-91 vs 71-101.
-The arena never won, so the simpler objects stay.
+Layout: plain ``@dataclass(slots=True)`` node objects (radix_node.py: `RadixNode` and the
+read-only walks down the tree; radix_integrity.py: the invariants `check_integrity` asserts).
+The alternative, an arena (parallel lists indexed by node number, free list of slots, int heap
+entries), is kept in ``benchmarks/bench_radix_cache.py`` and was measured there (tree of 100k
+blocks, block_size 16, 2000-token prompts, us per op, medians, four runs on a noisy 2-core
+box): match_prefix 9-12 vs 11-13, match+lock+release 50-70 vs 58-72, the same in a full pool
+(evicting) 68-91 vs 71-101. The arena never won, so the simpler objects stay.
 
 KV groups (kv_groups.py): with sliding-window layers a node holds one table per group —
 ``blocks`` for the first group, ``window_blocks`` for the others, ``units_per_page`` ids a
@@ -43,41 +41,19 @@ group's ``forget`` removes nothing, as the first group's page stays cached.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_events import KVEvents, NoKVEvents
 from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.prefix_cache import PrefixMatch
+from radixserve.core.kv.radix_integrity import TreeCounts, check_tree
+from radixserve.core.kv.radix_lru import LeafHeap
+from radixserve.core.kv.radix_node import RadixNode, descend, iter_nodes, match_child
 from radixserve.core.kv.radix_summary import summarize
 from radixserve.core.kv.radix_windows import window_policy
 from radixserve.core.reports import CacheNodeInfo
-
-
-@dataclass(slots=True, eq=False)
-class _Node:
-    """``len(key) == len(blocks) / units_per_page * block_size`` (one id a page with one
-    group). ``parent`` is None for the root and dead nodes."""
-
-    key: list[int]
-    blocks: list[int]
-    parent: _Node | None
-    last_access: int
-    uid: int
-    children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
-    lock_ref: int = 0
-    hits: int = 0  # prefix matches that used this node (for the engine view)
-    window_blocks: list[list[int]] = field(default_factory=list)  # the other groups' tables
-    units: int = 0  # pool references held (the ids that are not the null block)
-    end: int = 0  # tokens from the root to the end of ``key``
-    hashes: list[bytes] = field(default_factory=list)  # one per page with KV events, else []
-
-    @property
-    def tables(self) -> list[list[int]]:
-        return [self.blocks, *self.window_blocks]
 
 
 class RadixCache:
@@ -97,10 +73,10 @@ class RadixCache:
         self.events = events or NoKVEvents()
         self._window = window_policy(self.groups, block_pool, block_size, self._descend,
                                      self._add_units)
-        self.root = _Node([], [], None, 0, 0, window_blocks=[[] for _ in self.groups[1:]])
+        self.root = RadixNode([], [], None, 0, 0, window_blocks=[[] for _ in self.groups[1:]])
         self._uids = itertools.count(1)
         self._clock = 0  # LRU time: ticks once per match/insert
-        self._heap: list[tuple[int, int, _Node]] = []
+        self._lru = LeafHeap()
         self._num_nodes = 0  # excluding the root
         self._evictable = 0  # blocks in nodes with lock_ref == 0
         self._protected = 0  # blocks in nodes with lock_ref > 0
@@ -132,7 +108,7 @@ class RadixCache:
         n = len(token_ids) - len(token_ids) % self.block_size
         return self._window.hit_len(*self._descend(token_ids, n))
 
-    def lock(self, handle: _Node | None) -> None:
+    def lock(self, handle: RadixNode | None) -> None:
         """Ref count +1 on every node from ``handle`` up to (not including) the root."""
         node = handle
         while node is not None and node.parent is not None:
@@ -142,7 +118,7 @@ class RadixCache:
             node.lock_ref += 1
             node = node.parent
 
-    def unlock(self, handle: _Node | None) -> None:
+    def unlock(self, handle: RadixNode | None) -> None:
         """Undo one ``lock(handle)``; a leaf dropping to 0 becomes an eviction candidate."""
         node = handle
         while node is not None and node.parent is not None:
@@ -155,7 +131,7 @@ class RadixCache:
         if handle is not None and handle.parent is not None:
             self._push_if_candidate(handle)
 
-    def release(self, token_ids: list[int], block_ids: list[int], handle: _Node | None,
+    def release(self, token_ids: list[int], block_ids: list[int], handle: RadixNode | None,
                 window_block_ids: list[list[int]] = ()) -> None:
         """A request is done: cache its full pages, unlock ``handle``, drop all its references.
 
@@ -170,7 +146,7 @@ class RadixCache:
         for table in tables:
             self.block_pool.free(self._window.owned(table))
 
-    def forget(self, handle: _Node | None, group: int, lo: int, released: list[int],
+    def forget(self, handle: RadixNode | None, group: int, lo: int, released: list[int],
                keep_end: int = 0) -> None:
         """Drop the tree's copies of the released pages from ``lo`` on of sliding ``group``
         on ``handle``'s path that no likely hit needs (`SlidingWindows.forget`)."""
@@ -178,7 +154,7 @@ class RadixCache:
             self._window.forget(handle, group, lo, released, keep_end)
 
     def cache_blocks(self, token_ids: list[int], block_ids: list[int],
-                     window_block_ids: list[list[int]] = ()) -> _Node:
+                     window_block_ids: list[list[int]] = ()) -> RadixNode:
         """Cache the full pages of a still-running request; return the new deepest node.
 
         Same insertion as ``release`` but nothing is unlocked or freed: the request keeps every
@@ -198,15 +174,8 @@ class RadixCache:
         number of tree references dropped (each returns a block to the pool, as no request
         holds an unlocked block).
         """
-        heap, freed, bs = self._heap, 0, self.block_size
-        while freed < num_blocks and heap:
-            when, _, node = heap[0]
-            if node.parent is None or node.children or node.lock_ref:
-                heapq.heappop(heap)  # stale: dead, no longer a leaf, or locked
-                continue
-            if when != node.last_access:
-                heapq.heapreplace(heap, (node.last_access, node.uid, node))
-                continue
+        freed, bs = 0, self.block_size
+        while freed < num_blocks and (node := self._lru.least_recent()) is not None:
             pages, units = self._window.tail(node, num_blocks - freed)
             self.block_pool.free(units)
             self._evictable -= len(units)
@@ -221,7 +190,7 @@ class RadixCache:
                     self.events.removed(node.hashes[-pages:])
                     del node.hashes[-pages:]
             else:
-                heapq.heappop(heap)
+                self._lru.pop()
                 self.events.removed(node.hashes)
                 self._remove_leaf(node)
         return freed
@@ -236,7 +205,7 @@ class RadixCache:
                 self.block_pool.free(self._window.owned(table))
             node.parent = None
         self.root.children.clear()
-        self._heap.clear()
+        self._lru.clear()
         self._num_nodes = self._evictable = 0
         self.events.cleared()
         return True
@@ -262,46 +231,17 @@ class RadixCache:
         return summarize(self.root, max_nodes, max_depth)
 
     def check_integrity(self) -> None:
-        """Walk the whole tree; assert the invariants and the incremental counters."""
-        bs, ref_counts = self.block_size, self.block_pool.ref_counts
-        in_heap = {entry[1] for entry in self._heap}
-        seen: set[int] = set()
-        evictable = protected = num_nodes = 0
-        for node in self._nodes():
-            num_nodes += 1
-            parent = node.parent
-            assert parent is not None and parent.children.get(tuple(node.key[:bs])) is node
-            assert node.lock_ref >= 0, f"negative lock_ref {node.lock_ref}"
-            assert node.key and len(node.key) % bs == 0, f"key of {len(node.key)} tokens"
-            assert parent is self.root or parent.lock_ref >= node.lock_ref, "ancestor unlocked"
-            assert node.end == parent.end + len(node.key), "node end off its key"
-            assert not node.hashes or len(node.hashes) * bs == len(node.key), "hashes off pages"
-            units = 0
-            for group, table in zip(self.groups, node.tables, strict=True):
-                pages = len(table) // group.units_per_page
-                assert pages * bs == len(node.key), "a table does not match the key's pages"
-                for b in table:
-                    if b == self.block_pool.null_block:
-                        assert group.is_sliding, "the null block in a full-attention table"
-                        continue
-                    assert b not in seen, f"block {b} twice in the tree"
-                    assert ref_counts[b] >= 1, f"cached block {b} is free in the pool"
-                    seen.add(b)
-                    units += 1
-            assert units == node.units, f"node holds {units} blocks, counted {node.units}"
-            if node.lock_ref:
-                protected += units
-            else:
-                evictable += units
-                assert node.children or node.uid in in_heap, "unlocked leaf not in the heap"
-        assert num_nodes == self._num_nodes, f"{num_nodes} nodes, tracked {self._num_nodes}"
-        assert evictable == self._evictable, f"evictable {evictable} != {self._evictable}"
-        assert protected == self._protected, f"protected {protected} != {self._protected}"
+        """Walk the whole tree (`radix_integrity.check_tree`); assert its invariants and that
+        the incremental counters match it."""
+        found = check_tree(self.root, self.groups, self.block_size, self.block_pool,
+                           self._lru.uids())
+        counted = TreeCounts(self._num_nodes, self._evictable, self._protected)
+        assert found == counted, f"the tree holds {found}, counted {counted}"
 
     # -- internals -------------------------------------------------------------------------
 
     def _walk(self, token_ids: list[int], n: int,
-              tables: list[list[int]] | None) -> tuple[_Node, int]:
+              tables: list[list[int]] | None) -> tuple[RadixNode, int]:
         """Descend along ``token_ids[:n]`` (``n`` page-aligned) while whole pages match.
 
         Appends the matched blocks to ``tables`` (one list per group, if given) and stamps
@@ -313,7 +253,7 @@ class RadixCache:
         now = self._clock
         node, pos = self.root, 0
         while pos < n:
-            child, matched = self._match_child(node, token_ids, pos, n)
+            child, matched = match_child(node, token_ids, pos, n, self.block_size)
             if child is None:
                 break
             pos += matched
@@ -330,43 +270,10 @@ class RadixCache:
                 break
         return node, pos
 
-    def _descend(self, token_ids: list[int], n: int) -> tuple[_Node, int]:
-        """Read-only `_walk`: the deepest node the cached path of ``token_ids[:n]`` reaches
-        (the one it ends inside, if any) and the tokens it matches (``n`` page-aligned)."""
-        node, pos = self.root, 0
-        while pos < n:
-            child, matched = self._match_child(node, token_ids, pos, n)
-            if child is None:
-                break
-            pos += matched
-            node = child
-            if matched < len(child.key):
-                break
-        return node, pos
+    def _descend(self, token_ids: list[int], n: int) -> tuple[RadixNode, int]:
+        return descend(self.root, token_ids, n, self.block_size)
 
-    def _match_child(self, node: _Node, token_ids: list[int], pos: int,
-                     n: int) -> tuple[_Node | None, int]:
-        """The child of ``node`` that continues ``token_ids[pos:n]``, and how many of its
-        tokens match: its whole key, or the whole pages it shares (0 when no child)."""
-        child = node.children.get(tuple(token_ids[pos:pos + self.block_size]))
-        if child is None:
-            return None, 0
-        key = child.key
-        end = pos + len(key)
-        if end <= n and token_ids[pos:end] == key:
-            return child, len(key)
-        return child, self._common_pages(key, token_ids, pos, n) * self.block_size
-
-    def _common_pages(self, key: list[int], token_ids: list[int], pos: int, n: int) -> int:
-        """Whole pages ``key`` shares with ``token_ids[pos:n]`` (the first page is known equal)."""
-        bs = self.block_size
-        limit = min(len(key), n - pos)
-        i = bs
-        while i < limit and key[i:i + bs] == token_ids[pos + i:pos + i + bs]:
-            i += bs
-        return i // bs
-
-    def _split(self, child: _Node, pages: int) -> _Node:
+    def _split(self, child: RadixNode, pages: int) -> RadixNode:
         """Cut ``child`` after ``pages`` pages; return the new upper node (same lock count).
 
             parent -> child[key 0:len]   becomes   parent -> upper[0:cut] -> child[cut:len]
@@ -374,10 +281,10 @@ class RadixCache:
         bs, cut, parent = self.block_size, pages * self.block_size, child.parent
         assert parent is not None and 0 < cut < len(child.key)
         cuts = [pages * g.units_per_page for g in self.groups]
-        upper = _Node(child.key[:cut], child.blocks[:cuts[0]], parent, child.last_access,
-                      next(self._uids), lock_ref=child.lock_ref, hits=child.hits,
-                      window_blocks=[t[:c] for t, c in zip(child.window_blocks, cuts[1:])],
-                      end=parent.end + cut, hashes=child.hashes[:pages])
+        upper = RadixNode(child.key[:cut], child.blocks[:cuts[0]], parent, child.last_access,
+                          next(self._uids), lock_ref=child.lock_ref, hits=child.hits,
+                          window_blocks=[t[:c] for t, c in zip(child.window_blocks, cuts[1:])],
+                          end=parent.end + cut, hashes=child.hashes[:pages])
         upper.units = self._count_units(upper)
         child.units -= upper.units
         parent.children[tuple(child.key[:bs])] = upper
@@ -390,7 +297,7 @@ class RadixCache:
         self._num_nodes += 1
         return upper
 
-    def _insert(self, token_ids: list[int], tables: list[list[int]]) -> _Node:
+    def _insert(self, token_ids: list[int], tables: list[list[int]]) -> RadixNode:
         """Cache the full pages of ``token_ids`` (KV in ``tables``, one per group); return the
         deepest node.
 
@@ -411,9 +318,9 @@ class RadixCache:
                  for g, t in zip(self.groups, tables)]
         key = token_ids[pos:n]
         parent_hash = node.hashes[-1] if node.hashes else None
-        leaf = _Node(key, parts[0], node, self._clock, next(self._uids),
-                     window_blocks=parts[1:], end=n,
-                     hashes=self.events.stored(parent_hash, key))
+        leaf = RadixNode(key, parts[0], node, self._clock, next(self._uids),
+                         window_blocks=parts[1:], end=n,
+                         hashes=self.events.stored(parent_hash, key))
         leaf.units = self._count_units(leaf)
         for part in parts:
             self.block_pool.share(self._window.owned(part))
@@ -423,10 +330,10 @@ class RadixCache:
         self._push_if_candidate(leaf)
         return leaf
 
-    def _count_units(self, node: _Node) -> int:
+    def _count_units(self, node: RadixNode) -> int:
         return sum(len(self._window.owned(t)) for t in node.tables)
 
-    def _add_units(self, node: _Node, units: int) -> None:
+    def _add_units(self, node: RadixNode, units: int) -> None:
         """``node`` holds ``units`` more pool references (fewer if negative)."""
         node.units += units
         if node.lock_ref:
@@ -434,7 +341,7 @@ class RadixCache:
         else:
             self._evictable += units
 
-    def _remove_leaf(self, node: _Node) -> None:
+    def _remove_leaf(self, node: RadixNode) -> None:
         """Unlink an emptied leaf (its blocks already freed); its parent may become a candidate."""
         parent = node.parent
         assert parent is not None and not node.children and node.lock_ref == 0
@@ -444,20 +351,8 @@ class RadixCache:
         if parent.parent is not None:
             self._push_if_candidate(parent)
 
-    def _push_if_candidate(self, node: _Node) -> None:
-        if node.children or node.lock_ref:
-            return
-        heap = self._heap
-        heapq.heappush(heap, (node.last_access, node.uid, node))
-        if len(heap) > 2 * self._num_nodes + 64:  # mostly stale: rebuild in place
-            heap[:] = [(x.last_access, x.uid, x) for x in self._nodes()
-                       if not x.children and not x.lock_ref]
-            heapq.heapify(heap)
+    def _push_if_candidate(self, node: RadixNode) -> None:
+        self._lru.push_if_candidate(node, self._num_nodes, self._nodes)
 
-    def _nodes(self) -> Iterator[_Node]:
-        """Every node but the root, parents before children."""
-        stack = list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
+    def _nodes(self) -> Iterator[RadixNode]:
+        return iter_nodes(self.root)

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_groups import KVGroup
 
-# Nodes are radix_cache._Node records: ``key``, ``end`` (tokens from the root to the end of its
+# Nodes are radix_node.RadixNode records: ``key``, ``end`` (tokens from the root to the end of its
 # key), ``parent`` (None: the root), ``children``, ``tables`` (one block table per group).
 Node = Any
 

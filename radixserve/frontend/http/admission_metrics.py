@@ -41,15 +41,3 @@ class AdmissionMetrics:
 
     def on_abort(self, num_requests: int) -> None:
         self.aborts.inc(num_requests)
-
-
-class NoAdmissionMetrics(AdmissionMetrics):
-    """Null metrics, for a gate used without a server (tests, the offline API)."""
-
-    def __init__(self) -> None:
-        pass
-
-    def on_queue(self, num_seqs: int, num_tokens: int) -> None: ...
-    def on_reject(self, reason: str) -> None: ...
-    def on_timeout(self) -> None: ...
-    def on_abort(self, num_requests: int) -> None: ...

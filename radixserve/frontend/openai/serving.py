@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -154,10 +153,6 @@ class ChunkTemplate:
 
     def sse(self, text: str) -> str:
         return self._head + msgspec.json.encode(text).decode() + self._tail
-
-
-def json_sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
 
 
 async def merge(iterators: list[AsyncIterator]) -> AsyncIterator:

@@ -10,8 +10,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
-
-from radixserve.bench.abuse_cases import AbuseCase, catalogue
+from abuse_cases import AbuseCase, catalogue
 
 
 @dataclass(slots=True)

@@ -1,7 +1,8 @@
 """The abusive-input catalogue: requests a hostile or careless client sends, each with the
 status code the server must answer (and, for errors, an OpenAI error body; for a 200 stream,
-a last ``data: [DONE]``). `benchmarks/abuse_catalogue.py` runs it against a live server and
-prints the table (`abuse_runner` sends and judges them); tests/server/test_server_edge.py runs the fast cases against --mock-engine.
+a last ``data: [DONE]``). abuse_catalogue.py (beside this file) runs it against a live server
+and prints the table (abuse_runner.py sends and judges them); tests/server/test_server_edge.py
+runs the fast cases against --mock-engine.
 
 The cases assume a server's defaults: ``--max-n 16``, ``--max-prompts-per-request 128``, a
 32 MiB body limit, a vocabulary far below 10**9 tokens, no ``--api-key``.

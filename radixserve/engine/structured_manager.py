@@ -4,6 +4,10 @@ Compiles grammars on a background thread (cached by spec, so a repeated schema c
 and a slow compile never stalls the step loop), gives each constrained request its
 `RequestGrammar`, and computes each step's batch bitmask on another thread while the forward
 runs (the next token's mask depends only on tokens already accepted).
+
+It lives in engine/, not structured/: it reads core's `Request` and `SchedulerOutput`, and
+structured/ stays a library below core (sampling_params.py holds its
+`StructuredOutputsParams`, and core holds sampling params: tests/test_layout.py).
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
-from radixserve.cpu.threads import background_priority
 from radixserve.core.grammar_hooks import NO_GRAMMAR, Grammar
 from radixserve.core.request import Request
 from radixserve.core.sched_output import GrammarBitmask, SchedulerOutput
+from radixserve.cpu.threads import background_priority
 from radixserve.structured.backend import CompiledGrammar, StructuredBackend
 from radixserve.structured.cpu_budget import CpuTimedJob
 from radixserve.structured.params import GrammarSpec, StructuredOutputsParams
