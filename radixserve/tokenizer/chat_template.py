@@ -3,7 +3,8 @@
 The environment mirrors `transformers.utils.chat_template_utils`: a sandboxed, immutable Jinja2
 environment with `trim_blocks`/`lstrip_blocks`, loop controls, a `{% generation %}` block that
 renders its body unchanged, and the helpers templates on the Hub rely on (`raise_exception`,
-`strftime_now`, and a `tojson` filter that does not HTML-escape).
+`strftime_now`, and a `tojson` filter that does not HTML-escape). An earlier tool call's
+arguments reach the template parsed (`ToolArguments`), as `transformers` documents them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from radixserve.tokenizer.tool_prompt import adapt_tools
 
-__all__ = ["ChatTemplateError", "compile_chat_template", "render_chat_template"]
+__all__ = ["ChatTemplateError", "ToolArguments", "compile_chat_template", "parse_arguments",
+           "render_chat_template"]
 
 ChatTemplateError = jinja2.exceptions.TemplateError
 
@@ -90,8 +92,62 @@ def compile_chat_template(source: str) -> jinja2.Template:
     return _environment().from_string(source)
 
 
+class ToolArguments(dict):
+    """An earlier tool call's arguments, parsed from the JSON text a client sends (OpenAI chat
+    and Responses send a string; Anthropic's and Ollama's objects arrive here as their JSON).
+
+    Templates are written for an object (Qwen2.5, Llama 3.x, Mistral: ``arguments | tojson``):
+    given the string they quote it again (``"arguments": "{\\"city\\": ...}"``) and the model
+    then writes its own calls that way. So this is the object (a dict: ``tojson``, ``items``,
+    ``is mapping``), which still reads as the client's text where a template treats it as text
+    (``'...' + arguments``, ``{{ arguments }}``, as DeepSeek V3's templates do).
+    """
+
+    # NOTE: private, so that ``arguments.text`` in a template still reads a "text" argument
+    __slots__ = ("_text",)
+
+    def __init__(self, value: Mapping[str, Any], text: str) -> None:
+        super().__init__(value)
+        self._text = text
+
+    def __str__(self) -> str:
+        return self._text
+
+    def __add__(self, other: object) -> str:
+        return self._text + other if isinstance(other, str) else NotImplemented
+
+    def __radd__(self, other: object) -> str:
+        return other + self._text if isinstance(other, str) else NotImplemented
+
+
+def parse_arguments(text: str) -> ToolArguments | str:
+    """A call's arguments text as `ToolArguments`; an empty text is ``{}``. Text that is not a
+    JSON object is kept as it is (a template renders it; as vLLM, rendering does not fail)."""
+    if not text.strip():
+        return ToolArguments({}, "{}")
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return ToolArguments(value, text) if isinstance(value, dict) else text
+
+
+def _parsed_calls(calls: Any) -> Any:
+    """``tool_calls`` with each string ``function.arguments`` parsed (`parse_arguments`)."""
+    if not isinstance(calls, Sequence) or isinstance(calls, str):
+        return calls
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(fn, Mapping) and isinstance(fn.get("arguments"), str):
+            call = {**call, "function": {**fn, "arguments": parse_arguments(fn["arguments"])}}
+        out.append(call)
+    return out
+
+
 def _normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Plain dicts without `None`-valued keys, as `transformers` passes them to templates.
+    """Plain dicts without `None`-valued keys, as `transformers` passes them to templates, with
+    the arguments of earlier tool calls parsed (`ToolArguments`).
 
     APIs such as OpenAI's send `content=None` or `tool_calls=None`; templates handle a missing
     key but often render a literal "None".
@@ -100,7 +156,10 @@ def _normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str,
     for message in messages:
         if not isinstance(message, Mapping):
             raise TypeError(f"chat messages must be mappings, got {type(message).__name__}")
-        normalized.append({key: value for key, value in message.items() if value is not None})
+        message = {key: value for key, value in message.items() if value is not None}
+        if "tool_calls" in message:
+            message["tool_calls"] = _parsed_calls(message["tool_calls"])
+        normalized.append(message)
     return normalized
 
 
@@ -120,9 +179,10 @@ def render_chat_template(
     tokens (`bos_token`, `eos_token`, ...) and any extra `kwargs`, which take precedence over the
     special tokens. The result equals `transformers`' `apply_chat_template(..., tokenize=False)`,
     except where the template cannot render tools, tool calls or tool results: those go in as
-    text in the generic format (`tool_prompt.adapt_tools`). Tools must be JSON schemas
-    (mappings), else `TypeError`; `ChatTemplateError` is raised when the template calls
-    `raise_exception`.
+    text in the generic format (`tool_prompt.adapt_tools`); and a call's arguments given as a
+    JSON string reach the template as the object (`ToolArguments`), as vLLM passes them.
+    Tools must be JSON schemas (mappings), else `TypeError`; `ChatTemplateError` is raised when
+    the template calls `raise_exception`.
     """
     if tools is not None and not all(isinstance(tool, Mapping) for tool in tools):
         raise TypeError("tools must be JSON-schema mappings")

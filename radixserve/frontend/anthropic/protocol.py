@@ -6,8 +6,9 @@ Requests forbid unknown top-level fields, as the OpenAI models do (an unsupporte
 refused by name); content blocks and tools ignore fields they do not use (``cache_control``:
 the prefix cache is automatic; ``citations``, ``caller``...), so a client may send back the
 blocks it received as they are. Content blocks are ``text``, ``tool_use``,
-``tool_result``, ``thinking`` and ``redacted_thinking``; any other block type (images,
-documents) is refused by name.
+``tool_result``, ``thinking`` and ``redacted_thinking``; an ``image`` or ``document`` block
+(in a message or a tool result) is refused in plain words (the served model takes text only),
+any other block type by name.
 
 How a conversation becomes chat messages:
 
@@ -93,9 +94,34 @@ ContentBlock = Annotated[
 ]
 
 
+_NOT_TEXT = ("image", "document")
+
+
+def _media_blocks(content: Any) -> list[str]:
+    """The types of the image and document blocks in raw ``content``, tool results' included."""
+    found: list[str] = []
+    for block in content if isinstance(content, list) else ():
+        if isinstance(block, dict):
+            if block.get("type") in _NOT_TEXT:
+                found.append(block["type"])
+            elif block.get("type") == "tool_result":
+                found += _media_blocks(block.get("content"))
+    return found
+
+
 class Message(_Strict):
     role: Literal["user", "assistant"]
     content: str | list[ContentBlock]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        # NOTE: before validation: else the content union reports every block type it expected
+        found = _media_blocks(data.get("content")) if isinstance(data, dict) else []
+        if found:
+            raise ValueError(f"{found[0]} content is not supported by this server: the served "
+                             "model takes text only")
+        return data
 
     @model_validator(mode="after")
     def _blocks_fit_role(self) -> Message:

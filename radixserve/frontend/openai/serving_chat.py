@@ -29,6 +29,7 @@ from radixserve.frontend.openai.serving import (TEXT_MARK, ChoiceStream, ChunkTe
 from radixserve.frontend.output_processor import RequestState
 from radixserve.frontend.parsers import ForcedToolParser, required_tools_schema
 from radixserve.frontend.parsers.hermes import FORMAT as HERMES
+from radixserve.frontend.parsers.lenient_json import LenientToolParser
 from radixserve.frontend.parsers.tool_grammar import auto_tools_grammar
 from radixserve.structured.backend import GrammarError
 from radixserve.structured.params import StructuredOutputsParams
@@ -114,8 +115,13 @@ class ChatServer:
                                   "or structured_outputs", param="tool_choice")
             tool_parser, constraint = forced
             params.structured_outputs = constraint
-        elif use_tools and params.structured_outputs is None:
-            params.structured_outputs = await self._auto_tools(body)
+        elif use_tools:
+            # answers written as bare or fenced JSON are calls too (parsers/lenient_json.py)
+            tool_parser = LenientToolParser(
+                tool_parser, {t.function.name: t.function.parameters for t in body.tools},
+                body.parallel_tool_calls is not False)
+            if params.structured_outputs is None:
+                params.structured_outputs = await self._auto_tools(body)
         params = gate_on_reasoning(params, ctx.reasoning_parser, text, ctx.tokenizer)
         return ids, params, tool_parser
 

@@ -6,7 +6,9 @@ streaming state with ``new_stream()``; the streamed deltas always add up to ``ex
 Registries: `get_reasoning_parser` and `get_tool_parser` build a parser by its CLI name;
 keyword arguments override the preset (e.g. ``starts_in_reasoning=True`` when the chat
 template has opened the think block, or a deterministic ``id_factory``). Which tool-call format
-a model writes is read from its chat template by `detect.detect_tool_format`.
+a model writes is read from its chat template by `detect.detect_tool_format`; a request that
+offers tools reads its answer through `lenient_json.LenientToolParser` around that format's
+parser (calls a small model writes as bare or fenced JSON).
 """
 
 from __future__ import annotations

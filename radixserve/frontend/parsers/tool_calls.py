@@ -26,7 +26,7 @@ import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from radixserve.frontend.parsers import hermes
+from radixserve.frontend.parsers.hermes import FORMAT as HERMES
 from radixserve.frontend.parsers.reasoning import BoundaryTrimmer, trim_at_marks
 from radixserve.frontend.parsers.tool_format import Calls, Closer, ToolFormat
 
@@ -76,7 +76,7 @@ class ToolCallParser:
     """
 
     id_factory: Callable[[], str] = make_call_id
-    format: ToolFormat = hermes.FORMAT
+    format: ToolFormat = HERMES
 
     def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """Return (content, tool_calls) of a whole output; content is None when empty."""
