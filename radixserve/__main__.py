@@ -1,4 +1,4 @@
-"""Command line: ``radixserve serve | generate | chat | bench | env``."""
+"""Command line: ``radixserve serve | generate | chat | pull | ls | rm | bench | env``."""
 
 from __future__ import annotations
 
@@ -9,15 +9,32 @@ import time
 
 from radixserve.arg_types import DefaultsFormatter
 from radixserve.cli_args import add_engine_args, add_sampling_args, engine_kwargs, sampling_params
+from radixserve.hub import HubError, is_hub_ref, parse_hub_ref, resolve_model
+from radixserve.hub.cli import add_hub_commands, run_hub_command
+
+# `radixserve generate` without a prompt: the first run (scripts/run.sh) shows the model at its
+# best: a question in its chat template, sampled as SmolLM2's makers sample it (temperature 0.2,
+# top-p 0.9; a GGUF's own general.sampling.* wins), with a repetition penalty against the loops
+# greedy decoding falls into (compared on the embedded model: greedy repeats its lines).
+DEMO_PROMPT = "Explain in a few sentences why the sky is blue."
+DEMO_SAMPLING = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1, "max_tokens": 256}
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        from radixserve.cpu.threads import limit_api_threads
+
+        limit_api_threads()  # before the serve flags' modules load numpy (and OpenBLAS)
     parser = argparse.ArgumentParser(prog="radixserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser = functools.partial(sub.add_parser, formatter_class=DefaultsFormatter)
 
-    gen = sub.add_parser("generate", help="print a continuation of a prompt")
-    gen.add_argument("prompt", help="the prompt text")
+    gen = sub.add_parser("generate", help="print a continuation of a prompt (no prompt: a demo)")
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="the prompt text. None: a demo question in the chat template, "
+                          "sampled as the model recommends (else temperature 0.2, top-p 0.9) "
+                          "with repetition penalty 1.1; flags given still win")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     add_engine_args(gen)
     add_sampling_args(gen, temperature=0.0, max_tokens=64)
@@ -27,14 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(chat)
     add_sampling_args(chat, temperature=0.7, max_tokens=512)
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    from radixserve.serve import add_serve_args
-    add_serve_args(serve)
+    from radixserve.serve_args import add_serve_args  # loads numpy: after the limit above
+
+    add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
+    add_hub_commands(sub)
 
     env = sub.add_parser("env", help="versions, CPU features, the kernel level and what each "
                                      "layer type of a model computes with")
-    env.add_argument("--model", default=None, help="a .gguf file or a Hugging Face folder "
-                                                   "(default: the embedded model)")
+    env.add_argument("--model", default=None, help="a .gguf file, a Hugging Face folder or "
+                                                   "hf.co/OWNER/REPO[:QUANT] (default: the "
+                                                   "embedded model)")
     env.add_argument("--quantization", default="auto",
                      choices=["auto", "none", "int8", "gguf", "16bit-stored"])
     env.add_argument("--draft-model", default=None, metavar="PATH",
@@ -59,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     try:
+        if args.command in ("pull", "ls", "rm"):
+            return run_hub_command(args)
+        _resolve_models(args)
         if args.command == "generate":
             return _generate(args)
         if args.command == "chat":
@@ -68,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return serve_models_dir(args)
         if args.command == "serve":
-            from radixserve.serve import serve
+            from radixserve.serve import serve  # the server's modules: only to serve
+
             return serve(args)
         if args.command == "bench":
             return _bench(args)
@@ -76,10 +99,25 @@ def main(argv: list[str] | None = None) -> int:
             from radixserve.env_report import report
             print(report(args.model, args.quantization, args.draft_model))
             return 0
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, HubError) as exc:
         print(f"radixserve: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _resolve_models(args: argparse.Namespace) -> None:
+    """Pull (or find in the cache) the hf.co/ models named by --model and --draft-model, so
+    everything after sees local paths. Mutates ``args``; a served model keeps its reference
+    as its name. HubError when one cannot be had."""
+    offline = getattr(args, "offline", False)
+    if getattr(args, "models_dir", None) is not None:
+        return  # --model is ignored there; its hf.co/ names are looked up per request
+    model = getattr(args, "model", None)
+    if is_hub_ref(model) and getattr(args, "served_model_name", "") is None:
+        args.served_model_name = parse_hub_ref(model).name
+    for attr in ("model", "draft_model"):
+        if getattr(args, attr, None) is not None:
+            setattr(args, attr, resolve_model(getattr(args, attr), offline))
 
 
 def _bench(args) -> int:
@@ -97,7 +135,10 @@ def _bench(args) -> int:
 
 
 def _load(args):
-    params = sampling_params(args)  # validate before the (slow) model load
+    from radixserve.recommended_sampling import recommended_sampling
+
+    # validated before the (slow) model load
+    params = sampling_params(args, recommended_sampling(args.model))
     print(f"radixserve: loading {args.model or 'the embedded model'} ...", file=sys.stderr,
           flush=True)
     start = time.perf_counter()
@@ -109,6 +150,12 @@ def _load(args):
 
 
 def _generate(args) -> int:
+    if args.prompt is None:
+        args.prompt, args.chat = DEMO_PROMPT, True
+        args.sampling_defaults = DEMO_SAMPLING
+        print("radixserve: no prompt given, so a demo: a question in the model's chat template,"
+              " sampled (--help shows the flags; `generate \"TEXT\"` continues your text)\n"
+              f">>> {DEMO_PROMPT}", file=sys.stderr)
     if not args.prompt:
         raise ValueError("the prompt is empty")
     llm, params = _load(args)

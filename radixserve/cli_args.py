@@ -22,7 +22,12 @@ def kv_events_json(text: str) -> str:
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None,
-                   help="a .gguf file or a Hugging Face folder (default: embedded SmolLM2-135M)")
+                   help="a .gguf file, a Hugging Face folder, or hf.co/OWNER/REPO[:QUANT] "
+                        "(a GGUF on the Hugging Face hub, pulled into its cache on first use; "
+                        "see `radixserve pull`) (default: embedded SmolLM2-135M)")
+    g.add_argument("--offline", action="store_true",
+                   help="never ask the hub: an hf.co/ --model must be pulled already (as "
+                        "HF_HUB_OFFLINE=1)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument("--kv-cache-memory-gb", type=float, default=1.0,
                    help="memory budget of the paged KV pool, GiB")
@@ -142,24 +147,37 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 lora_modules=dict(args.lora), max_loras=args.max_loras)
 
 
-def add_sampling_args(parser: argparse.ArgumentParser, temperature: float,
-                      max_tokens: int) -> None:
-    g = parser.add_argument_group("sampling")
-    g.add_argument("--max-tokens", type=positive_int, default=max_tokens,
-                   help="tokens to generate at most")
-    g.add_argument("--temperature", type=float, default=temperature)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=-1)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
+# What a sampling flag not given falls back to, after the model's recommendation
+_SAMPLING_BASE = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, temperature: float, max_tokens: int,
+                      repetition_penalty: float = 1.0) -> None:
+    """The sampling flags. A flag not given takes the model's recommendation (a GGUF's
+    ``general.sampling.*``), else the command's default given here (`sampling_params`)."""
+    g = parser.add_argument_group(
+        "sampling", "a flag not given takes the value the model's GGUF recommends "
+                    "(general.sampling.*) if it has one, else the default shown")
+    g.add_argument("--max-tokens", type=positive_int, default=None,
+                   help=f"tokens to generate at most (default: {max_tokens})")
+    g.add_argument("--temperature", type=float, default=None,
+                   help=f"0: greedy (default: {temperature:g})")
+    g.add_argument("--top-p", type=float, default=None, help="(default: 1.0)")
+    g.add_argument("--top-k", type=int, default=None, help="-1: off (default: -1)")
+    g.add_argument("--min-p", type=float, default=None, help="(default: 0.0)")
+    g.add_argument("--repetition-penalty", type=float, default=None,
+                   help=f"> 1 discourages repeating tokens (default: {repetition_penalty:g})")
     g.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
     g.add_argument("--ignore-eos", action="store_true")
+    parser.set_defaults(sampling_defaults={"max_tokens": max_tokens, "temperature": temperature,
+                                           "repetition_penalty": repetition_penalty})
 
 
-def sampling_params(args: argparse.Namespace):
+def sampling_params(args: argparse.Namespace, recommended: dict | None = None):
+    """The request's SamplingParams: each flag given wins, then ``recommended`` (the model's
+    `recommended_sampling`), then the command's defaults. ValueError on a bad value."""
     from radixserve.sampling_params import SamplingParams
 
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                          top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-                          repetition_penalty=args.repetition_penalty, seed=args.sampling_seed,
-                          ignore_eos=args.ignore_eos)
+    values = {**_SAMPLING_BASE, **getattr(args, "sampling_defaults", {}), **(recommended or {})}
+    values.update({k: getattr(args, k) for k in values if getattr(args, k, None) is not None})
+    return SamplingParams(seed=args.sampling_seed, ignore_eos=args.ignore_eos, **values)

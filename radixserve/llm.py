@@ -14,6 +14,7 @@ from radixserve.config import engine_config
 from radixserve.engine.build import build_engine_core
 from radixserve.frontend.fanout import Fanout, gate_on_reasoning
 from radixserve.frontend.parsers import get_reasoning_parser
+from radixserve.hub import resolve_model
 from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.loader import open_gguf
 from radixserve.models.source import ModelSource
@@ -25,6 +26,10 @@ Prompt = str | list[int] | dict
 
 class LLM:
     """Load a model (None → the embedded SmolLM2-135M-Instruct) and generate offline.
+
+    ``model`` (and ``draft_model``): a .gguf file, a Hugging Face folder, or a GGUF on the
+    Hugging Face hub as ``hf.co/OWNER/REPO[:QUANT]``, pulled into huggingface_hub's cache on
+    first use (HF_HUB_OFFLINE=1: from the cache only; `radixserve.hub.resolve_model`).
 
     ``threads``: torch's CPU threads in this process, which the native kernels share (default:
     the CPUs the process may use, from its affinity mask and cgroup quota).
@@ -63,6 +68,7 @@ class LLM:
                  lora_modules: dict[str, str] | None = None, max_loras: int = 4) -> None:
         self.reasoning_parser = get_reasoning_parser(reasoning_parser) if reasoning_parser \
             else None
+        model, draft_model = resolve_model(model), resolve_model(draft_model)
         self.config = engine_config(
             model, block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
             num_kv_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,

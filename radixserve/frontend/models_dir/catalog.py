@@ -68,8 +68,25 @@ class Catalog:
         return found
 
     def find(self, name: str) -> ModelEntry | None:
+        """Also a model pulled from the hub, ``hf.co/OWNER/REPO[:QUANT]``: from the cache only
+        (``radixserve pull`` fetches it; a request never downloads)."""
         entries = self.entries()
-        return entries.get(name) or entries.get(name.partition(":")[0])
+        return entries.get(name) or entries.get(name.partition(":")[0]) or _pulled(name)
+
+
+def _pulled(name: str) -> ModelEntry | None:
+    from radixserve.hub import HubError, is_hub_ref, parse_hub_ref
+
+    if not is_hub_ref(name):
+        return None
+    from radixserve.hub.cache import find_pulled  # huggingface_hub: only for such a name
+
+    try:
+        ref = parse_hub_ref(name)
+        pulled = find_pulled(ref)
+    except HubError:
+        return None
+    return ModelEntry(ref.name, pulled.path, "gguf", pulled.size_bytes)
 
 
 def _listdir(folder: str) -> list[str]:
