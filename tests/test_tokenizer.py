@@ -212,7 +212,7 @@ def test_special_tokens(tok: Tokenizer, ref) -> None:
 def test_metadata(tok: Tokenizer, ref) -> None:
     assert tok.vocab_size == len(ref) == 49152
     assert (tok.bos_token_id, tok.eos_token_id) == (ref.bos_token_id, ref.eos_token_id) == (1, 2)
-    assert tok.eos_token_ids == {2}
+    assert tok.eos_token_ids == {2, 0}  # <|endoftext|> too: llama.cpp's EOG set has it
     assert tok.special_tokens["eos_token"] == "<|im_end|>"
     assert tok.encode("hi")[0] != tok.bos_token_id  # add_bos_token is False
     assert tok.chat_template == ref.chat_template

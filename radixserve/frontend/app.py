@@ -1,8 +1,8 @@
 """The API process's ASGI app: the guard (API key, body size, content type: `Guard`) in
 front of one `Router` over one route table, which /openapi.json describes too. The table is
 the server's own routes (health, version, load, metrics, the API description) and each API's
-(`openai`, `responses`, `anthropic`, `ollama`), the browser pages (`ui`), what routers ask of
-a worker (`http.worker_routes`) and the engine view's data (`http.engine_view`)."""
+(`openai`, `responses`, `anthropic`, `ollama`, `llamacpp`), the browser pages (`ui`), what
+routers ask of a worker (`http.worker_routes`) and the engine view's data (`http.engine_view`)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from radixserve.frontend.http.openapi import openapi_schema
 from radixserve.frontend.http.protocol_base import ClientDisconnected, OpenAIError, error_body
 from radixserve.frontend.http.router import OPENAI, Call, Route, Router
 from radixserve.frontend.http.worker_routes import worker_routes
+from radixserve.frontend.llamacpp.routes import LlamaCppRoutes
 from radixserve.frontend.ollama.routes import OllamaRoutes
 from radixserve.frontend.openai.routes import OpenAIRoutes
 from radixserve.frontend.openai.serving import ServingContext
@@ -43,6 +44,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     ollama = OllamaRoutes(openai)
     routes = [*server_routes(ctx, metrics), *openai.routes(), *ResponsesRoutes(openai).routes(),
               *AnthropicRoutes(ctx, openai.gate).routes(), *ollama.routes(),
+              *LlamaCppRoutes(openai).routes(),
               *ui_routes(ollama.running), *worker_routes(ctx), *engine_view_routes(ctx, metrics)]
     routes += cache_routes(ctx)
     routes += lora_routes(ctx)

@@ -1,8 +1,8 @@
 """Text <-> token ids, built from a GGUF file's metadata or a Hugging Face tokenizer directory.
 
 `Tokenizer` wraps a Hugging Face `tokenizers.Tokenizer` (the Rust BPE implementation) and adds
-what the engine needs on top: special token ids, the set of ids that end generation, and the
-model's chat template.
+what the engine needs on top: special token ids, the set of ids that end generation (`eog`),
+the fill-in-the-middle tokens (`fim`), and the model's chat template.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from radixserve.tokenizer.backend_cache import cached_backend
 from radixserve.tokenizer.byte_pieces import ByteLevelDetokenizer, TokenBytes, token_bytes
 from radixserve.tokenizer.chat_template import render_chat_template
 from radixserve.tokenizer.detokenizer import IncrementalDetokenizer
+from radixserve.tokenizer.eog import eog_token_ids
+from radixserve.tokenizer.fim import FimTokens, find_fim_tokens, no_fim_reason
 from radixserve.tokenizer.gguf_vocab import gguf_backend
 from radixserve.tokenizer.segment_cache import SegmentCachedEncoder
 
@@ -99,6 +101,7 @@ class Tokenizer:
         pad_token_id: int | None = None,
         extra_eos_token_ids: Iterable[int] = (),
         chat_template: str | None = None,
+        fim: FimTokens | None = None,
     ) -> None:
         self.backend = backend
         self.bos_token_id = bos_token_id
@@ -106,6 +109,7 @@ class Tokenizer:
         self.unk_token_id = unk_token_id
         self.pad_token_id = pad_token_id
         self.chat_template = chat_template
+        self.fim = fim  # None: not a fill-in-the-middle model (`require_fim` says why)
         named = {
             "bos_token": bos_token_id,
             "eos_token": eos_token_id,
@@ -118,6 +122,7 @@ class Tokenizer:
         added = backend.get_added_tokens_decoder()
         special_added = {i for i, token in added.items() if token.special}
         self.all_special_ids: set[int] = special_added | set(present.values())
+        # every id that ends a generation (from_gguf / from_hf_dir: llama.cpp's EOG set)
         self.eos_token_ids: set[int] = set(extra_eos_token_ids) | ({eos_token_id} - {None})
         self._segments = SegmentCachedEncoder(backend)
 
@@ -145,15 +150,18 @@ class Tokenizer:
             bos_id if meta.get("ggml.add_bos_token", add_bos_default) else None,
             eos_id if meta.get("ggml.add_eos_token", False) else None,
         )
-        eot_id = meta.get("ggml.eot_token_id")
+        vocab = backend.get_vocab(with_added_tokens=True)
+        fim = find_fim_tokens(vocab, meta)
+        named = (eos_id, meta.get("ggml.eot_token_id"), meta.get("ggml.eom_token_id"))
         return cls(
             backend,
             bos_token_id=bos_id,
             eos_token_id=eos_id,
             unk_token_id=meta.get("ggml.unknown_token_id"),
             pad_token_id=meta.get("ggml.padding_token_id"),
-            extra_eos_token_ids=() if eot_id is None else (eot_id,),
+            extra_eos_token_ids=eog_token_ids(vocab, named, fim.end_ids if fim else ()),
             chat_template=meta.get("chat_template"),
+            fim=fim,
         )
 
     @classmethod
@@ -163,6 +171,8 @@ class Tokenizer:
         Reads tokenizer.json, tokenizer_config.json (special tokens, `add_bos_token`,
         `add_eos_token`, `chat_template`), chat_template.jinja (which wins over the config's
         template) and generation_config.json (extra end-of-generation ids), when present.
+        Generation also ends at the tokens spelled as an end (`eog`) and the FIM
+        pad / repository / file separator tokens.
         """
         root = Path(directory)
         backend = HFTokenizer.from_file(str(root / "tokenizer.json"))
@@ -188,14 +198,19 @@ class Tokenizer:
         generation_eos = _read_json(root / "generation_config.json").get("eos_token_id")
         if isinstance(generation_eos, int):
             generation_eos = [generation_eos]
+        vocab = backend.get_vocab(with_added_tokens=True)
+        fim = find_fim_tokens(vocab)
+        eog = eog_token_ids(vocab, [ids["eos_token"], *(generation_eos or ())],
+                            fim.end_ids if fim else ())
         return cls(
             backend,
             bos_token_id=ids["bos_token"],
             eos_token_id=ids["eos_token"],
             unk_token_id=ids["unk_token"],
             pad_token_id=ids["pad_token"],
-            extra_eos_token_ids=generation_eos or (),
+            extra_eos_token_ids=eog,
             chat_template=chat_template,
+            fim=fim,
         )
 
     @property
@@ -220,6 +235,31 @@ class Tokenizer:
         encodings = self.backend.encode_batch_fast(list(texts),
                                                    add_special_tokens=add_special_tokens)
         return [encoding.ids for encoding in encodings]
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of ``text`` read as plain text: a special token's spelling in it is
+        spelled out, never made that token (llama.cpp's ``parse_special = false``, as its
+        server tokenizes FIM code). No BOS/EOS is added."""
+        return self._text_backend.encode(text, add_special_tokens=False).ids
+
+    @functools.cached_property
+    def _text_backend(self) -> HFTokenizer:
+        backend = HFTokenizer.from_str(self.backend.to_str())
+        backend.encode_special_tokens = True
+        return backend
+
+    @property
+    def bos_prefix(self) -> list[int]:
+        """``[bos]`` where this model's encoding puts a BOS in front of a text, else ``[]``."""
+        bos = self.bos_token_id
+        return [bos] if bos is not None and self.encode("")[:1] == [bos] else []
+
+    def require_fim(self) -> FimTokens:
+        """The fill-in-the-middle tokens; ValueError saying which are missing where the
+        vocabulary has none."""
+        if self.fim is None:
+            raise ValueError(no_fim_reason(self.backend.get_vocab(with_added_tokens=True)))
+        return self.fim
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; bytes that do not form valid UTF-8 become U+FFFD."""

@@ -107,8 +107,8 @@ def test_nested_unknown_parameters_are_named():
 
 
 def test_unsupported_values():
-    assert rejected(completion, suffix="tail") == error_body(
-        "suffix is not supported", param="suffix")["error"]
+    assert rejected(completion, suffix="tail", echo=True) == error_body(
+        "suffix cannot be combined with echo", param="suffix")["error"]
     assert rejected(completion, best_of=3)["param"] == "best_of"
     assert completion(n=2, best_of=2).best_of == 2
     image = {"type": "image_url", "image_url": {"url": "http://x/cat.png"}}

@@ -130,7 +130,8 @@ def test_openapi_describes_every_route(server):
         "/v1/responses/{response_id}/input_items": ["get"], "/v1/messages": ["post"],
         "/v1/messages/count_tokens": ["post"], "/api/chat": ["post"], "/api/generate": ["post"],
         "/api/embed": ["post"], "/api/show": ["post"], "/api/tags": ["get"],
-        "/api/ps": ["get"], "/api/version": ["get"]}
+        "/api/ps": ["get"], "/api/version": ["get"], "/infill": ["post"],
+        "/tokenizer_info": ["get"]}
     assert {p: described.get(p) for p in served} == served
     assert set(described) - set(served) <= {"/v1/engine/state", "/", "/ui/engine",
                                             "/get_model_info", "/get_server_info",
@@ -167,7 +168,7 @@ def _refs(node):
             yield from _refs(item)
 
 
-_OWN_ERROR_SHAPES = ("/api/", "/v1/messages", "/v1/responses")
+_OWN_ERROR_SHAPES = ("/api/", "/v1/messages", "/v1/responses", "/infill")
 
 
 def test_schemathesis_finds_no_server_error(server):

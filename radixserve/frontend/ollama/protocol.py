@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radixserve.frontend.http.protocol_base import REQUEST_CONFIG, ParamError
 
@@ -142,7 +142,10 @@ class OllamaChatRequest(_Generating):
 
 class OllamaGenerateRequest(_Generating):
     """``POST /api/generate``: ``prompt`` (and ``system``) through the chat template, or as
-    is with ``raw``; after ``context`` (the ids an earlier answer returned) when given."""
+    is with ``raw``; after ``context`` (the ids an earlier answer returned) when given. With
+    ``suffix`` the answer fills in the middle between ``prompt`` and it (a FIM model's
+    tokens around them, whether ``raw`` or not; Ollama's templates do the same), which
+    ``system``, ``context`` and ``think`` cannot join."""
 
     prompt: str | None = None
     system: str | None = None
@@ -152,7 +155,7 @@ class OllamaGenerateRequest(_Generating):
     context: list[int] | None = None
     images: list[Any] | None = None
 
-    @field_validator("suffix", "template", "images")
+    @field_validator("template", "images")
     @classmethod
     def _unsupported(cls, value, info):
         if value:
@@ -160,6 +163,16 @@ class OllamaGenerateRequest(_Generating):
                     "images": ": the served model takes text only"}.get(info.field_name, "")
             raise ValueError(f"{info.field_name} is not supported{hint}")
         return value
+
+    @model_validator(mode="after")
+    def _suffix_alone(self):
+        if self.suffix is not None:
+            joined = [name for name in ("system", "context", "think")
+                      if getattr(self, name) not in (None, "", [], False)]
+            if joined:
+                raise ValueError(f"suffix (fill in the middle) cannot be combined with "
+                                 f"{', '.join(joined)}")
+        return self
 
     def to_openai_chat(self) -> dict:
         messages = [{"role": "system", "content": self.system}] if self.system else []
@@ -177,10 +190,12 @@ class OllamaGenerateRequest(_Generating):
         return value
 
     def to_openai_completion(self, prompt_ids: list[int] | None = None) -> dict:
-        """The completion request of ``raw``, or of ``prompt_ids`` (the context and the
-        prompt, as tokens) when given."""
+        """The completion request of ``raw`` or ``suffix``, or of ``prompt_ids`` (the context
+        and the prompt, as tokens) when given."""
         fields = self.openai_fields()
         fields.setdefault("max_tokens", None)  # a completion's own default is 16 tokens
+        if self.suffix is not None:
+            fields["suffix"] = self.suffix
         return {"prompt": prompt_ids if prompt_ids else self.prompt or "", **fields}
 
 

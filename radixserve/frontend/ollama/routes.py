@@ -1,7 +1,7 @@
 """Ollama's API as entries of the route table, on top of the OpenAI handlers (/api/chat and
 /api/generate run `OpenAIRoutes`'s own; see `serving`):
 
-    GET  /api/version      the server's version      POST /api/chat      chat, NDJSON stream
+    GET  /api/version      the Ollama API version    POST /api/chat      chat, NDJSON stream
     GET  /api/tags         the served model          POST /api/generate  prompt, NDJSON stream
     GET  /api/ps           the model, while loaded   POST /api/embed     embeddings
     POST /api/show         the model's details       POST /api/embeddings (older form)
@@ -19,7 +19,6 @@ import time
 import msgspec
 from starlette.responses import PlainTextResponse
 
-from radixserve import __version__
 from radixserve.frontend.http.asgi_io import until_disconnect
 from radixserve.frontend.http.body_reader import parse_body
 from radixserve.frontend.http.errors import error_headers, error_response, send_error, send_json
@@ -30,7 +29,7 @@ from radixserve.frontend.ollama.protocol import (OllamaChatRequest, OllamaEmbedR
                                                  OllamaErrorBody, OllamaGenerateRequest,
                                                  OllamaShowRequest)
 from radixserve.frontend.ollama.serving import (Context, OllamaStreamError, Shape, check_model,
-                                               collect, stream, whole)
+                                               collect, fim_prompt, stream, whole)
 from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
 from radixserve.frontend.openai.routes import OpenAIRoutes
 from radixserve.frontend.openai.serving_chat import render_messages
@@ -67,6 +66,13 @@ def _error_bytes(message: str) -> bytes:
 OLLAMA = Wire(send_ollama_error, send_ollama_error, _NDJSON, _error_line,
               stream_doc="with stream (the default), NDJSON lines", json_only=False,
               error_model=OllamaErrorBody)
+
+
+OLLAMA_API_VERSION = "0.12.11"
+"""What ``/api/version`` reports: the Ollama release whose API these routes follow (its
+``think`` levels, ``logprobs``/``top_logprobs``, ``tool_name``; the fields of ollama-python
+0.6). Clients gate features on it (a tools or thinking check refuses an old version), so
+it is not radixserve's own version."""
 
 
 class OllamaRoutes:
@@ -117,7 +123,7 @@ class OllamaRoutes:
                 "digest": m.digest, "details": m.details()}
 
     async def _version(self, call: Call):
-        return _ENCODE({"version": __version__})
+        return _ENCODE({"version": OLLAMA_API_VERSION})
 
     async def _tags(self, call: Call):
         return _ENCODE({"models": [self._listed()]})
@@ -142,6 +148,8 @@ class OllamaRoutes:
             capabilities.append("thinking")
         if self.ctx.embedding.pooling is not None:
             capabilities.append("embedding")
+        if self.ctx.tokenizer.fim is not None:
+            capabilities.append("insert")
         template = getattr(self.ctx.tokenizer, "chat_template", None) or ""
         return _ENCODE({"modelfile": f"FROM {self.model.name}\n", "parameters": "",
                         "template": template if isinstance(template, str) else "",
@@ -175,7 +183,7 @@ class OllamaRoutes:
             return await self._through(self.openai.completion, call,
                                        _ENCODE(body.to_openai_completion(prompt_ids)), shape,
                                        bool(body.stream))
-        if body.raw:
+        if body.raw or body.suffix is not None:
             return await self._through(self.openai.completion, call,
                                        _ENCODE(body.to_openai_completion()), shape,
                                        bool(body.stream))
@@ -186,6 +194,8 @@ class OllamaRoutes:
         """The prompt's tokens as the model reads them: as is (``raw``) or in the chat
         template, as the OpenAI handlers encode it."""
         tokenizer = self.ctx.tokenizer
+        if body.suffix is not None:
+            return fim_prompt(tokenizer, body.model, body.prompt, body.suffix)
         if body.raw:
             return tokenizer.encode(body.prompt)
         request = ChatCompletionRequest.model_validate(body.to_openai_chat())

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.tokenizer.fim_prompt import fim_prompt_ids
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "stop", "abort": "stop"}
 
@@ -189,6 +190,15 @@ async def collect(lines: AsyncIterator[bytes]) -> bytes:
     if calls:
         body["tool_calls"] = calls
     return msgspec.json.encode(last)
+
+
+def fim_prompt(tokenizer, model: str, prompt: str, suffix: str) -> list[int]:
+    """/api/generate's ``suffix`` prompt: ``prompt`` filled in before ``suffix``; Ollama's
+    400 for a model that cannot (``... does not support insert``), saying why."""
+    try:
+        return fim_prompt_ids(tokenizer, prompt, suffix)
+    except ValueError as exc:
+        raise OpenAIError(f"{model} does not support insert: {exc}") from None
 
 
 def check_model(names: set[str], model: str) -> None:

@@ -175,7 +175,8 @@ def check_text_or_tokens(value, field: str):
 class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``. ``echo`` with ``logprobs`` scores the prompt too (its tokens
     lead the logprobs, the first with None), as does vLLM's ``prompt_logprobs`` (returned in
-    the choice's ``prompt_logprobs``); ``max_tokens`` 0 then scores the prompt alone."""
+    the choice's ``prompt_logprobs``); ``max_tokens`` 0 then scores the prompt alone.
+    ``suffix``: the completion fills in the middle between the prompt and it (FIM models)."""
 
     scores_prompts: ClassVar[bool] = True
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -193,9 +194,18 @@ class CompletionRequest(SamplingRequest):
 
     @field_validator("suffix")
     @classmethod
-    def _no_suffix(cls, value):
-        if value is not None:
-            raise ValueError("suffix is not supported")
+    def _suffix_fills_in(cls, value, info: ValidationInfo):
+        """``suffix``: fill in the middle between each text prompt and it (serving_completion);
+        token-id prompts and ``echo`` (of which prompt: the code or the FIM tokens?) are
+        refused."""
+        if value is None:
+            return value
+        if info.data.get("echo"):
+            raise ValueError("suffix cannot be combined with echo")
+        prompt = info.data.get("prompt")
+        if isinstance(prompt, list) and not all(isinstance(p, str) for p in prompt):
+            raise ValueError("suffix needs text prompts (the code before the cursor), "
+                             "not token ids")
         return value
 
     @field_validator("best_of")

@@ -5,7 +5,7 @@ whole JSON body or the stream (see `http.router` for what a handler may answer).
     POST /v1/completions, /v1/chat/completions    generation, SSE when streamed
     POST /v1/chat/completions/render, /v1/completions/render   the prompt alone (no engine)
     POST /v1/embeddings    POST /v1/rerank, /rerank, /v1/score, /score (--task rerank)
-    GET /v1/models    POST /tokenize, /detokenize
+    GET /v1/models    POST /tokenize, /detokenize    GET /tokenizer_info
 """
 
 from __future__ import annotations
@@ -91,6 +91,8 @@ class OpenAIRoutes:
                   TokenizeRequest, TokenizeResponse),
             Route("POST", "/detokenize", self.detokenize, OPENAI, "Token ids back to text",
                   DetokenizeRequest, DetokenizeResponse),
+            Route("GET", "/tokenizer_info", self.tokenizer_info, OPENAI,
+                  "The tokenizer's configuration (vLLM's route; lm-eval's remote tokenizer)"),
         ]
 
     async def send_error(self, send, exc: Exception) -> None:
@@ -194,6 +196,9 @@ class OpenAIRoutes:
         self.ctx.check_model(body.model)
         return await self.ctx.prep.run(_tokenize, self.ctx, body)  # grows with the input
 
+    async def tokenizer_info(self, call: Call):
+        return msgspec.json.encode(tokenizer_info(self.ctx))
+
     async def detokenize(self, call: Call):
         body = parse_body(DetokenizeRequest, call.body)
         self.ctx.check_model(body.model)
@@ -207,6 +212,27 @@ def structured_param(body) -> str:
     if getattr(body, "structured_outputs", None) is not None:
         return "structured_outputs"
     return "tool_choice"
+
+
+def tokenizer_info(ctx: ServingContext) -> dict:
+    """vLLM's ``/tokenizer_info``: the fields of a transformers tokenizer's config (special
+    tokens as text, None where the model has none; whether encoding adds BOS / EOS; the
+    added tokens; the chat template) and ``tokenizer_class``."""
+    tokenizer = ctx.tokenizer
+    named = {name: tokenizer.special_tokens.get(name)
+             for name in ("bos_token", "eos_token", "unk_token", "pad_token")}
+    empty = tokenizer.encode("")
+    added = {str(i): {"content": t.content, "single_word": t.single_word, "lstrip": t.lstrip,
+                      "rstrip": t.rstrip, "normalized": t.normalized, "special": t.special}
+             for i, t in sorted(tokenizer.backend.get_added_tokens_decoder().items())}
+    info = {"tokenizer_class": "PreTrainedTokenizerFast", **named,
+            "add_bos_token": bool(tokenizer.bos_prefix),
+            "add_eos_token": tokenizer.eos_token_id is not None
+            and empty[-1:] == [tokenizer.eos_token_id],
+            "model_max_length": ctx.max_model_len, "added_tokens_decoder": added}
+    if tokenizer.chat_template:
+        info["chat_template"] = tokenizer.chat_template
+    return info
 
 
 # serialized on the worker thread too (a million token ids take seconds)

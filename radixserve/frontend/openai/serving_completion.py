@@ -17,6 +17,7 @@ from radixserve.frontend.openai.protocol import (CompletionLogprobs, CompletionR
                                                  PromptTokensDetails,
                                                  UsageInfo, random_id)
 from radixserve.frontend.openai.serving import TEXT_MARK, ChunkTemplate, ServingContext, merge, sse
+from radixserve.tokenizer.fim_prompt import fim_prompt_ids
 
 
 _MAX_GATHERED = 8  # a request with more text prompts than this is encoded on its own
@@ -36,12 +37,27 @@ async def _prompts(ctx: ServingContext,
     strings = [p for p in prompt if isinstance(p, str)]
     for text in strings:  # before any tokenizing: a prompt too long by its length alone
         ctx.prep.check_length(len(text), "prompt")
+    if body.suffix is not None:
+        return await ctx.prep.run(_fim_prompts, ctx, strings, body.suffix)
     if len(strings) > _MAX_GATHERED:  # one batch on a worker thread, not a task per prompt
         encoded = await ctx.prep.encode_batch(strings)
     else:  # with the texts of concurrent requests, in one batch on the encoder's thread
         encoded = await asyncio.gather(*(ctx.encoder.encode(p) for p in strings))
     texts = iter(encoded)
     return [(p, next(texts)) if isinstance(p, str) else (None, list(p)) for p in prompt]
+
+
+def _fim_prompts(ctx: ServingContext, prompts: list[str],
+                 suffix: str) -> list[tuple[str | None, list[int]]]:
+    """Each prompt filled in before ``suffix`` (`fim_prompt_ids`, the plain layout); 400
+    naming ``suffix`` for a model without FIM tokens."""
+    ctx.prep.check_length(len(suffix), "suffix")
+    try:
+        ctx.tokenizer.require_fim()
+    except ValueError as exc:
+        raise OpenAIError(f"suffix needs a fill-in-the-middle model: {exc}",
+                          param="suffix") from None
+    return [(p, fim_prompt_ids(ctx.tokenizer, p, suffix)) for p in prompts]
 
 
 class CompletionServer:
