@@ -294,7 +294,7 @@ class Scheduler:
         request ("stop") whether or not an eos token was sampled."""
         request.append_token(token_id)
         if (error := request.grammar.accept(token_id, request.output_token_ids)) is not None:
-            return "abort", error
+            return "error", error  # mid-output: vLLM's FINISHED_ERROR (a 500), not a refusal
         if request.grammar.is_terminated:
             return "stop", None
         return check_stop(request, self.max_model_len), None

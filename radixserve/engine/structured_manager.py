@@ -22,7 +22,7 @@ from radixserve.core.grammar_hooks import NO_GRAMMAR, Grammar
 from radixserve.core.request import Request
 from radixserve.core.sched_output import GrammarBitmask, SchedulerOutput
 from radixserve.cpu.threads import background_priority
-from radixserve.structured.backend import CompiledGrammar, StructuredBackend
+from radixserve.structured.backend import CompiledGrammar, GrammarError, StructuredBackend
 from radixserve.structured.cpu_budget import CpuTimedJob
 from radixserve.structured.params import GrammarSpec, StructuredOutputsParams
 from radixserve.structured.request_grammar import RequestGrammar
@@ -78,7 +78,19 @@ class StructuredOutputManager:
         future, job = entry
         return RequestGrammar(future, tuple(params.reasoning_end_token_ids), self.fast_forward,
                               functools.partial(job.overrun, self.compile_timeout_s,
-                                                "compiling the structured output grammar"))
+                                                "compiling the structured output grammar"),
+                              functools.partial(self._refuse, spec))
+
+    def _refuse(self, spec: GrammarSpec, why: str) -> None:
+        """A request's matcher of ``spec`` hit one of its limits mid-output: later requests
+        with the spec are refused before their first token (the compile is spent, too: the
+        matchers of one compile share llguidance's lexer, so the next request's matcher fails
+        at once). Engine thread only, as `grammar_for`."""
+        entry = self._compiles.get(spec)
+        if entry is not None:
+            refused: Future[CompiledGrammar] = Future()
+            refused.set_exception(GrammarError(why))
+            self._compiles[spec] = (refused, entry[1])
 
     def wait_for_compiles(self, grammars: Iterable[Grammar],
                           timeout: float) -> None:
@@ -95,7 +107,7 @@ class StructuredOutputManager:
                 if seq.sample and (g := requests[seq.request_id].grammar).is_active]
         if not rows:
             return None
-        plan = [(g.matcher, seq.draft_token_ids, self._budget(requests[seq.request_id]))
+        plan = [(g, seq.draft_token_ids, self._budget(requests[seq.request_id]))
                 for seq, g in rows]
         for gone in self._closing.keys() - requests.keys():
             del self._closing[gone]
@@ -116,29 +128,31 @@ class StructuredOutputManager:
     def _fill(self, plan, bitmask):
         """One row per matcher; a drafting request's rows follow its draft (the matcher
         accepts each drafted token after its row, then rolls them all back). Rows in the
-        last tokens of a JSON answer's budget are narrowed to close it (`WindDown`)."""
-        costs = [self._closing_cost(m, budget) for m, _, budget in plan]
-        if not any(draft for _, draft, _ in plan):
-            self.backend.fill_bitmask([m for m, _, _ in plan], bitmask)
-            for row, ((_, _, budget), cost) in enumerate(zip(plan, costs)):
-                self._wind_down(bitmask[row], budget, cost, 0)
-            return bitmask
+        last tokens of a JSON answer's budget are narrowed to close it (`WindDown`).
+        NOTE: a grammar that fails here (a matcher out of its limits, a drafted token it
+        refuses, any exception) fails its own request alone: its rows allow everything and
+        `RequestGrammar.fail` makes its next token end it (finish reason "error"); raising
+        would fail the whole step's batch."""
         row = 0
-        for (matcher, draft, budget), cost in zip(plan, costs):
+        for grammar, draft, budget in plan:
             rows = bitmask[row:row + len(draft) + 1]
             try:
-                self._fill_draft_rows(matcher, draft, budget, cost, rows)
-            except Exception:  # noqa: BLE001 - one request's grammar, not the batch
-                # its rows allow everything; the broken matcher then refuses the sampled
-                # token, which ends that request alone (Scheduler._advance)
-                logger.exception("a grammar failed while its draft rows were filled")
-                rows.fill(-1)
+                self._fill_rows(grammar.matcher, draft, budget, rows)
+            except Exception as exc:  # noqa: BLE001 - one request's grammar, not the batch
+                logger.exception("a grammar failed while its mask was computed")
+                grammar.fail(f"the request's structured output grammar failed while its "
+                             f"mask was computed: {type(exc).__name__}: {exc}")
+                rows.fill_(-1)
             row += len(draft) + 1
         return bitmask
 
-    def _fill_draft_rows(self, matcher, draft: list[int], budget, cost: int, rows) -> None:
+    def _fill_rows(self, matcher, draft: list[int], budget, rows) -> None:
+        """The rows of one request: after 0, 1, .. len(draft) of its drafted tokens."""
+        cost = self._closing_cost(matcher, budget)
         for i in range(len(draft) + 1):
             self.backend.fill_bitmask([matcher], rows[i:i + 1])
+            if (error := matcher.error) is not None:  # it hit a limit computing the mask
+                raise GrammarError(error)
             self._wind_down(rows[i], budget, cost, i)
             if i < len(draft) and not matcher.accept_token(draft[i]):
                 raise RuntimeError(f"a checked draft token {draft[i]} broke the grammar")

@@ -28,7 +28,7 @@ class GrammarError(ValueError):
 class GrammarMatcher(Protocol):
     def accept_token(self, token_id: int) -> bool:
         """Advance by one sampled token; False (and the matcher is then unusable) if the
-        grammar does not allow it."""
+        grammar does not allow it or the matcher failed before (``error``)."""
         ...
 
     def rollback(self, num_tokens: int) -> None:
@@ -42,9 +42,9 @@ class GrammarMatcher(Protocol):
 
     @property
     def error(self) -> str | None:
-        """After a failed ``accept_token``: the limit the matcher hit (a grammar too complex
-        for it, whatever the token), as a user-facing sentence; None if the token itself was
-        not allowed."""
+        """The limit the matcher hit (a grammar too complex for it, whatever the token),
+        computing a mask or in ``accept_token``, as a user-facing sentence; None while it
+        hit none (after a failed ``accept_token``: the token itself was not allowed)."""
         ...
 
     def forced_tokens(self) -> list[int]:
@@ -54,7 +54,8 @@ class GrammarMatcher(Protocol):
 
     @property
     def is_terminated(self) -> bool:
-        """The output is complete: the grammar accepts no more tokens."""
+        """The output is complete: the grammar accepts no more tokens (never once the
+        matcher failed)."""
         ...
 
 

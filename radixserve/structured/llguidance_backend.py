@@ -33,7 +33,10 @@ class LLGuidanceMatcher:
         self._kind = kind
 
     def accept_token(self, token_id: int) -> bool:
-        return self._matcher.consume_token(token_id)
+        # NOTE: a matcher that failed (a limit hit while computing its mask) allows only eos
+        # in that mask and would accept it as the grammar's end: a "stop" whose text the
+        # grammar does not match
+        return not self._matcher.is_error() and self._matcher.consume_token(token_id)
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens and not self._matcher.rollback(num_tokens):
@@ -48,12 +51,12 @@ class LLGuidanceMatcher:
 
     @property
     def is_terminated(self) -> bool:
-        return self._matcher.is_stopped()
+        return self._matcher.is_stopped() and not self._matcher.is_error()
 
     @property
     def error(self) -> str | None:
-        """Why the matcher failed: a limit it hit (a grammar too complex), else None (the
-        last token was not allowed)."""
+        """Why the matcher failed: a limit it hit (a grammar too complex) computing a mask or
+        accepting a token, else None (none hit, or the last token was not allowed)."""
         if not self._matcher.is_error():
             return None
         if self._matcher.stop_reason() in LIMIT_STOP_REASONS or "too many" in (

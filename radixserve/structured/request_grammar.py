@@ -8,26 +8,34 @@ core/grammar_hooks.py's `Grammar`; unconstrained requests carry that module's `N
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 
 from radixserve.structured.backend import CompiledGrammar, GrammarMatcher
+
+logger = logging.getLogger(__name__)
 
 
 class RequestGrammar:
     """``compiled``: the (shared, maybe still running) compile; ``reasoning_end``: token ids
     after which the constraint starts (empty: from the first output token); ``fast_forward``:
     hand out the tokens the grammar forces; ``overrun``: while the compile runs, why it must
-    be given up on (its time limit spent: structured/cpu_budget.py), or None."""
+    be given up on (its time limit spent: structured/cpu_budget.py), or None; ``on_limit``:
+    told (with the user-facing reason) when the matcher hits one of its limits mid-output,
+    so that the spec's later requests are refused up front."""
 
     def __init__(self, compiled: Future[CompiledGrammar], reasoning_end: tuple[int, ...] = (),
                  fast_forward: bool = True,
-                 overrun: Callable[[], str | None] = lambda: None) -> None:
+                 overrun: Callable[[], str | None] = lambda: None,
+                 on_limit: Callable[[str], None] = lambda why: None) -> None:
         self._compiled = compiled
         self._reasoning_end = reasoning_end
         self._in_reasoning = bool(reasoning_end)
         self._fast_forward = fast_forward
         self._overrun = overrun
+        self._on_limit = on_limit
+        self._failure: str | None = None
         self.matcher: GrammarMatcher | None = None
 
     @property
@@ -56,26 +64,37 @@ class RequestGrammar:
     def is_active(self) -> bool:
         """The next sampled token must be masked by this grammar."""
         return (self.matcher is not None and not self._in_reasoning
-                and not self.matcher.is_terminated)
+                and self._failure is None and not self.matcher.is_terminated)
 
     @property
     def is_terminated(self) -> bool:
+        """The output is complete in its grammar (never after a failure)."""
         return (self.matcher is not None and not self._in_reasoning
-                and self.matcher.is_terminated)
+                and self._failure is None and self.matcher.is_terminated)
+
+    def fail(self, why: str) -> None:
+        """The grammar failed outside ``accept``: computing the step's mask (on the mask
+        thread, while the engine thread waits for that mask) or checking a draft. It masks
+        no more rows and the next ``accept`` ends the request."""
+        self._failure = why
 
     def accept(self, token_id: int, output_token_ids: list[int]) -> str | None:
         """Advance by ``token_id``, already appended to ``output_token_ids``; None, or why the
-        request must end: the matcher hit one of its limits, or (never, if the mask was
-        applied) the token is not in the grammar."""
+        request must end: the matcher hit one of its limits (computing the mask or here),
+        the grammar failed computing the mask (`fail`), or (never, if the mask was applied)
+        the token is not in the grammar."""
         assert self.matcher is not None, "a request starts only once its grammar is ready"
         if self._in_reasoning:
             end = self._reasoning_end
             if len(output_token_ids) >= len(end) and tuple(output_token_ids[-len(end):]) == end:
                 self._in_reasoning = False
             return None
-        if self.matcher.accept_token(token_id):
+        if self._failure is None and self.matcher.accept_token(token_id):
             return None
-        return (self.matcher.error
+        if (limit := self.matcher.error) is not None:
+            self._on_limit(limit)
+            return limit
+        return (self._failure
                 or f"token {token_id} broke the request's structured output grammar")
 
     def forced_tokens(self) -> list[int]:
@@ -92,11 +111,26 @@ class RequestGrammar:
 
     def draftable(self, token_ids: list[int]) -> list[int]:
         """The longest prefix of a draft the grammar accepts and that does not complete it
-        (the matcher is left as it was)."""
+        (the matcher is left as it was). NOTE: this runs while the step is scheduled, where
+        an exception fails every request: a matcher that fails here (one of its limits, hit
+        on a token `valid_prefix` passed) drafts nothing and the request ends alone at its
+        next token (`fail`)."""
+        try:
+            return self._draftable(token_ids)
+        except Exception as exc:  # noqa: BLE001 - one request's grammar, not the step
+            logger.exception("a grammar failed while a draft was checked")
+            self.fail(f"the request's structured output grammar failed checking a draft: "
+                      f"{type(exc).__name__}: {exc}")
+            return []
+
+    def _draftable(self, token_ids: list[int]) -> list[int]:
         n = self.matcher.valid_prefix(token_ids)
         kept = 0
         for t in token_ids[:n]:
-            self.matcher.accept_token(t)
+            if not self.matcher.accept_token(t):  # a failed matcher cannot roll back
+                self.fail(self.matcher.error
+                          or f"a checked draft token {t} broke the structured output grammar")
+                return []
             kept += 1
             if self.matcher.is_terminated:
                 kept -= 1
