@@ -97,3 +97,4 @@ class EngineReady(msgspec.Struct):
     num_kv_blocks: int = 0
     block_size: int = 0
     error: str | None = None
+    loras: dict[str, str] = {}  # the LoRA adapters it loaded at start (--lora): name → path

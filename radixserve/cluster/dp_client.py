@@ -17,13 +17,20 @@ from radixserve.core.reports import SchedulerStats
 from radixserve.messages import EngineCoreRequest
 from radixserve.frontend.output_buffer import OutputBuffer
 from radixserve.cluster.routing import NoReplicaError
+from radixserve.cluster.runtime_loras import RuntimeLoras
 
 
 class DataParallelClient:
-    def __init__(self, replicas: list[EngineCoreClient], router) -> None:
+    def __init__(self, replicas: list[EngineCoreClient], router,
+                 loras: RuntimeLoras | None = None) -> None:
+        """``loras``: the adapters the replicas should hold, updated by ``lora_call`` (their
+        supervisors bring a restarted replica to it)."""
         assert replicas
         self.replicas = replicas
         self.router = router
+        self.loras = loras or RuntimeLoras()
+        self.loras.on_forgotten.append(self._unload_forgotten)
+        self._unloads: set[asyncio.Task] = set()
         # each replica's current process id (ReplicaSet supplies its supervisors')
         self.pids: Callable[[], list[int | None]] = lambda: [None] * len(replicas)
 
@@ -55,13 +62,34 @@ class DataParallelClient:
 
     async def lora_call(self, name: str, path: str | None):
         """Load (``path``) or unload (None) a LoRA adapter on every live replica; the first
-        refusal's `LoraReply` (the replicas load the same files, so they agree), else done.
-        NOTE: a replica restarted later has only the ``--lora`` adapters of its start."""
+        refusal's `LoraReply` (the replicas load the same files, so they agree), else done,
+        and recorded in ``loras``: a replica restarted later is brought to it."""
         if self.dead:
             raise EngineDeadError(self.dead)
         live = [c for c in self.replicas if not c.dead]
         replies = await asyncio.gather(*(c.lora_call(name, path) for c in live))
-        return next((r for r in replies if r.error is not None), replies[0])
+        refusal = next((r for r in replies if r.error is not None), None)
+        if refusal is not None:
+            return refusal
+        if path is None:
+            self.loras.unloaded(name)
+        else:
+            self.loras.loaded(name, path)
+        # NOTE: a replica that came back while we waited started before that record: tell it
+        # now (one starting from here on is told by its supervisor)
+        late = [c for c in self.replicas if c not in live and not c.dead]
+        await asyncio.gather(*(c.lora_call(name, path) for c in late), return_exceptions=True)
+        return replies[0]
+
+    def _unload_forgotten(self, name: str) -> None:
+        """A restarted replica could not load ``name`` again: the others drop it too, so the
+        name is free for a new load. Best effort, awaited by no one: a replica whose requests
+        still use it keeps it (its unload is refused), unlisted and unrouted."""
+        live = [c for c in self.replicas if not c.dead]
+        task = asyncio.ensure_future(asyncio.gather(*(c.lora_call(name, None) for c in live),
+                                                    return_exceptions=True))
+        self._unloads.add(task)
+        task.add_done_callback(self._unloads.discard)
 
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Reset every live replica's prefix cache at once; True when each did (a replica
@@ -137,7 +165,11 @@ def sum_stats(all_stats: list[SchedulerStats]) -> SchedulerStats:
         spec_accepted_tokens=sum(s.spec_accepted_tokens for s in all_stats),
         spec_accepted_per_pos=_add_lists([s.spec_accepted_per_pos for s in all_stats]),
         spec_drafted_per_pos=_add_lists([s.spec_drafted_per_pos for s in all_stats]),
-        num_kv_events_dropped=sum(s.num_kv_events_dropped for s in all_stats))
+        num_kv_events_dropped=sum(s.num_kv_events_dropped for s in all_stats),
+        num_kv_event_subscribers_behind=sum(s.num_kv_event_subscribers_behind
+                                            for s in all_stats),
+        num_kv_event_subscribers_refused=sum(s.num_kv_event_subscribers_refused
+                                             for s in all_stats))
 
 
 def _add_lists(lists: list[list[int]]) -> list[int]:

@@ -15,7 +15,8 @@ a Ray actor with ``--distributed-executor-backend ray``); deaths are noticed thr
 back-off sequence and one attempt budget; an engine that stayed up that long resets them.
 A hung engine (a step that does not return, a stopped process: ``EngineCoreClient.stalled``,
 checked a few times a second while ``stall_timeout_s`` is set) is killed and then replaced like
-a dead one, its requests failed with the reason.
+a dead one, its requests failed with the reason. A replacement engine gets the LoRA adapters
+loaded at run time (and loses those unloaded since) before it takes a request: `RuntimeLoras`.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from radixserve.frontend.core_client import EngineCoreClient
+from radixserve.frontend.core_client import EngineCoreClient, EngineDeadError
 from radixserve.messages import EngineReady
 from radixserve.cluster.engine_launcher import LocalLauncher
+from radixserve.cluster.runtime_loras import RuntimeLoras
 
 
 @dataclass(frozen=True)
@@ -57,12 +59,15 @@ class EngineSupervisor:
     (picklable: each start spawns a fresh interpreter); ``folder`` holds its ipc sockets;
     ``label`` starts its log lines and death reasons (a data-parallel replica's "replica 1: ");
     ``launcher`` starts each engine (`engine_launcher`; the client was bound to its
-    generation-0 addresses)."""
+    generation-0 addresses); ``loras``: the adapters each new engine is brought to (shared
+    with the other replicas' supervisors)."""
 
     def __init__(self, client: EngineCoreClient, build, folder: str,
                  startup_timeout: float, policy: RestartPolicy, label: str = "",
-                 launcher=None) -> None:
+                 launcher=None, loras: RuntimeLoras | None = None) -> None:
         self.client = client
+        self.loras = loras or RuntimeLoras()
+        self._reloads: asyncio.Task | None = None
         self.launcher = launcher or LocalLauncher()
         self.label = label
         self.build = build
@@ -185,10 +190,30 @@ class EngineSupervisor:
         self._proc = proc
         try:
             ready = await self.client.wait_ready(proc.is_alive, self.startup_timeout)
+            calls = self.loras.calls_for(ready.loras)
+            replies = self.client.send_lora_calls(calls)  # ahead of any request
         except BaseException:
             await proc.stop(grace_s=0)
             raise
         self.client.start()
         self._ready_at = time.monotonic()
+        if calls:
+            self._reloads = asyncio.ensure_future(self._settle_loras(calls, replies))
         return ready
+
+    async def _settle_loras(self, calls: list, replies: list[asyncio.Future]) -> None:
+        """Log how a new engine's LoRA calls went; an adapter it could not load again is
+        forgotten (`RuntimeLoras.forget`: no longer listed nor served)."""
+        for (name, path), reply in zip(calls, replies, strict=True):
+            try:
+                reply = await reply
+            except EngineDeadError:
+                return  # this engine died too: its replacement is told again
+            if reply.error is None:
+                _log(f"{self.label}LoRA adapter {name!r} "
+                     f"{'loaded again from ' + path if path else 'unloaded, as before'}")
+            elif path is not None:
+                _log(f"{self.label}LoRA adapter {name!r} could not be loaded again, so it is "
+                     f"no longer served: {reply.error}")
+                self.loras.forget(name)
 

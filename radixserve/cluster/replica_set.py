@@ -18,6 +18,7 @@ from radixserve.frontend.core_client import EngineCoreClient
 from radixserve.messages import EngineReady
 from radixserve.cluster.engine_launcher import LocalLauncher
 from radixserve.cluster.engine_supervisor import EngineSupervisor, RestartPolicy
+from radixserve.cluster.runtime_loras import RuntimeLoras
 
 
 class ReplicaSet:
@@ -29,6 +30,7 @@ class ReplicaSet:
                  policy: RestartPolicy, routing: RoutingConfig,
                  launchers: list | None = None) -> None:
         self.routing = routing
+        self.loras = RuntimeLoras()  # what every replica's engine should hold
         self.supervisors: list[EngineSupervisor] = []
         launchers = launchers or [LocalLauncher()] * len(builds)
         for i, (build, launcher) in enumerate(zip(builds, launchers, strict=True)):
@@ -37,7 +39,8 @@ class ReplicaSet:
             client = EngineCoreClient(*launcher.addresses(sub, 0))
             label = f"replica {i}: " if len(builds) > 1 else ""
             self.supervisors.append(EngineSupervisor(client, build, sub, startup_timeout,
-                                                     policy, label=label, launcher=launcher))
+                                                     policy, label=label, launcher=launcher,
+                                                     loras=self.loras))
         self.client: DataParallelClient | None = None
 
     async def start(self) -> EngineReady:
@@ -54,7 +57,8 @@ class ReplicaSet:
         ready = results[0]
         router = make_router(self.routing, ready.block_size,
                              [r.num_kv_blocks for r in results])
-        self.client = DataParallelClient([s.client for s in self.supervisors], router)
+        self.client = DataParallelClient([s.client for s in self.supervisors], router,
+                                         self.loras)
         self.client.pids = lambda: [s.pid for s in self.supervisors]
         return EngineReady(min(r.max_model_len for r in results), ready.vocab_size,
                            sum(r.num_kv_blocks for r in results), ready.block_size)

@@ -166,6 +166,25 @@ class EngineCoreClient:
         await self._send(self.encoder.encode(LoraAdapterCall(name, path)))
         return await asyncio.wait_for(waiter, timeout)
 
+    def send_lora_calls(self, calls: list[tuple[str, str | None]]) -> list[asyncio.Future]:
+        """Before ``start()``: send a `LoraAdapterCall` per (name, path or None) at once, so a
+        replacement engine reads them ahead of any request (nothing else can be sent before
+        ``start()``: ``dead`` is still set); the futures of their `LoraReply`s, in order,
+        resolved once ``start()``'s output loop reads them (EngineDeadError if it dies).
+        RuntimeError when the engine does not take them (its input is not connected)."""
+        assert self._task is None, "send_lora_calls() comes before start()"
+        loop = asyncio.get_running_loop()
+        futures = []
+        for name, path in calls:
+            try:  # connected (it answered EngineReady) and empty: a few messages fit at once
+                self._push_now.send(self.encoder.encode(LoraAdapterCall(name, path)),
+                                    zmq.NOBLOCK)
+            except zmq.Again:
+                raise RuntimeError("the engine did not take its LoRA adapters") from None
+            futures.append(loop.create_future())
+        self._lora_waiters.extend(futures)  # only now: a failed start leaves no stale waiter
+        return futures
+
     async def _send(self, data: bytes) -> None:
         """Send in order: at once when the queue has room and no earlier send is waiting."""
         if not self._waiting_sends:

@@ -3,20 +3,26 @@
     POST /v1/load_lora_adapter     {"lora_name": NAME, "lora_path": PATH}
          200 text "Success: LoRA adapter 'NAME' added successfully."
          400 the name is taken, or the adapter does not fit the base model (shape, rank,
-             architecture, an unsupported target); 404 no adapter at PATH
+             architecture, an unsupported target) or is not an adapter at all (a random or
+             truncated file, a config without a positive ``r``); 404 no adapter at PATH
     POST /v1/unload_lora_adapter   {"lora_name": NAME}
          200 text "Success: LoRA adapter 'NAME' removed successfully."
          404 no such adapter; 400 while unfinished requests use it
 
-The engine checks and loads (engine/lora_registry.py); the API process keeps the names for
-routing (``ServingContext.loras``) once the engine has answered. vLLM mounts these only with
-``VLLM_ALLOW_RUNTIME_LORA_UPDATING``; here they are always mounted and, like every route that
-is not a probe, need the API key when the server has one. With data parallel every live
-replica loads it (one restarted later has only its ``--lora`` adapters).
+The API process checks the adapter's files against the base model first (models/lora_check.py,
+torch-free: headers and config only), so a malformed one never reaches the engine; the engine
+checks again and loads (engine/lora_registry.py), and a load that fails there fails alone.
+The API process keeps the names for routing (``ServingContext.loras``) once the engine has
+answered. vLLM mounts these only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``; here they are
+always mounted and, like every route that is not a probe, need the API key when the server has
+one. With data parallel every live replica loads it; an engine restarted later is given the
+adapters loaded at run time again (cluster/runtime_loras.py), and one it can no longer load
+(its files changed since) leaves ``ctx.loras`` too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from starlette.responses import PlainTextResponse
@@ -24,6 +30,7 @@ from starlette.responses import PlainTextResponse
 from radixserve.frontend.http.body_reader import parse_body
 from radixserve.frontend.http.protocol_base import OpenAIError, OpenAIRequest
 from radixserve.frontend.http.router import OPENAI, Call, Route
+from radixserve.models.lora_check import check_lora_adapter, lora_base_config
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +47,23 @@ class UnloadLoraAdapterRequest(OpenAIRequest):
 
 def lora_routes(ctx) -> list[Route]:
     """The two routes over ``ctx`` (a `ServingContext`), updating ``ctx.loras``."""
+    runtime = getattr(getattr(ctx.engine, "client", None), "loras", None)  # a `RuntimeLoras`
+    if runtime is not None:  # an adapter a restarted engine could not load again
+        runtime.on_forgotten.append(lambda name: ctx.loras.pop(name, None))
+
+    async def check(path: str) -> None:
+        """404 / 400 naming what is wrong with the adapter at ``path``, before the engine
+        sees it (off the event loop: it reads files)."""
+        if ctx.model_path is None:  # no base to check against: the engine's checks alone
+            return
+        try:
+            await asyncio.to_thread(check_adapter_fits, ctx.model_path, path)
+        except FileNotFoundError as exc:
+            raise OpenAIError(str(exc), 404, "NotFoundError", "lora_path") from None
+        except (ValueError, OSError) as exc:
+            raise OpenAIError(str(exc) if isinstance(exc, ValueError)
+                              else f"{type(exc).__name__}: {exc}", 400, "BadRequestError",
+                              "lora_path") from None
 
     async def call(name: str, path: str | None):
         reply = await ctx.engine.client.lora_call(name, path)
@@ -51,6 +75,9 @@ def lora_routes(ctx) -> list[Route]:
         body = parse_body(LoadLoraAdapterRequest, call_.body)
         if body.lora_name == ctx.model_name:
             raise OpenAIError(f"{body.lora_name!r} is the base model's name", param="lora_name")
+        if not body.lora_name.strip():
+            raise OpenAIError("lora_name must not be empty", param="lora_name")
+        await check(body.lora_path)
         await call(body.lora_name, body.lora_path)
         ctx.loras[body.lora_name] = body.lora_path
         logger.info("LoRA adapter %r loaded from %s", body.lora_name, body.lora_path)
@@ -70,3 +97,9 @@ def lora_routes(ctx) -> list[Route]:
             Route("POST", "/v1/unload_lora_adapter", unload, OPENAI,
                   "Unload a LoRA adapter (vLLM's)", UnloadLoraAdapterRequest,
                   media="text/plain")]
+
+
+def check_adapter_fits(model_path: str, path: str) -> None:
+    """FileNotFoundError / ValueError unless the adapter at ``path`` fits the base model at
+    ``model_path`` (`check_lora_adapter`); blocking."""
+    check_lora_adapter(path, lora_base_config(model_path))
