@@ -45,6 +45,7 @@ from radixserve.frontend.app import build_app
 from radixserve.frontend.async_llm import AsyncLLM
 from radixserve.frontend.cross_encoder import cross_encoder_reranker, resolve_task
 from radixserve.frontend.http.connection_guard import guarded_protocol, raise_fd_limit
+from radixserve.frontend.http.host_check import host_policy, startup_warning
 from radixserve.frontend.http.limits import serve_limits
 from radixserve.frontend.http.metrics import ServerMetrics
 from radixserve.frontend.openai.serving import ServingContext
@@ -54,6 +55,7 @@ from radixserve.frontend.pooling import resolve_embedding
 from radixserve.frontend.rerank import Reranker
 from radixserve.frontend.responses.store import ResponseStore
 from radixserve.models.cross_encoder_config import cross_encoder_config
+from radixserve.models.lora_check import check_lora_modules
 from radixserve.models.source import ModelSource
 from radixserve.serve_args import add_serve_args
 from radixserve.structured.validator import GrammarValidator, grammar_validator
@@ -73,6 +75,10 @@ def serve(args: argparse.Namespace) -> int:
     args.task = _task(source, args.task)
     reasoning = get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None
     embedding = _embedding_setup(source, args)
+    try:  # each --lora checked as a run-time load is, before any process starts
+        check_lora_modules(source.path, args.lora)
+    except ValueError as exc:
+        raise SystemExit(f"radixserve: error: {exc}") from None
     kwargs = engine_kwargs(args)
     tables = functools.partial(_frontend_tables, load_tokenizer, source)
     if args.mock_engine:
@@ -200,7 +206,10 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
                              response_store=store, reranker=reranker,
                              loras=dict(args.lora))  # --lora NAME=PATH
         limits = serve_limits(args)
-        app = build_app(ctx, metrics, args.api_key, limits)
+        hosts = host_policy(args)
+        app = build_app(ctx, metrics, args.api_key, limits, hosts)
+        if warning := startup_warning(hosts):
+            print(warning, file=sys.stderr, flush=True)
         edge = limits.connections
         raise_fd_limit((edge.max_connections or 65536) + 1024)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -10,6 +10,7 @@ import os
 from radixserve.arg_types import non_negative, port, positive, positive_int
 from radixserve.cli_args import add_engine_args
 from radixserve.cluster.dp_args import add_dp_args
+from radixserve.frontend.http.host_check import allowed_hosts_arg
 from radixserve.frontend.http.limits import add_limit_args
 from radixserve.frontend.models_dir.args import add_models_dir_args
 from radixserve.frontend.parsers import TOOL_PARSERS
@@ -23,8 +24,17 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="address to listen on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=port, default=8000, help="TCP port, 1-65535")
     parser.add_argument("--api-key", default=os.environ.get("RADIXSERVE_API_KEY"),
-                        help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' "
+                        help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every "
+                             "route but /health, /version, /metrics and the pages "
                              "(env RADIXSERVE_API_KEY)")
+    parser.add_argument("--allowed-hosts", type=allowed_hosts_arg, action="append",
+                        metavar="NAMES",
+                        help="Host header names answered besides IP addresses, names without "
+                             "a dot (localhost), *.localhost/.local/.internal, this machine's "
+                             "name and --host (comma-separated, repeatable; *.DOMAIN: every name "
+                             "under it; '*': any). Others get 403: a DNS-rebinding web page "
+                             "sends its own name. Bound to a non-loopback --host with --api-key, "
+                             "any name is answered")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients use (default: the model file's name)")
     parser.add_argument("--mock-engine", action="store_true",

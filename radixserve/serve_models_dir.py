@@ -47,6 +47,7 @@ async def _serve(args, catalog) -> int:
 
     from radixserve import serve as single
     from radixserve.frontend.http.connection_guard import guarded_protocol, raise_fd_limit
+    from radixserve.frontend.http.host_check import host_policy, startup_warning
     from radixserve.frontend.http.limits import serve_limits
     from radixserve.frontend.models_dir.hub import ModelHub
     from radixserve.frontend.models_dir.memory import GIB, MemoryPolicy
@@ -65,7 +66,10 @@ async def _serve(args, catalog) -> int:
     hub = ModelHub(catalog, args, tmp, policy,
                    functools.partial(start_served_model, response_store=store))
     limits = serve_limits(args)
-    app = build_hub_app(hub, args.api_key, limits)
+    hosts = host_policy(args)
+    app = build_hub_app(hub, args.api_key, limits, hosts)
+    if warning := startup_warning(hosts):
+        print(warning, file=sys.stderr, flush=True)
     edge = limits.connections
     raise_fd_limit((edge.max_connections or 65536) + 1024)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -1,4 +1,4 @@
-"""The API process's ASGI app: the guard (API key, body size, content type: `Guard`) in
+"""The API process's ASGI app: the guard (Host, API key, body size, content type: `Guard`) in
 front of one `Router` over one route table, which /openapi.json describes too. The table is
 the server's own routes (health, version, load, metrics, the API description) and each API's
 (`openai`, `responses`, `anthropic`, `ollama`, `llamacpp`), the browser pages (`ui`), what
@@ -19,6 +19,7 @@ from radixserve.frontend.http.cache_routes import cache_routes
 from radixserve.frontend.http.content_type import unsupported_media_type
 from radixserve.frontend.http.engine_view import engine_view_routes
 from radixserve.frontend.http.errors import send_error
+from radixserve.frontend.http.host_check import HostPolicy
 from radixserve.frontend.http.limits import ServeLimits
 from radixserve.frontend.http.lora_routes import lora_routes
 from radixserve.frontend.http.metrics import ServerMetrics
@@ -38,7 +39,9 @@ _HEALTHY = b'{"status":"ok"}'
 
 
 def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None = None,
-              limits: ServeLimits | None = None) -> Guard:
+              limits: ServeLimits | None = None, hosts: HostPolicy | None = None) -> Guard:
+    """The single-model server's app; ``hosts``: the Host rule (`host_check`; None: any
+    Host, for apps served in-process)."""
     limits = limits or ServeLimits()
     openai = OpenAIRoutes(ctx, AdmissionGate(limits.admission, metrics.admission))
     ollama = OllamaRoutes(openai)
@@ -50,7 +53,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
     routes += lora_routes(ctx)
     routes += description_routes(routes)
     return Guard(Router(routes), api_key, limits.max_request_bytes, limits.body_read_timeout,
-                 metrics)
+                 metrics, hosts)
 
 
 def server_routes(ctx: ServingContext, metrics: ServerMetrics) -> list[Route]:
@@ -111,16 +114,20 @@ def description_routes(routes: list[Route]) -> list[Route]:
 
 class Guard:
     """In front of every route (pure ASGI: BaseHTTPMiddleware would hide client
-    disconnects from streams): with an API key, rejects requests without it (401) in
+    disconnects from streams): rejects a Host header ``hosts`` does not allow (403, DNS
+    rebinding: `host_check`), then, with an API key, requests without it (401) in
     ``Authorization: Bearer KEY`` or (as Anthropic's clients send it) ``x-api-key: KEY``; POST
     bodies that are not JSON (415, `content_type`); reads the body under its size and time limits
-    (413, 408: `body_reader`) before any route sees it. The key is checked first: a request
-    without it learns nothing of the limits; then the method (a 405 before a 415). Refusals take
-    the shape the route table gives the path (`Wire.send_refusal`)."""
+    (413, 408: `body_reader`) before any route sees it. The Host and the key are checked first: a
+    request without them learns nothing of the limits; then the method (a 405 before a 415).
+    Open without the key (``Route.is_open``): /health, /version, /metrics and the pages' static
+    files. Refusals take the shape the route table gives the path (`Wire.send_refusal`)."""
 
     def __init__(self, router: Router, api_key: str | None, max_body_bytes: int,
-                 body_timeout: float | None = None, metrics: ServerMetrics | None = None) -> None:
+                 body_timeout: float | None = None, metrics: ServerMetrics | None = None,
+                 hosts: HostPolicy | None = None) -> None:
         self.router = router
+        self.hosts = None if hosts is None or hosts.allows_any else hosts
         self.expected = f"Bearer {api_key}".encode() if api_key else None
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
@@ -130,6 +137,10 @@ class Guard:
         if scope["type"] != "http":
             return await self.router(scope, receive, send)
         headers = dict(scope["headers"])
+        if self.hosts is not None and not self.hosts.allows(host := headers.get(b"host")):
+            refusal = self.hosts.refusal(host)
+            refusal.close_connection = body_reader.has_body(headers)  # its body unread
+            return await self._send(scope, send, refusal)
         if self.expected is not None and not self.router.is_open(scope["path"]):
             given = (headers.get(b"authorization", b""),
                      b"Bearer " + headers.get(b"x-api-key", b""))

@@ -201,6 +201,8 @@ def test_guard_in_front_and_memory_refusal_names_the_numbers(models_dir):
             "invalid or missing API key"
         assert httpx.get(f"{s.url}/v1/models").status_code == 401
         key = {"Authorization": "Bearer k"}
+        rebound = httpx.get(f"{s.url}/v1/models", headers={**key, "Host": "attacker.example"})
+        assert rebound.status_code == 403  # DNS rebinding (host_check), before the key
         big = httpx.post(f"{s.url}/v1/chat/completions", headers=key,
                          json={"model": "qwen", "messages": [{"role": "user",
                                                               "content": "x" * 3000}]})

@@ -8,9 +8,9 @@ sglang-router / smg): its model, its load, whether it can generate.
     GET /get_load          {"load": requests in flight here, ...} (power-of-two policies)
     GET /health_generate   200 once one token was generated (within 30 s), else 503
 
-``/health``, ``/v1/models`` and the OpenAI generation routes are the server's own. A router
-with a cache-aware policy keeps its own tree of what it sent where, of token ids when the
-worker renders them: vllm-router asks ``POST /v1/chat/completions/render`` (or
+With ``--api-key`` each needs the key (a router must send it); ``/health``, ``/v1/models``
+and the OpenAI generation routes are the server's own. A router with a cache-aware policy
+keeps its own tree of what it sent where, of token ids when the worker renders them: vllm-router asks ``POST /v1/chat/completions/render`` (or
 ``/v1/completions/render``) with the request it is about to forward and reads ``token_ids``
 (vLLM's field) from the answer, an object for a chat and a list (one per prompt) for a
 completion; an answer without them makes it fall back to routing on the text
@@ -26,9 +26,9 @@ import msgspec
 from starlette.responses import JSONResponse
 
 from radixserve import __version__
+from radixserve.frontend.http.protocol_base import error_body
 from radixserve.frontend.http.router import OPENAI, Call, Route
 from radixserve.sampling_params import SamplingParams
-from radixserve.frontend.http.protocol_base import error_body
 
 _ENCODE = msgspec.json.encode
 _HEALTH_GENERATE_TIMEOUT_S = 30.0
@@ -74,14 +74,14 @@ def worker_routes(ctx) -> list[Route]:
             return _unavailable(f"generation failed: {exc}")
         return _ENCODE({"status": "ok"})
 
-    return [Route("GET", "/get_model_info", model_info, OPENAI, "The model, for routers",
-                  is_open=True),
+    # NOTE: none is open: with --api-key a router sends the key here as on every route
+    # (the model, settings and load are the server's data; only the probes are open)
+    return [Route("GET", "/get_model_info", model_info, OPENAI, "The model, for routers"),
             Route("GET", "/get_server_info", server_info, OPENAI,
-                  "The settings a router reads, and the load", is_open=True),
-            Route("GET", "/model_info", model_info, OPENAI, is_open=True, in_schema=False),
-            Route("GET", "/server_info", server_info, OPENAI, is_open=True, in_schema=False),
-            Route("GET", "/get_load", get_load, OPENAI, "Requests in flight here",
-                  is_open=True),
+                  "The settings a router reads, and the load"),
+            Route("GET", "/model_info", model_info, OPENAI, in_schema=False),
+            Route("GET", "/server_info", server_info, OPENAI, in_schema=False),
+            Route("GET", "/get_load", get_load, OPENAI, "Requests in flight here"),
             Route("GET", "/health_generate", health_generate, OPENAI,
                   "200 once one token was generated (within 30 s), else 503")]
 

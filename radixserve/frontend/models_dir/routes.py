@@ -13,6 +13,7 @@ over one `Router` whose table is the single-model table with
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from types import SimpleNamespace
@@ -34,8 +35,9 @@ _AS_IS = ("/", "/ui/engine", "/ui/static/", "/api/version", "/api/")  # no model
 _DESCRIPTION = ("/openapi.json", "/docs", "/redoc")
 
 
-def build_hub_app(hub: ModelHub, api_key: str | None, limits) -> Guard:
-    """The server's app; sets ``hub.drain`` (one drain for every model's router)."""
+def build_hub_app(hub: ModelHub, api_key: str | None, limits, hosts=None) -> Guard:
+    """The server's app; sets ``hub.drain`` (one drain for every model's router). ``hosts``:
+    the Host rule (a `host_check.HostPolicy`; None: any Host)."""
     own = hub_routes(hub)
     taken = {(r.method, r.path) for r in own}
     routes = list(own)
@@ -47,7 +49,8 @@ def build_hub_app(hub: ModelHub, api_key: str | None, limits) -> Guard:
     routes += description_routes(routes)
     router = Router(routes)
     hub.drain = router.drain
-    return Guard(router, api_key, limits.max_request_bytes, limits.body_read_timeout)
+    return Guard(router, api_key, limits.max_request_bytes, limits.body_read_timeout,
+                 hosts=hosts)
 
 
 def shape_routes(limits) -> list[Route]:
@@ -74,7 +77,8 @@ def forwarder(hub: ModelHub, route: Route):
         if keep_alive == 0 and _is_empty_ollama(route.path, fields):
             return await _ollama_unload(hub, name, route.path)
         if route.path == "/api/show" and (slot := hub.slot(name)).state != "loaded":
-            return _ENCODE(listing.ollama_show(slot.entry))  # no load to describe a model
+            # no load to describe a model; its files parsed off the event loop
+            return _ENCODE(await asyncio.to_thread(listing.ollama_show, slot.entry))
         served = await hub.acquire(name, load=may_load)
 
         async def app(scope, receive, send):
