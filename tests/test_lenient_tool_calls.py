@@ -84,6 +84,11 @@ ADD = ("add", {"a": 1, "b": 2})
     ('  {"name": "get_weather", "arguments": {"city": "Paris"}}\n', [PARIS]),
     ('{{"name": "get_weather", "arguments": {"city": "Paris"}}}', [PARIS]),
     ('```json\n{{"name": "add", "arguments": {"a": 1, "b": 2}}}\n```', [ADD]),
+    # every brace doubled, as the template's example: the real Qwen2.5-Coder-1.5B answer under
+    # the OpenAI Agents SDK (its instructions as the system message), benchmarks/client_checks.py
+    ('{{"name": "get_weather", "arguments": {"city": "Paris"}}}}', [PARIS]),
+    ('{{"name": "get_weather", "arguments": {{"city": "Paris"}}}}', [PARIS]),
+    ('```json\n{{"name": "add", "arguments": {{"a": 1, "b": 2}}}}\n```', [ADD]),
     ('{"name": "get_weather", "parameters": {"city": "Paris"}}', [PARIS]),
     ('{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}', [PARIS]),
     ('{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}', [PARIS]),
@@ -170,6 +175,10 @@ def test_the_stream_holds_back_only_what_may_become_a_call() -> None:
 
 ANSWERS = [case["answer"] for case in RECORDED["answers"]] + [
     '{{"name": "add", "arguments": {"a": 1, "b": 2}}}',
+    '{{"name": "add", "arguments": {{"a": 1, "b": 2}}}}',
+    '```json\n{{"name": "get_weather", "arguments": {"city": "Paris"}}}}\n```',
+    '{{"name": "add", "arguments": {"a": 1, "b": 2}}}}}',
+    '{{ "x" }}',
     'Text first <tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call> after',
     '```json\n[{"name": "add", "arguments": {"a": 1, "b": 2}}]\n``` trailing',
     '{"name": "get_weather", "arguments": {"city": "Pa',

@@ -3,14 +3,16 @@
 Offered tools, a small model (Qwen2.5-Coder-1.5B: tests/recorded/) often answers
 with the call without the template's tags: in a fenced block (```json ... ```), bare, or in
 the form its template shows as the example, ``{{"name": ..., "arguments": ...}}`` (Qwen2.5's
-escapes its braces so). llama.cpp reads these for Qwen2.5-Coder; so does `LenientToolParser`,
+escapes its braces so: a model copies the escape, on the outer braces alone or on every
+pair, ``{{"name": "f", "arguments": {"x": 1}}}}``). llama.cpp reads these for Qwen2.5-Coder; so does `LenientToolParser`,
 around the format's own parser, for a request that offers tools (``tool_choice`` not
 ``"none"``). The answer is calls when:
 
 * the format's parser finds none in it (an answer with calls in the format is its answer);
 * the WHOLE answer, whitespace aside, is JSON values one after another (each an object or an
   array of objects), bare or in one fenced block (info ``json`` or none; a fence that the end
-  of the output leaves open is accepted);
+  of the output leaves open is accepted); an answer whose first value opens with ``{{`` is
+  read with its doubled braces as single ones (`_unescape_braces`, str.format's escape);
 * every object is a call: ``{"name", "arguments"}`` (``"parameters"`` too), optionally
   wrapped as ``{"function": {...}}`` or marked ``"type": "function"``, arguments an object or
   a string holding one (the double-encoded form an old history taught); no other keys;
@@ -79,8 +81,6 @@ class LenientToolParser:
     def value_calls(self, text: str) -> Calls | None:
         """The calls of one complete JSON value's text, or None if it is not calls."""
         value = load_json(text)
-        if value is None and text.startswith("{{") and text.endswith("}}"):
-            value = load_json(text[1:-1])
         items = value if isinstance(value, list) else [value]
         calls = [self._call(item) for item in items]
         if not calls or None in calls:
@@ -115,22 +115,30 @@ class _Shape:
     """Reads a growing answer in the lenient forms, resuming where it stopped.
 
     ``read(text)`` is False once no text starting with `text` can be calls (final: every later
-    text gives False too), True while it still may be; ``is_complete`` then says whether
+    text gives False too), True while it still may be (``final``: `text` is the whole answer); ``is_complete`` then says whether
     `text` itself, as a whole answer, is calls (in ``calls``).
     """
 
     parser: LenientToolParser
     calls: Calls = field(default_factory=list)
+    _escaped: bool | None = None  # braces doubled (``{{``): None until the first value shows
     _fenced: bool | None = None  # None until the first character is seen
     _at: int = 0  # where the next value (or the closing fence) may start
     _scanner: BracketScanner | None = None  # in a value
     _closed: bool = False  # past the closing fence
 
-    def read(self, text: str) -> bool:
+    def read(self, text: str, final: bool = False) -> bool:
         if self._fenced is None:
             opened = self._open(text)
             if opened is not True:
                 return opened is None
+        if self._escaped is None:  # `_at` is at the first value (a fence holds no braces)
+            head = text[self._at : self._at + 2]
+            if head == "{":
+                return True
+            self._escaped = head == "{{"
+        if self._escaped:
+            text = _unescape_braces(text, final)
         while True:
             if self._scanner is not None:
                 end = self._scanner(text)
@@ -152,6 +160,10 @@ class _Shape:
 
     def is_complete(self, text: str) -> bool:
         """Whether `text`, which `read` accepted, is whole calls (not a value cut short)."""
+        if self._escaped:  # the last brace, held back while it could pair, is read now
+            if not self.read(text, final=True):
+                return False
+            text = _unescape_braces(text, final=True)
         return self._scanner is None and bool(self.calls) and not text[self._at :].strip()
 
     def _open(self, text: str) -> bool | None:
@@ -178,6 +190,24 @@ class _Shape:
             return False
         self.calls += calls
         return self.parser.parallel or len(self.calls) == 1
+
+
+def _unescape_braces(text: str, final: bool = False) -> str:
+    """`text` with ``{{`` / ``}}`` read as ``{`` / ``}``, pairing left to right. A last lone
+    brace may still be half of a pair: held back unless `final`, so the result for a longer
+    text always extends the result for a shorter one (the stream reads it resuming)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch in "{}" and i + 1 < n and text[i + 1] == ch:
+            out.append(ch)
+            i += 2
+            continue
+        if ch in "{}" and i + 1 == n and not final:
+            break
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
 
 @dataclass(slots=True)
