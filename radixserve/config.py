@@ -80,10 +80,13 @@ class KVEventsConfig:
     """KV cache events (engine/kv_events.py), vLLM's ``KVEventsConfig`` field for field:
     ``publisher`` zmq publishes on a PUB socket at ``endpoint`` (bound when it has ``*``,
     ``::``, ipc:// or inproc://, else connected) with ``topic``, and answers replays from
-    the last ``buffer_steps`` batches on a ROUTER at ``replay_endpoint``; ``hwm`` is the PUB
-    socket's high-water mark, ``max_queue_size`` the batches waiting for the publisher
-    thread (more are dropped and counted). Data-parallel replica ``data_parallel_rank`` adds
-    its rank to both tcp ports (inproc: a ``_dp<rank>`` suffix), as vLLM does.
+    the last ``buffer_steps`` batches on a ROUTER at ``replay_endpoint``; ``hwm`` is the
+    batches held for each subscriber (and each replay) that is not reading (more are dropped
+    for it and counted; vLLM's 100,000 let a stuck subscriber pin ~330 MB), ``max_queue_size``
+    the batches waiting for the publisher thread (more are dropped and counted).
+    ``max_subscribers`` (ours): connections served at once on each bound socket, more are
+    disconnected. Data-parallel replica ``data_parallel_rank`` adds its rank to both tcp
+    ports (inproc: a ``_dp<rank>`` suffix), as vLLM does.
     ``wire_format`` (ours, not vLLM's): each event a field-name map, as vLLM publishes them
     since vllm-project/vllm#42892 (June 2026; vllm-router reads only these), or the
     positional array of vLLM before it (consumers that never learnt the maps)."""
@@ -93,8 +96,9 @@ class KVEventsConfig:
     endpoint: str = "tcp://*:5557"
     replay_endpoint: str | None = None
     buffer_steps: int = 10_000
-    hwm: int = 100_000
+    hwm: int = 1_000
     max_queue_size: int = 100_000
+    max_subscribers: int = 16
     topic: str = ""
     wire_format: str = "map"
     data_parallel_rank: int = 0
@@ -106,7 +110,7 @@ class KVEventsConfig:
         if self.wire_format not in KV_EVENT_WIRE_FORMATS:
             raise ValueError(f"unknown KV event wire_format {self.wire_format!r}; supported: "
                              f"{', '.join(KV_EVENT_WIRE_FORMATS)}")
-        for name in ("buffer_steps", "hwm", "max_queue_size"):
+        for name in ("buffer_steps", "hwm", "max_queue_size", "max_subscribers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"kv events {name} must be >= 1, got {getattr(self, name)}")
 

@@ -50,6 +50,8 @@ class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
     spec_accepted_per_pos: list[int] = []  # drafts whose i-th token was accepted
     spec_drafted_per_pos: list[int] = []  # drafts that had an i-th token
     num_kv_events_dropped: int = 0  # KV cache events the publisher dropped (engine/kv_events.py)
+    num_kv_event_subscribers_behind: int = 0  # times one reached its high-water mark
+    num_kv_event_subscribers_refused: int = 0  # connections closed past max_subscribers
 
 
 class RequestInfo(msgspec.Struct, array_like=True, gc=False):

@@ -94,6 +94,8 @@ def engine_stats(engine):
     stats = engine.scheduler.stats()
     if (kv_events := getattr(engine, "kv_events", None)) is not None:
         stats.num_kv_events_dropped = kv_events.num_dropped_events
+        stats.num_kv_event_subscribers_behind = kv_events.num_subscribers_behind
+        stats.num_kv_event_subscribers_refused = kv_events.num_refused_subscribers
     return stats
 
 
@@ -103,7 +105,9 @@ def _reset_prefix_cache(engine, msg: ResetPrefixCache) -> bool:
 
 
 def _lora_call(engine, msg: LoraAdapterCall) -> LoraReply:
-    """Load or unload an adapter; its error as a reply (the engine goes on)."""
+    """Load or unload an adapter; its error as a reply (the engine goes on). An adapter the
+    checks let through that still fails to load fails that call alone (a 400 naming the
+    error), whatever it raised: the registry records an adapter only once it is loaded."""
     from radixserve.engine.lora_registry import LoraNotFound
 
     if not hasattr(engine, "load_lora"):  # the mock engine
@@ -116,9 +120,12 @@ def _lora_call(engine, msg: LoraAdapterCall) -> LoraReply:
         return LoraReply()
     except (LoraNotFound, FileNotFoundError) as exc:
         return LoraReply(str(exc), 404)
-    except (ValueError, OSError) as exc:
-        return LoraReply(f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError)
-                         else str(exc), 400)
+    except ValueError as exc:
+        return LoraReply(str(exc), 400)
+    except Exception as exc:  # noqa: BLE001 - a file's fault, not the engine's
+        traceback.print_exc()
+        return LoraReply(f"the LoRA adapter {msg.name!r} could not be loaded: "
+                         f"{type(exc).__name__}: {exc}", 400)
 
 
 def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
@@ -142,8 +149,11 @@ def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
         return
     _freeze_start_up_heap()
     stats = engine.scheduler.stats()
+    loras = getattr(engine, "loras", None)  # the mock engine has none
+    held = {} if loras is None else {name: e.path for name, e in loras.entries.items()}
     out.send(encoder.encode(EngineReady(engine.max_model_len, engine.vocab_size,
-                                        stats.num_kv_blocks, engine.scheduler.kv.block_size)))
+                                        stats.num_kv_blocks, engine.scheduler.kv.block_size,
+                                        loras=held)))
     try:
         _loop(engine, inp, out, encoder, parent)
     except _Orphaned:

@@ -22,14 +22,19 @@ Wire format (vLLM ``vllm/distributed/kv_events.py``):
   seq, payload]`` for each buffered batch from ``start``, then ``[b"", seq -1, b""]``.
 
 Neither the queue nor the sockets can hold the engine up: ``publish`` never waits (a full
-queue drops the batch), and PUB drops at its high-water mark or while nobody is connected.
+queue drops the batch), and the socket drops for a subscriber at its high-water mark (``hwm``
+batches: what one that never reads can pin) or while nobody is connected. At most
+``max_subscribers`` connections are served on each bound socket (kv_event_sockets.py).
 
 Dropped events are counted (``num_dropped_events``: the events of batches the full queue
-refused or the socket failed to send) and ride to the API process in the engine's stats
-(``SchedulerStats.num_kv_events_dropped``, served as ``radixserve:kv_events_dropped_total``).
-A PUB socket gives no sign when it drops a message for one subscriber at that subscriber's
-high-water mark (the others still get it): those losses are not counted here; the
-subscriber sees a gap in ``seq`` and asks the replay socket for the missing batches. A
+refused or the socket failed to send, lost for every subscriber), and so are the subscribers
+that fell behind (``num_subscribers_behind``: each time one reached its high-water mark, from
+which it misses batches until it has read its backlog; the socket is an XPUB that reports it,
+kv_event_sockets.py; a replay asker cut off at its mark counts too) and those refused past
+``max_subscribers`` (``num_refused_subscribers``). All three ride to the API process in the
+engine's stats (``SchedulerStats``), served as ``radixserve:kv_events_dropped_total`` and
+``radixserve:kv_event_subscribers_dropped_total{reason="behind"|"over_limit"}``. A
+subscriber that missed batches sees a gap in ``seq`` and asks the replay socket for them. A
 batch the queue refused leaves a gap too, but no replay holds it: its events are lost (the
 subscriber's view of this worker's cache is stale until it is cleared or the pages age out).
 """
@@ -48,6 +53,8 @@ import zmq
 
 from radixserve.config import KVEventsConfig
 from radixserve.core.kv import kv_events as core
+from radixserve.engine.kv_event_sockets import (ConnectionLimit, drain_subscriptions,
+                                                make_lossless_xpub, send_counting_misses)
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +143,8 @@ class NullPublisher:
     num_dropped = 0
     num_dropped_events = 0
     num_published = 0
+    num_refused_subscribers = 0
+    num_subscribers_behind = 0
 
     def publish(self, events: list[core.KVEvent]) -> None:
         pass
@@ -145,8 +154,8 @@ class NullPublisher:
 
 
 class ZmqPublisher:
-    """PUB socket + ROUTER replay socket served by one daemon thread (ZMQ sockets are not
-    thread-safe: only that thread touches them after ``__init__``)."""
+    """XPUB socket (a PUB to subscribers) + ROUTER replay socket served by one daemon thread
+    (ZMQ sockets are not thread-safe: only that thread touches them after ``__init__``)."""
 
     SHUTDOWN_TIMEOUT_S = 1.0
 
@@ -159,6 +168,7 @@ class ZmqPublisher:
         self.num_dropped = 0  # batches the full queue refused (engine thread)
         self._num_refused_events = 0  # their events (engine thread)
         self._num_unsent_events = 0  # events of batches the socket failed to send (publisher)
+        self.num_subscribers_behind = 0  # reached their high-water mark (publisher thread)
         self.num_published = 0  # batches sent (publisher thread)
         self._seqs = count()  # drawn on the engine thread, in step order
         self._is_fresh = True  # the first batch announces an empty cache
@@ -166,21 +176,24 @@ class ZmqPublisher:
             config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._ctx = zmq.Context.instance()
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.SNDHWM, config.hwm)
-        self._pub.setsockopt(zmq.LINGER, 0)
+        self._pub = make_lossless_xpub(self._ctx, config.hwm)
+        self._limits: list[ConnectionLimit] = []
         if any(m in self.endpoint for m in ("*", "::")) or \
                 self.endpoint.startswith(("ipc://", "inproc://")):
             self._pub.bind(self.endpoint)
             self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)  # a port "*" chose
+            self._limits.append(ConnectionLimit(self._pub, config.max_subscribers, "subscriber"))
         else:
             self._pub.connect(self.endpoint)
         self._replay = None
         if self.replay_endpoint is not None:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)
+            self._replay.setsockopt(zmq.SNDHWM, config.hwm)
+            self._replay.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full asker: Again, not a drop
             self._replay.bind(self.replay_endpoint)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+            self._limits.append(ConnectionLimit(self._replay, config.max_subscribers, "replay"))
         self._topic = config.topic.encode()
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
@@ -207,6 +220,11 @@ class ZmqPublisher:
         (two counters, each written by one thread; read from any)."""
         return self._num_refused_events + self._num_unsent_events
 
+    @property
+    def num_refused_subscribers(self) -> int:
+        """Connections closed for being past ``max_subscribers`` (publisher thread)."""
+        return sum(limit.num_refused for limit in self._limits)
+
     def close(self) -> None:
         """Send what is queued (for at most a second), then close the sockets."""
         try:
@@ -215,6 +233,8 @@ class ZmqPublisher:
             pass
         self._thread.join(self.SHUTDOWN_TIMEOUT_S)
         if not self._thread.is_alive():
+            for limit in self._limits:
+                limit.close()
             self._pub.close()
             if self._replay is not None:
                 self._replay.close()
@@ -222,6 +242,9 @@ class ZmqPublisher:
     def _run(self) -> None:
         encoder = msgspec.msgpack.Encoder()
         while True:
+            for limit in self._limits:
+                limit.enforce()
+            drain_subscriptions(self._pub)
             if self._replay is not None and self._replay.poll(0):
                 self._serve_replay()
             try:
@@ -236,9 +259,10 @@ class ZmqPublisher:
             payload = encoder.encode(batch)
             self._buffer.append((seq, payload))
             try:
-                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload),
-                                         zmq.NOBLOCK)
-            except zmq.ZMQError as exc:  # e.g. Again on a full pipe: subscribers may replay
+                if send_counting_misses(self._pub, (self._topic, seq.to_bytes(8, "big"),
+                                                    payload)):
+                    self.num_subscribers_behind += 1  # it sees the gap and may replay
+            except zmq.ZMQError as exc:
                 self._num_unsent_events += len(events)
                 logger.debug("KV events batch %d not sent: %s", seq, exc)
             else:
@@ -251,10 +275,15 @@ class ZmqPublisher:
             return
         client, _, start = frames
         first = int.from_bytes(start, "big")
-        for seq, payload in list(self._buffer):
-            if seq >= first:
-                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-        self._replay.send_multipart((client, b"", END_SEQ, b""))
+        try:
+            for seq, payload in list(self._buffer):
+                if seq >= first:
+                    self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"),
+                                                 payload), zmq.NOBLOCK)
+            self._replay.send_multipart((client, b"", END_SEQ, b""), zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # Again: the asker holds ``hwm`` unread; or it left
+            self.num_subscribers_behind += isinstance(exc, zmq.Again)
+            logger.debug("KV events: replay from %d cut short: %s", first, exc)
 
 
 def make_publisher(config: KVEventsConfig, device: str) -> NullPublisher | ZmqPublisher:
@@ -286,6 +315,14 @@ class KVEventsOutlet:
     @property
     def num_dropped_events(self) -> int:
         return self.publisher.num_dropped_events
+
+    @property
+    def num_subscribers_behind(self) -> int:
+        return self.publisher.num_subscribers_behind
+
+    @property
+    def num_refused_subscribers(self) -> int:
+        return self.publisher.num_refused_subscribers
 
     def close(self) -> None:
         self.flush()

@@ -89,6 +89,15 @@ class _EngineCollector:
             labels=["model_name"])
         dropped.add_metric([self.model], summed.num_kv_events_dropped)
         yield dropped
+        subscribers = CounterMetricFamily(
+            "radixserve:kv_event_subscribers_dropped", "KV event subscribers dropped: behind, "
+            "each time one reached its high-water mark (it misses batches until it reads its "
+            "backlog); over_limit, connections closed past max_subscribers.",
+            labels=["model_name", "reason"])
+        subscribers.add_metric([self.model, "behind"], summed.num_kv_event_subscribers_behind)
+        subscribers.add_metric([self.model, "over_limit"],
+                               summed.num_kv_event_subscribers_refused)
+        yield subscribers
 
     def _spec_per_position(self, s):
         """Accepted drafts, drafts that reached each position, and the acceptance rate at

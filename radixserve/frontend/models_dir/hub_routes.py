@@ -70,11 +70,16 @@ def hub_routes(hub: ModelHub) -> list[Route]:
         return _ENCODE(card(entry, slot))
 
     async def tags(call: Call):
-        return _ENCODE({"models": [listing.ollama_tag(e, s) for e, s in hub.listing()]})
+        rows = hub.listing()
+        infos = await listing.read_infos([e for e, _ in rows])
+        return _ENCODE({"models": [listing.ollama_tag(e, s, info)
+                                   for (e, s), info in zip(rows, infos)]})
 
     async def ps(call: Call):
-        return _ENCODE({"models": [listing.ollama_ps(e, s) for e, s in hub.listing()
-                                   if s is not None and s.state != "unloaded"]})
+        rows = [(e, s) for e, s in hub.listing() if s is not None and s.state != "unloaded"]
+        infos = await listing.read_infos([e for e, _ in rows])
+        return _ENCODE({"models": [listing.ollama_ps(e, s, info)
+                                   for (e, s), info in zip(rows, infos)]})
 
     async def load_model(call: Call):
         name = parse_body(ModelRequest, call.body).model

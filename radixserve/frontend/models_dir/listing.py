@@ -1,9 +1,14 @@
 """What the hub's model routes say about each model of the folder: OpenAI / Anthropic model
 cards and Ollama's /api/tags and /api/ps entries, each with its state (``loaded``, ``loading``,
-``unloading``, ``unloaded``)."""
+``unloading``, ``unloaded``).
+
+A GGUF's metadata is parsed in a worker thread (``read_infos``, ``ollama_show``'s callers), never
+on the event loop: a big vocabulary takes a second to walk, and while it is walked every other
+request would wait."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import functools
 import json
@@ -31,27 +36,33 @@ def anthropic_card(entry: ModelEntry, slot: Slot | None) -> dict:
             "created_at": _rfc3339(_mtime(entry)), "state": state_of(slot)}
 
 
-def ollama_tag(entry: ModelEntry, slot: Slot | None) -> dict:
-    """An /api/tags entry (Ollama's fields, plus ``state``)."""
-    info = _ollama_info(entry.path, entry.name, os.path.getmtime(entry.path))
+async def read_infos(entries: list[ModelEntry]) -> list:
+    """Each entry's ``OllamaModelInfo`` (from its files; cached while they are unchanged), read
+    in a worker thread; for ``ollama_tag`` and ``ollama_ps``."""
+    return await asyncio.to_thread(lambda: [_info(e) for e in entries])
+
+
+def ollama_tag(entry: ModelEntry, slot: Slot | None, info) -> dict:
+    """An /api/tags entry (Ollama's fields, plus ``state``); ``info``: from ``read_infos``."""
     return {"name": info.name, "model": info.name, "modified_at": info.modified_at,
             "size": info.size, "digest": info.digest, "details": info.details(),
             "state": state_of(slot)}
 
 
-def ollama_ps(entry: ModelEntry, slot: Slot) -> dict:
+def ollama_ps(entry: ModelEntry, slot: Slot, info) -> dict:
     """An /api/ps entry: a model loaded or loading (``expires_at`` far away when pinned)."""
     expires = slot.expires_at
     served = slot.served
-    return {**ollama_tag(entry, slot),
+    return {**ollama_tag(entry, slot, info),
             "expires_at": _rfc3339(expires) if expires is not None else "2318-01-01T00:00:00Z",
             "size_vram": 0, "context_length": served.max_model_len if served else 0}
 
 
 def ollama_show(entry: ModelEntry) -> dict:
     """/api/show of a model not loaded, from its files alone (so listing clients that show
-    every model do not load them all): capabilities are only known once it is loaded."""
-    info = _ollama_info(entry.path, entry.name, os.path.getmtime(entry.path))
+    every model do not load them all): capabilities are only known once it is loaded.
+    Parses the model's files: call it in a worker thread."""
+    info = _info(entry)
     return {"modelfile": f"FROM {info.name}\n", "parameters": "",
             "template": _chat_template(entry), "details": info.details(),
             "model_info": info.info, "capabilities": ["completion"],
@@ -72,6 +83,10 @@ def _chat_template(entry: ModelEntry) -> str:
     except Exception:  # noqa: BLE001 - a broken file: loading it says why
         return ""
     return template if isinstance(template, str) else ""
+
+
+def _info(entry: ModelEntry):
+    return _ollama_info(entry.path, entry.name, _mtime(entry))
 
 
 @functools.lru_cache(maxsize=256)

@@ -96,8 +96,9 @@ class ResponsesServer:
                                         plan.body.priority, arrival, ticket)
 
     async def _store(self, plan: ResponsePlan, response: dict) -> None:
-        if plan.body.store is not False:
-            await self.ctx.response_store.put(response, plan.input_items)
+        if plan.body.store is not False and \
+                not await self.ctx.response_store.put(response, plan.input_items):
+            response["store"] = False  # the write failed (logged): the answer still goes
 
     def _response(self, plan: ResponsePlan, builder: OutputBuilder,
                   state: RequestState | None, status: str) -> dict:

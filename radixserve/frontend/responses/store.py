@@ -6,6 +6,14 @@ evicted first. Each row is one response: its JSON object, its own input items, a
 the response it continued (``previous_response_id``); a conversation is rebuilt by walking that
 chain, so a long chain costs its length, not its square.
 
+A file store is opened in SQLite's EXCLUSIVE locking mode, so its WAL index lives in this
+process's memory and no ``-shm`` file is ever mapped: one that another user left read-only, or
+truncates while the server runs, can neither fail the writes nor kill the process with SIGBUS.
+The lock is held while the store is open (one server per file), and a write at start makes a
+file this user cannot write (the database, its ``-wal``, their folder) fail then, not when the
+first answer is stored. A write that fails later (a full disk) is logged; the answer still goes
+to its client (issue 62 item 6).
+
 NOTE: every method runs its SQL on the store's one worker thread (the connection is only ever
 used there), off the event loop; the async methods may be called from any task.
 """
@@ -14,8 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_ENTRIES = 10_000
 
@@ -34,6 +45,8 @@ WITH RECURSIVE chain(id, previous_id, response, input, depth) AS (
     UNION ALL
     SELECT r.id, r.previous_id, r.response, r.input, chain.depth + 1
     FROM responses r JOIN chain ON r.id = chain.previous_id
+    -- a chain holds each stored response once at most: deeper, it has come back on itself
+    WHERE chain.depth < (SELECT COUNT(*) FROM responses)
 )
 SELECT id, previous_id, response, input FROM chain ORDER BY depth DESC"""
 
@@ -46,10 +59,17 @@ class BrokenChain(LookupError):
         self.missing_id = missing_id
 
 
+class CorruptChain(BrokenChain):
+    """A stored chain that comes back to a response it passed (only a corrupt file has one:
+    a new response always continues an older one)."""
+
+
 class ResponseStore:
-    def __init__(self, path: str | None = None,
-                 max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
-        """Opens (or creates) the database now, so a bad path fails at start-up."""
+    def __init__(self, path: str | None = None, max_entries: int = DEFAULT_MAX_ENTRIES,
+                 busy_timeout: float = 5.0) -> None:
+        """Opens (or creates) the database now and writes to it, so a bad path, a file this
+        user cannot write, or one another process holds (waited for ``busy_timeout`` seconds)
+        fails at start-up with a ValueError saying which."""
         if max_entries < 1:
             raise ValueError(f"the response store needs room for at least 1 response, "
                              f"got {max_entries}")
@@ -57,20 +77,33 @@ class ResponseStore:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-store")
         try:
             # check_same_thread off: opened here, then used on the worker thread alone
-            self._db = sqlite3.connect(path or ":memory:", check_same_thread=False)
+            self._db = sqlite3.connect(path or ":memory:", timeout=busy_timeout,
+                                       check_same_thread=False)
             if path:
+                # NOTE: EXCLUSIVE must come before the first WAL access to keep -shm unused
+                self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
                 self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA user_version = 1")  # a real write, even when unchanged
             self._db.execute(_SCHEMA)
             self._db.commit()
         except sqlite3.Error as exc:
-            raise ValueError(f"cannot open the response store {path!r}: {exc}") from None
+            self._pool.shutdown()
+            raise ValueError(f"cannot open the response store {path!r}: {exc}"
+                             f"{_hint(path, exc)}") from None
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def put(self, response: dict, input_items: list[dict]) -> None:
-        """Store (or replace) ``response`` with its own input items; evict the oldest."""
-        await self._run(self._put, response, input_items)
+    async def put(self, response: dict, input_items: list[dict]) -> bool:
+        """Store (or replace) ``response`` with its own input items; evict the oldest. False
+        when the write failed (logged: the caller still has the answer to give)."""
+        try:
+            await self._run(self._put, response, input_items)
+        except sqlite3.Error as exc:
+            logger.error("the response store %s could not store %s: %s", self.path or
+                         ":memory:", response.get("id"), exc)
+            return False
+        return True
 
     async def get(self, response_id: str) -> dict | None:
         row = await self._run(self._one, "SELECT response FROM responses WHERE id = ?",
@@ -86,7 +119,7 @@ class ResponseStore:
     async def conversation(self, response_id: str) -> list[dict]:
         """Every item of the chain ending at ``response_id``, oldest first: each response's
         input items, then its output items. Raises `BrokenChain` naming the first response
-        that is not stored."""
+        that is not stored; `CorruptChain` naming the one a looping chain comes back to."""
         return await self._run(self._conversation, response_id)
 
     async def delete(self, response_id: str) -> bool:
@@ -118,6 +151,13 @@ class ResponseStore:
         rows = self._db.execute(_CHAIN, (response_id,)).fetchall()
         if not rows:
             raise BrokenChain(response_id)
+        seen: set[str] = set()
+        for rid, *_ in reversed(rows):  # newest first, as the walk went
+            if rid in seen:
+                logger.error("the response store %s is corrupt: the chain of %s comes back "
+                             "to %s", self.path, response_id, rid)
+                raise CorruptChain(rid)
+            seen.add(rid)
         if rows[0][1] is not None:  # the oldest found still continues one: gone
             raise BrokenChain(rows[0][1])
         items: list[dict] = []
@@ -130,3 +170,14 @@ class ResponseStore:
         with self._db:
             return self._db.execute("DELETE FROM responses WHERE id = ?",
                                     (response_id,)).rowcount > 0
+
+
+def _hint(path: str | None, exc: sqlite3.Error) -> str:
+    """What to check, for the errors a file's permissions or another process give."""
+    text = str(exc)
+    if "readonly" in text or "unable to open" in text:
+        return (f" (check that {path}, {path}-wal and their folder are writable by this "
+                f"user)")
+    if "locked" in text:
+        return " (another process holds it: a second server on the same --response-store?)"
+    return ""
