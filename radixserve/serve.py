@@ -57,7 +57,7 @@ from radixserve.frontend.responses.store import ResponseStore
 from radixserve.models.cross_encoder_config import cross_encoder_config
 from radixserve.models.lora_check import check_lora_modules
 from radixserve.models.source import ModelSource
-from radixserve.serve_args import add_serve_args
+from radixserve.serve_args import add_serve_args, max_response_bytes
 from radixserve.structured.validator import GrammarValidator, grammar_validator
 from radixserve.tokenizer.tokenizer import load_tokenizer
 
@@ -204,7 +204,8 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
                              max_prompts_per_request=args.max_prompts_per_request,
                              embedding=embedding, model_path=_model_path(args),
                              response_store=store, reranker=reranker,
-                             loras=dict(args.lora))  # --lora NAME=PATH
+                             loras=dict(args.lora),  # --lora NAME=PATH
+                             max_response_bytes=max_response_bytes(args))
         limits = serve_limits(args)
         hosts = host_policy(args)
         app = build_app(ctx, metrics, args.api_key, limits, hosts)

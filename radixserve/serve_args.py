@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import os
 
-from radixserve.arg_types import non_negative, port, positive, positive_int
+from radixserve.arg_types import non_negative, non_negative_int, port, positive, positive_int
 from radixserve.cli_args import add_engine_args
 from radixserve.cluster.dp_args import add_dp_args
 from radixserve.frontend.http.host_check import allowed_hosts_arg
 from radixserve.frontend.http.limits import add_limit_args
 from radixserve.frontend.models_dir.args import add_models_dir_args
+from radixserve.frontend.openai.response_size import DEFAULT_MAX_RESPONSE_MB, MB
 from radixserve.frontend.parsers import TOOL_PARSERS
 from radixserve.frontend.parsers.detect import AUTO
 
@@ -80,6 +81,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompts-per-request", type=int, default=128,
                         help="most prompts one /v1/completions request may list (each is an "
                              "engine request of its own, times n)")
+    parser.add_argument("--max-response-mb", type=non_negative_int,
+                        default=DEFAULT_MAX_RESPONSE_MB,
+                        metavar="MB",
+                        help="largest estimated whole answer of a generation request (MiB): "
+                             "n x tokens x (logprobs + 1) x bytes per entry, prompt tokens "
+                             "included with echo / prompt_logprobs; beyond, 400 naming the "
+                             "factors (0: no limit)")
     parser.add_argument("--response-store", default=None, metavar="PATH",
                         help="SQLite file keeping /v1/responses responses across restarts "
                              "(default: in memory)")
@@ -107,3 +115,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     add_dp_args(parser)
     add_limit_args(parser)
     add_models_dir_args(parser)
+
+
+def max_response_bytes(args: argparse.Namespace) -> int | None:
+    """--max-response-mb in bytes (None: no limit)."""
+    return args.max_response_mb * MB or None

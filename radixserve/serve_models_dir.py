@@ -141,6 +141,7 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
                              structured_strict=args.structured_strict == "true",
                              max_prompts_per_request=args.max_prompts_per_request,
                              embedding=embedding, model_path=entry.path, reranker=reranker,
+                             max_response_bytes=single.max_response_bytes(args),
                              **({} if response_store is None else
                                 {"response_store": response_store}))
         app = build_app(ctx, metrics, None, serve_limits(args))

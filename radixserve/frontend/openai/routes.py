@@ -33,6 +33,7 @@ from radixserve.frontend.openai.protocol_chat import (ChatCompletionRequest,
 from radixserve.frontend.openai.protocol_embedding import EmbeddingRequest, EmbeddingResponse
 from radixserve.frontend.openai.protocol_rerank import (RerankRequest, RerankResponse,
                                                         ScoreRequest, ScoreResponse)
+from radixserve.frontend.openai.response_size import encode_body
 from radixserve.frontend.openai.serving import ServingContext
 from radixserve.frontend.openai.serving_chat import ChatServer, render_messages
 from radixserve.frontend.openai.serving_completion import CompletionServer, request_size
@@ -108,6 +109,8 @@ class OpenAIRoutes:
         self.gate.precheck(*request_size(self.ctx, body))  # before tokenizing
         prompts, params = await self.completions.prepare(body)
         await self.ctx.check_structured(structured_param(body), params)
+        size = self.completions.response_bytes(body, prompts, params,
+                                               self.ctx.max_response_bytes)
         self.ctx.check_alive()
         ticket = self.gate.admit(len(prompts) * params[0].n, sum(len(ids) for _, ids in prompts),
                                  body.timeout)
@@ -115,7 +118,7 @@ class OpenAIRoutes:
         if body.stream:
             return self.completions.stream(body, prompts, params, arrival, ticket)
         work = self.completions.full(body, prompts, params, arrival, ticket)
-        return (await until_disconnect(call.receive, work)).model_dump_json().encode()
+        return await encode_body(await until_disconnect(call.receive, work), size)
 
     async def chat_completion(self, call: Call):
         arrival = time.time()
@@ -123,13 +126,14 @@ class OpenAIRoutes:
         self.gate.precheck(body.n or 1, 0)
         ids, params, tool_parser = await self.chat.prepare(body)
         await self.ctx.check_structured(structured_param(body), [params])
+        size = self.chat.response_bytes(params, self.ctx.max_response_bytes)
         self.ctx.check_alive()
         ticket = self.gate.admit(params.n, len(ids), body.timeout)
         call.admitted.append(ticket)
         if body.stream:
             return self.chat.stream(body, ids, params, tool_parser, arrival, ticket)
         work = self.chat.full(body, ids, params, tool_parser, arrival, ticket)
-        return (await until_disconnect(call.receive, work)).model_dump_json().encode()
+        return await encode_body(await until_disconnect(call.receive, work), size)
 
     async def embed(self, call: Call):
         body = parse_body(EmbeddingRequest, call.body)

@@ -21,6 +21,7 @@ from radixserve.sampling_params import SamplingParams
 from radixserve.frontend.http.protocol_base import OpenAIError, ParamError
 from radixserve.frontend.openai.protocol import SamplingRequest
 from radixserve.frontend.openai.protocol_chat import DeltaFunctionCall, DeltaMessage, DeltaToolCall
+from radixserve.frontend.openai.response_size import DEFAULT_MAX_RESPONSE_MB, MB
 from radixserve.frontend.responses.store import ResponseStore
 from radixserve.structured.backend import GrammarError
 from radixserve.structured.validator import GrammarValidator
@@ -42,6 +43,8 @@ class ServingContext:
     tool_call_grammar: bool = True  # tool_choice auto under a grammar (parsers/tool_grammar.py)
     reranker: Reranker | None = None  # with --task rerank: /v1/rerank, /v1/score
     loras: dict[str, str] = field(default_factory=dict)  # LoRA adapters: name → path
+    # a generation answer's largest estimated size (--max-response-mb; None: no limit)
+    max_response_bytes: int | None = DEFAULT_MAX_RESPONSE_MB * MB
 
     @property
     def tokenizer(self):

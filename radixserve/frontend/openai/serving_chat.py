@@ -8,6 +8,7 @@ streamed deltas add up to the non-streamed message.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -24,6 +25,8 @@ from radixserve.frontend.openai.protocol_chat import (ChatCompletionChoice, Chat
                                                       ChatTokenLogprob, ChatTopLogprob,
                                                       DeltaMessage, FunctionCall, ToolCall)
 from radixserve.frontend.openai.protocol_chat import ChatCompletionStreamChoice as StreamChoice
+from radixserve.frontend.openai.response_size import (chat_terms, check_response_size,
+                                                     off_loop_if_large)
 from radixserve.frontend.openai.serving import (TEXT_MARK, ChoiceStream, ChunkTemplate,
                                                 ServingContext, sse, token_bytes)
 from radixserve.frontend.output_processor import RequestState
@@ -146,7 +149,6 @@ class ChatServer:
     async def full(self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
                    ticket: QueueTicket = NO_TICKET) -> ChatCompletionResponse:
         request_id = random_id("chatcmpl-")
-        reasoning_parser = self.ctx.reasoning_parser
         finals: dict[int, RequestState] = {}
         async with contextlib.aclosing(
             self.ctx.engine.generate(ids, params, request_id, body.priority, arrival, ticket)
@@ -154,6 +156,20 @@ class ChatServer:
             async for step in steps:
                 if step.state.finished:
                     finals[step.index] = step.state
+        build = functools.partial(self._response, ids, tool_parser, request_id, finals)
+        return await off_loop_if_large(self.response_bytes(params), build)
+
+    def response_bytes(self, params, limit: int | None = None) -> int:
+        """The answer's estimated bytes (`response_size`); 400 naming the parameters and
+        their product beyond ``limit``."""
+        return check_response_size(chat_terms(params.n, params.max_tokens, params.logprobs),
+                                   limit)
+
+    def _response(self, ids, tool_parser, request_id: str,
+                  finals: dict[int, RequestState]) -> ChatCompletionResponse:
+        """The whole answer from the finished samples (may run on a worker thread: it only
+        reads them; the parsers' ``extract`` keeps no state)."""
+        reasoning_parser = self.ctx.reasoning_parser
         choices = []
         for index in sorted(finals):
             state = finals[index]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator
 
@@ -16,6 +17,8 @@ from radixserve.frontend.openai.protocol import (CompletionLogprobs, CompletionR
                                                  CompletionStreamResponse, PromptLogprob,
                                                  PromptTokensDetails,
                                                  UsageInfo, random_id)
+from radixserve.frontend.openai.response_size import (check_response_size, completion_terms,
+                                                     off_loop_if_large)
 from radixserve.frontend.openai.serving import TEXT_MARK, ChunkTemplate, ServingContext, merge, sse
 from radixserve.tokenizer.fim_prompt import fim_prompt_ids
 
@@ -88,6 +91,15 @@ class CompletionServer:
             return streams[0]
         return merge([_offset(stream, i * n) for i, stream in enumerate(streams)])
 
+    def response_bytes(self, body: CompletionRequest, prompts, params,
+                       limit: int | None = None) -> int:
+        """The answer's estimated bytes (`response_size`); 400 naming the parameters and
+        their product beyond ``limit``."""
+        num_max_tokens = sum(p.max_tokens for p in params)
+        return check_response_size(completion_terms(
+            params[0].n, sum(len(ids) for _, ids in prompts), num_max_tokens, bool(body.echo),
+            body.logprobs, body.prompt_logprobs), limit)
+
     async def full(self, body: CompletionRequest, prompts, params, arrival: float,
                    ticket: QueueTicket = NO_TICKET) -> CompletionResponse:
         request_id = random_id("cmpl-")
@@ -98,6 +110,13 @@ class CompletionServer:
             async for step in steps:
                 if step.state.finished:
                     finals[step.index] = (step.state, step.index // params[0].n)
+        build = functools.partial(self._response, body, prompts, params, request_id, finals)
+        return await off_loop_if_large(self.response_bytes(body, prompts, params), build)
+
+    def _response(self, body: CompletionRequest, prompts, params, request_id: str,
+                  finals: dict[int, tuple[RequestState, int]]) -> CompletionResponse:
+        """The whole answer from the finished samples (may run on a worker thread: it only
+        reads them)."""
         choices = []
         for index in sorted(finals):
             state, prompt_idx = finals[index]
