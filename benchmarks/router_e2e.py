@@ -7,7 +7,7 @@ the router does when a worker dies mid-run.
         [--policies round_robin,cache_aware,kv_aware] [--kill-policy cache_aware]
 
 Each worker is ``radixserve serve --threads 1`` on the embedded model with KV events on
-(``tcp://*:<port>``, a replay socket, topic "" (vLLM's default; vllm-router's static sources
+(``tcp://127.0.0.1:<port>``, a replay socket, topic "" (vLLM's default; vllm-router's static sources
 read no other), PYTHONHASHSEED=0). For each policy: both caches are
 emptied (``POST /reset_prefix_cache``), a fresh router starts (kv_aware is given each
 worker's event and replay endpoints), the workload runs (``--conversations`` chats with their
@@ -85,7 +85,7 @@ class Worker:
         self.port, self.events, self.replay = free_port(), free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = {"enable_kv_cache_events": True, "topic": "",
-                  "endpoint": f"tcp://*:{self.events}", "replay_endpoint": f"tcp://*:{self.replay}"}
+                  "endpoint": f"tcp://127.0.0.1:{self.events}", "replay_endpoint": f"tcp://127.0.0.1:{self.replay}"}
         self.log = logs / f"worker{i}.log"
         self.proc = start([sys.executable, "-m", "radixserve", "serve", "--port", str(self.port),
                            "--threads", "1", "--served-model-name", "smol", "--block-size",

@@ -105,10 +105,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="publish the prefix cache's KV events (BlockStored, BlockRemoved, "
                         "AllBlocksCleared) on ZMQ as vLLM workers do, for KV-aware routers. "
                         "vLLM's fields: enable_kv_cache_events, publisher (zmq, null), "
-                        "endpoint (tcp://*:5557; replica r of --data-parallel-size adds r to "
-                        "the port), replay_endpoint, buffer_steps, hwm, max_queue_size, "
-                        "topic; ours: wire_format (map: vLLM's events since mid-2026, the "
-                        "default; array: before). Block hashes are vLLM's sha256 ones: set "
+                        "endpoint (tcp://127.0.0.1:5557, loopback: vLLM binds every "
+                        "interface; replica r of --data-parallel-size adds r to the port), "
+                        "replay_endpoint, buffer_steps, hwm (1000), max_queue_size, topic; "
+                        "ours: allow_remote (true: a bind off loopback is allowed; the "
+                        "sockets have no authentication), max_subscribers (16), wire_format "
+                        "(map: vLLM's events since mid-2026, the default; array: before). "
+                        "Block hashes are vLLM's sha256 ones: set "
                         "PYTHONHASHSEED to the routers' value")
     g.add_argument("--lora", type=lora_module, action="append", default=[],
                    metavar="NAME=PATH",

@@ -5,6 +5,7 @@ model's shape is model_config.py; the scheduler's limits are core/sched_config.p
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass, field, fields
 
@@ -78,9 +79,9 @@ KV_EVENT_WIRE_FORMATS = ("map", "array")
 @dataclass(frozen=True)
 class KVEventsConfig:
     """KV cache events (engine/kv_events.py), vLLM's ``KVEventsConfig`` field for field:
-    ``publisher`` zmq publishes on a PUB socket at ``endpoint`` (bound when it has ``*``,
-    ``::``, ipc:// or inproc://, else connected) with ``topic``, and answers replays from
-    the last ``buffer_steps`` batches on a ROUTER at ``replay_endpoint``; ``hwm`` is the
+    ``publisher`` zmq publishes on a PUB socket at ``endpoint`` (bound or connected:
+    `kv_event_endpoint_binds`) with ``topic``, and answers replays from the last
+    ``buffer_steps`` batches on a ROUTER bound at ``replay_endpoint``; ``hwm`` is the
     batches held for each subscriber (and each replay) that is not reading (more are dropped
     for it and counted; vLLM's 100,000 let a stuck subscriber pin ~330 MB), ``max_queue_size``
     the batches waiting for the publisher thread (more are dropped and counted).
@@ -89,11 +90,22 @@ class KVEventsConfig:
     ports (inproc: a ``_dp<rank>`` suffix), as vLLM does.
     ``wire_format`` (ours, not vLLM's): each event a field-name map, as vLLM publishes them
     since vllm-project/vllm#42892 (June 2026; vllm-router reads only these), or the
-    positional array of vLLM before it (consumers that never learnt the maps)."""
+    positional array of vLLM before it (consumers that never learnt the maps).
+
+    Exposure, where we differ from vLLM: vLLM's default ``tcp://*:5557`` binds every
+    interface, and neither socket has any authentication (``--api-key`` covers HTTP only),
+    so anyone who reaches the port reads every prompt's token ids as they are cached, and the
+    replay socket hands out the last ``buffer_steps`` batches on request. Here the default is
+    ``tcp://127.0.0.1:5557`` (a bind: a loopback host binds, `kv_event_endpoint_binds`), and
+    a socket bound anywhere but loopback, ipc:// or inproc:// (``*``, ``0.0.0.0``, an
+    address, a host or interface name) is refused unless ``allow_remote`` (ours) is true:
+    the operator then says the network in between is trusted (a private one, or a firewall
+    letting only the router in). A PUB connecting out to a named host is not a listener and
+    needs no opt-in."""
 
     enable_kv_cache_events: bool = False
     publisher: str = "null"
-    endpoint: str = "tcp://*:5557"
+    endpoint: str = "tcp://127.0.0.1:5557"
     replay_endpoint: str | None = None
     buffer_steps: int = 10_000
     hwm: int = 1_000
@@ -101,6 +113,7 @@ class KVEventsConfig:
     max_subscribers: int = 16
     topic: str = ""
     wire_format: str = "map"
+    allow_remote: bool = False
     data_parallel_rank: int = 0
 
     def __post_init__(self) -> None:
@@ -113,6 +126,22 @@ class KVEventsConfig:
         for name in ("buffer_steps", "hwm", "max_queue_size", "max_subscribers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"kv events {name} must be >= 1, got {getattr(self, name)}")
+        if self.is_enabled and not self.allow_remote:
+            self._refuse_remote_binds()
+
+    def _refuse_remote_binds(self) -> None:
+        """ValueError naming the first socket that would listen off this machine."""
+        bound = [("endpoint", self.endpoint)] if kv_event_endpoint_binds(self.endpoint) else []
+        if self.replay_endpoint is not None:  # the replay socket always binds
+            bound.append(("replay_endpoint", self.replay_endpoint))
+        for name, endpoint in bound:
+            if not is_local_endpoint(endpoint):
+                raise ValueError(
+                    f"kv events {name} {endpoint} listens beyond this machine: anyone who "
+                    "reaches it reads every prompt's token ids (ZMQ has no API key). Bind "
+                    "loopback (tcp://127.0.0.1:PORT) and run the subscriber here, or set "
+                    '"allow_remote": true in --kv-events-config once the network to the '
+                    "subscribers is trusted")
 
     @property
     def is_enabled(self) -> bool:
@@ -134,6 +163,39 @@ class KVEventsConfig:
         if data.get("enable_kv_cache_events") and "publisher" not in data:
             data["publisher"] = "zmq"
         return KVEventsConfig(**data, data_parallel_rank=data_parallel_rank)
+
+
+def kv_event_endpoint_binds(endpoint: str) -> bool:
+    """Whether the KV-event PUB socket binds ``endpoint`` (else it connects out to it):
+    vLLM's rule, a ``*`` or ``::`` anywhere or ipc:// / inproc://, plus (ours, for the
+    default) a loopback host, so ``tcp://127.0.0.1:5557`` listens here where vLLM would
+    connect to a broker on this machine."""
+    if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    return endpoint.startswith("tcp://") and _is_loopback_host(_tcp_host(endpoint))
+
+
+def is_local_endpoint(endpoint: str) -> bool:
+    """Whether a socket bound at ``endpoint`` is reachable from this machine only: ipc://,
+    inproc://, or tcp:// on a loopback host (127.0.0.0/8, ::1, localhost)."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    return endpoint.startswith("tcp://") and _is_loopback_host(_tcp_host(endpoint))
+
+
+def _tcp_host(endpoint: str) -> str:
+    """``HOST`` of ``tcp://HOST:PORT`` (brackets of an IPv6 literal removed)."""
+    host = endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def _is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # "*", a name or an interface: not provably loopback
+        return False
 
 
 MAX_SPECULATIVE_TOKENS = 7  # 1 + 7 fed tokens still run as decode rows (attention backends)

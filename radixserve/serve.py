@@ -47,6 +47,7 @@ from radixserve.frontend.cross_encoder import cross_encoder_reranker, resolve_ta
 from radixserve.frontend.http.connection_guard import guarded_protocol, raise_fd_limit
 from radixserve.frontend.http.host_check import host_policy, startup_warning
 from radixserve.frontend.http.limits import serve_limits
+from radixserve.frontend.http.lora_routes import lora_updates
 from radixserve.frontend.http.metrics import ServerMetrics
 from radixserve.frontend.openai.serving import ServingContext
 from radixserve.frontend.parsers import get_reasoning_parser, get_tool_parser
@@ -77,6 +78,8 @@ def serve(args: argparse.Namespace) -> int:
     embedding = _embedding_setup(source, args)
     try:  # each --lora checked as a run-time load is, before any process starts
         check_lora_modules(source.path, args.lora)
+        args.lora_updates = lora_updates(args.enable_lora_runtime_updates,
+                                         args.lora_adapters_dir)
     except ValueError as exc:
         raise SystemExit(f"radixserve: error: {exc}") from None
     kwargs = engine_kwargs(args)
@@ -208,7 +211,7 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
                              max_response_bytes=max_response_bytes(args))
         limits = serve_limits(args)
         hosts = host_policy(args)
-        app = build_app(ctx, metrics, args.api_key, limits, hosts)
+        app = build_app(ctx, metrics, args.api_key, limits, hosts, args.lora_updates)
         if warning := startup_warning(hosts):
             print(warning, file=sys.stderr, flush=True)
         edge = limits.connections

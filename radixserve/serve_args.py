@@ -36,6 +36,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "under it; '*': any). Others get 403: a DNS-rebinding web page "
                              "sends its own name. Bound to a non-loopback --host with --api-key, "
                              "any name is answered")
+    parser.add_argument("--enable-lora-runtime-updates", action="store_true",
+                        help="mount vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                             "(off: 404); needs --lora-adapters-dir")
+    parser.add_argument("--lora-adapters-dir", default=None, metavar="DIR",
+                        help="the only folder run-time LoRA loads read: lora_path is taken "
+                             "relative to it, and one whose real path leaves it is refused")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients use (default: the model file's name)")
     parser.add_argument("--mock-engine", action="store_true",

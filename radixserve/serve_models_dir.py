@@ -124,6 +124,7 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
     except BaseException:
         await asyncio.wait([tables])
         await supervisor.close(timeout=5)  # the failed start's processes: none left behind
+        shutil.rmtree(folder, ignore_errors=True)
         if not tables.cancelled() and isinstance(tables.exception(), NotAModel):
             raise tables.exception() from None  # the file's fault more than the engine's
         raise
@@ -147,11 +148,12 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
         app = build_app(ctx, metrics, None, serve_limits(args))
     except BaseException:
         await supervisor.close(timeout=5)
+        shutil.rmtree(folder, ignore_errors=True)
         raise
     supervisor.watch(on_fatal, metrics.engine_restarts.inc)
     logger.info("model %s loaded (context %d, %d KV blocks, tool calls: %s)", entry.name,
                 ready.max_model_len, ready.num_kv_blocks, tool_format)
-    return ServedModel(entry, supervisor, ctx, metrics, app.router, estimate_bytes)
+    return ServedModel(entry, supervisor, ctx, metrics, app.router, estimate_bytes, folder)
 
 
 async def _frontend_tables(entry: ModelEntry, args):

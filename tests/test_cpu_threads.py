@@ -229,19 +229,40 @@ def _python(code: str, **env) -> str:
 
 
 def test_api_process_and_engine_entry_do_not_load_torch():
-    """What the API process imports to serve, and what the spawned engine process imports
-    before it builds the engine, load neither torch nor numpy (so the engine can set
-    OMP_NUM_THREADS before libgomp reads it)."""
+    """What the spawned engine process imports before it builds the engine (the CLI's module,
+    re-imported as the child's main, and the engine entry) loads neither torch nor numpy, so
+    the engine can set OMP_NUM_THREADS before libgomp reads it; what the API process imports
+    to serve loads no torch."""
     out = _python("""
         import sys
-        import radixserve.__main__, radixserve.cpu.threads, radixserve.serve
+        import radixserve.__main__, radixserve.cpu.threads
         import radixserve.engine.core_proc
         before = [m for m in ("torch", "numpy") if m in sys.modules]
+        import radixserve.serve
         import radixserve.frontend.async_llm, radixserve.frontend.core_client
         import radixserve.tokenizer.tokenizer, radixserve.frontend.app
         print(before, "torch" in sys.modules)
     """)
     assert out == "[] False"
+
+
+def test_serve_limits_the_api_threads_before_numpy_loads():
+    """`radixserve serve` caps the API process's BLAS / OpenMP threads before the serve
+    modules load numpy (OpenBLAS reads its thread count once, at load)."""
+    out = _python("""
+        import sys
+        import radixserve.cpu.threads as threads
+        seen = []
+        real = threads.limit_api_threads
+        threads.limit_api_threads = lambda: (seen.append("numpy" in sys.modules), real())
+        from radixserve.__main__ import main
+        try:
+            main(["serve", "--help"])
+        except SystemExit:
+            pass
+        print(seen, "numpy" in sys.modules)
+    """)
+    assert out.splitlines()[-1] == "[False] True"
 
 
 def test_engine_threads_set_before_torch_reach_other_threads():

@@ -101,6 +101,7 @@ def main() -> int:
         gguf_arch = next(k for k, v in GGUF_ARCHITECTURES.items() if v == arch)
         cases = malformed_adapters(good, root / "bad", gguf_arch)
         extra = ("--model", args.model) if args.model else ()
+        extra += ("--enable-lora-runtime-updates", "--lora-adapters-dir", str(root))
         with server(args, *extra) as s:
             rows = malformed_round(s, cases)
             if args.real:

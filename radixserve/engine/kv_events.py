@@ -51,7 +51,7 @@ from itertools import count
 import msgspec
 import zmq
 
-from radixserve.config import KVEventsConfig
+from radixserve.config import KVEventsConfig, is_local_endpoint, kv_event_endpoint_binds
 from radixserve.core.kv import kv_events as core
 from radixserve.engine.kv_event_sockets import (ConnectionLimit, drain_subscriptions,
                                                 make_lossless_xpub, send_counting_misses)
@@ -178,8 +178,7 @@ class ZmqPublisher:
         self._ctx = zmq.Context.instance()
         self._pub = make_lossless_xpub(self._ctx, config.hwm)
         self._limits: list[ConnectionLimit] = []
-        if any(m in self.endpoint for m in ("*", "::")) or \
-                self.endpoint.startswith(("ipc://", "inproc://")):
+        if kv_event_endpoint_binds(self.endpoint):
             self._pub.bind(self.endpoint)
             self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)  # a port "*" chose
             self._limits.append(ConnectionLimit(self._pub, config.max_subscribers, "subscriber"))
@@ -197,9 +196,19 @@ class ZmqPublisher:
         self._topic = config.topic.encode()
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
+        for endpoint in self._listening():
+            logger.warning("KV events: %s listens beyond this machine with no authentication "
+                           "(allow_remote): whoever reaches it reads every prompt's token ids",
+                           endpoint)
         logger.info("KV events: publishing on %s%s (topic %r, rank %d)", self.endpoint,
                     f", replay on {self.replay_endpoint}" if self._replay else "",
                     config.topic, self.rank)
+
+    def _listening(self) -> list[str]:
+        """The bound endpoints reachable from other machines (only with ``allow_remote``)."""
+        bound = [self.endpoint] if self._limits and self._limits[0].what == "subscriber" else []
+        bound += [self.replay_endpoint] if self._replay is not None else []
+        return [e for e in bound if not is_local_endpoint(e)]
 
     def publish(self, events: list[core.KVEvent]) -> None:
         """Queue one batch (a step's events) under the next ``seq``; never waits: a full

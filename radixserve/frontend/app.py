@@ -21,7 +21,7 @@ from radixserve.frontend.http.engine_view import engine_view_routes
 from radixserve.frontend.http.errors import send_error
 from radixserve.frontend.http.host_check import HostPolicy
 from radixserve.frontend.http.limits import ServeLimits
-from radixserve.frontend.http.lora_routes import lora_routes
+from radixserve.frontend.http.lora_routes import LoraUpdates, lora_routes
 from radixserve.frontend.http.metrics import ServerMetrics
 from radixserve.frontend.http.openapi import openapi_schema
 from radixserve.frontend.http.protocol_base import ClientDisconnected, OpenAIError, error_body
@@ -39,9 +39,11 @@ _HEALTHY = b'{"status":"ok"}'
 
 
 def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None = None,
-              limits: ServeLimits | None = None, hosts: HostPolicy | None = None) -> Guard:
+              limits: ServeLimits | None = None, hosts: HostPolicy | None = None,
+              loras: LoraUpdates | None = None) -> Guard:
     """The single-model server's app; ``hosts``: the Host rule (`host_check`; None: any
-    Host, for apps served in-process)."""
+    Host, for apps served in-process); ``loras``: run-time LoRA loads (None: their routes
+    are not mounted)."""
     limits = limits or ServeLimits()
     openai = OpenAIRoutes(ctx, AdmissionGate(limits.admission, metrics.admission))
     ollama = OllamaRoutes(openai)
@@ -50,7 +52,7 @@ def build_app(ctx: ServingContext, metrics: ServerMetrics, api_key: str | None =
               *LlamaCppRoutes(openai).routes(),
               *ui_routes(ollama.running), *worker_routes(ctx), *engine_view_routes(ctx, metrics)]
     routes += cache_routes(ctx)
-    routes += lora_routes(ctx)
+    routes += lora_routes(ctx, loras) if loras is not None else []
     routes += description_routes(routes)
     return Guard(Router(routes), api_key, limits.max_request_bytes, limits.body_read_timeout,
                  metrics, hosts)

@@ -160,14 +160,14 @@ def test_unreachable_or_stuck_endpoint_never_blocks():
 def test_engine_steps_unslowed_by_a_subscriber_that_never_reads():
     """A connected SUB that never reads (HWM 1 both sides): the same work takes about as long
     as with events off (best of two runs each, the prefix cache emptied before each)."""
+    llm = LLM(block_size=BS, num_kv_blocks=64, show_progress=False,
+              kv_events_config={"enable_kv_cache_events": True, "hwm": 1,
+                                "endpoint": "tcp://127.0.0.1:*"})
     ctx = zmq.Context()
     stuck = ctx.socket(zmq.SUB)
     stuck.setsockopt(zmq.RCVHWM, 1)
     stuck.setsockopt(zmq.SUBSCRIBE, b"")
-    port = stuck.bind_to_random_port("tcp://127.0.0.1")
-    llm = LLM(block_size=BS, num_kv_blocks=64, show_progress=False,
-              kv_events_config={"enable_kv_cache_events": True, "hwm": 1,
-                                "endpoint": f"tcp://127.0.0.1:{port}"})
+    stuck.connect(llm.engine.kv_events.publisher.endpoint)
     prompts = [[3000 + 40 * i + t for t in range(3 * BS)] for i in range(8)]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     llm.generate(prompts, params)  # warm up these batch shapes

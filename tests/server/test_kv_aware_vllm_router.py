@@ -30,7 +30,7 @@ def workers():
     ws = []
     for _ in range(2):
         events = free_port()
-        config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{events}"}
+        config = {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{events}"}
         w = ServerProc("--served-model-name", "smol", "--threads", "1",
                        "--kv-events-config", json.dumps(config), timeout=240)
         w.events = events

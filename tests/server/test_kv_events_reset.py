@@ -20,7 +20,7 @@ PROMPT = "Tell me a long story about a lighthouse keeper and the sea. " * 6  # >
 @pytest.fixture(scope="module")
 def server():
     port = free_port()
-    config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}", "topic": "kv"}
+    config = {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"}
     s = ServerProc("--served-model-name", "smol", "--threads", "1", "--kv-events-config",
                    json.dumps(config), timeout=240)
     s.events = f"tcp://127.0.0.1:{port}"

@@ -32,7 +32,7 @@ def test_replicas_publish_on_offset_ports_with_their_rank(tmp_path):
     model = make_hf_model("llama", tmp_path / "llama", seed=3)
     port = _two_free_ports()
     # "*": the PUB binds (with a host name it would connect, as in vLLM)
-    config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}", "topic": "kv"}
+    config = {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"}
     server = ServerProc("--model", str(model), "--served-model-name", "tiny",
                         "--block-size", str(BS), "--data-parallel-size", "2",
                         "--dp-routing", "round_robin", "--kv-events-config", json.dumps(config),

@@ -37,13 +37,15 @@ class FakeStarts:
         starts = self
 
         class Supervisor:
+            supervisors = ()  # no engine clients whose requests close() must fail
+
             async def close(self, timeout=10.0):
                 await asyncio.sleep(starts.delay)
                 starts.live.discard(entry.name)
                 starts.closed.append(entry.name)
 
-        return ServedModel(entry, Supervisor(), None, None, SimpleNamespace(drain=None),
-                           estimate)
+        return ServedModel(entry, Supervisor(), SimpleNamespace(max_model_len=64), None,
+                           SimpleNamespace(drain=None), estimate)
 
 
 def make_hub(tmp_path, sizes: dict[str, int], max_loaded=3, idle=0.0, budget=None,

@@ -3,7 +3,8 @@ start, vLLM's ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` at run tim
 model ``NAME``, ``BASE:NAME`` or a ``lora`` field, ``/v1/models`` listing adapters with their
 parent, 404s naming what is available; the answers equal the offline engine's. Malformed
 adapters are 400s naming the problem while the engine serves on (and a clear CLI error as
-``--lora``); adapters loaded at run time are served again by a restarted engine (issue 62)."""
+``--lora``); adapters loaded at run time are served again by a restarted engine (issue 62),
+and are read from ``--lora-adapters-dir`` only."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ def setup(tmp_path_factory):
     a = make_peft_adapter(base, root / "a", seed=1)
     b = make_peft_adapter(base, root / "b", seed=2, r=4, targets=("q_proj", "v_proj"))
     server = ServerProc("--model", str(base), "--served-model-name", "tiny", "--threads", "1",
-                        "--num-kv-blocks", "64", "--lora", f"a={a}", timeout=240)
+                        "--num-kv-blocks", "64", "--lora", f"a={a}",
+                        "--enable-lora-runtime-updates", "--lora-adapters-dir", str(root),
+                        timeout=240)
     yield server, base, a, b
     server.stop()
 
@@ -75,7 +78,7 @@ def test_routing_models_and_runtime_load(setup):
 
     load = f"{server.url}/v1/load_lora_adapter"
     unload = f"{server.url}/v1/unload_lora_adapter"
-    r = httpx.post(load, json={"lora_name": "b", "lora_path": str(b)}, timeout=60)
+    r = httpx.post(load, json={"lora_name": "b", "lora_path": "b"}, timeout=60)  # relative
     assert r.status_code == 200 and "added successfully" in r.text, r.text
     assert _text(_complete(server, model="tiny:b")) == want["b"]
     assert httpx.post(load, json={"lora_name": "b", "lora_path": str(b)}).status_code == 400
@@ -86,6 +89,9 @@ def test_routing_models_and_runtime_load(setup):
                               a.parent / "wrong", seed=1)
     r = httpx.post(load, json={"lora_name": "w", "lora_path": str(wrong)})
     assert r.status_code == 400 and "do not fit the base model" in r.text
+    outside = shutil.copytree(b, a.parent.parent / f"{a.parent.name}-outside")
+    r = httpx.post(load, json={"lora_name": "o", "lora_path": str(outside)})
+    assert r.status_code == 400 and "--lora-adapters-dir" in r.text, r.text  # a good one
 
     r = httpx.post(unload, json={"lora_name": "b"})
     assert r.status_code == 200 and "removed successfully" in r.text
@@ -95,9 +101,9 @@ def test_routing_models_and_runtime_load(setup):
 
 
 @pytest.fixture(scope="module")
-def malformed(setup, tmp_path_factory):
+def malformed(setup):
     _, _, a, _ = setup
-    return malformed_adapters(a, tmp_path_factory.mktemp("malformed_lora"))
+    return malformed_adapters(a, a.parent / "malformed")  # in the server's adapters folder
 
 
 def _load(server, name: str, path) -> httpx.Response:
@@ -138,10 +144,10 @@ def test_a_malformed_lora_flag_is_a_clear_cli_error(setup, malformed):
         assert "engine" not in r.stderr  # refused before any engine started
 
 
-def test_a_restarted_engine_serves_the_adapters_loaded_at_run_time(setup, tmp_path):
+def test_a_restarted_engine_serves_the_adapters_loaded_at_run_time(setup):
     """Last in this module: it kills the engine."""
     server, _, a, b = setup
-    gone = shutil.copytree(b, tmp_path / "gone")
+    gone = shutil.copytree(b, a.parent / "gone")
     assert _load(server, "b", b).status_code == 200
     assert _load(server, "gone", gone).status_code == 200
     want_a, want_b = _text(_complete(server, model="a")), _text(_complete(server, model="b"))

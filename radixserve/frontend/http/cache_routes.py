@@ -8,18 +8,27 @@
                              resume by recomputing)
          400                 a query value that is not a boolean
     POST|GET /flush_cache    (SGLang's, which sglang-router fans out): the same reset without
-                             preempting; 400 when refused, as SGLang answers
+                             preempting; 400 when refused, as SGLang answers; 403
+                             ``cross_site_request`` when a page on another site asked
 
 vLLM mounts its route only with ``VLLM_SERVER_DEV_MODE=1`` and answers 409 on a refusal since
 late 2025 (200 whatever happened before); here it is always mounted and, like every route
 that is not a probe, needs the API key when the server has one. ``reset_external`` (a KV
 connector's cache) is accepted and has nothing to reset: radixserve has no connector.
+
+SGLang answers GET too (``curl URL/flush_cache``, older scripts), so it stays, but a GET is
+what any web page can send without asking (``<img src=".../flush_cache">``), and on a
+server without a key it would flush the cache on every visit. A browser says where a
+request comes from (``Sec-Fetch-Site``, ``Origin``, ``Referer``); routers and curl send none
+of them, so one that names another site is refused (`cross_site`). The POSTs need no such
+check: a browser's cross-site POST carries ``Origin`` and is refused (415) by the guard.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from urllib.parse import urlsplit
 
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
@@ -46,6 +55,22 @@ def query_bool(call: Call, name: str) -> bool:
                       param=name)
 
 
+def cross_site(call: Call) -> str | None:
+    """The header showing ``call`` came from a web page on another origin than this server's
+    (``Sec-Fetch-Site`` other than same-origin or none, or an ``Origin`` or ``Referer`` whose
+    host is not the request's ``Host``); None when none does (curl, routers, our pages)."""
+    headers = dict(call.scope["headers"])
+    site = headers.get(b"sec-fetch-site")
+    if site is not None and site not in (b"same-origin", b"none"):
+        return f"Sec-Fetch-Site: {site.decode('latin-1')}"
+    host = headers.get(b"host", b"").decode("latin-1").lower()
+    for name in (b"origin", b"referer"):
+        value = headers.get(name)
+        if value is not None and urlsplit(value.decode("latin-1")).netloc.lower() != host:
+            return f"{name.decode().title()}: {value.decode('latin-1')[:200]}"
+    return None
+
+
 def cache_routes(ctx) -> list[Route]:
     client = ctx.engine.client
 
@@ -59,6 +84,9 @@ def cache_routes(ctx) -> list[Route]:
                         "blocks (retry, or pass reset_running_requests=true)")
 
     async def flush_cache(call: Call):
+        if (source := cross_site(call)) is not None:
+            raise OpenAIError(f"/flush_cache refused: a page on another site asked ({source})",
+                              403, "permission_error", code="cross_site_request")
         if await client.reset_prefix_cache(False):
             return PlainTextResponse("Cache flushed.\n")
         return _refused(400, "cache not flushed: running requests hold cached blocks")

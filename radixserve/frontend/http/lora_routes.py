@@ -9,21 +9,28 @@
          200 text "Success: LoRA adapter 'NAME' removed successfully."
          404 no such adapter; 400 while unfinished requests use it
 
+Mounted only with ``--enable-lora-runtime-updates`` (vLLM's gate is the environment variable
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), which needs ``--lora-adapters-dir DIR``: ``lora_path``
+is read relative to DIR, and one whose real path (symbolic links followed) leaves DIR is a
+400 that is the same whatever the path, so a client learns nothing about files outside it
+(vLLM reads any path the server can). Like every route that is not a probe, they need the
+API key when the server has one.
+
 The API process checks the adapter's files against the base model first (models/lora_check.py,
 torch-free: headers and config only), so a malformed one never reaches the engine; the engine
 checks again and loads (engine/lora_registry.py), and a load that fails there fails alone.
 The API process keeps the names for routing (``ServingContext.loras``) once the engine has
-answered. vLLM mounts these only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``; here they are
-always mounted and, like every route that is not a probe, need the API key when the server has
-one. With data parallel every live replica loads it; an engine restarted later is given the
-adapters loaded at run time again (cluster/runtime_loras.py), and one it can no longer load
-(its files changed since) leaves ``ctx.loras`` too.
+answered. With data parallel every live replica loads it; an engine restarted later is given
+the adapters loaded at run time again (cluster/runtime_loras.py), and one it can no longer
+load (its files changed since) leaves ``ctx.loras`` too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from dataclasses import dataclass
 
 from starlette.responses import PlainTextResponse
 
@@ -45,8 +52,45 @@ class UnloadLoraAdapterRequest(OpenAIRequest):
     lora_int_id: int | None = None  # vLLM's; accepted and ignored
 
 
-def lora_routes(ctx) -> list[Route]:
-    """The two routes over ``ctx`` (a `ServingContext`), updating ``ctx.loras``."""
+@dataclass(frozen=True)
+class LoraUpdates:
+    """Run-time adapter loads are on, reading adapters from ``adapters_dir`` only (a real
+    path: no symbolic link in it)."""
+
+    adapters_dir: str
+
+    def confine(self, path: str) -> str:
+        """The real path of ``path`` (relative: to the folder); 400 unless it is inside the
+        folder, the same error whatever ``path`` is or whether it exists."""
+        try:
+            full = os.path.realpath(os.path.join(self.adapters_dir, path))
+            if os.path.commonpath([full, self.adapters_dir]) == self.adapters_dir:
+                return full
+        except ValueError:  # a NUL byte, or a path on another drive
+            pass
+        raise OpenAIError("lora_path must name an adapter inside the server's "
+                          "--lora-adapters-dir", param="lora_path")
+
+
+def lora_updates(enabled: bool, adapters_dir: str | None) -> LoraUpdates | None:
+    """``--enable-lora-runtime-updates`` and ``--lora-adapters-dir``: None when off;
+    ValueError for one without the other or a folder that is not one."""
+    if not enabled:
+        if adapters_dir is not None:
+            raise ValueError("--lora-adapters-dir is used only with "
+                             "--enable-lora-runtime-updates")
+        return None
+    if adapters_dir is None:
+        raise ValueError("--enable-lora-runtime-updates needs --lora-adapters-dir DIR: the "
+                         "folder run-time adapters are loaded from (no other path is read)")
+    if not os.path.isdir(adapters_dir):
+        raise ValueError(f"--lora-adapters-dir {adapters_dir}: not a folder")
+    return LoraUpdates(os.path.realpath(adapters_dir))
+
+
+def lora_routes(ctx, updates: LoraUpdates) -> list[Route]:
+    """The two routes over ``ctx`` (a `ServingContext`), updating ``ctx.loras``; adapters
+    are read from ``updates.adapters_dir`` only."""
     runtime = getattr(getattr(ctx.engine, "client", None), "loras", None)  # a `RuntimeLoras`
     if runtime is not None:  # an adapter a restarted engine could not load again
         runtime.on_forgotten.append(lambda name: ctx.loras.pop(name, None))
@@ -77,10 +121,11 @@ def lora_routes(ctx) -> list[Route]:
             raise OpenAIError(f"{body.lora_name!r} is the base model's name", param="lora_name")
         if not body.lora_name.strip():
             raise OpenAIError("lora_name must not be empty", param="lora_name")
-        await check(body.lora_path)
-        await call(body.lora_name, body.lora_path)
-        ctx.loras[body.lora_name] = body.lora_path
-        logger.info("LoRA adapter %r loaded from %s", body.lora_name, body.lora_path)
+        path = updates.confine(body.lora_path)
+        await check(path)
+        await call(body.lora_name, path)
+        ctx.loras[body.lora_name] = path
+        logger.info("LoRA adapter %r loaded from %s", body.lora_name, path)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added "
                                  "successfully.")
 

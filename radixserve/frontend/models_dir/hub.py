@@ -12,10 +12,14 @@ Rules (docs/models-dir.md, docs/architecture.md):
   first, pinned ones (keep_alive < 0) last. A model with requests in flight is never evicted:
   the load waits (up to ``wait_timeout``) for one to become idle, then answers 503 (count) or
   507 (memory, with the numbers). Nothing loaded and still too big: 507 at once.
+- fairness: while a load waits for room, new requests for the loaded models are not admitted
+  (they queue behind that load, as Ollama's do), so steady traffic to one model cannot keep
+  it busy until the other's load times out.
 - idle unload: a model unused for its keep_alive (``--models-idle-unload`` unless a request
   set it) is unloaded; keep_alive 0 unloads after the request; inf pins it.
 - an explicit unload waits for the model's requests in flight (up to ``drain_timeout``); what
-  is still open then ends with the drain's 503.
+  is still open then ends in its API's way (an error event then [DONE]; Ollama's last
+  {"error"} line), and what the model held in this process is collected (`memory.reclaim`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import dataclass, field
 
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.models_dir.catalog import Catalog, ModelEntry, NotAModel
-from radixserve.frontend.models_dir.memory import MemoryPolicy, gib
+from radixserve.frontend.models_dir.memory import MemoryPolicy, gib, reclaim
 from radixserve.frontend.models_dir.served import ServedModel
 
 logger = logging.getLogger(__name__)
@@ -85,6 +89,9 @@ class ModelHub:
         self.slots: dict[str, Slot] = {}
         self._load_lock = asyncio.Lock()
         self._num_loads = 0
+        self._admitting = asyncio.Event()  # clear while a load waits for room (fairness)
+        self._admitting.set()
+        self._room_for: Slot | None = None  # that load's slot
         self._reaper: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self.drain = None  # the front router's `Drain`, shared by every model's router
@@ -124,6 +131,9 @@ class ModelHub:
         is not loaded); counts one request in flight until `release`. Raises OpenAIError:
         404 unknown, 400 not a model, 503/507 no room or a failed start."""
         slot = self.slot(name)
+        if not self._admitting.is_set() and slot is not self._room_for:
+            await self._behind_waiting_load()
+            slot = self.slot(name)
         if slot.state == "loaded":  # the fast path: no lock
             slot.in_flight += 1
             return slot.served
@@ -143,6 +153,15 @@ class ModelHub:
         finally:
             slot.lock.release()
 
+    async def _behind_waiting_load(self) -> None:
+        """Wait until no load waits for room (it ends within its own wait timeout; this one
+        is a backstop)."""
+        try:
+            await asyncio.wait_for(self._admitting.wait(), self.wait_timeout)
+        except TimeoutError:
+            raise OpenAIError(f"another model's load is still waiting for room after "
+                              f"{self.wait_timeout:g} s", 503, "service_unavailable") from None
+
     def release(self, served: ServedModel, keep_alive: float | None = None) -> None:
         """A request on ``served`` ended; ``keep_alive`` (seconds, 0 unload now, inf pin)
         sets how long the model stays loaded after it."""
@@ -152,6 +171,9 @@ class ModelHub:
         slot.keep(keep_alive)
         if slot.keep_alive_s == 0 and slot.in_flight == 0:
             self._spawn(self._unload(slot, "keep_alive 0"))
+        if slot.served is not served and slot.in_flight == 0:
+            # its model was unloaded under it: this was the last request holding its objects
+            asyncio.get_running_loop().call_soon(reclaim)
 
     async def load(self, name: str, keep_alive: float | None = None) -> Slot:
         """Load ``name`` (if not loaded) for no request: /models/load, Ollama's empty prompt."""
@@ -182,6 +204,8 @@ class ModelHub:
                 await served.close()
             finally:
                 slot.state, slot.keep_alive_s, slot.is_pinned = "unloaded", self.idle_s, False
+            del served  # the last reference here: `reclaim` may free it
+            reclaim()
             _say(f"model {name} unloaded ({reason})")
             return True
 
@@ -231,7 +255,15 @@ class ModelHub:
 
     async def _make_room(self, slot: Slot, need: int) -> None:
         """Unload idle models until ``slot`` may load (count and memory), waiting for busy
-        ones up to the wait timeout; OpenAIError 503/507 when there is no room."""
+        ones up to the wait timeout; OpenAIError 503/507 when there is no room. While it
+        waits, new requests for other models queue (`acquire`)."""
+        try:
+            await self._make_room_or_wait(slot, need)
+        finally:
+            self._room_for = None
+            self._admitting.set()
+
+    async def _make_room_or_wait(self, slot: Slot, need: int) -> None:
         deadline = time.monotonic() + self.wait_timeout
         while True:
             others = [s for s in self.loaded() if s is not slot]
@@ -257,6 +289,8 @@ class ModelHub:
                 raise OpenAIError(f"cannot load model '{slot.entry.name}': all {len(others)} "
                                   f"loaded models are busy (--max-loaded-models "
                                   f"{self.max_loaded})", 503, "service_unavailable")
+            self._room_for = slot  # from now on the busy models' new requests wait
+            self._admitting.clear()
             await asyncio.sleep(_POLL_S)
 
     def _on_fatal(self, name: str):

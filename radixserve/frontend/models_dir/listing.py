@@ -12,6 +12,7 @@ import asyncio
 import datetime as dt
 import functools
 import json
+import math
 import os
 
 from radixserve.frontend.models_dir.catalog import ModelEntry
@@ -53,9 +54,22 @@ def ollama_ps(entry: ModelEntry, slot: Slot, info) -> dict:
     """An /api/ps entry: a model loaded or loading (``expires_at`` far away when pinned)."""
     expires = slot.expires_at
     served = slot.served
-    return {**ollama_tag(entry, slot, info),
-            "expires_at": _rfc3339(expires) if expires is not None else "2318-01-01T00:00:00Z",
+    return {**ollama_tag(entry, slot, info), "expires_at": _expiry(expires),
             "size_vram": 0, "context_length": served.max_model_len if served else 0}
+
+
+FOREVER = "2318-01-01T00:00:00Z"  # what Ollama shows for a pinned model (Go's longest duration)
+
+
+def _expiry(expires: float | None) -> str:
+    """``expires_at`` for /api/ps: never an exception (a time past what a date can hold
+    reads as forever), so one model's keep_alive cannot break the listing for everyone."""
+    if expires is None or not math.isfinite(expires):
+        return FOREVER
+    try:
+        return _rfc3339(expires)
+    except (OverflowError, OSError, ValueError):
+        return FOREVER
 
 
 def ollama_show(entry: ModelEntry) -> dict:

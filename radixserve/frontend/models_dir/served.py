@@ -5,6 +5,7 @@ makes of them. The hub forwards requests to ``router`` in-process (no extra HTTP
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ class ServedModel:
     metrics: object  # ServerMetrics
     router: object  # http.router.Router
     estimate_bytes: int
+    folder: str | None = None  # its engines' ipc sockets (removed by `close`)
     loaded_at: float = field(default_factory=time.time)
 
     @property
@@ -29,6 +31,15 @@ class ServedModel:
         return self.ctx.max_model_len
 
     async def close(self, timeout: float = 10.0) -> None:
-        """Shut its engines down (killed if they do not exit within ``timeout``): requests
-        still open on it end with the engine's 503."""
-        await self.supervisor.close(timeout=timeout)
+        """Shut its engines down (killed if they do not exit within ``timeout``), end the
+        requests still open on it (each in its API's way: an error event, an Ollama error
+        line) and remove its socket folder."""
+        try:
+            await self.supervisor.close(timeout=timeout)
+        finally:
+            # NOTE: an engine told to shut down sends nothing more, so a request still waiting
+            # on it would wait forever (and keep this model's objects alive): fail it now.
+            for replica in self.supervisor.supervisors:
+                replica.client.mark_dead(f"model '{self.entry.name}' was unloaded")
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
