@@ -61,6 +61,23 @@ def test_chat_logprobs_times_n_times_max_tokens_is_refused(server):
     _refused(r, "top_logprobs")  # streamed answers are bounded alike
 
 
+def test_a_stream_without_logprobs_is_not_bounded_by_its_text():
+    """A stream sends its text as it is made: only what logprobs multiply counts there (an
+    endless mock stream that the drain must cut asks for 90M tokens: tests/server/
+    test_server_faults.py); a whole answer holds its text, so it counts."""
+    limit = 16 * response_size.MB
+    streamed = response_size.completion_terms(1, 10, 90_000_000, False, None, None, stream=True)
+    assert response_size.check_response_size(streamed, limit) == 0
+    assert response_size.check_response_size(
+        response_size.chat_terms(1, 90_000_000, None, stream=True), limit) == 0
+    with pytest.raises(Exception, match="response_too_large|max-response-mb"):
+        response_size.check_response_size(
+            response_size.completion_terms(1, 10, 90_000_000, False, None, None), limit)
+    with pytest.raises(Exception, match="max-response-mb"):  # logprobs still count streamed
+        response_size.check_response_size(response_size.completion_terms(
+            1, 10, 1_000_000, False, 20, None, stream=True), limit)
+
+
 def test_answers_within_the_limit_are_served(server):
     r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
         "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 20,

@@ -31,6 +31,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from radixserve.frontend.http.protocol_base import OpenAIError
@@ -79,8 +80,12 @@ class ModelHub:
     its `ServedModel` (`serve_models_dir.start_served_model`; tests pass a fake)."""
 
     def __init__(self, catalog: Catalog, args, folder: str, policy: MemoryPolicy,
-                 start) -> None:
+                 start, reclaim: Callable[[], None] = reclaim) -> None:
+        """``reclaim``: what gives back an unloaded model's memory (`memory.reclaim`, a
+        full collection: in this small API process a few ms; tests of the rules in a large
+        test process pass a cheaper one)."""
         self.catalog, self.args, self.folder, self.policy = catalog, args, folder, policy
+        self.reclaim = reclaim
         self.max_loaded: int = args.max_loaded_models
         self.idle_s: float = args.models_idle_unload or math.inf  # 0: never
         self.wait_timeout: float = args.startup_timeout
@@ -173,7 +178,7 @@ class ModelHub:
             self._spawn(self._unload(slot, "keep_alive 0"))
         if slot.served is not served and slot.in_flight == 0:
             # its model was unloaded under it: this was the last request holding its objects
-            asyncio.get_running_loop().call_soon(reclaim)
+            asyncio.get_running_loop().call_soon(self.reclaim)
 
     async def load(self, name: str, keep_alive: float | None = None) -> Slot:
         """Load ``name`` (if not loaded) for no request: /models/load, Ollama's empty prompt."""
@@ -205,7 +210,7 @@ class ModelHub:
             finally:
                 slot.state, slot.keep_alive_s, slot.is_pinned = "unloaded", self.idle_s, False
             del served  # the last reference here: `reclaim` may free it
-            reclaim()
+            self.reclaim()
             _say(f"model {name} unloaded ({reason})")
             return True
 

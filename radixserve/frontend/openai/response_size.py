@@ -55,11 +55,14 @@ class SizeTerm:
 
 
 def completion_terms(n: int, num_prompt_tokens: int, max_tokens: int, echo: bool,
-                     logprobs: int | None, prompt_logprobs: int | None) -> list[SizeTerm]:
-    """A /v1/completions response's parts; ``num_prompt_tokens`` over all its prompts."""
+                     logprobs: int | None, prompt_logprobs: int | None,
+                     stream: bool = False) -> list[SizeTerm]:
+    """A /v1/completions response's parts; ``num_prompt_tokens`` over all its prompts.
+    ``stream``: the text is sent as it is made and held nowhere, so only what logprobs
+    multiply counts (a long generation is the context's to bound, not this check's)."""
     echoed = num_prompt_tokens if echo else 0
-    terms = [SizeTerm("max_tokens", (("n", n), ("tokens (echoed + max_tokens)",
-                                                  echoed + max_tokens)), TEXT_BYTES)]
+    terms = [] if stream else [SizeTerm("max_tokens", (
+        ("n", n), ("tokens (echoed + max_tokens)", echoed + max_tokens)), TEXT_BYTES)]
     if logprobs is not None:
         terms.append(SizeTerm("logprobs", (
             ("n", n), ("tokens (echoed + max_tokens)", echoed + max_tokens),
@@ -74,9 +77,12 @@ def completion_terms(n: int, num_prompt_tokens: int, max_tokens: int, echo: bool
     return terms
 
 
-def chat_terms(n: int, max_tokens: int, top_logprobs: int | None) -> list[SizeTerm]:
-    """A /v1/chat/completions response's parts (``top_logprobs`` None: no logprobs)."""
-    terms = [SizeTerm("max_tokens", (("n", n), ("max_tokens", max_tokens)), TEXT_BYTES)]
+def chat_terms(n: int, max_tokens: int, top_logprobs: int | None,
+               stream: bool = False) -> list[SizeTerm]:
+    """A /v1/chat/completions response's parts (``top_logprobs`` None: no logprobs;
+    ``stream`` as `completion_terms`)."""
+    terms = [] if stream else [SizeTerm("max_tokens", (("n", n), ("max_tokens", max_tokens)),
+                                        TEXT_BYTES)]
     if top_logprobs is not None:
         terms.append(SizeTerm("top_logprobs", (
             ("n", n), ("max_tokens", max_tokens), ("(top_logprobs + 1)", top_logprobs + 1)),

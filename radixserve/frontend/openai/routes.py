@@ -110,7 +110,7 @@ class OpenAIRoutes:
         prompts, params = await self.completions.prepare(body)
         await self.ctx.check_structured(structured_param(body), params)
         size = self.completions.response_bytes(body, prompts, params,
-                                               self.ctx.max_response_bytes)
+                                               self.ctx.max_response_bytes, bool(body.stream))
         self.ctx.check_alive()
         ticket = self.gate.admit(len(prompts) * params[0].n, sum(len(ids) for _, ids in prompts),
                                  body.timeout)
@@ -126,7 +126,7 @@ class OpenAIRoutes:
         self.gate.precheck(body.n or 1, 0)
         ids, params, tool_parser = await self.chat.prepare(body)
         await self.ctx.check_structured(structured_param(body), [params])
-        size = self.chat.response_bytes(params, self.ctx.max_response_bytes)
+        size = self.chat.response_bytes(params, self.ctx.max_response_bytes, bool(body.stream))
         self.ctx.check_alive()
         ticket = self.gate.admit(params.n, len(ids), body.timeout)
         call.admitted.append(ticket)

@@ -159,11 +159,11 @@ class ChatServer:
         build = functools.partial(self._response, ids, tool_parser, request_id, finals)
         return await off_loop_if_large(self.response_bytes(params), build)
 
-    def response_bytes(self, params, limit: int | None = None) -> int:
+    def response_bytes(self, params, limit: int | None = None, stream: bool = False) -> int:
         """The answer's estimated bytes (`response_size`); 400 naming the parameters and
         their product beyond ``limit``."""
-        return check_response_size(chat_terms(params.n, params.max_tokens, params.logprobs),
-                                   limit)
+        return check_response_size(
+            chat_terms(params.n, params.max_tokens, params.logprobs, stream), limit)
 
     def _response(self, ids, tool_parser, request_id: str,
                   finals: dict[int, RequestState]) -> ChatCompletionResponse:

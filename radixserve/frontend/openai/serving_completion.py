@@ -92,13 +92,13 @@ class CompletionServer:
         return merge([_offset(stream, i * n) for i, stream in enumerate(streams)])
 
     def response_bytes(self, body: CompletionRequest, prompts, params,
-                       limit: int | None = None) -> int:
+                       limit: int | None = None, stream: bool = False) -> int:
         """The answer's estimated bytes (`response_size`); 400 naming the parameters and
         their product beyond ``limit``."""
         num_max_tokens = sum(p.max_tokens for p in params)
         return check_response_size(completion_terms(
             params[0].n, sum(len(ids) for _, ids in prompts), num_max_tokens, bool(body.echo),
-            body.logprobs, body.prompt_logprobs), limit)
+            body.logprobs, body.prompt_logprobs, stream), limit)
 
     async def full(self, body: CompletionRequest, prompts, params, arrival: float,
                    ticket: QueueTicket = NO_TICKET) -> CompletionResponse:
