@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from asgi_call import asgi_call
 from server_proc import ServerProc
 
 from radixserve.frontend.anthropic.serving import send_anthropic_error
@@ -56,25 +57,8 @@ SHAPES = {send_error: _is_openai, send_anthropic_error: _is_anthropic,
 async def _call(app, method: str, path: str, headers: dict[str, str] | None = None,
                 body: bytes = b"") -> tuple[int, bytes]:
     """(status, body) of one request to the ASGI ``app``."""
-    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    if body:
-        raw += [(b"content-length", str(len(body)).encode()),
-                (b"content-type", b"application/json")]
-    scope = {"type": "http", "method": method, "path": path, "headers": raw,
-             "query_string": b""}
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-    sent = []
-
-    async def receive():
-        if messages:
-            return messages.pop()
-        await asyncio.Event().wait()
-
-    async def send(message):
-        sent.append(message)
-
-    await app(scope, receive, send)
-    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+    status, _, data = await asgi_call(app, method, path, body, headers)
+    return status, data
 
 
 def _request_path(route: Route) -> str:
