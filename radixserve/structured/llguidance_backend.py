@@ -11,8 +11,8 @@ import threading
 from collections.abc import Callable, Sequence
 
 import llguidance
-import llguidance.torch as llg_torch
-import torch
+import llguidance.numpy as llg_numpy  # not llguidance.torch: its torch.compile'd
+import torch  # kernel imports dynamo and inductor at load (1.5 s of the engine's start)
 
 from radixserve.tokenizer.tokenizer import Tokenizer
 from radixserve.structured.backend import GrammarError
@@ -116,8 +116,9 @@ class LLGuidanceBackend:
         # NOTE: one row after another on this (mask) thread, not llguidance's parallel fill:
         # its worker threads fought the forward's OpenMP threads for the 2 cores (-18 %
         # throughput at 32 constrained rows, against -8 % this way; benchmarks/bench_structured.py).
+        rows = bitmask.numpy()  # the same memory (a CPU tensor)
         for i, m in enumerate(matchers):
-            llg_torch.fill_next_token_bitmask(m._matcher, bitmask, i)
+            llg_numpy.fill_next_token_bitmask(m._matcher, rows, i)
 
     def _tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
