@@ -118,3 +118,14 @@ def git_rev() -> str:
                               text=True).stdout.strip()
     except OSError:
         return "?"
+
+
+def report_attacks(title: str, args: argparse.Namespace, rows: list[tuple[str, str, bool]]) -> int:
+    """Print each attack's (name, what happened, held) under a header naming the engine, the
+    CPU and the commit; the exit status: 1 if any broke."""
+    print(f"# {title}, {'real' if args.real else 'mock'} engine, {cpu_name()}, git {git_rev()}")
+    for name, what, held in rows:
+        print(f"{'held ' if held else 'BROKE'}  {name:28s} {what}")
+    broke = sum(not held for _, _, held in rows)
+    print(f"{len(rows) - broke} of {len(rows)} held")
+    return 1 if broke else 0

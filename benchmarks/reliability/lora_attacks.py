@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import httpx
-from common import add_server_args, cpu_name, engine_pid, git_rev, server
+from common import add_server_args, engine_pid, report_attacks, server
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 from malformed_lora import malformed_adapters, write_peft_adapter  # noqa: E402
@@ -108,13 +108,7 @@ def main() -> int:
                 rows.append(restart_round(s, good))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"# LoRA attacks, {'real' if args.real else 'mock'} engine, {cpu_name()}, "
-          f"git {git_rev()}")
-    for name, what, held in rows:
-        print(f"{'held ' if held else 'BROKE'}  {name:28s} {what}")
-    broke = sum(not held for _, _, held in rows)
-    print(f"{len(rows) - broke} of {len(rows)} held")
-    return 1 if broke else 0
+    return report_attacks("LoRA attacks", args, rows)
 
 
 if __name__ == "__main__":

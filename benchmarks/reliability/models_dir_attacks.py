@@ -27,7 +27,7 @@ import tempfile
 import time
 
 import httpx
-from common import add_server_args, cpu_name, git_rev, rss_mb
+from common import add_server_args, report_attacks, rss_mb
 from server_proc import ServerProc
 
 from radixserve.models.default import default_model_path
@@ -154,13 +154,7 @@ def main() -> int:
             s.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"# --models-dir attacks, {'real' if args.real else 'mock'} engine, {cpu_name()}, "
-          f"git {git_rev()}")
-    for name, what, held in rows:
-        print(f"{'held ' if held else 'BROKE'}  {name:28s} {what}")
-    broke = sum(not held for _, _, held in rows)
-    print(f"{len(rows) - broke} of {len(rows)} held")
-    return 1 if broke else 0
+    return report_attacks("--models-dir attacks", args, rows)
 
 
 if __name__ == "__main__":
