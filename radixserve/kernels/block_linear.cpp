@@ -85,6 +85,7 @@
 #include "half_linear.h"
 #include "scratch.h"
 #include "simd.h"
+#include "tile_linear.h"
 
 namespace {
 
@@ -117,9 +118,11 @@ constexpr int64_t kPrefetch = RS_PREFETCH;  // bytes ahead a single row's GEMV p
 // 37 -> 46 of 48. AVX2's Q6_K measured even so, Q4_K 2-3 % slower.)
 
 // The formats, by the ids the Python side uses (layers/block_linear.py: FORMATS).
-// kF16 and kBF16 are 16-bit parts (half_linear.cpp: their own layout, float32 activations).
+// kF16 and kBF16 are 16-bit parts (half_linear.cpp: their own layout, float32 activations);
+// the ids from kFirstTileFormat on are the types tile_linear.cpp decodes to int8 tiles.
 enum Format : int64_t { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kF16, kBF16,
-                        kNumFormats };
+                        kNumFormats = kEndTileFormat };
+static_assert(kBF16 + 1 == kFirstTileFormat, "the tile formats follow the 16-bit ones");
 
 inline bool is_half(int64_t f) { return f == kF16 || f == kBF16; }
 inline bool is_kquant(int64_t f) { return f == kQ4_K || f == kQ5_K || f == kQ6_K; }
@@ -1214,20 +1217,23 @@ int rs_held_kquants(int set) {
 int64_t rs_block_packed_bytes(int64_t format, int64_t N, int64_t K) {
   if (format < 0 || format >= kNumFormats || K < 1) return 0;
   if (is_half(format)) return (N + 15) / 16 * 16 * K * 2;
+  if (is_tile(format)) return (N + 15) / 16 * 16 * tile_row_bytes(format, K);
   if (K % (32 * unit_blocks(format))) return 0;
   return (N + 15) / 16 * (K / 32 / unit_blocks(format)) * unit_bytes(format);
 }
 
 // x [M, K] float32 (K a multiple of 32 where a part is block quantized) -> y [M, sum of the
 // parts' n] float32 (row stride ldy), the parts' outputs side by side. Returns 0, 1 when
-// scratch cannot be allocated, 2 for a bad format or K.
+// scratch cannot be allocated, 2 for a bad format or K, 3 for a codebook type before
+// rs_tile_grids.
 int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts,
                     int64_t nparts, float* y, int64_t ldy) {
-  bool quantized = false, kquants = false, half = false;  // legacy, K-quant, 16-bit parts
+  // legacy, K-quant, 16-bit and tile parts
+  bool quantized = false, kquants = false, half = false, tiled = false;
   for (int64_t p = 0; p < nparts; ++p) {
     const int64_t f = parts[p].format;
     if (!rs_block_packed_bytes(f, 1, K)) return 2;
-    (is_half(f) ? half : is_kquant(f) ? kquants : quantized) = true;
+    (is_half(f) ? half : is_kquant(f) ? kquants : is_tile(f) ? tiled : quantized) = true;
   }
   const int64_t B = K / 32;
   const bool amx = quantized && rs_amx_enabled() && M >= kAmxMinRows;
@@ -1241,17 +1247,23 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
                         : nullptr;
   int8_t* ak = kquants ? (int8_t*)get(scratch::kKActivations, (size_t)(M * 2 * K)) : nullptr;
   KAct* ka = kquants ? (KAct*)get(scratch::kKScales, (size_t)(M * B) * sizeof(KAct)) : nullptr;
+  int8_t* at = tiled ? (int8_t*)get(scratch::kTileActivations, (size_t)(M * K)) : nullptr;
+  TileAct* ta = tiled ? (TileAct*)get(scratch::kTileScales, (size_t)(M * B) * sizeof(TileAct))
+                      : nullptr;
   int64_t* first = (int64_t*)get(scratch::kItems, (size_t)(nparts + 1) * 2 * sizeof(int64_t));
-  if ((quantized && (!a || !sc)) || (kquants && (!ak || !ka)) || !first) return 1;
+  if ((quantized && (!a || !sc)) || (kquants && (!ak || !ka)) || (tiled && (!at || !ta)) ||
+      !first)
+    return 1;
   if (Mp > M) {
     memset(a + M * 2 * K, 0, (size_t)((Mp - M) * 2 * K));
     memset(sc + M * B * kActFloats, 0, (size_t)((Mp - M) * B * kActFloats) * sizeof(float));
   }
-  if (quantized || kquants) {
+  if (quantized || kquants || tiled) {
 #pragma omp parallel for schedule(static) if (M >= 16)
     for (int64_t r = 0; r < M; ++r) {
       if (quantized) quantize_row(x + r * K, K, a + r * 2 * K, sc + r * B * kActFloats);
       if (kquants) quantize_row_k(x + r * K, K, ak + r * 2 * K, ka + r * B);
+      if (tiled) tile_quantize_row(x + r * K, K, at + r * K, ta + r * B);
     }
   }
   // work items, part after part: a block part's are row chunks of `block_rows` rows x pairs of
@@ -1263,6 +1275,11 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
   block_rows = block_rows < 16 ? 16 : block_rows;
   block_rows = block_rows > Mp ? Mp : block_rows;  // AMX: whole 16-row tiles
   const int64_t block_chunks = (M + block_rows - 1) / block_rows;
+  // a tile part's items: groups of 16 outputs x chunks of rows whose activations (K bytes a
+  // row) are about kActChunkBytes, the group's decoded tile read by every row of the chunk
+  int64_t tile_rows = kActChunkBytes / K;
+  tile_rows = tile_rows < 16 ? 16 : tile_rows;
+  const int64_t tile_chunks = (M + tile_rows - 1) / tile_rows;
   int64_t* col = first + nparts + 1;
   first[0] = 0;
   for (int64_t p = 0, c = 0; p < nparts; ++p) {
@@ -1271,7 +1288,8 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
     const int64_t N16 = (parts[p].n + 15) / 16;
     first[p + 1] = first[p] + (is_half(parts[p].format)
                                    ? (N16 + kHalfGroups - 1) / kHalfGroups * row_chunks
-                                   : (N16 + 1) / 2 * block_chunks);
+                               : is_tile(parts[p].format) ? N16 * tile_chunks
+                                                          : (N16 + 1) / 2 * block_chunks);
   }
   const int64_t items = first[nparts];
   const int chunk = (int)(items / 16 > 1 ? items / 16 : 1);  // dynamic: see int8_linear.cpp
@@ -1289,7 +1307,15 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
     // decode_group's buffer, where a part decodes
     bool any_decodes = false;
     for (int64_t p = 0; p < nparts; ++p)
-      any_decodes |= !is_half(parts[p].format) && decodes(parts[p].format, M);
+      any_decodes |= !is_half(parts[p].format) && !is_tile(parts[p].format) &&
+                     decodes(parts[p].format, M);
+    uint8_t* tile_dec = tiled ? (uint8_t*)get(scratch::kTileDecoded,
+                                              (size_t)tile_decoded_bytes(K))
+                              : nullptr;
+    if (tiled && !tile_dec) {
+#pragma omp atomic write
+      failed = 1;
+    }
     uint8_t* dec = any_decodes ? (uint8_t*)get(scratch::kDecoded, (size_t)dec_buffer_bytes(B))
                                : nullptr;
     if (any_decodes && !dec) {
@@ -1319,6 +1345,17 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
         half_linear_item(part.format == kBF16, groups, M - r0 < kHalfRows ? M - r0 : kHalfRows,
                          x + r0 * K, K, (const uint16_t*)part.packed + g0 * 16 * K, strip,
                          part.bias, yp + r0 * ldy, ldy, g0 * 16, part.n);
+        continue;
+      }
+      if (is_tile(part.format)) {
+        if (!tile_dec) continue;
+        const int64_t g = (it - first[p]) % N16, r0 = (it - first[p]) / N16 * tile_rows;
+        if (!tile_item(part.format, M - r0 < tile_rows ? M - r0 : tile_rows, at + r0 * K,
+                       ta + r0 * B, K, part.packed + g * 16 * tile_row_bytes(part.format, K),
+                       tile_dec, part.bias, yp + r0 * ldy, ldy, g * 16, part.n)) {
+#pragma omp atomic write
+          failed = 3;
+        }
         continue;
       }
       const int64_t pairs = (N16 + 1) / 2;

@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "tile_linear.h"
+
 namespace {
 
 enum Format : int64_t { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K };
@@ -167,6 +169,11 @@ extern "C" {
 // block_linear.cpp's packed bytes (rs_block_packed_bytes(format, N, K) of them). Returns 0, or
 // 2 for a format without blocks or a K that is not a multiple of its unit.
 int rs_block_pack(int64_t format, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out) {
+  if (is_tile(format)) {  // the file's blocks regrouped 16 rows at a time (tile_linear.h)
+    if (!tile_row_bytes(format, K)) return 2;
+    tile_pack(format, raw, N, K, out);
+    return 0;
+  }
   Layout L;
   if (!layout_of(format, &L) || K <= 0 || K % (32 * L.U)) return 2;
   const int64_t units = K / (32 * L.U);

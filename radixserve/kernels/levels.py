@@ -14,8 +14,9 @@ from pathlib import Path
 # slowest (paged_attention.cpp's many specialisations: ~25 s a level, ~65 s at generic) start
 # at once rather than last.
 SOURCES = ("paged_attention.cpp", "block_linear.cpp", "half_linear.cpp", "int8_linear.cpp",
-           "layer_ops.cpp", "lora.cpp", "bitmask.cpp", "block_pack.cpp", "decoder_layer.cpp")
-HEADERS = ("simd.h", "half_linear.h", "scratch.h")
+           "tile_linear.cpp", "layer_ops.cpp", "lora.cpp", "bitmask.cpp", "block_pack.cpp",
+           "decoder_layer.cpp")
+HEADERS = ("simd.h", "half_linear.h", "scratch.h", "tile_linear.h")
 
 # Every level: optimised, no FMA contraction the source did not write (the kernels state their
 # rounding), OpenMP (bound at run time to the libgomp torch loaded).

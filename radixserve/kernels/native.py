@@ -30,10 +30,11 @@ from radixserve.kernels import levels as _levels
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 15  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap;
+ABI_VERSION = 16  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap;
 # 11: + rs_decoder_attention, rs_decoder_mlp (the layer in two halves, for tensor parallel);
 # 12: Gemma and q/k norms in the native decoder layer; 13: rs_block_pack (the repack at load);
-# 14: rs_lora_shrink, rs_lora_expand; 15: rs_held_kquants
+# 14: rs_lora_shrink, rs_lora_expand; 15: rs_held_kquants; 16: the tile formats (Q2_K, Q3_K,
+# IQ*, MXFP4, TQ*: tile_linear.cpp) and rs_tile_grids
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -43,6 +44,7 @@ _SIGNATURES = {
     "rs_source_hash": (ctypes.c_char_p, []),
     "rs_init": (ctypes.c_int, [ctypes.c_int]),
     "rs_held_kquants": (ctypes.c_int, [ctypes.c_int]),
+    "rs_tile_grids": (None, [_P]),
     "rs_int8_pack": (None, [_P, _I64, _I64, _P, _P]),
     "rs_int8_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, _P, _I64, _P, _I64]),
     "rs_block_packed_bytes": (_I64, [_I64, _I64, _I64]),
@@ -195,6 +197,9 @@ def _open(level: str) -> ctypes.CDLL:
         raise _Stale(f"{path.name} was built from other sources: rebuild (pip install .)")
     if lib.rs_level().decode() != level:
         raise _Stale(f"{path.name} is a {lib.rs_level().decode()} build")
+    from radixserve.kernels.tile_grids import table
+
+    lib.rs_tile_grids(table().ctypes.data)  # the IQ types' codebooks, copied by the library
     return lib
 
 

@@ -14,7 +14,7 @@ namespace scratch {
 // One slot per use; a call may hold several slots at once, never one slot twice.
 enum Slot { kActivations, kActScales, kKActivations, kKScales, kItems, kDecoded, kHalfStrip,
             kTiles, kInt8Activations, kInt8Scales, kAttnOffsets, kAttnItems, kAttnPartials,
-            kAttnScores, kNumSlots };
+            kAttnScores, kTileActivations, kTileScales, kTileDecoded, kNumSlots };
 
 // A 64-byte aligned buffer of at least `bytes` for `slot` on the calling thread, valid until
 // the next get of that slot on this thread; NULL when it cannot be allocated.

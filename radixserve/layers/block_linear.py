@@ -21,6 +21,12 @@ types too: their 16-bit values are kept as they are and multiplied by float32 ac
 outputs zero): exactly 2 bytes a weight, any K. A row's output is the plain sum over k in order,
 bit-identical in any batch as well.
 
+The other GGUF types (Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S,
+IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: ``TILE_TYPES``) keep the file's blocks byte for byte, regrouped
+16 rows at a time; one kernel decodes a group of 16 outputs to an int8 tile and multiplies every
+row of a batch with it (``kernels/tile_linear.cpp``: the numerics and why rows stay batch
+invariant).
+
 It exists only where the native kernels load (``models/quantization.py`` keeps float weights
 elsewhere).
 """
@@ -40,6 +46,10 @@ _T = GGMLQuantizationType
 FORMATS = {_T.Q4_0: 0, _T.Q4_1: 1, _T.Q5_0: 2, _T.Q5_1: 3, _T.Q8_0: 4, _T.Q4_K: 5, _T.Q5_K: 6,
            _T.Q6_K: 7, _T.F16: 8, _T.BF16: 9}
 HALF_TYPES = (_T.F16, _T.BF16)  # 16-bit parts: float32 activations, any K
+# the types decoded to int8 tiles by one kernel (kernels/tile_linear.cpp), ids from 10 on
+TILE_TYPES = (_T.Q2_K, _T.Q3_K, _T.IQ4_NL, _T.IQ4_XS, _T.MXFP4, _T.TQ1_0, _T.TQ2_0, _T.IQ2_XXS,
+              _T.IQ2_XS, _T.IQ2_S, _T.IQ3_XXS, _T.IQ3_S, _T.IQ1_S, _T.IQ1_M)
+FORMATS.update({t: 10 + i for i, t in enumerate(TILE_TYPES)})
 K_QUANTS = (_T.Q4_K, _T.Q5_K, _T.Q6_K)
 QUANT_BITS = {_T.Q4_0: 4, _T.Q4_1: 4, _T.Q4_K: 4, _T.Q5_0: 5, _T.Q5_1: 5, _T.Q5_K: 5, _T.Q6_K: 6,
          _T.Q8_0: 8}
@@ -106,6 +116,9 @@ def packed_bytes(qtype: GGMLQuantizationType, n: int, k: int) -> int:
     qtype = GGMLQuantizationType(qtype)
     if qtype in HALF_TYPES:
         return -(-n // 16) * 16 * k * 2
+    if qtype in TILE_TYPES:  # the file's blocks, 16 rows at a time
+        block_size, type_size = GGML_QUANT_SIZES[qtype]
+        return -(-n // 16) * 16 * (k // block_size) * type_size
     u = 8 if qtype in K_QUANTS else 1
     bits = QUANT_BITS[qtype]
     plane = {4: 0, 5: 64, 6: 128, 8: 256}[bits]
@@ -116,8 +129,10 @@ def packed_bytes(qtype: GGMLQuantizationType, n: int, k: int) -> int:
 
 def pack(qtype: GGMLQuantizationType, raw: torch.Tensor, k: int) -> torch.Tensor:
     """A matrix's GGUF bytes ``raw`` [N, bytes per row] (rows in output order) → the kernel's
-    packed bytes (the layout in ``kernels/block_linear.cpp``), uint8 [packed_bytes(qtype, N,
-    k)]: block formats by the native repack (``kernels/block_pack.cpp``), 16-bit ones here."""
+    packed bytes (the layout in ``kernels/block_linear.cpp``; tile types: the file's blocks as
+    [ceil(N / 16)][K / block][16 rows][block bytes], ``kernels/tile_linear.cpp``), uint8
+    [packed_bytes(qtype, N, k)]: block formats by the native repack (``kernels/block_pack.cpp``),
+    16-bit ones here."""
     qtype = GGMLQuantizationType(qtype)
     n = raw.shape[0]
     out = torch.empty(packed_bytes(qtype, n, k), dtype=torch.uint8)
