@@ -74,6 +74,11 @@ _SCALES = {
     "Q4_0": ((0, 4e-3),), "Q5_0": ((0, 2e-3),), "Q8_0": ((0, 2.7e-4),),
     "Q4_K": ((0, 1e-4), (2, 7.5e-4)), "Q5_K": ((0, 7e-5), (2, 1.1e-3)),
     "Q6_K": ((208, 1.5e-5),),
+    "Q2_K": ((80, 1e-3), (82, 1e-3)), "Q3_K": ((108, 1e-3),), "IQ4_NL": ((0, 2e-4),),
+    "IQ4_XS": ((0, 1e-5),), "TQ1_0": ((52, 2e-2),), "TQ2_0": ((64, 2e-2),),
+    "IQ2_XXS": ((0, 1e-3),), "IQ2_XS": ((0, 1e-3),), "IQ2_S": ((0, 1e-3),),
+    "IQ3_XXS": ((0, 1e-3),), "IQ3_S": ((0, 1e-3),), "IQ1_S": ((0, 1e-3),),
+    "MXFP4": (), "IQ1_M": (),  # their scales: random_blocks
 }
 _SIGNED_SCALES_Q6_K = slice(192, 208)  # Q6_K's int8 sub-block scales: random signed bytes
 
@@ -104,6 +109,14 @@ def random_blocks(rng: np.random.Generator, kind: str, rows: int, cols: int) -> 
     for offset, base in _SCALES[kind]:
         scale = (base * rng.uniform(0.5, 1.5, size=(rows, n))).astype(np.float16)
         data[:, :, offset:offset + 2] = scale.view(np.uint8).reshape(rows, n, 2)
+    if kind == "MXFP4":  # the e8m0 exponent: 2^-9 .. 2^-4 halved
+        data[:, :, 0] = rng.integers(118, 124, size=(rows, n))
+    if kind == "IQ1_M":  # its f16 d in the top nibbles of its four uint16 scales
+        d = (1e-3 * rng.uniform(0.5, 1.5, size=(rows, n))).astype(np.float16).view(np.uint16)
+        sc = data[:, :, 48:56].copy().view(np.uint16) & 0x0FFF
+        for i in range(4):
+            sc[:, :, i] |= ((d >> (4 * i)) & 0xF) << 12
+        data[:, :, 48:56] = sc.view(np.uint8)
     return data.reshape(rows, n * size)
 
 

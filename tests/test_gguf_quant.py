@@ -95,9 +95,11 @@ def test_float_types():
     assert torch.equal(dequantize(torch.from_numpy(x).bfloat16(), T.BF16, (8, 40)), out)
 
 
-def test_unsupported_type_raises():
-    with pytest.raises(ValueError, match="IQ2_XXS") as exc:
-        dequantize(np.zeros((1, 66), dtype=np.uint8), T.IQ2_XXS, (1, 256))
+@pytest.mark.parametrize("qtype", [T.Q8_1, T.Q8_K, T.NVFP4], ids=lambda t: t.name)
+def test_unsupported_type_raises(qtype):
+    block, size = GGML_QUANT_SIZES[qtype]
+    with pytest.raises(ValueError, match=f"unsupported GGUF tensor type {qtype.name}") as exc:
+        dequantize(np.zeros((1, 256 // block * size), dtype=np.uint8), qtype, (1, 256))
     for name in SUPPORTED_TYPES:
         assert name in str(exc.value)
 
@@ -105,6 +107,8 @@ def test_unsupported_type_raises():
 def test_supported_types_listed():
     assert set(SUPPORTED_TYPES) == {
         "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+        "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0", "IQ2_XXS", "IQ2_XS",
+        "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
     }
 
 

@@ -39,257 +39,87 @@
 #include <utility>
 
 #include "simd.h"
+#include "tile_decode.h"
+#include "tile_simd.h"
 
 namespace {
 
 using namespace simd;
 
-enum : int64_t { kQ2_K = 10, kQ3_K, kIQ4_NL, kIQ4_XS, kMXFP4, kTQ1_0, kTQ2_0, kIQ2_XXS,
-                 kIQ2_XS, kIQ2_S, kIQ3_XXS, kIQ3_S, kIQ1_S, kIQ1_M };
+using namespace tile;
 
-// Per format: weights a block, bytes a block, weights a sub-block (one d and m), codebooks.
+// One block of the group's 16 rows (`src`) -> its k-steps' codes [block / 4][16][4] and d, m
+// [subs][16]: in vector registers where the level has tile_simd.h's decoder, else row by row.
 template <int64_t F>
-struct Tile {
-  static constexpr int kBlock = (F == kIQ4_NL || F == kMXFP4) ? 32 : 256;
-  static constexpr int kBytes = F == kQ2_K ? 84 : F == kQ3_K ? 110 : F == kIQ4_NL ? 18
-                                : F == kIQ4_XS ? 136 : F == kMXFP4 ? 17 : F == kTQ1_0 ? 54
-                                : F == kTQ2_0 ? 66 : F == kIQ2_XXS ? 66 : F == kIQ2_XS ? 74
-                                : F == kIQ2_S ? 82 : F == kIQ3_XXS ? 98 : F == kIQ3_S ? 110
-                                : F == kIQ1_S ? 50 : 56;
-  static constexpr int kSub = (F == kQ2_K || F == kQ3_K || F == kIQ2_XS || F == kIQ2_S ||
-                               F == kIQ1_M) ? 16 : 32;
-  static constexpr bool kMins = F == kQ2_K;
-  static constexpr bool kGrids = F >= kIQ2_XXS;
-};
-
-// gguf-py's codebooks (rs_tile_grids), as signed bytes: IQ2 8 values an entry, IQ3 4, IQ1 8.
-int8_t g_iq2xxs[256 * 8], g_iq2xs[512 * 8], g_iq2s[1024 * 8], g_iq3xxs[256 * 4],
-    g_iq3s[512 * 4], g_iq1s[2048 * 8];
-uint8_t g_ksigns[128];
-bool g_have_grids = false;
-// The 4-bit codebooks are part of the formats' definitions (ggml-common.h's kvalues).
-constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                               1, 13, 25, 38, 53, 69, 89, 113};
-constexpr int8_t kMxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
-inline float f16(const uint8_t* p) {  // an IEEE half at p, exactly
-  uint16_t h;
-  memcpy(&h, p, 2);
-  const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
-  float f;
-  if (e == 0) {
-    f = (float)m * 5.9604644775390625e-8f;  // 2^-24
-    return sign ? -f : f;
-  }
-  const uint32_t bits = sign | (e == 31 ? 0x7F800000u | (m << 13) : ((e + 112) << 23) | (m << 13));
-  memcpy(&f, &bits, 4);
-  return f;
-}
-inline uint16_t u16(const uint8_t* p) { uint16_t v; memcpy(&v, p, 2); return v; }
-inline uint32_t u32(const uint8_t* p) { uint32_t v; memcpy(&v, p, 4); return v; }
-
-// Eight codebook values at g with the signs of the bits of `signs` (bit i: value i negated).
-inline void signed8(const int8_t* g, unsigned signs, int8_t* q) {
-  for (int i = 0; i < 8; ++i) q[i] = (signs >> i) & 1 ? (int8_t)-g[i] : g[i];
-}
-
-// Block b of a row -> its kBlock codes q, and per sub-block d (and m).
-template <int64_t F>
-inline void decode_block(const uint8_t* b, int8_t* q, float* d, float* m) {
-  if constexpr (F == kQ2_K || F == kTQ2_0 || F == kQ3_K) {
-    const uint8_t* qs = F == kQ3_K ? b + 32 : F == kQ2_K ? b + 16 : b;
-    for (int h = 0; h < 2; ++h)
-      for (int s = 0; s < 4; ++s)
-        for (int i = 0; i < 32; ++i) {
-          const int e = 128 * h + 32 * s + i;
-          int v = (qs[32 * h + i] >> (2 * s)) & 3;
-          if constexpr (F == kQ3_K) v -= ((b[i] >> (e / 32)) & 1) ? 0 : 4;
-          if constexpr (F == kTQ2_0) v -= 1;
-          q[e] = (int8_t)v;
-        }
-    if constexpr (F == kQ2_K) {
-      const float D = f16(b + 80), Dmin = f16(b + 82);
-      for (int j = 0; j < 16; ++j) {
-        d[j] = D * (float)(b[j] & 15);
-        m[j] = -(Dmin * (float)(b[j] >> 4));
-      }
-    } else if constexpr (F == kQ3_K) {
-      const uint8_t* sc = b + 96;
-      const float D = f16(b + 108);
-      for (int j = 0; j < 16; ++j) {
-        const int lo = j < 8 ? sc[j] & 15 : sc[j - 8] >> 4;
-        const int hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
-        d[j] = D * (float)((lo | hi << 4) - 32);
-      }
-    } else {
-      for (int j = 0; j < 8; ++j) d[j] = f16(b + 64);
-    }
-  } else if constexpr (F == kTQ1_0) {
-    static constexpr uint8_t kPow3[5] = {1, 3, 9, 27, 81};
-    auto trit = [](uint8_t byte, int n) {  // the n-th base-3 digit, as ggml stores it
-      const uint8_t t = (uint8_t)(byte * kPow3[n]);
-      return (int8_t)(((uint16_t)t * 3 >> 8) - 1);
-    };
-    for (int n = 0; n < 5; ++n)
-      for (int i = 0; i < 32; ++i) q[32 * n + i] = trit(b[i], n);
-    for (int n = 0; n < 5; ++n)
-      for (int i = 0; i < 16; ++i) q[160 + 16 * n + i] = trit(b[32 + i], n);
-    for (int n = 0; n < 4; ++n)
-      for (int i = 0; i < 4; ++i) q[240 + 4 * n + i] = trit(b[48 + i], n);
-    for (int j = 0; j < 8; ++j) d[j] = f16(b + 52);
-  } else if constexpr (F == kIQ4_NL || F == kMXFP4) {
-    const int8_t* kv = F == kIQ4_NL ? kIq4nl : kMxfp4;
-    const uint8_t* qs = b + (F == kIQ4_NL ? 2 : 1);
-    for (int i = 0; i < 16; ++i) {
-      q[i] = kv[qs[i] & 15];
-      q[16 + i] = kv[qs[i] >> 4];
-    }
-    if constexpr (F == kIQ4_NL) {
-      d[0] = f16(b);
-    } else {  // e8m0 / 2: 2^(e - 128), e = 0 and 1 subnormal
-      const uint32_t bits = b[0] < 2 ? 0x00200000u << b[0] : (uint32_t)(b[0] - 1) << 23;
-      memcpy(&d[0], &bits, 4);
-    }
-  } else if constexpr (F == kIQ4_XS) {
-    const float D = f16(b);
-    const uint16_t sh = u16(b + 2);
-    for (int j = 0; j < 8; ++j) {
-      const uint8_t* qs = b + 8 + 16 * j;
-      for (int i = 0; i < 16; ++i) {
-        q[32 * j + i] = kIq4nl[qs[i] & 15];
-        q[32 * j + 16 + i] = kIq4nl[qs[i] >> 4];
-      }
-      const int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4);
-      d[j] = D * (float)(ls - 32);
-    }
-  } else if constexpr (F == kIQ2_XXS || F == kIQ3_XXS) {
-    const float D = f16(b);
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t aux = F == kIQ2_XXS ? u32(b + 2 + 8 * j + 4) : u32(b + 66 + 4 * j);
-      for (int l = 0; l < 4; ++l) {
-        const unsigned signs = g_ksigns[(aux >> (7 * l)) & 127];
-        if constexpr (F == kIQ2_XXS) {
-          signed8(g_iq2xxs + 8 * b[2 + 8 * j + l], signs, q + 32 * j + 8 * l);
-        } else {
-          int8_t g[8];
-          memcpy(g, g_iq3xxs + 4 * b[2 + 8 * j + 2 * l], 4);
-          memcpy(g + 4, g_iq3xxs + 4 * b[2 + 8 * j + 2 * l + 1], 4);
-          signed8(g, signs, q + 32 * j + 8 * l);
-        }
-      }
-      d[j] = D * (0.5f + (float)(aux >> 28)) * (F == kIQ2_XXS ? 0.25f : 0.5f);
-    }
-  } else if constexpr (F == kIQ2_XS || F == kIQ2_S) {
-    const float D = f16(b);
-    const uint8_t* sc = b + (F == kIQ2_XS ? 66 : 74);
-    for (int i = 0; i < 32; ++i) {
-      unsigned idx, signs;
-      if constexpr (F == kIQ2_XS) {
-        const uint16_t v = u16(b + 2 + 2 * i);
-        idx = v & 511;
-        signs = g_ksigns[v >> 9];
-        signed8(g_iq2xs + 8 * idx, signs, q + 8 * i);
-      } else {
-        idx = b[2 + i] | (((b[66 + i / 4] >> (2 * (i % 4))) & 3) << 8);
-        signs = b[34 + i];
-        signed8(g_iq2s + 8 * idx, signs, q + 8 * i);
+inline void decode_rows16(const uint8_t* src, int32_t* codes, float* d, float* m) {
+  using T = Tile<F>;
+  if constexpr (kSimd<F>) {
+    decode16<F>(src, codes, d, m);
+  } else {
+    alignas(64) int8_t q[256];
+    float dd[16], mm[16];
+    for (int r = 0; r < 16; ++r) {
+      decode_block<F>(src + r * T::kBytes, q, dd, mm);
+      if constexpr (kQ8Offset != 0)  // the tile's unsigned q + 128 (dot_span)
+        for (int i = 0; i < T::kBlock; ++i) q[i] = (int8_t)(q[i] ^ 0x80);
+      for (int s = 0; s < T::kBlock / 4; ++s) memcpy(codes + 16 * s + r, q + 4 * s, 4);
+      for (int j = 0; j < T::kBlock / T::kSub; ++j) {
+        d[16 * j + r] = dd[j];
+        if constexpr (T::kMins) m[16 * j + r] = mm[j];
       }
     }
-    for (int j = 0; j < 16; ++j)
-      d[j] = D * (0.5f + (float)((sc[j / 2] >> (4 * (j % 2))) & 15)) * 0.25f;
-  } else if constexpr (F == kIQ3_S) {
-    const float D = f16(b);
-    for (int i = 0; i < 64; i += 2) {
-      int8_t g[8];
-      for (int t = 0; t < 2; ++t) {
-        const unsigned idx = b[2 + i + t] | (((b[66 + (i + t) / 8] >> ((i + t) % 8)) & 1) << 8);
-        memcpy(g + 4 * t, g_iq3s + 4 * idx, 4);
-      }
-      signed8(g, b[74 + i / 2], q + 4 * i);
-    }
-    for (int j = 0; j < 8; ++j) d[j] = D * (float)(1 + 2 * ((b[106 + j / 2] >> (4 * (j % 2))) & 15));
-  } else if constexpr (F == kIQ1_S) {
-    const float D = f16(b);
-    for (int j = 0; j < 8; ++j) {
-      const uint16_t h = u16(b + 34 + 2 * j);
-      const int8_t delta = h & 0x8000 ? -1 : 1;
-      for (int l = 0; l < 4; ++l) {
-        const int8_t* g = g_iq1s + 8 * (b[2 + 4 * j + l] | (((h >> (3 * l)) & 7) << 8));
-        for (int i = 0; i < 8; ++i) q[32 * j + 8 * l + i] = (int8_t)(8 * g[i] + delta);
-      }
-      d[j] = D * (float)(2 * ((h >> 12) & 7) + 1) * 0.125f;
-    }
-  } else if constexpr (F == kIQ1_M) {
-    uint16_t sc[4];
-    for (int i = 0; i < 4; ++i) sc[i] = u16(b + 48 + 2 * i);
-    const uint16_t dbits = (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) |
-                                      ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000));
-    uint8_t dh[2];
-    memcpy(dh, &dbits, 2);
-    const float D = f16(dh);
-    for (int i = 0; i < 32; ++i) {
-      const int nib = (b[32 + i / 2] >> (4 * (i % 2))) & 15;
-      const int8_t* g = g_iq1s + 8 * (b[i] | ((nib & 7) << 8));
-      const int8_t delta = nib & 8 ? -1 : 1;
-      for (int t = 0; t < 8; ++t) q[8 * i + t] = (int8_t)(8 * g[t] + delta);
-    }
-    for (int j = 0; j < 16; ++j)
-      d[j] = D * (float)(2 * ((sc[j / 4] >> (3 * (j % 4))) & 7) + 1) * 0.125f;
   }
 }
 
-// The decoded group: codes [K / 4][16][4], then d [K / sub][16], then (Q2_K) m [K / sub][16].
+// Block blk's 16 rows, asking for the bytes kAhead on (a block's worth: the first pass reads
+// each byte once, from memory). One block ahead was too close: a 4096 x 3072 IQ4_XS GEMV,
+// one thread, Sapphire Rapids, spent half its time waiting at the prefetches.
+#ifndef RS_TILE_AHEAD
+#define RS_TILE_AHEAD 6144
+#endif
+template <int64_t F>
+inline const uint8_t* block_rows(const uint8_t* group, int64_t blk) {
+  constexpr int64_t kRowsBytes = 16 * Tile<F>::kBytes;
+  const uint8_t* src = group + blk * kRowsBytes;
+  for (int64_t at = 0; at < kRowsBytes; at += 64) __builtin_prefetch(src + RS_TILE_AHEAD + at);
+  return src;
+}
+
+// The decoded group: codes [K / 4][16][4] (q + kQ8Offset, as bytes), then d [K / sub][16], then (Q2_K) m [K / sub][16].
 template <int64_t F>
 void decode_group(const uint8_t* group, int64_t K, uint8_t* dec) {
   using T = Tile<F>;
   constexpr int kSubs = T::kBlock / T::kSub;
-  const int64_t blocks = K / T::kBlock;
   int32_t* codes = (int32_t*)dec;
   float* d = (float*)(dec + 4 * K * 4);
   float* m = d + K / T::kSub * 16;
-  alignas(64) int8_t q[256];
-  float dd[16], mm[16];
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const uint8_t* src = group + blk * 16 * T::kBytes;
-    for (int64_t at = 0; at < 16 * T::kBytes; at += 64)  // the next block's 16 rows
-      __builtin_prefetch((const char*)src + 16 * T::kBytes + at);
-    for (int r = 0; r < 16; ++r) {
-      decode_block<F>(src + r * T::kBytes, q, dd, mm);
-      int32_t* c = codes + blk * (T::kBlock / 4) * 16 + r;
-      for (int s = 0; s < T::kBlock / 4; ++s) memcpy(c + 16 * s, q + 4 * s, 4);
-      for (int j = 0; j < kSubs; ++j) {
-        d[(blk * kSubs + j) * 16 + r] = dd[j];
-        if constexpr (T::kMins) m[(blk * kSubs + j) * 16 + r] = mm[j];
-      }
-    }
-  }
+  for (int64_t blk = 0; blk < K / T::kBlock; ++blk)
+    decode_rows16<F>(block_rows<F>(group, blk), codes + blk * (T::kBlock / 4) * 16,
+                     d + blk * kSubs * 16, m + blk * kSubs * 16);
 }
 
 constexpr int kV = 16 / kW;  // vectors across a group's 16 outputs
 
-// R rows x the group's 16 outputs over all of K from the decoded tile (the header's order).
+// R rows x the group's 16 outputs, sub-blocks j0 .. j0 + subs - 1 (the header's order), from
+// their decoded codes, d and m (`codes`, `d`, `m`: sub-block j0's), into acc.
 template <int64_t F, int R>
-void dot_rows(const int8_t* a, const TileAct* t, int64_t K, const uint8_t* dec,
-              const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
+inline void dot_span(const int8_t* a, const TileAct* t, int64_t K, int64_t j0, int64_t subs,
+                     const uint8_t* codes, const float* d, const float* m, vf (&acc)[R][kV]) {
   using T = Tile<F>;
   const int64_t B = K / 32;
-  const uint8_t* codes = dec;
-  const float* d = (const float*)(dec + 4 * K * 4);
-  const float* m = d + K / T::kSub * 16;
-  vf acc[R][kV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < kV; ++v) acc[r][v] = zero();
-  for (int64_t j = 0; j < K / T::kSub; ++j) {
+  for (int64_t jj = 0; jj < subs; ++jj) {
+    const int64_t j = j0 + jj;
     vi H[R][kV];
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < kV; ++v) H[r][v] = izero();
     for (int s = 0; s < T::kSub / 4; ++s) {
-      const uint8_t* qs = codes + (j * (T::kSub / 4) + s) * 64;
+      const uint8_t* qs = codes + (jj * (T::kSub / 4) + s) * 64;
       vi q[kV];
       for (int v = 0; v < kV; ++v) q[v] = iload(qs + 4 * kW * v);
       for (int r = 0; r < R; ++r) {
         const vi x = bcast4(a + r * K + j * T::kSub + 4 * s);
-        for (int v = 0; v < kV; ++v) H[r][v] = dot_s8(H[r][v], q[v], x);
+        for (int v = 0; v < kV; ++v)  // the sums of q + kQ8Offset
+          H[r][v] = kQ8Offset ? dot_codes(H[r][v], q[v], x) : dot_s8(H[r][v], q[v], x);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -299,12 +129,17 @@ void dot_rows(const int8_t* a, const TileAct* t, int64_t K, const uint8_t* dec,
       const vf s = set1(x.s);
       for (int v = 0; v < kV; ++v) {
         const vi C = kQ8Offset ? isub(H[r][v], iset1(kQ8Offset * h)) : H[r][v];
-        acc[r][v] = fmadd(load(d + j * 16 + v * kW), mul(to_float(C), s), acc[r][v]);
+        acc[r][v] = fmadd(load(d + jj * 16 + v * kW), mul(to_float(C), s), acc[r][v]);
         if constexpr (T::kMins)
-          acc[r][v] = fmadd(load(m + j * 16 + v * kW), set1(second ? x.S1 : x.S0), acc[r][v]);
+          acc[r][v] = fmadd(load(m + jj * 16 + v * kW), set1(second ? x.S1 : x.S0), acc[r][v]);
       }
     }
   }
+}
+
+template <int R>
+inline void store_rows(const vf (&acc)[R][kV], const float* bias, float* y, int64_t ldy,
+                       int64_t n0, int64_t N) {
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < kV; ++v) {
       const int64_t n = n0 + v * kW;
@@ -315,6 +150,39 @@ void dot_rows(const int8_t* a, const TileAct* t, int64_t K, const uint8_t* dec,
     }
 }
 
+// R rows over all of K from the decoded group.
+template <int64_t F, int R>
+void dot_rows(const int8_t* a, const TileAct* t, int64_t K, const uint8_t* dec,
+              const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
+  using T = Tile<F>;
+  const float* d = (const float*)(dec + 4 * K * 4);
+  vf acc[R][kV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < kV; ++v) acc[r][v] = zero();
+  dot_span<F, R>(a, t, K, 0, K / T::kSub, dec, d, d + K / T::kSub * 16, acc);
+  store_rows<R>(acc, bias, y, ldy, n0, N);
+}
+
+// R rows (at most one register block) block by block: each block of the group decoded into
+// a buffer in L1 and multiplied at once, the sums kept in registers (a GEMV: the decoded codes
+// never go out to L2). The same sums and float steps in the same order as dot_rows.
+template <int64_t F, int R>
+void stream_rows(const int8_t* a, const TileAct* t, int64_t K, const uint8_t* group,
+                 const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
+  using T = Tile<F>;
+  constexpr int kSubs = T::kBlock / T::kSub;
+  alignas(64) int32_t codes[T::kBlock / 4 * 16];
+  alignas(64) float d[kSubs * 16], m[kSubs * 16];
+  vf acc[R][kV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < kV; ++v) acc[r][v] = zero();
+  for (int64_t blk = 0; blk < K / T::kBlock; ++blk) {
+    decode_rows16<F>(block_rows<F>(group, blk), codes, d, m);
+    dot_span<F, R>(a, t, K, blk * kSubs, kSubs, (const uint8_t*)codes, d, m, acc);
+  }
+  store_rows<R>(acc, bias, y, ldy, n0, N);
+}
+
 // Rows per register block: AVX-512 holds 4 rows' sums and accumulators of one vector each;
 // below it a group is two vectors a row.
 constexpr int kRows = kW == 16 ? 4 : 2;
@@ -322,8 +190,15 @@ constexpr int kRows = kW == 16 ? 4 : 2;
 template <int64_t F>
 void item(int64_t M, const int8_t* a, const TileAct* t, int64_t K, const uint8_t* group,
           uint8_t* dec, const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
-  decode_group<F>(group, K, dec);
   const int64_t B = K / 32;
+  // one register block: decode and multiply block by block
+  if (M == 1) return stream_rows<F, 1>(a, t, K, group, bias, y, ldy, n0, N);
+  if (M == 2) return stream_rows<F, 2>(a, t, K, group, bias, y, ldy, n0, N);
+  if constexpr (kRows == 4) {
+    if (M == 3) return stream_rows<F, 3>(a, t, K, group, bias, y, ldy, n0, N);
+    if (M == 4) return stream_rows<F, 4>(a, t, K, group, bias, y, ldy, n0, N);
+  }
+  decode_group<F>(group, K, dec);
   int64_t r = 0;
   for (; r + kRows <= M; r += kRows)
     dot_rows<F, kRows>(a + r * K, t + r * B, K, dec, bias, y + r * ldy, ldy, n0, N);

@@ -11,9 +11,16 @@ numpy code in ``gguf.quants``:
   ``d``/``dmin`` and eight 6-bit (scale, min) pairs packed into 12 bytes,
   Q6_K carries sixteen int8 scales and an f16 ``d``.
 
-All work is done with whole-tensor torch ops (no Python loop over blocks), so a
+All work on these is done with whole-tensor torch ops (no Python loop over blocks), so a
 torch input keeps its device: move the uint8 bytes to the GPU first to
 dequantize there.
+
+The other types a file may store (``REFERENCE_TYPES``: Q2_K, Q3_K, the ternary TQ1_0 / TQ2_0,
+MXFP4, the non-linear IQ4_NL / IQ4_XS and the codebook IQ1-IQ3 types) are dequantized by
+gguf-py's own numpy code (``gguf.quants.dequantize``, the reference every kernel of ours is
+tested against), on the CPU, the result moved to the input's device: their values are then the
+reference's by construction, bit for bit. They are element-wise per block, so any subset of a
+tensor's rows dequantizes to exactly those rows of the whole.
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ import warnings
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, QK_K, GGMLQuantizationType
+from gguf import quants as gguf_quants
 
-__all__ = ["SUPPORTED_TYPES", "dequantize"]
+__all__ = ["REFERENCE_TYPES", "SUPPORTED_TYPES", "dequantize"]
 
 _T = GGMLQuantizationType
 _FLOAT_TYPES = {_T.F32: torch.float32, _T.F16: torch.float16, _T.BF16: torch.bfloat16}
@@ -155,7 +163,13 @@ _SPLIT = {
     _T.Q6_K: _split_q6_k,
 }
 BLOCK_TYPES: tuple[GGMLQuantizationType, ...] = tuple(_SPLIT)
-SUPPORTED_TYPES: tuple[str, ...] = tuple(t.name for t in (*_FLOAT_TYPES, *_SPLIT))
+# NOTE: gguf-py also dequantizes NVFP4, which no kernel of ours runs; Q8_1 / Q8_K (llama.cpp's
+# activation types, never a file's) it cannot.
+REFERENCE_TYPES: tuple[GGMLQuantizationType, ...] = (
+    _T.Q2_K, _T.Q3_K, _T.IQ4_NL, _T.IQ4_XS, _T.MXFP4, _T.TQ1_0, _T.TQ2_0, _T.IQ2_XXS, _T.IQ2_XS,
+    _T.IQ2_S, _T.IQ3_XXS, _T.IQ3_S, _T.IQ1_S, _T.IQ1_M)
+SUPPORTED_TYPES: tuple[str, ...] = tuple(
+    t.name for t in (*_FLOAT_TYPES, *_SPLIT, *REFERENCE_TYPES))
 
 
 def _dequantize_blocks(qtype: GGMLQuantizationType, b: torch.Tensor) -> torch.Tensor:
@@ -201,7 +215,7 @@ def dequantize(
     except ValueError:
         pass
     name = getattr(qtype, "name", str(qtype))
-    if qtype not in _FLOAT_TYPES and qtype not in _SPLIT:
+    if qtype not in _FLOAT_TYPES and qtype not in _SPLIT and qtype not in REFERENCE_TYPES:
         raise ValueError(
             f"unsupported GGUF tensor type {name}; supported: {', '.join(SUPPORTED_TYPES)}"
         )
@@ -221,9 +235,24 @@ def dequantize(
     if qtype in _FLOAT_TYPES:
         out = raw.view(_FLOAT_TYPES[qtype])
         out = out.clone() if qtype == _T.F32 else out.float()
+    elif qtype in REFERENCE_TYPES:
+        out = _dequantize_reference(qtype, raw, shape[-1] if shape else block_size)
     else:
         out = _dequantize_blocks(qtype, raw.reshape(-1, type_size))
     return out.reshape(shape)
+
+
+def _dequantize_reference(qtype: GGMLQuantizationType, raw: torch.Tensor, row: int
+                          ) -> torch.Tensor:
+    """gguf-py's numpy dequantizer on ``raw`` (bytes of whole rows of ``row`` values) → float32
+    on ``raw``'s device, a fresh tensor. Fed rows, not blocks: gguf-py loops in Python over
+    groups of 16 of whatever its input's rows are."""
+    if not raw.numel():  # gguf-py cannot reshape nothing into blocks
+        return torch.empty(0, device=raw.device)
+    type_size = GGML_QUANT_SIZES[qtype][1]
+    data = raw.cpu().numpy().reshape(-1, row // GGML_QUANT_SIZES[qtype][0] * type_size)
+    out = torch.from_numpy(np.asarray(gguf_quants.dequantize(data, qtype), dtype=np.float32))
+    return out.to(raw.device)
 
 
 # -- blocks kept as they are (for the native block linear) ------------------------------------

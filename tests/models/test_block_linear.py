@@ -15,7 +15,8 @@ from test_numerics import PagedSeqs, make_runner
 from tiny_models import hf_to_gguf, make_hf_model
 
 from radixserve.kernels import native
-from radixserve.layers.block_linear import FORMATS, HALF_TYPES, BlockLinear, pack, packed_bytes
+from radixserve.layers.block_linear import (FORMATS, HALF_TYPES, TILE_TYPES, BlockLinear, pack,
+                                            packed_bytes)
 from radixserve.layers.block_rows import PackedEmbedding, gather_rows
 from radixserve.layers.gguf_quant import dequantize
 from radixserve.models.gguf_stored import StoredEmbedding, memory_plan
@@ -23,7 +24,8 @@ from radixserve.models.quantization import resolve_quantization
 
 T = gguf.GGMLQuantizationType
 CPU = torch.device("cpu")
-TYPES = [t for t in FORMATS if t not in HALF_TYPES]  # 16-bit parts: test_half_linear.py
+# 16-bit parts: test_half_linear.py; tile types: test_tile_types.py
+TYPES = [t for t in FORMATS if t not in HALF_TYPES and t not in TILE_TYPES]
 K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels unavailable")
 pytestmark = pytest.mark.usefixtures("kernel_level")  # every CPU level built here
@@ -373,7 +375,7 @@ def test_stored_embedding_rows_are_the_dequantized_table(arch, k_quant_files):
     assert plan.embedding == (0 if arch == "qwen2" else int(embd.n_bytes))  # tied: the head's
 
 
-@pytest.mark.parametrize("qtype", list(FORMATS), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [*TYPES, *HALF_TYPES], ids=lambda t: t.name)
 def test_gathered_packed_rows_are_the_dequantized_rows(qtype):
     """Every part type: rows read back from the packed layout (any lane of a group, the last
     group part padding) bit for bit the file's rows dequantized."""

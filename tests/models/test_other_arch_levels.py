@@ -22,10 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from gguf_blocks import random_rows
 from kquants import quantize
 
 from radixserve.kernels import levels
-from radixserve.layers.block_linear import FORMATS, HALF_TYPES, pack
+from radixserve.kernels.tile_grids import table
+from radixserve.layers.block_linear import FORMATS, HALF_TYPES, TILE_TYPES, pack
 
 CXX, QEMU = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
 KERNELS = Path(levels.__file__).parent
@@ -35,7 +37,8 @@ pytestmark = pytest.mark.skipif(
     reason="needs aarch64-linux-gnu-g++, qemu-aarch64 and the x86 generic kernel library")
 
 # what the block linear links (the decoder layer, attention and LoRA are not needed here)
-SOURCES = ("block_linear.cpp", "block_pack.cpp", "half_linear.cpp", "int8_linear.cpp")
+SOURCES = ("block_linear.cpp", "block_pack.cpp", "half_linear.cpp", "int8_linear.cpp",
+           "tile_linear.cpp")
 SHAPES = [(40, 512, m) for m in (1, 3, 16, 70)]  # N: two groups, one part-filled
 
 
@@ -44,8 +47,11 @@ class BlockPart(ctypes.Structure):
                 ("bias", ctypes.c_void_p)]
 
 
-def _stored(qtype, w: np.ndarray) -> np.ndarray:
-    """The bytes the harness takes: a block format's GGUF rows, a 16-bit one's packed layout."""
+def _stored(qtype, w: np.ndarray, seed: int = 0) -> np.ndarray:
+    """The bytes the harness takes: a block format's GGUF rows (a tile type's random ones: no
+    quantizer here makes them), a 16-bit one's packed layout."""
+    if qtype in TILE_TYPES:
+        return random_rows(qtype, w.shape[0], w.shape[1], seed)
     if qtype in HALF_TYPES:
         half = torch.from_numpy(w).to(torch.float16 if qtype.name == "F16" else torch.bfloat16)
         raw = half.view(torch.uint8).reshape(w.shape[0], -1)
@@ -84,10 +90,11 @@ def _x86_generic(cases) -> list[np.ndarray]:
     lib.rs_block_packed_bytes.restype = ctypes.c_int64
     lib.rs_block_packed_bytes.argtypes = [ctypes.c_int64] * 3
     lib.rs_init(0)
+    lib.rs_tile_grids(table().ctypes.data_as(ctypes.c_void_p))
     outs = []
     for fmt, n, k, m, raw, x in cases:
         packed = np.zeros(lib.rs_block_packed_bytes(fmt, n, k), np.uint8)
-        if fmt >= FORMATS[HALF_TYPES[0]]:  # packed already (_stored)
+        if fmt in (FORMATS[t] for t in HALF_TYPES):  # packed already (_stored)
             packed[:] = raw
         else:
             assert lib.rs_block_pack(ctypes.c_int64(fmt), raw.ctypes.data_as(ctypes.c_void_p),
@@ -124,9 +131,10 @@ def _build(level: str, out: Path) -> Path:
 def test_aarch64_level_gives_the_x86_generic_bits(level, tmp_path):
     cases = _cases()
     _write_cases(cases, tmp_path / "cases.bin")
+    table().tofile(tmp_path / "grids.bin")
     exe = _build(level, tmp_path / level)
     run = subprocess.run([QEMU, "-cpu", "max", str(exe), str(tmp_path / "cases.bin"),
-                          str(tmp_path / "out.bin")], capture_output=True, text=True,
+                          str(tmp_path / "out.bin"), str(tmp_path / "grids.bin")], capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "2"}, timeout=600)
     assert run.returncode == 0, run.stderr
     assert f"level {level}" in run.stderr  # the level's code, not a silent fallback

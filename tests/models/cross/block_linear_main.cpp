@@ -4,7 +4,8 @@
 //
 // Input: int64 count, then per case int64 format, N, K, M and the raw bytes' size, the raw
 // bytes (N rows of the format's GGUF blocks, as in the file; F16 / BF16: already packed, as
-// layers/block_linear.py's pack writes them) and x [M, K] float32.
+// layers/block_linear.py's pack writes them) and x [M, K] float32; argv[3], the IQ types'
+// codebooks (kernels/tile_grids.py's table).
 // Output: per case y [M, N] float32.
 
 #include <stdint.h>
@@ -27,9 +28,11 @@ int64_t rs_block_packed_bytes(int64_t format, int64_t N, int64_t K);
 int rs_block_pack(int64_t format, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out);
 int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts, int64_t nparts,
                     float* y, int64_t ldy);
+void rs_tile_grids(const int8_t* all);
 }
 
-constexpr int64_t kHalfFormats = 8;  // formats 8, 9: F16, BF16 (layers/block_linear.py FORMATS)
+// formats 8, 9: F16, BF16 (layers/block_linear.py FORMATS); from 10 on the tile formats
+constexpr int64_t kF16 = 8, kBF16 = 9;
 
 namespace {
 
@@ -55,13 +58,18 @@ std::vector<T> read_vec(FILE* f, int64_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s CASES OUT\n", argv[0]);
+  if (argc != 4) {
+    fprintf(stderr, "usage: %s CASES OUT GRIDS\n", argv[0]);
     return 2;
   }
   FILE* in = fopen(argv[1], "rb");
   FILE* out = fopen(argv[2], "wb");
-  if (!in || !out) return 2;
+  FILE* grids = fopen(argv[3], "rb");
+  if (!in || !out || !grids) return 2;
+  fseek(grids, 0, SEEK_END);
+  const long grid_bytes = ftell(grids);
+  fseek(grids, 0, SEEK_SET);
+  rs_tile_grids((const int8_t*)read_vec<uint8_t>(grids, grid_bytes).data());
   rs_init(0);
   fprintf(stderr, "level %s\n", rs_level());
   const int64_t cases = read_i64(in);
@@ -70,7 +78,7 @@ int main(int argc, char** argv) {
     const std::vector<uint8_t> raw = read_vec<uint8_t>(in, read_i64(in));
     const std::vector<float> x = read_vec<float>(in, M * K);
     std::vector<uint8_t> packed((size_t)rs_block_packed_bytes(format, N, K));
-    if (format >= kHalfFormats) {  // 16-bit parts arrive packed (the layout is Python's)
+    if (format == kF16 || format == kBF16) {  // 16-bit parts arrive packed (the layout is Python's)
       if (raw.size() != packed.size()) return 3;
       packed = raw;
     } else if (packed.empty() || rs_block_pack(format, raw.data(), N, K, packed.data())) {
