@@ -1,7 +1,7 @@
 """Which number format the linear layers compute in, and the swap of float layers for quantized.
 
 ``auto`` follows the checkpoint: a GGUF file whose layer matrices are quantized or 16-bit runs
-them as the file stores them (``gguf``: Q4_0 ... Q6_K blocks, F16 and BF16 through
+them as the file stores them (``gguf``: every block type, F16 and BF16 through
 ``layers/block_linear.py``, loaded without a float copy by ``models/gguf_stored.py``), as
 llama.cpp does; a Hugging Face folder in float16 / bfloat16 keeps its linear weights in 16 bits
 (``16bit-stored``, ``models/half_stored.py``); float32 checkpoints, and every model on CUDA,
