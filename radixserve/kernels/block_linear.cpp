@@ -1275,8 +1275,9 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
   block_rows = block_rows < 16 ? 16 : block_rows;
   block_rows = block_rows > Mp ? Mp : block_rows;  // AMX: whole 16-row tiles
   const int64_t block_chunks = (M + block_rows - 1) / block_rows;
-  // a tile part's items: groups of 16 outputs x chunks of rows whose activations (K bytes a
-  // row) are about kActChunkBytes, the group's decoded tile read by every row of the chunk
+  // a tile part's items: pairs of groups of 16 outputs x chunks of rows whose activations (K
+  // bytes a row) are about kActChunkBytes, the pair's decoded tiles read by every row of the
+  // chunk
   int64_t tile_rows = kActChunkBytes / K;
   tile_rows = tile_rows < 16 ? 16 : tile_rows;
   const int64_t tile_chunks = (M + tile_rows - 1) / tile_rows;
@@ -1288,7 +1289,7 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
     const int64_t N16 = (parts[p].n + 15) / 16;
     first[p + 1] = first[p] + (is_half(parts[p].format)
                                    ? (N16 + kHalfGroups - 1) / kHalfGroups * row_chunks
-                               : is_tile(parts[p].format) ? N16 * tile_chunks
+                               : is_tile(parts[p].format) ? (N16 + 1) / 2 * tile_chunks
                                                           : (N16 + 1) / 2 * block_chunks);
   }
   const int64_t items = first[nparts];
@@ -1310,7 +1311,7 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
       any_decodes |= !is_half(parts[p].format) && !is_tile(parts[p].format) &&
                      decodes(parts[p].format, M);
     uint8_t* tile_dec = tiled ? (uint8_t*)get(scratch::kTileDecoded,
-                                              (size_t)tile_decoded_bytes(K))
+                                              (size_t)(2 * tile_decoded_bytes(K)))
                               : nullptr;
     if (tiled && !tile_dec) {
 #pragma omp atomic write
@@ -1349,10 +1350,12 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
       }
       if (is_tile(part.format)) {
         if (!tile_dec) continue;
-        const int64_t g = (it - first[p]) % N16, r0 = (it - first[p]) / N16 * tile_rows;
-        if (!tile_item(part.format, M - r0 < tile_rows ? M - r0 : tile_rows, at + r0 * K,
-                       ta + r0 * B, K, part.packed + g * 16 * tile_row_bytes(part.format, K),
-                       tile_dec, part.bias, yp + r0 * ldy, ldy, g * 16, part.n)) {
+        const int64_t pairs = (N16 + 1) / 2;
+        const int64_t g = 2 * ((it - first[p]) % pairs), r0 = (it - first[p]) / pairs * tile_rows;
+        if (!tile_item(part.format, g + 1 < N16 ? 2 : 1, M - r0 < tile_rows ? M - r0 : tile_rows,
+                       at + r0 * K, ta + r0 * B, K,
+                       part.packed + g * 16 * tile_row_bytes(part.format, K), tile_dec,
+                       part.bias, yp + r0 * ldy, ldy, g * 16, part.n)) {
 #pragma omp atomic write
           failed = 3;
         }

@@ -26,6 +26,43 @@ struct Tile {
   static constexpr bool kGrids = F >= kIQ2_XXS;
 };
 
+// How a block's bytes lie in the packed layout (tile_linear.cpp's pack; layers/tile_layout.py
+// reads it back): each format's block is one or two sections of fields of one size (the f16 d,
+// MXFP4's exponent byte, 4-byte words for the rest), and a unit of 16 rows' blocks holds each
+// section in turn with its elements interleaved across the rows (element e of row r at
+// 16 e + r): a vector load then takes one 4-byte word of every row, with no gather, and the
+// unit is exactly 16 blocks' bytes.
+struct Section {
+  int start, bytes, elem;
+};
+template <int64_t F>
+struct Layout {
+  static constexpr Section kS[2] = {
+      F == kQ3_K ? Section{0, 108, 4} : F == kTQ1_0 ? Section{0, 52, 4}
+      : F == kTQ2_0 ? Section{0, 64, 4} : F == kMXFP4 ? Section{0, 1, 1}
+      : (F == kQ2_K || F == kIQ4_XS || F == kIQ1_M) ? Section{0, Tile<F>::kBytes, 4}
+      : Section{0, 2, 2},
+      F == kQ3_K ? Section{108, 2, 2} : F == kTQ1_0 ? Section{52, 2, 2}
+      : F == kTQ2_0 ? Section{64, 2, 2} : F == kMXFP4 ? Section{1, 16, 4}
+      : (F == kQ2_K || F == kIQ4_XS || F == kIQ1_M) ? Section{Tile<F>::kBytes, 0, 4}
+      : Section{2, Tile<F>::kBytes - 2, 4}};
+  // where byte `off` of row `r`'s block lies in the unit
+  static constexpr int64_t at(int off, int r) {
+    const Section& s = off < kS[1].start ? kS[0] : kS[1];
+    const int64_t before = off < kS[1].start ? 0 : 16 * kS[0].bytes;
+    const int e = (off - s.start) / s.elem;
+    return before + (16 * e + r) * s.elem + (off - s.start) % s.elem;
+  }
+};
+
+// Row r's block out of its unit, as the file has it.
+template <int64_t F>
+inline void unpack_row(const uint8_t* unit, int r, uint8_t* out) {
+  for (const Section& s : Layout<F>::kS)
+    for (int e = 0; e < s.bytes / s.elem; ++e)
+      memcpy(out + s.start + e * s.elem, unit + Layout<F>::at(s.start + e * s.elem, r), s.elem);
+}
+
 // gguf-py's codebooks (rs_tile_grids), as signed bytes: IQ2 8 values an entry, IQ3 4, IQ1 8.
 inline int8_t g_iq2xxs[256 * 8], g_iq2xs[512 * 8], g_iq2s[1024 * 8], g_iq3xxs[256 * 4],
     g_iq3s[512 * 4], g_iq1s[2048 * 8];

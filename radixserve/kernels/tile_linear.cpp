@@ -57,9 +57,11 @@ inline void decode_rows16(const uint8_t* src, int32_t* codes, float* d, float* m
     decode16<F>(src, codes, d, m);
   } else {
     alignas(64) int8_t q[256];
+    uint8_t row[T::kBytes];
     float dd[16], mm[16];
     for (int r = 0; r < 16; ++r) {
-      decode_block<F>(src + r * T::kBytes, q, dd, mm);
+      unpack_row<F>(src, r, row);
+      decode_block<F>(row, q, dd, mm);
       if constexpr (kQ8Offset != 0)  // the tile's unsigned q + 128 (dot_span)
         for (int i = 0; i < T::kBlock; ++i) q[i] = (int8_t)(q[i] ^ 0x80);
       for (int s = 0; s < T::kBlock / 4; ++s) memcpy(codes + 16 * s + r, q + 4 * s, 4);
@@ -100,25 +102,36 @@ void decode_group(const uint8_t* group, int64_t K, uint8_t* dec) {
 
 constexpr int kV = 16 / kW;  // vectors across a group's 16 outputs
 
-// R rows x the group's 16 outputs, sub-blocks j0 .. j0 + subs - 1 (the header's order), from
-// their decoded codes, d and m (`codes`, `d`, `m`: sub-block j0's), into acc.
-template <int64_t F, int R>
+// Where a work item's NG groups' decoded codes and floats lie: group g's codes at
+// codes + g * cstride (bytes), its d at d + g * fstride, its m at m + g * fstride (floats).
+struct Tiles {
+  const uint8_t* codes;
+  int64_t cstride;
+  const float *d, *m;
+  int64_t fstride;
+};
+
+// R rows x NG groups of 16 outputs, sub-blocks j0 .. j0 + subs - 1 (the header's order), from
+// their decoded tiles (`w`: sub-block j0's), into acc. Each activation broadcast serves the
+// NG groups' vectors.
+template <int64_t F, int R, int NG>
 inline void dot_span(const int8_t* a, const TileAct* t, int64_t K, int64_t j0, int64_t subs,
-                     const uint8_t* codes, const float* d, const float* m, vf (&acc)[R][kV]) {
+                     const Tiles& w, vf (&acc)[R][NG * kV]) {
   using T = Tile<F>;
+  constexpr int V = NG * kV;
   const int64_t B = K / 32;
   for (int64_t jj = 0; jj < subs; ++jj) {
     const int64_t j = j0 + jj;
-    vi H[R][kV];
+    vi H[R][V];
     for (int r = 0; r < R; ++r)
-      for (int v = 0; v < kV; ++v) H[r][v] = izero();
+      for (int v = 0; v < V; ++v) H[r][v] = izero();
     for (int s = 0; s < T::kSub / 4; ++s) {
-      const uint8_t* qs = codes + (jj * (T::kSub / 4) + s) * 64;
-      vi q[kV];
-      for (int v = 0; v < kV; ++v) q[v] = iload(qs + 4 * kW * v);
+      const uint8_t* qs = w.codes + (jj * (T::kSub / 4) + s) * 64;
+      vi q[V];
+      for (int v = 0; v < V; ++v) q[v] = iload(qs + (v / kV) * w.cstride + 4 * kW * (v % kV));
       for (int r = 0; r < R; ++r) {
         const vi x = bcast4(a + r * K + j * T::kSub + 4 * s);
-        for (int v = 0; v < kV; ++v)  // the sums of q + kQ8Offset
+        for (int v = 0; v < V; ++v)  // the sums of q + kQ8Offset
           H[r][v] = kQ8Offset ? dot_codes(H[r][v], q[v], x) : dot_s8(H[r][v], q[v], x);
       }
     }
@@ -127,22 +140,23 @@ inline void dot_span(const int8_t* a, const TileAct* t, int64_t K, int64_t j0, i
       const bool second = T::kSub == 16 && (j & 1);
       const int h = T::kSub == 32 ? x.h0 + x.h1 : second ? x.h1 : x.h0;
       const vf s = set1(x.s);
-      for (int v = 0; v < kV; ++v) {
+      for (int v = 0; v < V; ++v) {
+        const int64_t at = (v / kV) * w.fstride + jj * 16 + (v % kV) * kW;
         const vi C = kQ8Offset ? isub(H[r][v], iset1(kQ8Offset * h)) : H[r][v];
-        acc[r][v] = fmadd(load(d + jj * 16 + v * kW), mul(to_float(C), s), acc[r][v]);
+        acc[r][v] = fmadd(load(w.d + at), mul(to_float(C), s), acc[r][v]);
         if constexpr (T::kMins)
-          acc[r][v] = fmadd(load(m + jj * 16 + v * kW), set1(second ? x.S1 : x.S0), acc[r][v]);
+          acc[r][v] = fmadd(load(w.m + at), set1(second ? x.S1 : x.S0), acc[r][v]);
       }
     }
   }
 }
 
-template <int R>
-inline void store_rows(const vf (&acc)[R][kV], const float* bias, float* y, int64_t ldy,
+template <int R, int NG>
+inline void store_rows(const vf (&acc)[R][NG * kV], const float* bias, float* y, int64_t ldy,
                        int64_t n0, int64_t N) {
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < kV; ++v) {
-      const int64_t n = n0 + v * kW;
+    for (int v = 0; v < NG * kV; ++v) {
+      const int64_t n = n0 + 16 * (v / kV) + (v % kV) * kW;
       if (n >= N) continue;
       vf out = acc[r][v];
       if (bias) out = add(out, load_n(bias + n, N - n));
@@ -150,59 +164,83 @@ inline void store_rows(const vf (&acc)[R][kV], const float* bias, float* y, int6
     }
 }
 
-// R rows over all of K from the decoded group.
-template <int64_t F, int R>
+template <int R, int NG>
+inline void zero_acc(vf (&acc)[R][NG * kV]) {
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NG * kV; ++v) acc[r][v] = zero();
+}
+
+// R rows over all of K from the NG decoded groups (decode_group's, one after another).
+template <int64_t F, int R, int NG>
 void dot_rows(const int8_t* a, const TileAct* t, int64_t K, const uint8_t* dec,
               const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
   using T = Tile<F>;
   const float* d = (const float*)(dec + 4 * K * 4);
-  vf acc[R][kV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < kV; ++v) acc[r][v] = zero();
-  dot_span<F, R>(a, t, K, 0, K / T::kSub, dec, d, d + K / T::kSub * 16, acc);
-  store_rows<R>(acc, bias, y, ldy, n0, N);
+  const int64_t stride = tile_decoded_bytes(K);
+  vf acc[R][NG * kV];
+  zero_acc<R, NG>(acc);
+  dot_span<F, R, NG>(a, t, K, 0, K / T::kSub,
+                     Tiles{dec, stride, d, d + K / T::kSub * 16, stride / 4}, acc);
+  store_rows<R, NG>(acc, bias, y, ldy, n0, N);
 }
 
-// R rows (at most one register block) block by block: each block of the group decoded into
-// a buffer in L1 and multiplied at once, the sums kept in registers (a GEMV: the decoded codes
-// never go out to L2). The same sums and float steps in the same order as dot_rows.
-template <int64_t F, int R>
+// R rows (at most one register block) block by block: each block of the NG groups decoded
+// into a buffer in L1 and multiplied at once, the sums kept in registers (a GEMV: the decoded
+// codes never go out to L2). The same sums and float steps in the same order as dot_rows.
+template <int64_t F, int R, int NG>
 void stream_rows(const int8_t* a, const TileAct* t, int64_t K, const uint8_t* group,
-                 const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
+                 int64_t group_bytes, const float* bias, float* y, int64_t ldy, int64_t n0,
+                 int64_t N) {
   using T = Tile<F>;
   constexpr int kSubs = T::kBlock / T::kSub;
-  alignas(64) int32_t codes[T::kBlock / 4 * 16];
-  alignas(64) float d[kSubs * 16], m[kSubs * 16];
-  vf acc[R][kV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < kV; ++v) acc[r][v] = zero();
+  alignas(64) int32_t codes[NG][T::kBlock / 4 * 16];
+  alignas(64) float d[NG][kSubs * 16], m[NG][kSubs * 16];
+  vf acc[R][NG * kV];
+  zero_acc<R, NG>(acc);
   for (int64_t blk = 0; blk < K / T::kBlock; ++blk) {
-    decode_rows16<F>(block_rows<F>(group, blk), codes, d, m);
-    dot_span<F, R>(a, t, K, blk * kSubs, kSubs, (const uint8_t*)codes, d, m, acc);
+    for (int g = 0; g < NG; ++g)
+      decode_rows16<F>(block_rows<F>(group + g * group_bytes, blk), codes[g], d[g], m[g]);
+    dot_span<F, R, NG>(a, t, K, blk * kSubs, kSubs,
+                       Tiles{(const uint8_t*)codes[0], sizeof codes[0], d[0], m[0], kSubs * 16},
+                       acc);
   }
-  store_rows<R>(acc, bias, y, ldy, n0, N);
+  store_rows<R, NG>(acc, bias, y, ldy, n0, N);
 }
 
-// Rows per register block: AVX-512 holds 4 rows' sums and accumulators of one vector each;
+// Rows per register block: AVX-512 holds 4 rows' sums and accumulators of two groups' vectors;
 // below it a group is two vectors a row.
 constexpr int kRows = kW == 16 ? 4 : 2;
 
-template <int64_t F>
-void item(int64_t M, const int8_t* a, const TileAct* t, int64_t K, const uint8_t* group,
-          uint8_t* dec, const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N) {
-  const int64_t B = K / 32;
+template <int64_t F, int NG>
+void item_groups(int64_t M, const int8_t* a, const TileAct* t, int64_t K, const uint8_t* group,
+                 uint8_t* dec, const float* bias, float* y, int64_t ldy, int64_t n0,
+                 int64_t N) {
+  const int64_t B = K / 32, group_bytes = K / Tile<F>::kBlock * 16 * Tile<F>::kBytes;
   // one register block: decode and multiply block by block
-  if (M == 1) return stream_rows<F, 1>(a, t, K, group, bias, y, ldy, n0, N);
-  if (M == 2) return stream_rows<F, 2>(a, t, K, group, bias, y, ldy, n0, N);
+  if (M == 1) return stream_rows<F, 1, NG>(a, t, K, group, group_bytes, bias, y, ldy, n0, N);
+  if (M == 2) return stream_rows<F, 2, NG>(a, t, K, group, group_bytes, bias, y, ldy, n0, N);
   if constexpr (kRows == 4) {
-    if (M == 3) return stream_rows<F, 3>(a, t, K, group, bias, y, ldy, n0, N);
-    if (M == 4) return stream_rows<F, 4>(a, t, K, group, bias, y, ldy, n0, N);
+    if (M == 3) return stream_rows<F, 3, NG>(a, t, K, group, group_bytes, bias, y, ldy, n0, N);
+    if (M == 4) return stream_rows<F, 4, NG>(a, t, K, group, group_bytes, bias, y, ldy, n0, N);
   }
-  decode_group<F>(group, K, dec);
+  for (int g = 0; g < NG; ++g)
+    decode_group<F>(group + g * group_bytes, K, dec + g * tile_decoded_bytes(K));
   int64_t r = 0;
   for (; r + kRows <= M; r += kRows)
-    dot_rows<F, kRows>(a + r * K, t + r * B, K, dec, bias, y + r * ldy, ldy, n0, N);
-  for (; r < M; ++r) dot_rows<F, 1>(a + r * K, t + r * B, K, dec, bias, y + r * ldy, ldy, n0, N);
+    dot_rows<F, kRows, NG>(a + r * K, t + r * B, K, dec, bias, y + r * ldy, ldy, n0, N);
+  for (; r < M; ++r)
+    dot_rows<F, 1, NG>(a + r * K, t + r * B, K, dec, bias, y + r * ldy, ldy, n0, N);
+}
+
+// One work item: M rows x `groups` (1 or 2) groups of 16 outputs.
+template <int64_t F>
+void item(int groups, int64_t M, const int8_t* a, const TileAct* t, int64_t K,
+          const uint8_t* group, uint8_t* dec, const float* bias, float* y, int64_t ldy,
+          int64_t n0, int64_t N) {
+  if (groups == 2)
+    item_groups<F, 2>(M, a, t, K, group, dec, bias, y, ldy, n0, N);
+  else
+    item_groups<F, 1>(M, a, t, K, group, dec, bias, y, ldy, n0, N);
 }
 
 template <int64_t F>
@@ -215,11 +253,16 @@ void pack(const uint8_t* raw, int64_t N, int64_t K, uint8_t* out) {
     for (int lane = 0; lane < 16; ++lane) {
       const int64_t row = 16 * g + lane;
       for (int64_t b = 0; b < blocks; ++b) {
-        uint8_t* to = dst + (b * 16 + lane) * T::kBytes;
-        if (row < N)
-          memcpy(to, raw + (row * blocks + b) * T::kBytes, T::kBytes);
-        else
-          memset(to, 0, T::kBytes);
+        uint8_t* unit = dst + b * 16 * T::kBytes;
+        const uint8_t* from = raw + (row * blocks + b) * T::kBytes;
+        for (const Section& s : Layout<F>::kS)
+          for (int e = 0; e < s.bytes / s.elem; ++e) {
+            uint8_t* to = unit + Layout<F>::at(s.start + e * s.elem, lane);
+            if (row < N)
+              memcpy(to, from + s.start + e * s.elem, s.elem);
+            else
+              memset(to, 0, s.elem);
+          }
       }
     }
   }
@@ -248,10 +291,10 @@ inline bool by_format(int64_t f, Args... args) {
 
 template <int64_t F>
 struct ItemFn {
-  static void run(int64_t M, const int8_t* a, const TileAct* t, int64_t K, const uint8_t* g,
-                  uint8_t* dec, const float* bias, float* y, int64_t ldy, int64_t n0,
-                  int64_t N) {
-    item<F>(M, a, t, K, g, dec, bias, y, ldy, n0, N);
+  static void run(int groups, int64_t M, const int8_t* a, const TileAct* t, int64_t K,
+                  const uint8_t* g, uint8_t* dec, const float* bias, float* y, int64_t ldy,
+                  int64_t n0, int64_t N) {
+    item<F>(groups, M, a, t, K, g, dec, bias, y, ldy, n0, N);
   }
 };
 template <int64_t F>
@@ -296,11 +339,11 @@ void tile_quantize_row(const float* x, int64_t K, int8_t* a, TileAct* t) {
 
 int64_t tile_decoded_bytes(int64_t K) { return 4 * K * 4 + 2 * (K / 16) * 16 * 4; }
 
-bool tile_item(int64_t f, int64_t M, const int8_t* a, const TileAct* t, int64_t K,
+bool tile_item(int64_t f, int groups, int64_t M, const int8_t* a, const TileAct* t, int64_t K,
                const uint8_t* group, uint8_t* dec, const float* bias, float* y, int64_t ldy,
                int64_t n0, int64_t N) {
   if (f >= kIQ2_XXS && !g_have_grids) return false;
-  return by_format<ItemFn>(f, M, a, t, K, group, dec, bias, y, ldy, n0, N);
+  return by_format<ItemFn>(f, groups, M, a, t, K, group, dec, bias, y, ldy, n0, N);
 }
 
 void tile_pack(int64_t f, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out) {

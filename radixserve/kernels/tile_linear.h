@@ -21,13 +21,14 @@ struct TileAct {
 };
 void tile_quantize_row(const float* x, int64_t K, int8_t* a, TileAct* t);
 
-// The scratch one work item decodes a group of 16 outputs into.
+// The scratch a work item decodes one group of 16 outputs into (an item of two groups: twice).
 int64_t tile_decoded_bytes(int64_t K);
 
-// M rows (a: [M][K] bytes, t: [M][K / 32]) x one group of 16 outputs of format f (`group`:
-// the group's packed bytes), outputs n0.. of N written to y (row stride ldy), bias added.
-// False when the format needs the codebooks and rs_tile_grids has not been given them.
-bool tile_item(int64_t f, int64_t M, const int8_t* a, const TileAct* t, int64_t K,
+// M rows (a: [M][K] bytes, t: [M][K / 32]) x `groups` (1 or 2) consecutive groups of 16
+// outputs of format f (`group`: the first group's packed bytes), outputs n0.. of N written to
+// y (row stride ldy), bias added. False when the format needs the codebooks and rs_tile_grids
+// has not been given them.
+bool tile_item(int64_t f, int groups, int64_t M, const int8_t* a, const TileAct* t, int64_t K,
                const uint8_t* group, uint8_t* dec, const float* bias, float* y, int64_t ldy,
                int64_t n0, int64_t N);
 

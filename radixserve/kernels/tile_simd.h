@@ -1,13 +1,15 @@
 // The tile formats' blocks decoded 16 rows at a time in vector registers, on the x86 levels
-// (AVX2 and up): the lanes are rows. A row's 4-byte words are gathered from its block (the
-// packed layout keeps each row's block as the file has it, 16 rows one after another), and
-// the byte operations then give a whole k-step of codes for kL rows at once: 4 codes a lane,
-// already in the tile's [k-step][16 rows][4] order. The codes and the floats d, m are those
+// (AVX2 and up): the lanes are rows. One load takes the same 4-byte word of every row's block
+// (the packed layout interleaves the rows' words: tile_decode.h Layout), and the byte
+// operations then give a whole k-step of codes for kL rows at once: 4 codes a lane, already in
+// the tile's [k-step][16 rows][4] order; the IQ types gather each row's codebook entry. The codes and the floats d, m are those
 // tile_decode.h's scalar decode_block gives, by the same operations (the floats: one rounding
 // each, in the same order), so the two paths' tiles are byte for byte the same.
 //
 // Decoding is what these types spend their time on at one or a few rows (a 4096 x 3072 Q3_K
-// matrix, one row, one thread, Sapphire Rapids: the scalar decode ran at 2.1 GB/s).
+// matrix, one row, one thread, Sapphire Rapids: the scalar decode ran at 2.1 GB/s; gathering
+// the rows' words from the file's own block layout instead of loading them interleaved, about
+// a quarter of the decode's time waited at the gathers).
 #pragma once
 
 #include <stdint.h>
@@ -23,10 +25,6 @@ namespace tile {
 using wv = __m512i;
 using fv = __m512;
 constexpr int kL = 16;
-inline wv row_offsets(int stride) {
-  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
-                                              15), _mm512_set1_epi32(stride));
-}
 inline wv gat(const uint8_t* p, wv rows) { return _mm512_i32gather_epi32(rows, p, 1); }
 inline wv srl(wv v, int n) { return _mm512_srlv_epi32(v, _mm512_set1_epi32(n)); }
 inline wv sll(wv v, int n) { return _mm512_sllv_epi32(v, _mm512_set1_epi32(n)); }
@@ -58,9 +56,6 @@ inline fv e8m0_half(wv e) {  // 2^(e - 128) exactly; e = 0, 1 subnormal
 using wv = __m256i;
 using fv = __m256;
 constexpr int kL = 8;
-inline wv row_offsets(int stride) {
-  return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
-}
 inline wv gat(const uint8_t* p, wv rows) {
   return _mm256_i32gather_epi32((const int*)p, rows, 1);
 }
@@ -136,6 +131,34 @@ inline wv iq1_codes(wv g, wv flag) {
   const wv g8 = add8(add8(add8(g, g), add8(g, g)), add8(add8(g, g), add8(g, g)));
   return add8(g8, sub32(mul32(flag, (int32_t)0xFEFEFEFE), -0x01010101));  // -1 or +1 a byte
 }
+// Word `off` of the rows v * kL .. of a unit, their f16 at `off` as floats, their byte.
+template <int64_t F>
+inline wv word(const uint8_t* unit, int v, int off) {
+#if defined(__AVX512F__)
+  return _mm512_loadu_si512(unit + Layout<F>::at(off, v * kL));
+#else
+  return _mm256_loadu_si256((const __m256i*)(unit + Layout<F>::at(off, v * kL)));
+#endif
+}
+template <int64_t F>
+inline fv half(const uint8_t* unit, int v, int off) {
+  const uint8_t* p = unit + Layout<F>::at(off, v * kL);
+#if defined(__AVX512F__)
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+#else
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+#endif
+}
+template <int64_t F>
+inline wv byte(const uint8_t* unit, int v, int off) {
+  const uint8_t* p = unit + Layout<F>::at(off, v * kL);
+#if defined(__AVX512F__)
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+#else
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+#endif
+}
+
 inline wv byte_of(wv w, int k) { return and32(srl(w, 8 * k), 0xFF); }
 inline wv byte_at(const wv w[], int k) { return byte_of(w[k / 4], k % 4); }
 inline fv splat(float x) {
@@ -162,13 +185,14 @@ inline fv odd_scale(fv D, wv ls, float f) {
 // The codebook types (IQ2, IQ3, IQ1): each lane's grid entry gathered from the codebook by
 // its index, 4 values (one k-step) a gather, then signed (tile_decode.h's decode_block).
 template <int64_t F>
-void decode16_grid(const uint8_t* b, const wv rows, int32_t* c, float* dv) {
+void decode16_grid(const uint8_t* unit, int v, int32_t* c, float* dv) {
+  auto W = [&](int off) { return word<F>(unit, v, off); };
   const int8_t* ks = (const int8_t*)g_ksigns;
   auto put_step = [&](int step, wv q) { put(c + 16 * step, q); };
   if constexpr (F == kIQ2_XXS) {
-    const fv D = half_lo(gat(b, rows));
+    const fv D = half<F>(unit, v, 0);
     for (int j = 0; j < 8; ++j) {
-      const wv a0 = gat(b + 2 + 8 * j, rows), a1 = gat(b + 6 + 8 * j, rows);
+      const wv a0 = W(2 + 8 * j), a1 = W(6 + 8 * j);
 #pragma GCC unroll 4
       for (int l = 0; l < 4; ++l) {
         const wv at = sll(and32(srl(a0, 8 * l), 0xFF), 3);
@@ -180,11 +204,11 @@ void decode16_grid(const uint8_t* b, const wv rows, int32_t* c, float* dv) {
       putf(dv + 16 * j, iq_scale(D, srl(a1, 28), 0.25f));
     }
   } else if constexpr (F == kIQ3_XXS) {
-    const fv D = half_lo(gat(b, rows));
+    const fv D = half<F>(unit, v, 0);
     for (int j = 0; j < 8; ++j) {
-      const wv aux = gat(b + 66 + 4 * j, rows);
+      const wv aux = W(66 + 4 * j);
       for (int q = 0; q < 2; ++q) {
-        const wv idx = gat(b + 2 + 8 * j + 4 * q, rows);
+        const wv idx = W(2 + 8 * j + 4 * q);
 #pragma GCC unroll 4
         for (int u = 0; u < 4; ++u) {
           const int l = (4 * q + u) / 2, t = u % 2;
@@ -196,33 +220,33 @@ void decode16_grid(const uint8_t* b, const wv rows, int32_t* c, float* dv) {
       putf(dv + 16 * j, iq_scale(D, srl(aux, 28), 0.5f));
     }
   } else if constexpr (F == kIQ2_XS || F == kIQ2_S) {
-    const fv D = half_lo(gat(b, rows));
+    const fv D = half<F>(unit, v, 0);
     const int8_t* grid = F == kIQ2_XS ? g_iq2xs : g_iq2s;
     for (int i = 0; i < 32; ++i) {  // 8 values, 2 k-steps, a grid entry
       wv idx, sg;
       if constexpr (F == kIQ2_XS) {
-        const wv w = gat(b + 2 + 4 * (i / 2), rows), v = i % 2 ? hi16(w) : lo16(w);
-        idx = and32(v, 511);
-        sg = gat((const uint8_t*)ks, srl(v, 9));
+        const wv w = W(2 + 4 * (i / 2)), u16 = i % 2 ? hi16(w) : lo16(w);
+        idx = and32(u16, 511);
+        sg = gat((const uint8_t*)ks, srl(u16, 9));
       } else {
-        const wv qh = and32(srl(gat(b + 66 + 4 * (i / 16), rows), 8 * ((i / 4) % 4)), 0xFF);
-        idx = orv(byte_of(gat(b + 2 + 4 * (i / 4), rows), i % 4),
+        const wv qh = and32(srl(W(66 + 4 * (i / 16)), 8 * ((i / 4) % 4)), 0xFF);
+        idx = orv(byte_of(W(2 + 4 * (i / 4)), i % 4),
                   sll(and32(srl(qh, 2 * (i % 4)), 3), 8));
-        sg = byte_of(gat(b + 34 + 4 * (i / 4), rows), i % 4);
+        sg = byte_of(W(34 + 4 * (i / 4)), i % 4);
       }
       for (int t = 0; t < 2; ++t)
         put_step(2 * i + t, signs4(gat((const uint8_t*)grid + 4 * t, sll(idx, 3)),
                                    srl(sg, 4 * t)));
     }
     const int at = F == kIQ2_XS ? 66 : 74;
-    const wv sc[2] = {gat(b + at, rows), gat(b + at + 4, rows)};
+    const wv sc[2] = {W(at), W(at + 4)};
     for (int j = 0; j < 16; ++j)
       putf(dv + 16 * j, iq_scale(D, and32(srl(sc[j / 8], 4 * (j % 8)), 15), 0.25f));
   } else if constexpr (F == kIQ3_S) {
-    const fv D = half_lo(gat(b, rows));
+    const fv D = half<F>(unit, v, 0);
     for (int p = 0; p < 16; ++p) {  // grid indices 4p .. 4p + 3, one k-step each
-      const wv qs = gat(b + 2 + 4 * p, rows), qh = gat(b + 66 + 4 * (p / 8), rows);
-      const wv sw = gat(b + 74 + 4 * (p / 2), rows);
+      const wv qs = W(2 + 4 * p), qh = W(66 + 4 * (p / 8));
+      const wv sw = W(74 + 4 * (p / 2));
 #pragma GCC unroll 4
       for (int u = 0; u < 4; ++u) {
         const int i = 4 * p + u;
@@ -232,13 +256,13 @@ void decode16_grid(const uint8_t* b, const wv rows, int32_t* c, float* dv) {
         put_step(i, signs4(gat((const uint8_t*)g_iq3s, sll(idx, 2)), sg));
       }
     }
-    const wv sc = gat(b + 106, rows);
+    const wv sc = W(106);
     for (int j = 0; j < 8; ++j) putf(dv + 16 * j, odd_scale(D, and32(srl(sc, 4 * j), 15), 1.0f));
   } else if constexpr (F == kIQ1_S) {
-    const fv D = half_lo(gat(b, rows));
+    const fv D = half<F>(unit, v, 0);
     for (int j = 0; j < 8; ++j) {
-      const wv hw = gat(b + 34 + 4 * (j / 2), rows), h = j % 2 ? hi16(hw) : lo16(hw);
-      const wv qs = gat(b + 2 + 4 * j, rows), flag = srl(h, 15);
+      const wv hw = W(34 + 4 * (j / 2)), h = j % 2 ? hi16(hw) : lo16(hw);
+      const wv qs = W(2 + 4 * j), flag = srl(h, 15);
 #pragma GCC unroll 4
       for (int l = 0; l < 4; ++l) {
         const wv idx = orv(and32(srl(qs, 8 * l), 0xFF), sll(and32(srl(h, 3 * l), 7), 8));
@@ -249,13 +273,13 @@ void decode16_grid(const uint8_t* b, const wv rows, int32_t* c, float* dv) {
       putf(dv + 16 * j, odd_scale(D, and32(srl(h, 12), 7), 0.125f));
     }
   } else if constexpr (F == kIQ1_M) {
-    const wv w0 = gat(b + 48, rows), w1 = gat(b + 52, rows);
+    const wv w0 = W(48), w1 = W(52);
     const wv sc[4] = {lo16(w0), hi16(w0), lo16(w1), hi16(w1)};
     const wv dbits = orv(orv(srl(sc[0], 12), and32(srl(sc[1], 8), 0xF0)),
                          orv(and32(srl(sc[2], 4), 0xF00), and32(sc[3], 0xF000)));
     const fv D = half_lo(dbits);
     for (int p = 0; p < 8; ++p) {  // grid indices 4p .. 4p + 3, 8 values each
-      const wv qs = gat(b + 4 * p, rows), qh = gat(b + 32 + 4 * (p / 2), rows);
+      const wv qs = W(4 * p), qh = W(32 + 4 * (p / 2));
 #pragma GCC unroll 4
       for (int u = 0; u < 4; ++u) {
         const int i = 4 * p + u;
@@ -276,22 +300,22 @@ void decode16_grid(const uint8_t* b, const wv rows, int32_t* c, float* dv) {
 template <int64_t F>
 void decode16(const uint8_t* blk, int32_t* codes, float* d, float* m) {
   using T = Tile<F>;
-  const wv rows = row_offsets(T::kBytes);
   for (int v = 0; v < 16 / kL; ++v) {
-    const uint8_t* b = blk + v * kL * T::kBytes;
+    auto W = [&](int off) { return word<F>(blk, v, off); };
+    auto H = [&](int off) { return half<F>(blk, v, off); };
     int32_t* c = codes + v * kL;
     float* dv = d + v * kL;
     if constexpr (Tile<F>::kGrids) {
-      decode16_grid<F>(b, rows, c, dv);
+      decode16_grid<F>(blk, v, c, dv);
     } else if constexpr (F == kQ2_K || F == kQ3_K || F == kTQ2_0) {
       const int qs = F == kQ3_K ? 32 : F == kQ2_K ? 16 : 0;
       // word u of each half h of the codes: k = 128 h + 32 s + 4 u + i (Q3_K: the high bits,
       // hmask's word u, bit 4 h + s)
       for (int u = 0; u < 8; ++u) {
-        const wv hm = F == kQ3_K ? gat(b + 4 * u, rows) : wv{};
+        const wv hm = F == kQ3_K ? W(4 * u) : wv{};
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
-          const wv w = gat(b + qs + 32 * h + 4 * u, rows);
+          const wv w = W(qs + 32 * h + 4 * u);
 #pragma GCC unroll 4
           for (int s = 0; s < 4; ++s) {
             wv q = and8(srl(w, 2 * s), 3);
@@ -302,8 +326,8 @@ void decode16(const uint8_t* blk, int32_t* codes, float* d, float* m) {
         }
       }
       if constexpr (F == kQ2_K) {
-        const wv sc[4] = {gat(b, rows), gat(b + 4, rows), gat(b + 8, rows), gat(b + 12, rows)};
-        const wv dd = gat(b + 80, rows);
+        const wv sc[4] = {W(0), W(4), W(8), W(12)};
+        const wv dd = W(80);
         const fv D = half_lo(dd), Dmin = half_lo(srl(dd, 16));
 #pragma GCC unroll 16
         for (int j = 0; j < 16; ++j) {
@@ -312,8 +336,8 @@ void decode16(const uint8_t* blk, int32_t* codes, float* d, float* m) {
           putf(m + v * kL + 16 * j, fneg(fmul(Dmin, to_f(srl(s, 4)))));
         }
       } else if constexpr (F == kQ3_K) {
-        const wv sc[3] = {gat(b + 96, rows), gat(b + 100, rows), gat(b + 104, rows)};
-        const fv D = half_lo(srl(gat(b + 106, rows), 16));
+        const wv sc[3] = {W(96), W(100), W(104)};
+        const fv D = H(108);
 #pragma GCC unroll 16
         for (int j = 0; j < 16; ++j) {
           const wv lo = j < 8 ? and32(byte_at(sc, j), 15) : srl(byte_at(sc, j - 8), 4);
@@ -321,27 +345,26 @@ void decode16(const uint8_t* blk, int32_t* codes, float* d, float* m) {
           putf(dv + 16 * j, fmul(D, to_f(sub32(orv(lo, sll(hi, 4)), 32))));
         }
       } else {
-        const fv D = half_lo(srl(gat(b + 62, rows), 16));
+        const fv D = H(64);
         for (int j = 0; j < 8; ++j) putf(dv + 16 * j, D);
       }
     } else if constexpr (F == kIQ4_NL || F == kMXFP4) {
       const int8_t* table = F == kIQ4_NL ? kIq4nl : kMxfp4;
 #pragma GCC unroll 4
       for (int t = 0; t < 4; ++t) {
-        const wv w = gat(b + (F == kIQ4_NL ? 2 : 1) + 4 * t, rows);
+        const wv w = W((F == kIQ4_NL ? 2 : 1) + 4 * t);
         put(c + 16 * t, lut(table, and8(w, 15)));
         put(c + 16 * (t + 4), lut(table, and8(srl(w, 4), 15)));
       }
-      const wv head = gat(b, rows);
-      putf(dv, F == kIQ4_NL ? half_lo(head) : e8m0_half(and32(head, 0xFF)));
+      putf(dv, F == kIQ4_NL ? H(0) : e8m0_half(byte<F>(blk, v, 0)));
     } else if constexpr (F == kIQ4_XS) {
-      const wv head = gat(b, rows), sl = gat(b + 4, rows);
+      const wv head = W(0), sl = W(4);
       const fv D = half_lo(head);
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
 #pragma GCC unroll 4
         for (int u = 0; u < 4; ++u) {
-          const wv w = gat(b + 8 + 16 * j + 4 * u, rows);
+          const wv w = W(8 + 16 * j + 4 * u);
           put(c + 16 * (8 * j + u), lut(kIq4nl, and8(w, 15)));
           put(c + 16 * (8 * j + 4 + u), lut(kIq4nl, and8(srl(w, 4), 15)));
         }

@@ -9,8 +9,9 @@ fields are rebuilt as ``split_blocks`` has them and joined with ``gguf_quant.joi
 operations ``dequantize`` runs, so a row's values are bit-identical to the file's row
 dequantized. 16-bit parts give their values as stored, widened to float32 (what ``dequantize``
 and ``Tensor.float`` give). The tile types (``TILE_TYPES``: Q2_K, Q3_K, the IQ types, MXFP4,
-TQ*) keep the file's own blocks, 16 rows interleaved block by block: a row's blocks are taken
-out of its group as they are and dequantized as the file's row would be.
+TQ*) keep the file's own bytes, 16 rows' blocks at a time with their fields interleaved
+(``tile_layout.py``): a row's blocks are taken back out of its units and dequantized as the
+file's row would be.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import functools
 from dataclasses import dataclass
 
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from torch import nn
 
 from radixserve.layers.block_linear import (HALF_TYPES, K_QUANTS, QUANT_BITS, TILE_TYPES,
                                             BlockLinear, packed_bytes)
 from radixserve.layers.gguf_quant import dequantize, join_blocks
+from radixserve.layers.tile_layout import unpack_rows
 
 _T = GGMLQuantizationType
 _HALF_DTYPES = {_T.F16: torch.float16, _T.BF16: torch.bfloat16}
@@ -68,10 +70,8 @@ def gather_rows(qtype: GGMLQuantizationType, packed: torch.Tensor, k: int,
     if qtype in HALF_TYPES:  # [N16][K][16] 16-bit elements
         rows = packed.view(torch.int16).view(-1, k, 16)[ids // 16, :, ids % 16]
         return rows.view(_HALF_DTYPES[qtype]).float()
-    if qtype in TILE_TYPES:  # [N16][k / block][16][block bytes]: the file's blocks
-        groups = packed.view(-1, k // GGML_QUANT_SIZES[qtype][0], 16,
-                             GGML_QUANT_SIZES[qtype][1])
-        return dequantize(groups[ids // 16, :, ids % 16], qtype, (ids.shape[0], k))
+    if qtype in TILE_TYPES:  # units of 16 rows' blocks, their fields interleaved
+        return dequantize(unpack_rows(qtype, packed, k, ids), qtype, (ids.shape[0], k))
     layout = _layout(qtype, k)
     # one gather: each id's own bytes of its group, [units][sections without the lane]
     picked = packed[(ids // 16 * layout.group_bytes)[:, None] + layout.lane_bytes[ids % 16]]

@@ -17,6 +17,7 @@ from gguf_blocks import BLOCK_TYPES, random_rows
 
 from radixserve.kernels import native
 from radixserve.layers.block_linear import FORMATS, TILE_TYPES, BlockLinear, pack, packed_bytes
+from radixserve.layers.tile_layout import pack_reference, unpack_rows
 from radixserve.layers.block_rows import PackedEmbedding, gather_rows
 from radixserve.layers.gguf_quant import REFERENCE_TYPES, dequantize
 
@@ -149,28 +150,21 @@ def test_tile_layers_refuse_what_does_not_fit(qtype):
         BlockLinear.from_stored([(qtype, raw[:, :size + 1])], block)
 
 
-def _reference_pack(qtype, raw: torch.Tensor) -> torch.Tensor:
-    """The tile types' packed layout as stated (block_linear.pack): the file's blocks
-    [ceil(N / 16)][K / block][16 rows][block bytes], padding rows zero."""
-    n, size = raw.shape[0], gguf.GGML_QUANT_SIZES[qtype][1]
-    padded = torch.zeros(-(-n // 16) * 16, raw.shape[1], dtype=torch.uint8)
-    padded[:n] = raw
-    return padded.view(-1, 16, raw.shape[1] // size, size).transpose(1, 2).reshape(-1)
-
-
 @needs_native
 @pytest.mark.parametrize("qtype", TILE_TYPES, ids=lambda t: t.name)
 def test_packed_tiles_are_the_files_blocks_and_read_back_as_its_rows(qtype):
-    """pack is the stated layout byte for byte (any bytes: no field is read or changed); rows
+    """pack is the stated layout (tile_layout.py) byte for byte (any bytes: no field is read or
+    changed) and unpacks to the file's rows; rows
     gathered from it (any lane, the part-filled last group, repeats) and a packed embedding on
     a head are gguf-py's dequantized rows bit for bit."""
     n, k = 37, _ks(qtype)[-1]
     raw, w = _matrix(qtype, n, k, seed=4)
     noise = torch.from_numpy(np.random.default_rng(5).integers(0, 256, tuple(raw.shape),
                                                                  dtype=np.uint8))
-    assert torch.equal(pack(qtype, noise, k), _reference_pack(qtype, noise))
+    assert torch.equal(pack(qtype, noise, k), pack_reference(qtype, noise))
     packed = pack(qtype, raw, k)
-    assert torch.equal(packed, _reference_pack(qtype, raw))
+    assert torch.equal(packed, pack_reference(qtype, raw))
+    assert torch.equal(unpack_rows(qtype, packed, k, torch.arange(n)), raw)
     ids = torch.tensor([0, 5, 5, 15, 16, 31, 32, 36, 17])
     rows = gather_rows(qtype, packed, k, ids)
     ref = w.float()[ids]
