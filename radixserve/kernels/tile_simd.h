@@ -31,6 +31,7 @@ inline wv sll(wv v, int n) { return _mm512_sllv_epi32(v, _mm512_set1_epi32(n)); 
 inline wv and8(wv v, int b) { return _mm512_and_si512(v, _mm512_set1_epi8((char)b)); }
 inline wv and32(wv v, int32_t x) { return _mm512_and_si512(v, _mm512_set1_epi32(x)); }
 inline wv orv(wv a, wv b) { return _mm512_or_si512(a, b); }
+inline wv xorv(wv a, wv b) { return _mm512_xor_si512(a, b); }
 inline wv sub8(wv v, int b) { return _mm512_sub_epi8(v, _mm512_set1_epi8((char)b)); }
 inline wv sub32(wv v, int32_t x) { return _mm512_sub_epi32(v, _mm512_set1_epi32(x)); }
 inline wv lut(const int8_t* table, wv i) {  // bytes 0..15 -> table's entries
@@ -64,6 +65,7 @@ inline wv sll(wv v, int n) { return _mm256_sllv_epi32(v, _mm256_set1_epi32(n)); 
 inline wv and8(wv v, int b) { return _mm256_and_si256(v, _mm256_set1_epi8((char)b)); }
 inline wv and32(wv v, int32_t x) { return _mm256_and_si256(v, _mm256_set1_epi32(x)); }
 inline wv orv(wv a, wv b) { return _mm256_or_si256(a, b); }
+inline wv xorv(wv a, wv b) { return _mm256_xor_si256(a, b); }
 inline wv sub8(wv v, int b) { return _mm256_sub_epi8(v, _mm256_set1_epi8((char)b)); }
 inline wv sub32(wv v, int32_t x) { return _mm256_sub_epi32(v, _mm256_set1_epi32(x)); }
 inline wv lut(const int8_t* table, wv i) {
@@ -172,6 +174,16 @@ inline fv splat(float x) {
 template <int64_t F>
 constexpr bool kSimd = F != kTQ1_0;
 
+// ksigns[i] (gguf-py's table) for 7-bit i in every lane: i with its parity as bit 7, so that
+// the 8 signs have an even count; computed, not gathered (a gather a k-step cost more).
+inline wv ksigns(wv i) {
+  wv p = i;
+  p = xorv(p, srl(p, 4));
+  p = xorv(p, srl(p, 2));
+  p = xorv(p, srl(p, 1));
+  return orv(i, sll(and32(p, 1), 7));
+}
+
 // d = D * (0.5 + ls) * f, as decode_block forms it (IQ2: f = 1/4, IQ3_XXS: 1/2)
 inline fv iq_scale(fv D, wv ls, float f) {
   return fmul(fmul(D, fadd(splat(0.5f), to_f(ls))), splat(f));
@@ -187,7 +199,6 @@ inline fv odd_scale(fv D, wv ls, float f) {
 template <int64_t F>
 void decode16_grid(const uint8_t* unit, int v, int32_t* c, float* dv) {
   auto W = [&](int off) { return word<F>(unit, v, off); };
-  const int8_t* ks = (const int8_t*)g_ksigns;
   auto put_step = [&](int step, wv q) { put(c + 16 * step, q); };
   if constexpr (F == kIQ2_XXS) {
     const fv D = half<F>(unit, v, 0);
@@ -196,7 +207,7 @@ void decode16_grid(const uint8_t* unit, int v, int32_t* c, float* dv) {
 #pragma GCC unroll 4
       for (int l = 0; l < 4; ++l) {
         const wv at = sll(and32(srl(a0, 8 * l), 0xFF), 3);
-        const wv sg = gat((const uint8_t*)ks, and32(srl(a1, 7 * l), 127));
+        const wv sg = ksigns(and32(srl(a1, 7 * l), 127));
         for (int t = 0; t < 2; ++t)
           put_step(8 * j + 2 * l + t, signs4(gat((const uint8_t*)g_iq2xxs + 4 * t, at),
                                              srl(sg, 4 * t)));
@@ -212,7 +223,7 @@ void decode16_grid(const uint8_t* unit, int v, int32_t* c, float* dv) {
 #pragma GCC unroll 4
         for (int u = 0; u < 4; ++u) {
           const int l = (4 * q + u) / 2, t = u % 2;
-          const wv sg = gat((const uint8_t*)ks, and32(srl(aux, 7 * l), 127));
+          const wv sg = ksigns(and32(srl(aux, 7 * l), 127));
           const wv g = gat((const uint8_t*)g_iq3xxs, sll(and32(srl(idx, 8 * u), 0xFF), 2));
           put_step(8 * j + 4 * q + u, signs4(g, srl(sg, 4 * t)));
         }
@@ -227,7 +238,7 @@ void decode16_grid(const uint8_t* unit, int v, int32_t* c, float* dv) {
       if constexpr (F == kIQ2_XS) {
         const wv w = W(2 + 4 * (i / 2)), u16 = i % 2 ? hi16(w) : lo16(w);
         idx = and32(u16, 511);
-        sg = gat((const uint8_t*)ks, srl(u16, 9));
+        sg = ksigns(srl(u16, 9));
       } else {
         const wv qh = and32(srl(W(66 + 4 * (i / 16)), 8 * ((i / 4) % 4)), 0xFF);
         idx = orv(byte_of(W(2 + 4 * (i / 4)), i % 4),
