@@ -5,7 +5,8 @@ log-probabilities at every generated position). Along that token path, the float
 (``--quantization none``: the file's weights dequantized to float32) and radixserve's default
 (``auto``: the blocks as stored) give their full distributions. Printed per mode:
 
-* agreement: how often its argmax is the float model's argmax, over the path's positions;
+* agreement: how often its argmax is the float model's argmax, over the path's positions (and
+  for radixserve how often it is llama-server's token: teacher-forced top-1 agreement);
 * KL(float || mode) over llama-server's top-n tokens (both renormalized there), the one
   measure llama-server's output allows, for radixserve and for llama-server alike; and for
   radixserve also over the whole vocabulary.
@@ -72,7 +73,7 @@ def main() -> None:
     ref = LLM(model=args.model, quantization="none", show_progress=False)
     tok = ours.get_tokenizer()
     rows = {"radixserve": [], "llama-server": []}
-    kl_full = []
+    kl_full, with_llama = [], []
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
         path, tops = llama_path(args.llama_url, ids, args.tokens, args.top)
@@ -82,6 +83,7 @@ def main() -> None:
         for t in range(len(path)):
             support = list(tops[t])
             best = int(lf[t].argmax())
+            with_llama.append(int(lo[t].argmax()) == path[t])
             rows["radixserve"].append((int(lo[t].argmax()) == best,
                                        restricted_kl(lf[t], lo[t], support)))
             rows["llama-server"].append((path[t] == best,
@@ -96,6 +98,7 @@ def main() -> None:
         kl = sum(k for _, k in values) / n
         print(f"  {name:12s} argmax = float's {agree:.3f}   KL (top {args.top}) mean {kl:.5f}")
     print(f"  radixserve   KL over the whole vocabulary mean {sum(kl_full) / n:.5f}")
+    print(f"  radixserve   argmax = llama-server's token {sum(with_llama) / n:.3f}")
 
 
 if __name__ == "__main__":

@@ -1238,6 +1238,8 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
   const int64_t B = K / 32;
   const bool amx = quantized && rs_amx_enabled() && M >= kAmxMinRows;
   const int64_t Mp = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole 16-row tiles
+  // tile parts by AMX from as many rows (tile_item: 2 where the legacy parts' tiles are set up)
+  const int tile_amx = tiled && rs_amx_enabled() && M >= kAmxMinRows ? (amx ? 2 : 1) : 0;
   // the activations in 8 bits: per block for the legacy parts (a, sc), per super-block for
   // the K-quants (ak, ka)
   using scratch::get;
@@ -1355,7 +1357,7 @@ int rs_block_linear(const float* x, int64_t M, int64_t K, const BlockPart* parts
         if (!tile_item(part.format, g + 1 < N16 ? 2 : 1, M - r0 < tile_rows ? M - r0 : tile_rows,
                        at + r0 * K, ta + r0 * B, K,
                        part.packed + g * 16 * tile_row_bytes(part.format, K), tile_dec,
-                       part.bias, yp + r0 * ldy, ldy, g * 16, part.n)) {
+                       part.bias, yp + r0 * ldy, ldy, g * 16, part.n, tile_amx)) {
 #pragma omp atomic write
           failed = 3;
         }

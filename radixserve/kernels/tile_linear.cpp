@@ -211,10 +211,122 @@ void stream_rows(const int8_t* a, const TileAct* t, int64_t K, const uint8_t* gr
 // below it a group is two vectors a row.
 constexpr int kRows = kW == 16 ? 4 : 2;
 
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+// The amx level, many rows: 16 rows at a time, each sub-block's integer sums for the 16 rows x
+// NG groups by one tile product (tdpbsud: the activations' signed bytes times the tile's
+// q + 128), then dot_span's float steps on them, in its order: the same integers and floats,
+// so a row's output is the VNNI path's bit for bit. Two sets of tiles, one for even and one
+// for odd sub-blocks (the groups' sums 16 x 16 int32, the activations 16 rows x sub bytes, the
+// codes sub / 4 k-steps x 64 bytes), so the next sub-block's products run while this one's
+// float steps do. `restore`: the caller's standard configuration (simd.h amx_configure) is in
+// force and is put back after; else the tiles are released.
+template <int64_t F>
+inline void amx_config() {
+  struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  } cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int set = 0; set < 2; ++set) {
+    const int base = 4 * set;  // sums base, base + 1; activations base + 2; codes base + 3
+    cfg.rows[base] = cfg.rows[base + 1] = cfg.rows[base + 2] = 16;
+    cfg.colsb[base] = cfg.colsb[base + 1] = cfg.colsb[base + 3] = 64;
+    cfg.colsb[base + 2] = Tile<F>::kSub;
+    cfg.rows[base + 3] = Tile<F>::kSub / 4;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// Sub-block j's products for 16 rows into tile set kSet (the tile numbers must be literals:
+// the intrinsics write them into the instruction).
+#define RS_TILE_PRODUCTS(S0, S1, A, Q)                                \
+  _tile_loadd(A, a + j * kSub, K);                                    \
+  _tile_loadd(Q, codes + j * (kSub / 4) * 64, 64);                    \
+  _tile_zero(S0);                                                     \
+  _tile_dpbsud(S0, A, Q);                                             \
+  if constexpr (NG == 2) {                                            \
+    _tile_loadd(Q, codes + cstride + j * (kSub / 4) * 64, 64);        \
+    _tile_zero(S1);                                                   \
+    _tile_dpbsud(S1, A, Q);                                           \
+  }
+template <int64_t F, int NG, int kSet>
+inline void amx_products(const int8_t* a, int64_t K, const uint8_t* codes, int64_t cstride,
+                         int64_t j) {
+  constexpr int kSub = Tile<F>::kSub;
+  if constexpr (kSet == 0) {
+    RS_TILE_PRODUCTS(0, 1, 2, 3)
+  } else {
+    RS_TILE_PRODUCTS(4, 5, 6, 7)
+  }
+}
+#undef RS_TILE_PRODUCTS
+
+template <int NG, int kSet>
+inline void amx_sums(int32_t (&C)[2][16][16]) {
+  if constexpr (kSet == 0) {
+    _tile_stored(0, C[0], 64);
+    if constexpr (NG == 2) _tile_stored(1, C[1], 64);
+  } else {
+    _tile_stored(4, C[0], 64);
+    if constexpr (NG == 2) _tile_stored(5, C[1], 64);
+  }
+}
+
+template <int64_t F, int NG>
+void amx_rows(int64_t M, const int8_t* a, const TileAct* t, int64_t K, const uint8_t* dec,
+              const float* bias, float* y, int64_t ldy, int64_t n0, int64_t N, bool restore) {
+  using T = Tile<F>;
+  amx_config<F>();
+  const int64_t B = K / 32, stride = tile_decoded_bytes(K), subs = K / T::kSub;
+  const float* d = (const float*)(dec + 4 * K * 4);
+  const Tiles w{dec, stride, d, d + subs * 16, stride / 4};
+  alignas(64) int32_t C[2][16][16];
+  alignas(64) float acc[16][NG * kV][kW];
+  for (int64_t r0 = 0; r0 + 16 <= M; r0 += 16) {
+    const int8_t* ar = a + r0 * K;
+    memset(acc, 0, sizeof acc);
+    amx_products<F, NG, 0>(ar, K, w.codes, w.cstride, 0);
+    for (int64_t j = 0; j < subs; ++j) {
+      if (j & 1) {
+        if (j + 1 < subs) amx_products<F, NG, 0>(ar, K, w.codes, w.cstride, j + 1);
+        amx_sums<NG, 1>(C);
+      } else {
+        if (j + 1 < subs) amx_products<F, NG, 1>(ar, K, w.codes, w.cstride, j + 1);
+        amx_sums<NG, 0>(C);
+      }
+      for (int r = 0; r < 16; ++r) {
+        const TileAct& x = t[(r0 + r) * B + j * T::kSub / 32];
+        const bool second = T::kSub == 16 && (j & 1);
+        const int h = T::kSub == 32 ? x.h0 + x.h1 : second ? x.h1 : x.h0;
+        const vf s = set1(x.s);
+        for (int v = 0; v < NG * kV; ++v) {
+          const int64_t at = (v / kV) * w.fstride + j * 16 + (v % kV) * kW;
+          const vi Cv = isub(iload(&C[v / kV][r][(v % kV) * kW]), iset1(kQ8Offset * h));
+          vf sum = fmadd(load(w.d + at), mul(to_float(Cv), s), load(acc[r][v]));
+          if constexpr (T::kMins) sum = fmadd(load(w.m + at), set1(second ? x.S1 : x.S0), sum);
+          store(acc[r][v], sum);
+        }
+      }
+    }
+    for (int r = 0; r < 16; ++r) {
+      vf out[1][NG * kV];
+      for (int v = 0; v < NG * kV; ++v) out[0][v] = load(acc[r][v]);
+      store_rows<1, NG>(out, bias, y + (r0 + r) * ldy, ldy, n0, N);
+    }
+  }
+  if (restore)
+    amx_configure();
+  else
+    _tile_release();
+}
+#endif
+
 template <int64_t F, int NG>
 void item_groups(int64_t M, const int8_t* a, const TileAct* t, int64_t K, const uint8_t* group,
                  uint8_t* dec, const float* bias, float* y, int64_t ldy, int64_t n0,
-                 int64_t N) {
+                 int64_t N, int amx) {
   const int64_t B = K / 32, group_bytes = K / Tile<F>::kBlock * 16 * Tile<F>::kBytes;
   // one register block: decode and multiply block by block
   if (M == 1) return stream_rows<F, 1, NG>(a, t, K, group, group_bytes, bias, y, ldy, n0, N);
@@ -226,6 +338,16 @@ void item_groups(int64_t M, const int8_t* a, const TileAct* t, int64_t K, const 
   for (int g = 0; g < NG; ++g)
     decode_group<F>(group + g * group_bytes, K, dec + g * tile_decoded_bytes(K));
   int64_t r = 0;
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+  // whole 16-row tiles by AMX, the rest below: types of 32-weight sub-blocks only (the 3B
+  // shape's 4096 x 3072 at 128 rows, one thread, Sapphire Rapids, GMAC/s VNNI vs AMX: IQ4_XS
+  // 200-214 vs 270-281; Q3_K 155-167 vs 154-162, Q2_K 133-145 vs 123-132: a tile product over
+  // 16 k and twice the float steps gain nothing)
+  if (amx && Tile<F>::kSub == 32) {
+    amx_rows<F, NG>(M, a, t, K, dec, bias, y, ldy, n0, N, amx == 2);
+    r = M / 16 * 16;
+  }
+#endif
   for (; r + kRows <= M; r += kRows)
     dot_rows<F, kRows, NG>(a + r * K, t + r * B, K, dec, bias, y + r * ldy, ldy, n0, N);
   for (; r < M; ++r)
@@ -236,11 +358,11 @@ void item_groups(int64_t M, const int8_t* a, const TileAct* t, int64_t K, const 
 template <int64_t F>
 void item(int groups, int64_t M, const int8_t* a, const TileAct* t, int64_t K,
           const uint8_t* group, uint8_t* dec, const float* bias, float* y, int64_t ldy,
-          int64_t n0, int64_t N) {
+          int64_t n0, int64_t N, int amx) {
   if (groups == 2)
-    item_groups<F, 2>(M, a, t, K, group, dec, bias, y, ldy, n0, N);
+    item_groups<F, 2>(M, a, t, K, group, dec, bias, y, ldy, n0, N, amx);
   else
-    item_groups<F, 1>(M, a, t, K, group, dec, bias, y, ldy, n0, N);
+    item_groups<F, 1>(M, a, t, K, group, dec, bias, y, ldy, n0, N, amx);
 }
 
 template <int64_t F>
@@ -293,8 +415,8 @@ template <int64_t F>
 struct ItemFn {
   static void run(int groups, int64_t M, const int8_t* a, const TileAct* t, int64_t K,
                   const uint8_t* g, uint8_t* dec, const float* bias, float* y, int64_t ldy,
-                  int64_t n0, int64_t N) {
-    item<F>(groups, M, a, t, K, g, dec, bias, y, ldy, n0, N);
+                  int64_t n0, int64_t N, int amx) {
+    item<F>(groups, M, a, t, K, g, dec, bias, y, ldy, n0, N, amx);
   }
 };
 template <int64_t F>
@@ -341,9 +463,9 @@ int64_t tile_decoded_bytes(int64_t K) { return 4 * K * 4 + 2 * (K / 16) * 16 * 4
 
 bool tile_item(int64_t f, int groups, int64_t M, const int8_t* a, const TileAct* t, int64_t K,
                const uint8_t* group, uint8_t* dec, const float* bias, float* y, int64_t ldy,
-               int64_t n0, int64_t N) {
+               int64_t n0, int64_t N, int amx) {
   if (f >= kIQ2_XXS && !g_have_grids) return false;
-  return by_format<ItemFn>(f, groups, M, a, t, K, group, dec, bias, y, ldy, n0, N);
+  return by_format<ItemFn>(f, groups, M, a, t, K, group, dec, bias, y, ldy, n0, N, amx);
 }
 
 void tile_pack(int64_t f, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out) {

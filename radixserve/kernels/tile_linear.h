@@ -26,11 +26,13 @@ int64_t tile_decoded_bytes(int64_t K);
 
 // M rows (a: [M][K] bytes, t: [M][K / 32]) x `groups` (1 or 2) consecutive groups of 16
 // outputs of format f (`group`: the first group's packed bytes), outputs n0.. of N written to
-// y (row stride ldy), bias added. False when the format needs the codebooks and rs_tile_grids
-// has not been given them.
+// y (row stride ldy), bias added. `amx`: 0 the level's dot products only; else whole 16-row
+// tiles by AMX (the amx level; the same bits), 2 where the caller has simd.h's amx_configure in
+// force (put back after), 1 where it has not (the tiles released after). False when the format
+// needs the codebooks and rs_tile_grids has not been given them.
 bool tile_item(int64_t f, int groups, int64_t M, const int8_t* a, const TileAct* t, int64_t K,
                const uint8_t* group, uint8_t* dec, const float* bias, float* y, int64_t ldy,
-               int64_t n0, int64_t N);
+               int64_t n0, int64_t N, int amx);
 
 // raw [N][tile_row_bytes] -> out [ceil(N / 16)][K / block][16][block bytes] (padding zero).
 void tile_pack(int64_t f, const uint8_t* raw, int64_t N, int64_t K, uint8_t* out);
