@@ -30,7 +30,10 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, python_la
     from radixserve.models.native_stack import ONE_CALL
 
     native_kernel = f"native ({kernels})" if kernels else "torch"
-    blocks = f"GGUF blocks as stored ({', '.join(stored) or '?'}), native ({kernels})"
+    from radixserve.layers.block_linear import tile_note
+
+    blocks = (f"GGUF blocks as stored ({', '.join(stored) or '?'}), native ({kernels})"
+              f"{tile_note(stored, kernels)}")
     half = f"16 bits as stored, float32 activations, native ({kernels})"
     linears = {"none": "float (torch)", "int8": f"int8, native ({kernels})",
                "gguf": blocks, "16bit-stored": half}[quantization]

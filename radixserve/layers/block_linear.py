@@ -50,6 +50,25 @@ HALF_TYPES = (_T.F16, _T.BF16)  # 16-bit parts: float32 activations, any K
 TILE_TYPES = (_T.Q2_K, _T.Q3_K, _T.IQ4_NL, _T.IQ4_XS, _T.MXFP4, _T.TQ1_0, _T.TQ2_0, _T.IQ2_XXS,
               _T.IQ2_XS, _T.IQ2_S, _T.IQ3_XXS, _T.IQ3_S, _T.IQ1_S, _T.IQ1_M)
 FORMATS.update({t: 10 + i for i, t in enumerate(TILE_TYPES)})
+_TILE_NAMES = {t.name for t in TILE_TYPES}
+_SUB16_NAMES = {"Q2_K", "Q3_K", "IQ2_XS", "IQ2_S", "IQ1_M"}  # scales per 16 weights
+# the levels whose tile decoders run in vector registers (kernels/tile_simd.h); the others
+# decode row by row (kernels/tile_decode.h)
+VECTOR_TILE_LEVELS = ("amx", "avx512", "avxvnni", "avx2")
+
+
+def tile_note(types: Sequence[str], level: str | None) -> str:
+    """How the tile types among ``types`` (type names) run at kernel ``level``: '' where none
+    is one, else a clause for the start-up line and ``radixserve env``."""
+    tiles = [t for t in types if t in _TILE_NAMES]
+    if not tiles:
+        return ""
+    how = ("decoded in vector registers" if level in VECTOR_TILE_LEVELS
+           else f"decoded row by row (no vector decoder at the {level} level: slower)")
+    by_amx = [t for t in tiles if t not in _SUB16_NAMES]  # tile_linear.cpp: item_groups
+    amx = (f", AMX tile products for many rows ({', '.join(by_amx)})"
+           if level == "amx" and by_amx else "")
+    return f"; {', '.join(tiles)} through int8 tiles {how}{amx}"
 K_QUANTS = (_T.Q4_K, _T.Q5_K, _T.Q6_K)
 QUANT_BITS = {_T.Q4_0: 4, _T.Q4_1: 4, _T.Q4_K: 4, _T.Q5_0: 5, _T.Q5_1: 5, _T.Q5_K: 5, _T.Q6_K: 6,
          _T.Q8_0: 8}

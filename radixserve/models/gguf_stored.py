@@ -106,6 +106,7 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
     if requantized:
         logger.info("GGUF matrices stored as %s run in int8 (native as stored: the block "
                     "types, F16, BF16)", ", ".join(sorted(set(requantized))))
+    _say_tiles(model)
     materialize(model, device)
     model.rotary.reset_tables(device)
     with torch.no_grad():
@@ -113,6 +114,20 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
                            for name, t in _float_tensors(tensors.values(), hf_name, pages))
     trim_heap()
     return model
+
+
+def _say_tiles(model: nn.Module) -> None:
+    """Log once how the tile types run (block_linear.tile_note): a WARNING where this level
+    decodes them row by row."""
+    from radixserve.kernels import native
+    from radixserve.layers.block_linear import VECTOR_TILE_LEVELS, tile_note
+
+    types = {t for m in model.modules() if isinstance(m, BlockLinear) for t in m.types}
+    level = native.describe().level
+    note = tile_note(sorted(types), level)
+    if note:
+        (logger.info if level in VECTOR_TILE_LEVELS else logger.warning)(
+            "GGUF matrices%s", note.replace(";", ":", 1))
 
 
 def trim_heap() -> None:

@@ -29,7 +29,7 @@ from torch import nn
 
 from radixserve.kernels import native, ops
 from radixserve.layers.attn_backends.cpu_native import NativeAttentionMetadata
-from radixserve.layers.block_linear import BlockLinear
+from radixserve.layers.block_linear import BlockLinear, tile_note
 from radixserve.layers.int8_linear import Int8Linear
 from radixserve.layers.layer_progress import layer_done
 from radixserve.layers.norm import RMSNorm
@@ -135,7 +135,8 @@ def _describe_linears(model: nn.Module, level: str | None) -> str:
         kinds.insert(0, f"16 bits as stored, float32 activations, native ({level})")
     elif blocks:
         stored = ", ".join(name for name, _ in blocks.most_common())
-        kinds.insert(0, f"GGUF blocks as stored ({stored}), native ({level})")
+        kinds.insert(0, f"GGUF blocks as stored ({stored}), native ({level})"
+                        f"{tile_note(list(blocks), level)}")
     return " + ".join(kinds) or "none"
 
 
