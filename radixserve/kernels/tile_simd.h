@@ -172,7 +172,29 @@ inline fv splat(float x) {
 }
 
 template <int64_t F>
-constexpr bool kSimd = F != kTQ1_0;
+constexpr bool kSimd = true;
+
+// TQ1_0's base-3 digit n of every byte of w, as ggml stores it: t = byte * 3^n (mod 256), the
+// digit (t * 3) >> 8, minus 1 (tile_decode.h's trit), in 16-bit lanes, even bytes then odd.
+inline wv trits(wv w, int pow3) {
+#if defined(__AVX512F__)
+  const wv lo = _mm512_set1_epi16(0xFF), p = _mm512_set1_epi16((short)pow3);
+  const wv three = _mm512_set1_epi16(3);
+  const wv te = _mm512_and_si512(_mm512_mullo_epi16(_mm512_and_si512(w, lo), p), lo);
+  const wv to = _mm512_and_si512(_mm512_mullo_epi16(_mm512_srli_epi16(w, 8), p), lo);
+  const wv ve = _mm512_srli_epi16(_mm512_mullo_epi16(te, three), 8);
+  const wv vo = _mm512_srli_epi16(_mm512_mullo_epi16(to, three), 8);
+  return sub8(_mm512_or_si512(ve, _mm512_slli_epi16(vo, 8)), 1);
+#else
+  const wv lo = _mm256_set1_epi16(0xFF), p = _mm256_set1_epi16((short)pow3);
+  const wv three = _mm256_set1_epi16(3);
+  const wv te = _mm256_and_si256(_mm256_mullo_epi16(_mm256_and_si256(w, lo), p), lo);
+  const wv to = _mm256_and_si256(_mm256_mullo_epi16(_mm256_srli_epi16(w, 8), p), lo);
+  const wv ve = _mm256_srli_epi16(_mm256_mullo_epi16(te, three), 8);
+  const wv vo = _mm256_srli_epi16(_mm256_mullo_epi16(to, three), 8);
+  return sub8(_mm256_or_si256(ve, _mm256_slli_epi16(vo, 8)), 1);
+#endif
+}
 
 // ksigns[i] (gguf-py's table) for 7-bit i in every lane: i with its parity as bit 7, so that
 // the 8 signs have an even count; computed, not gathered (a gather a k-step cost more).
@@ -318,6 +340,25 @@ void decode16(const uint8_t* blk, int32_t* codes, float* d, float* m) {
     float* dv = d + v * kL;
     if constexpr (Tile<F>::kGrids) {
       decode16_grid<F>(blk, v, c, dv);
+    } else if constexpr (F == kTQ1_0) {
+      // qs[0..31]: digit n of byte i is value 32 n + i; qs[32..47]: 160 + 16 n + (i - 32);
+      // qh[0..3]: 240 + 4 n + i (4 digits)
+      static constexpr int kPow3[5] = {1, 3, 9, 27, 81};
+      for (int u = 0; u < 8; ++u) {
+        const wv w = W(4 * u);
+#pragma GCC unroll 5
+        for (int n = 0; n < 5; ++n) put(c + 16 * (8 * n + u), trits(w, kPow3[n]));
+      }
+      for (int u = 0; u < 4; ++u) {
+        const wv w = W(32 + 4 * u);
+#pragma GCC unroll 5
+        for (int n = 0; n < 5; ++n) put(c + 16 * (40 + 4 * n + u), trits(w, kPow3[n]));
+      }
+      const wv qh = W(48);
+#pragma GCC unroll 4
+      for (int n = 0; n < 4; ++n) put(c + 16 * (60 + n), trits(qh, kPow3[n]));
+      const fv D = H(52);
+      for (int j = 0; j < 8; ++j) putf(dv + 16 * j, D);
     } else if constexpr (F == kQ2_K || F == kQ3_K || F == kTQ2_0) {
       const int qs = F == kQ3_K ? 32 : F == kQ2_K ? 16 : 0;
       // word u of each half h of the codes: k = 128 h + 32 s + 4 u + i (Q3_K: the high bits,
