@@ -1,24 +1,31 @@
-"""radixserve and llama.cpp's llama-server side by side on one GGUF file of a real model's shape.
+"""radixserve, llama.cpp's llama-server and ik_llama.cpp's side by side on one GGUF file.
 
 For each server in turn (never two at once): the time from launch to a 200 on ``/health``, the
 peers' client (``../shared/peers/bench_client.py``, greedy, EOS ignored) on workloads ``a`` (one
 stream, 128-token prompt, 128 out: TTFT and decode tok/s), ``b16`` / ``b64`` (16 / 64 streams)
 and ``a2k`` (one 2,048-token prompt: TTFT), then the resident memory of the server's processes
 (both of radixserve's). radixserve runs with speculation off and with its default (``auto``).
-Both servers get the same KV capacity (``--kv-tokens``) and threads. Prints one row per server
-with the CPU, the load average, and radixserve's ratios to llama-server; then, for a dense
-model, each workload's weight work (a multiply-add per weight per token through the layers,
-the output head per sampled token; attention aside), the rate each server ran it at over its
-TTFT (``a``, ``a2k``) or its wall time (``b16``, ``b64``), and the rate issue 29's target
-ratio to llama-server would take, beside the machine's int8 dot-product ceiling per level
-(``benchmarks/int8_peak.cpp``: the instruction alone, back to back on every thread).
+The second peer, ik_llama.cpp's ``llama-server`` (``--ik-llama-server`` / ``IK_LLAMA_SERVER``;
+built from its repository with cmake, CPU only), runs with exactly llama-server's flags, plus
+``--ik-llama-args`` (e.g. ``-rtr``, its run-time repacking into interleaved rows). Every server
+gets the same KV capacity (``--kv-tokens``) and threads. Prints one row per server with the CPU,
+the load average, and each row's ratios to each peer's (``ls``: llama-server, ``ik``:
+ik_llama.cpp); then, for a dense model, each workload's weight work (a multiply-add per weight
+per token through the layers, the output head per sampled token; attention aside), the rate
+each server ran it at over its TTFT (``a``, ``a2k``) or its wall time (``b16``, ``b64``), and the
+rates issues 29's and 57's target ratios to the peers would take, beside the machine's int8
+dot-product ceiling per level (``benchmarks/int8_peak.cpp``: the instruction alone, back to back
+on every thread).
 
-    LLAMA_SERVER=/path/to/llama-server .venv/bin/python benchmarks/real_size.py \\
-        --model /tmp/llama-3.2-3b-q4_k_m.gguf --workloads a,b16,a2k
+    LLAMA_SERVER=/path/to/llama-server \\
+    IK_LLAMA_SERVER=/path/to/ik_llama.cpp/build/bin/llama-server \\
+        .venv/bin/python benchmarks/real_size.py --model /tmp/llama-3.2-3b-q4_k_m.gguf \\
+        --workloads a,b16,a2k
 
 Make the files with ``benchmarks/make_gguf.py`` (every shape there uses the embedded model's
-tokenizer, so one prompt set serves them all). Set RADIXSERVE_CPU_ISA to force a lower kernel
-level (llama-server keeps its own build's).
+tokenizer, so one prompt set serves them all) or, every tensor type of a real model, with
+``benchmarks/make_quant_files.py`` (another tokenizer: the same texts, other token counts). Set
+RADIXSERVE_CPU_ISA to force a lower kernel level (the llama.cpp servers keep their builds').
 """
 
 from __future__ import annotations
@@ -39,8 +46,11 @@ PEERS = Path(os.environ.get("RADIXSERVE_PEERS", ROOT.parent / "shared" / "peers"
 WORKLOADS = {"a": "a", "b16": "b16", "b64": "b64", "a2k": "a"}  # ours -> the client's
 
 
-# issue 29's targets as rates against llama-server's: TTFT <= 0.5x, b16 >= 3x, b64 >= 4x
-TARGETS = {"a": 2.0, "a2k": 2.0, "b16": 3.0, "b64": 4.0}
+LS, IK = "llama-server", "ik-llama-server"
+# the targets as rates against each peer's: issue 29's TTFT <= 0.5x, b16 >= 3x, b64 >= 4x
+# llama-server's; issue 57's TTFT <= 0.9x ik_llama.cpp's
+TARGETS = {LS: {"a": 2.0, "a2k": 2.0, "b16": 3.0, "b64": 4.0}, IK: {"a": 1 / 0.9, "a2k": 1 / 0.9}}
+SHORT = {LS: "ls", IK: "ik"}
 
 
 def weight_macs(path: str) -> tuple[int, int] | None:
@@ -83,8 +93,9 @@ def work_lines(rows: list, workloads: list[str], macs: tuple[int, int]) -> list[
         if not rates:
             continue
         text = ", ".join(f"{peer} {rate:,.0f} GMAC/s" for peer, _, rate in rates)
-        need = (f"; {TARGETS[w]:g}x llama-server's would take {TARGETS[w] * rates[0][2]:,.0f}"
-                if rates[0][0] == "llama-server" and w in TARGETS else "")
+        need = "".join(f"; {TARGETS[peer][w]:.3g}x {peer}'s would take "
+                       f"{TARGETS[peer][w] * rate:,.0f}"
+                       for peer, _, rate in rates if w in TARGETS.get(peer, {}))
         lines.append(f"{w}: {rates[0][1] / 1e12:.2f} TMAC of weight products — {text}{need}")
     return lines
 
@@ -197,24 +208,8 @@ def run_client(port: int, peer: str, model: str, files: tuple[Path, Path], workl
     return figures
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, help="a GGUF file (benchmarks/make_gguf.py)")
-    ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
-    ap.add_argument("--workloads", default="a,b16,a2k")
-    ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--kv-tokens", type=int, default=36864,
-                    help="KV capacity of both servers (llama-server: -c, 16 slots)")
-    ap.add_argument("--radixserve-only", action="store_true")
-    ap.add_argument("--speculative", default="off,auto", help="radixserve runs, comma separated")
-    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "radixserve-real-size"))
-    args = ap.parse_args()
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    files = prompts(work)
-    workloads = args.workloads.split(",")
-    name = Path(args.model).stem
+def server_runs(args: argparse.Namespace, name: str) -> list[tuple[str, list[str], int]]:
+    """(name, command, port) of each server to run, peers first, one after the other."""
     t = str(args.threads)
     runs = []
     if not args.radixserve_only:
@@ -223,29 +218,23 @@ def main() -> None:
         # 16 slots, each a sixteenth of the KV: b64 runs as four waves of 16. 64 slots sharing
         # one pool (-np 64 -kvu) ran it at half the speed (3B shape, AMD EPYC Zen 4: 9.7 against
         # 18.9 tok/s; its decode steps took 5.2 s at 64 streams), so llama-server keeps its best.
-        runs.append(("llama-server", [args.llama_server, "-m", args.model, "--host", "127.0.0.1",
-                                      "--port", "8491", "-t", t, "-tb", t, "-np", "16", "-c",
-                                      str(args.kv_tokens), "-cb"], 8491))
+        flags = ["-m", args.model, "--host", "127.0.0.1", "-t", t, "-tb", t, "-np", "16", "-c",
+                 str(args.kv_tokens), "-cb"]
+        runs.append((LS, [args.llama_server, *flags, "--port", "8491"], 8491))
+        if args.ik_llama_server:  # ik_llama.cpp's server takes every one of those flags
+            runs.append((IK, [args.ik_llama_server, *flags, "--port", "8493",
+                              *args.ik_llama_args.split()], 8493))
     for spec in args.speculative.split(","):
         runs.append((f"radixserve-spec-{spec}",
                      [str(ROOT / ".venv/bin/radixserve"), "serve", "--model", args.model,
                       "--port", "8492", "--threads", t, "--speculative", spec,
                       "--num-kv-blocks", str(args.kv_tokens // 16), "--max-model-len", "4096",
                       "--served-model-name", name], 8492))
-    rows = []
-    for peer, cmd, port in runs:
-        proc, ready = start(cmd, port, work / f"{peer}.log")
-        try:
-            figs = run_client(port, peer, name, files, workloads, args.reps, work)
-            rss = tree_rss_mb(proc.pid)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
-        rows.append((peer, ready, rss, figs))
-        time.sleep(2)
-    print(f"\n{name}: {cpu_name()}, {os.cpu_count()} CPUs, threads {t}, kernel level "
-          f"{os.environ.get('RADIXSERVE_CPU_ISA', 'best')}, load average "
-          f"{os.getloadavg()[0]:.2f}, {args.reps} rep(s), KV {args.kv_tokens} tokens")
+    return runs
+
+
+def print_table(rows: list, workloads: list[str]) -> None:
+    """One markdown row per server; each figure with its ratios to each peer's row but its own."""
     cols = [("ready s", lambda r: r[1]), ("RSS MB", lambda r: r[2])]
     for w in workloads:
         if w in ("a", "a2k"):
@@ -256,22 +245,68 @@ def main() -> None:
             cols.append((f"{w} tok/s", lambda r, w=w: r[3][w].get("output_tok_s")))
     print("| server | " + " | ".join(c for c, _ in cols) + " | bad counts |")
     print("|---" * (len(cols) + 2) + "|")
-    peer_row = rows[0] if rows[0][0] == "llama-server" else None
+    peers = [r for r in rows if r[0] in SHORT]
     for row in rows:
         cells = []
         for _, get in cols:
             v = get(row)
-            ratio = get(peer_row) if peer_row and row is not peer_row else None
             text = "-" if v is None else f"{v:,.0f}" if v >= 1000 else f"{v:.3g}"
-            cells.append(text + (f" ({v / ratio:.2f}x)" if v is not None and ratio else ""))
+            ratios = [f"{v / get(p):.2f}x {SHORT[p[0]]}" for p in peers
+                      if p is not row and v is not None and get(p)]
+            cells.append(text + (f" ({', '.join(ratios)})" if ratios else ""))
         bad = sum(f.get("bad", 0) for f in row[3].values())
         print(f"| {row[0]} | " + " | ".join(cells) + f" | {bad} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, help="a GGUF file (benchmarks/make_gguf.py)")
+    ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
+    ap.add_argument("--ik-llama-server", default=os.environ.get("IK_LLAMA_SERVER"),
+                    help="ik_llama.cpp's llama-server, the second peer (default: none)")
+    ap.add_argument("--ik-llama-args", default="",
+                    help="extra flags for ik_llama.cpp's server only, e.g. --ik-llama-args=-rtr")
+    ap.add_argument("--workloads", default="a,b16,a2k")
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--kv-tokens", type=int, default=36864,
+                    help="KV capacity of every server (the llama.cpp ones: -c, 16 slots)")
+    ap.add_argument("--radixserve-only", action="store_true")
+    ap.add_argument("--speculative", default="off,auto", help="radixserve runs, comma separated")
+    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "radixserve-real-size"))
+    args = ap.parse_args()
+    workloads = args.workloads.split(",")
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        sys.exit(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
+    if args.ik_llama_server and not Path(args.ik_llama_server).is_file():
+        sys.exit(f"no ik_llama.cpp server at {args.ik_llama_server}")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    files = prompts(work)
+    name = Path(args.model).stem
+    rows = []
+    for peer, cmd, port in server_runs(args, name):
+        proc, ready = start(cmd, port, work / f"{peer}.log")
+        try:
+            figs = run_client(port, peer, name, files, workloads, args.reps, work)
+            rss = tree_rss_mb(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+        rows.append((peer, ready, rss, figs))
+        time.sleep(2)
+    print(f"\n{name}: {cpu_name()}, {os.cpu_count()} CPUs, threads {args.threads}, kernel level "
+          f"{os.environ.get('RADIXSERVE_CPU_ISA', 'best')}, load average "
+          f"{os.getloadavg()[0]:.2f}, {args.reps} rep(s), KV {args.kv_tokens} tokens")
+    print_table(rows, workloads)
     macs = weight_macs(args.model)
     if macs:
         print("\n" + "\n".join(work_lines(rows, workloads, macs)))
         ceiling = int8_ceiling(work, args.threads)
         if ceiling:
-            print(f"the int8 dot products' ceiling on {t} threads (benchmarks/int8_peak.cpp): "
+            print(f"the int8 dot products' ceiling on {args.threads} threads "
+                  "(benchmarks/int8_peak.cpp): "
                   + ", ".join(f"{level} {rate:,.0f} GMAC/s" for level, rate in ceiling.items()))
 
 

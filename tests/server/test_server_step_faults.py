@@ -76,11 +76,12 @@ def test_failed_steps_fail_their_requests_and_the_engine_goes_on(server):
     last = json.loads(events[-2])
     assert last["error"]["type"] == "internal_error" and last["error"]["code"] == 500
     assert "injected sample fault at engine step 8" in last["error"]["message"]
-    # at most the four tokens before the fault (those that arrive together with the error
-    # are not sent: the request has failed)
+    # at most the four tokens before the fault: those that reach the API process together
+    # with the error are not sent (the request has failed), and on a busy machine all four may
+    # (the CI of 2026-12-06 saw none sent)
     num_tokens = sum(len(json.loads(e)["choices"][0]["logprobs"]["tokens"])
                      for e in events[:-2])
-    assert 1 <= num_tokens <= 4, events
+    assert num_tokens <= 4, events
     _assert_idle(url)
     # no more faults planned: the same engine process serves greedy output as usual
     ok = _completion(url, 6)
