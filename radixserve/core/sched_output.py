@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from radixserve.core.kv.recurrent_states import SeqState
 from radixserve.pooling_params import PoolingParams
 from radixserve.sampling_params import SamplingParams
 
@@ -50,6 +51,7 @@ class ScheduledSeq:
     prompt_logprobs: PromptLogprobsWork | None = None
     draft_work: DraftWork | None = None  # the draft model proposes after this step
     lora_id: int | None = None  # the request's LoRA adapter (the runner groups rows by it)
+    state: SeqState | None = None  # a hybrid model's recurrent state (core/kv/recurrent_states)
 
     @property
     def num_tokens(self) -> int:

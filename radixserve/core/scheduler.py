@@ -338,7 +338,8 @@ class Scheduler:
         seq = ScheduledSeq(request.request_id, request.all_token_ids[start:start + num_new],
                            start, request.block_ids, sample, pooling=request.pooling,
                            is_last_chunk=is_last, window_block_ids=request.window_block_ids,
-                           lora_id=request.lora_id)
+                           lora_id=request.lora_id,
+                           state=self.kv.state_plan(request, num_new))
         if request.prompt_logprobs is not None:
             seq.prompt_logprobs = request.prompt_logprobs.work(request.prompt_token_ids, start,
                                                                num_new)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.prefix_cache import PrefixCache
+from radixserve.core.kv.recurrent_states import NoRecurrentStates, RecurrentStates, SeqState
 from radixserve.core.request import Request
 
 from radixserve.core.kv.kv_events import LORA_KEY_SHIFT  # above every vocabulary
@@ -32,14 +33,21 @@ class KVCacheManager:
     sliding group's pages that fell out of the window are released as the request advances
     (in ``allocate_slots``), their slots then holding the pool's null block.
 
+    A hybrid model's recurrent layers hold a state per request instead (``states``:
+    recurrent_states.py): ``allocate_slots`` also gives a new request its state slots (False
+    when none is free), ``state_plan`` says what the runner does with them each step, and the
+    prefix cache keeps snapshots of them where pages are cached.
+
     NOTE: a request's tables always cover at least its ``num_computed_tokens``; the
     prefix-cache handle of a running request stays locked until ``free``.
     """
 
     def __init__(self, block_pool: BlockPool, prefix_cache: PrefixCache, block_size: int,
-                 groups: KVGroups | None = None) -> None:
+                 groups: KVGroups | None = None,
+                 states: RecurrentStates | None = None) -> None:
         """``groups``: the model's KV groups; default one group of one id a page (no
-        release). With a sliding group the pool needs its null block."""
+        release). With a sliding group the pool needs its null block. ``states``: a hybrid
+        model's recurrent-state slots (default: none)."""
         self.block_pool = block_pool
         self.prefix_cache = prefix_cache
         self.block_size = block_size
@@ -50,6 +58,8 @@ class KVCacheManager:
         self._units_per_page = self.groups.units_per_page
         self._m0 = self.groups.groups[0].units_per_page
         self._single = len(self.groups.groups) == 1
+        self.states = states or NoRecurrentStates()
+        self._resume: dict[str, int | None] = {}  # a hit's snapshot slot, until allocation
         self._handles: dict[str, object] = {}
         self._hit_pages: dict[str, int] = {}  # pages the prefix cache gave each request
         self.num_query_tokens = 0  # prefix-cache lookups, in tokens (metrics)
@@ -95,6 +105,7 @@ class KVCacheManager:
         self.prefix_cache.lock(match.handle)
         self._handles[request.request_id] = match.handle
         self._hit_pages[request.request_id] = match.num_tokens // self.block_size
+        self._resume[request.request_id] = match.snapshot if match.num_tokens else None
         request.block_ids = list(match.block_ids)
         if not self._single:
             request.window_block_ids = [list(t) for t in match.window_block_ids]
@@ -116,11 +127,16 @@ class KVCacheManager:
 
         First releases the sliding groups' pages that no query from ``num_computed_tokens``
         on reads (whatever follows). Evicts from the prefix cache when the pool is short.
-        Returns False, allocating nothing, if the blocks cannot be had.
+        Returns False, allocating nothing, if the blocks (or a new request's state slots)
+        cannot be had.
 
             pages: [ released (null) | in window ... computed | new ........ ]
                                       ^ first_needed_page(num_computed_tokens)
         """
+        if not self.states.has(request.request_id):
+            if not self.states.acquire(request.request_id,
+                                       self._resume.pop(request.request_id, None)):
+                return False
         if self._sliding:
             if not request.window_block_ids and not self._single:
                 request.window_block_ids = [[] for _ in self.groups.groups[1:]]
@@ -161,19 +177,33 @@ class KVCacheManager:
         self.prefix_cache.lock(handle)
         self.prefix_cache.unlock(self._handles.get(request.request_id))
         self._handles[request.request_id] = handle
+        if request.num_computed_tokens <= request.num_prompt_tokens:  # a prefill chunk's end
+            self.states.keep(request.request_id, handle, self._page_end(request))
+
+    def state_plan(self, request: Request, num_new: int) -> SeqState | None:
+        """What the runner does with the request's recurrent state this step, feeding
+        ``num_new`` tokens from ``num_computed_tokens`` (None: no recurrent layers)."""
+        return self.states.plan(request.request_id, request.num_computed_tokens, num_new)
 
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (its computed prefix may stay cached)."""
         handle = self._handles.pop(request.request_id, None)
         self._hit_pages.pop(request.request_id, None)
+        self._resume.pop(request.request_id, None)
         computed = cache_tokens(request, request.num_computed_tokens)
-        self.prefix_cache.release(computed, request.block_ids, handle, request.window_block_ids)
+        node = self.prefix_cache.release(computed, request.block_ids, handle,
+                                         request.window_block_ids)
+        self.states.release(request.request_id, node, self._page_end(request))
         request.block_ids = []
         request.window_block_ids = []
 
     def check_integrity(self) -> None:
         self.block_pool.check_integrity()
         self.prefix_cache.check_integrity()
+        if isinstance(self.states, RecurrentStates):
+            snapshots = getattr(self.prefix_cache, "snapshots", None)
+            self.states.pool.check_integrity(self.states.num_held
+                                             + (snapshots.count if snapshots else 0))
 
     def check_request(self, request: Request) -> None:
         """Assert the request's tables: same pages in every group, enough for its computed
@@ -218,6 +248,10 @@ class KVCacheManager:
                 self.prefix_cache.forget(self._handles.get(request.request_id), g, own,
                                          released[(own - k) * m:],
                                          (request.num_prompt_tokens - 1) // bs)
+
+    def _page_end(self, request: Request) -> int:
+        """The computed tokens' last full page boundary (where cached pages end)."""
+        return request.num_computed_tokens - request.num_computed_tokens % self.block_size
 
     def _owned(self, table: list[int]) -> list[int]:
         null = self.block_pool.null_block

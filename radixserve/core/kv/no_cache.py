@@ -31,6 +31,12 @@ class NoPrefixCache:
         for table in (block_ids, *window_block_ids):
             self.block_pool.free([b for b in table if b != null] if null is not None else table)
 
+    def attach_snapshot(self, handle: Any, slot: int) -> bool:
+        return False
+
+    def evict_snapshot(self) -> bool:
+        return False
+
     def cache_blocks(self, token_ids: list[int], block_ids: list[int],
                      window_block_ids: list[list[int]] = ()) -> Any:
         return None

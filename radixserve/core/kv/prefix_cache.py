@@ -14,12 +14,15 @@ from typing import Any, Protocol
 class PrefixMatch:
     """``block_ids`` hold the KV of the first ``num_tokens`` tokens; ``handle`` is what to lock.
     ``window_block_ids``: the tables of the KV groups after the first (kv_groups.py), the
-    pages a sliding group no longer needs holding the null block."""
+    pages a sliding group no longer needs holding the null block. ``snapshot``: for a hybrid
+    model, the state-pool slot holding its recurrent state after ``num_tokens`` (None with no
+    hit; core/kv/radix_snapshots.py)."""
 
     block_ids: list[int]
     num_tokens: int
     handle: Any = None
     window_block_ids: list[list[int]] = field(default_factory=list)
+    snapshot: int | None = None  # the recurrent-state slot to resume from (hybrid models)
 
 
 class PrefixCache(Protocol):
@@ -41,13 +44,20 @@ class PrefixCache(Protocol):
         """Undo one ``lock``."""
 
     def release(self, token_ids: list[int], block_ids: list[int], handle: Any,
-                window_block_ids: list[list[int]] = ()) -> None:
+                window_block_ids: list[list[int]] = ()) -> Any:
         """A request is done with ``block_ids`` (and its other groups' ``window_block_ids``)
         holding KV for ``token_ids``.
 
         Unlocks ``handle``; keeps what is worth caching; returns the rest to the block pool
-        (never the null block).
+        (never the null block). Returns the handle of its last full page (None: not cached).
         """
+
+    def attach_snapshot(self, handle: Any, slot: int) -> bool:
+        """Keep state-pool ``slot`` (a hybrid model's recurrent state at the end of
+        ``handle``'s path) for later hits; False when not taken (the caller keeps it)."""
+
+    def evict_snapshot(self) -> bool:
+        """Free one kept snapshot (least recently used, unlocked); False if none."""
 
     def cache_blocks(self, token_ids: list[int], block_ids: list[int],
                      window_block_ids: list[list[int]] = ()) -> Any:

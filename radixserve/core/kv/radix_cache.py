@@ -37,6 +37,10 @@ KV events (kv_events.py): a new leaf's pages are reported ``stored`` (chained to
 before it), pages eviction drops ``removed``, a ``reset`` ``cleared``. Each node keeps its
 pages' hashes in ``hashes`` (empty with the null sink `NoKVEvents`, the default); a sliding
 group's ``forget`` removes nothing, as the first group's page stays cached.
+
+Recurrent layers (hybrid models): a match is cut back to the deepest node holding a snapshot
+of the recurrent state at its end (``radix_snapshots.py``: `Snapshots`; the null object
+`NoSnapshots` for attention-only models).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from radixserve.core.kv.prefix_cache import PrefixMatch
 from radixserve.core.kv.radix_integrity import TreeCounts, check_tree
 from radixserve.core.kv.radix_lru import LeafHeap
 from radixserve.core.kv.radix_node import RadixNode, descend, iter_nodes, match_child
+from radixserve.core.kv.radix_snapshots import NoSnapshots, Snapshots
 from radixserve.core.kv.radix_summary import summarize
 from radixserve.core.kv.radix_windows import window_policy
 from radixserve.core.reports import CacheNodeInfo
@@ -62,15 +67,18 @@ class RadixCache:
     reuses_prefixes = True
 
     def __init__(self, block_pool: BlockPool, block_size: int,
-                 groups: KVGroups | None = None, events: KVEvents | None = None) -> None:
+                 groups: KVGroups | None = None, events: KVEvents | None = None,
+                 snapshots: Snapshots | None = None) -> None:
         """``groups``: the model's KV groups (default: one group, one id a page);
-        ``events``: where stored and removed pages are reported (default: nowhere)."""
+        ``events``: where stored and removed pages are reported (default: nowhere);
+        ``snapshots``: a hybrid model's recurrent-state snapshots (default: none needed)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_pool = block_pool
         self.block_size = block_size
         self.groups = (groups or KVGroups.single(0)).groups
         self.events = events or NoKVEvents()
+        self.snapshots = snapshots or NoSnapshots()
         self._window = window_policy(self.groups, block_pool, block_size, self._descend,
                                      self._add_units)
         self.root = RadixNode([], [], None, 0, 0, window_blocks=[[] for _ in self.groups[1:]])
@@ -93,6 +101,11 @@ class RadixCache:
         tables: list[list[int]] = [[] for _ in self.groups]
         n = self._window.hit_limit(token_ids, len(token_ids) - len(token_ids) % self.block_size)
         node, num_tokens = self._walk(token_ids, n, tables)
+        node, usable = self.snapshots.hit(node, num_tokens)
+        if usable < num_tokens:  # a hybrid model resumes at its deepest snapshot
+            pages, num_tokens = usable // self.block_size, usable
+            for group, table in zip(self.groups, tables):
+                del table[pages * group.units_per_page:]
         self.num_queries_tokens += len(token_ids)
         self.num_hit_tokens += num_tokens
         hit = node
@@ -100,13 +113,14 @@ class RadixCache:
             hit.hits += 1
             hit = hit.parent
         self._window.null_unneeded(tables, num_tokens)
-        return PrefixMatch(tables[0], num_tokens, node, tables[1:])
+        return PrefixMatch(tables[0], num_tokens, node, tables[1:], node.snapshot)
 
     def cached_len(self, token_ids: list[int]) -> int:
         """Tokens of ``token_ids`` that ``match_prefix`` would find now, without its side
         effects: no split, no LRU touch, not counted in the hit statistics."""
         n = len(token_ids) - len(token_ids) % self.block_size
-        return self._window.hit_len(*self._descend(token_ids, n))
+        node, pos = self._descend(token_ids, n)
+        return self.snapshots.hit_len(node, self._window.hit_len(node, pos))
 
     def lock(self, handle: RadixNode | None) -> None:
         """Ref count +1 on every node from ``handle`` up to (not including) the root."""
@@ -132,19 +146,30 @@ class RadixCache:
             self._push_if_candidate(handle)
 
     def release(self, token_ids: list[int], block_ids: list[int], handle: RadixNode | None,
-                window_block_ids: list[list[int]] = ()) -> None:
+                window_block_ids: list[list[int]] = ()) -> RadixNode:
         """A request is done: cache its full pages, unlock ``handle``, drop all its references.
 
         ``block_ids[i]`` holds the KV of page ``i`` of ``token_ids``; the non-page-aligned tail
         and any extra blocks are not cached. Pages already in the tree keep the tree's block
         (the request's duplicate is freed; a sliding page the tree had released takes the
-        request's); new pages make the tree take a reference.
+        request's); new pages make the tree take a reference. Returns the node that ends at
+        the last full page (where a snapshot of the request's state may go).
         """
         tables = [block_ids, *window_block_ids]
-        self._insert(token_ids, tables)
+        node = self._insert(token_ids, tables)
         self.unlock(handle)
         for table in tables:
             self.block_pool.free(self._window.owned(table))
+        return node
+
+    def attach_snapshot(self, node: RadixNode, slot: int) -> bool:
+        """Keep state-pool ``slot`` (the recurrent state after ``node.end`` tokens) on
+        ``node``; False when it is not taken (the node has one, or no snapshots are kept)."""
+        return self.snapshots.attach(node, slot)
+
+    def evict_snapshot(self) -> bool:
+        """Free the least recently used snapshot no request locks; False if none."""
+        return self.snapshots.evict_one()
 
     def forget(self, handle: RadixNode | None, group: int, lo: int, released: list[int],
                keep_end: int = 0) -> None:
@@ -186,6 +211,7 @@ class RadixCache:
                     del table[len(table) - pages * group.units_per_page:]
                 del node.key[-pages * bs:]
                 node.end -= pages * bs
+                self.snapshots.dropped(node)  # its end moved
                 if node.hashes and pages:
                     self.events.removed(node.hashes[-pages:])
                     del node.hashes[-pages:]
@@ -200,6 +226,7 @@ class RadixCache:
         only while no request holds a locked path. Returns whether it did."""
         if any(child.lock_ref for child in self.root.children.values()):
             return False
+        self.snapshots.clear()
         for node in list(self._nodes()):
             for table in node.tables:
                 self.block_pool.free(self._window.owned(table))
@@ -237,6 +264,7 @@ class RadixCache:
                            self._lru.uids())
         counted = TreeCounts(self._num_nodes, self._evictable, self._protected)
         assert found == counted, f"the tree holds {found}, counted {counted}"
+        self.snapshots.check(list(self._nodes()))
 
     # -- internals -------------------------------------------------------------------------
 
@@ -346,6 +374,7 @@ class RadixCache:
         parent = node.parent
         assert parent is not None and not node.children and node.lock_ref == 0
         del parent.children[tuple(node.key[:self.block_size])]
+        self.snapshots.dropped(node)
         node.parent = None
         self._num_nodes -= 1
         if parent.parent is not None:

@@ -28,6 +28,7 @@ class RadixNode:
     units: int = 0  # pool references held (the ids that are not the null block)
     end: int = 0  # tokens from the root to the end of ``key``
     hashes: list[bytes] = field(default_factory=list)  # one per page with KV events, else []
+    snapshot: int | None = None  # a recurrent-state slot: the state after ``end`` tokens
 
     @property
     def tables(self) -> list[list[int]]:

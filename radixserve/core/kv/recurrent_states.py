@@ -1,0 +1,146 @@
+"""Which recurrent-state slots each request uses, step by step (hybrid models).
+
+A running request of a hybrid model holds a *live* slot (its state as of its computed tokens)
+and, with the prefix cache on, a *boundary* slot: the runner copies the live state there at
+the last page boundary each step crosses, so the request always has its state at its last full
+page at hand. The KV manager gives that copy to the radix tree (core/kv/radix_snapshots.py):
+
+- after each prefill chunk (the pages it cached end there): a later prompt sharing that prefix
+  — the same system prompt, the same document, a retried request — resumes there;
+- when the request ends (finished, aborted or preempted): the next turn of a chat, whose prompt
+  is this prompt plus this answer, resumes after the answer's last full page.
+
+The boundary slot then changes hands and the request takes a fresh one. A decode step that
+fills a page copies the state (the cost of one state, e.g. ~50 MB for a 4B Qwen3.5, per page of
+16 tokens) but keeps it private: only the last one matters at the end.
+
+Every step the runner applies `SeqState`: zero the live slot (a fresh sequence), or copy a
+snapshot into it (a prefix hit), or leave it; then the forward carries it on, and where
+``snapshot`` says so the kernels write the state at that point of the chunk to another slot.
+Torch-free; the null object `NoRecurrentStates` serves attention-only models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixserve.core.kv.state_pool import StatePool
+
+ZERO = -1  # SeqState.init: start from the zero state
+
+
+@dataclass(slots=True)
+class SeqState:
+    """One sequence's recurrent state in one step (plain data for the runner). ``slot`` holds
+    it; before the forward it is zeroed (``init == ZERO``), overwritten with slot ``init``'s
+    (a prefix hit's snapshot) or left as it is (None). ``snapshot``: ``(n, dst)``: after the
+    forward, slot ``dst`` holds the state after the first ``n`` tokens of this chunk."""
+
+    slot: int
+    init: int | None = None
+    snapshot: tuple[int, int] | None = None
+
+
+@dataclass(slots=True)
+class _Slots:
+    live: int
+    boundary: int | None
+    init: int | None
+    boundary_end: int = -1  # the tokens the boundary slot's state follows (-1: none yet)
+
+
+class NoRecurrentStates:
+    """Attention-only models: no state, nothing to do."""
+
+    num_held = 0
+
+    def acquire(self, request_id: str, resume: int | None) -> bool:
+        return True
+
+    def has(self, request_id: str) -> bool:
+        return True
+
+    def plan(self, request_id: str, start: int, num_new: int) -> SeqState | None:
+        return None
+
+    def keep(self, request_id: str, handle, end: int) -> None:
+        pass
+
+    def release(self, request_id: str, handle, end: int) -> None:
+        pass
+
+
+class RecurrentStates:
+    """Live and boundary slots of running requests over a `StatePool` shared with the prefix
+    cache's snapshots (``cache``: its ``attach_snapshot`` / ``evict_snapshot``)."""
+
+    def __init__(self, pool: StatePool, cache, block_size: int, snapshots: bool) -> None:
+        """``snapshots``: keep boundary copies for the prefix cache (off without one)."""
+        self.pool = pool
+        self.cache = cache
+        self.block_size = block_size
+        self.snapshots = snapshots
+        self._slots: dict[str, _Slots] = {}
+
+    @property
+    def num_held(self) -> int:
+        """Slots the running requests hold (the cache's snapshots aside)."""
+        return sum(1 + (s.boundary is not None) for s in self._slots.values())
+
+    def has(self, request_id: str) -> bool:
+        return request_id in self._slots
+
+    def acquire(self, request_id: str, resume: int | None) -> bool:
+        """Give a request its live slot, to start from zero or from snapshot slot ``resume``
+        (a prefix hit, which its lock keeps alive until the copy), and a boundary slot if
+        one can be had. False, holding nothing, when no live slot is free even after
+        evicting the cache's unlocked snapshots."""
+        assert request_id not in self._slots
+        live = self._allocate(evict=True)
+        if live is None:
+            return False
+        boundary = self._allocate(evict=True) if self.snapshots else None
+        self._slots[request_id] = _Slots(live, boundary, ZERO if resume is None else resume)
+        return True
+
+    def plan(self, request_id: str, start: int, num_new: int) -> SeqState:
+        """The step's `SeqState` for tokens ``start .. start + num_new``: the pending start
+        (once), and a copy at the last page boundary the chunk crosses, if any."""
+        held = self._slots[request_id]
+        state = SeqState(held.live, held.init)
+        held.init = None
+        end = (start + num_new) // self.block_size * self.block_size
+        if held.boundary is not None and end > start:
+            state.snapshot = (end - start, held.boundary)
+            held.boundary_end = end
+        return state
+
+    def keep(self, request_id: str, handle, end: int) -> None:
+        """The request's computed pages up to ``end`` are cached under ``handle``: give the
+        tree the boundary copy if it is the state at ``end`` (then take a new one)."""
+        held = self._slots.get(request_id)
+        if held is None or held.boundary is None or held.boundary_end != end:
+            return
+        if self.cache.attach_snapshot(handle, held.boundary):
+            held.boundary, held.boundary_end = self._allocate(evict=False), -1
+
+    def release(self, request_id: str, handle, end: int) -> None:
+        """The request is done (``handle``: the node of its cached pages, ending at ``end``):
+        its boundary copy goes to the tree where it fits, every other slot back to the
+        pool."""
+        held = self._slots.pop(request_id, None)
+        if held is None:
+            return
+        boundary = held.boundary
+        if (boundary is not None and handle is not None and held.boundary_end == end
+                and self.cache.attach_snapshot(handle, boundary)):
+            boundary = None
+        self.pool.free(held.live)
+        if boundary is not None:
+            self.pool.free(boundary)
+
+    def _allocate(self, evict: bool) -> int | None:
+        slot = self.pool.allocate()
+        while slot is None and evict and self.cache.evict_snapshot():
+            slot = self.pool.allocate()
+        return slot
