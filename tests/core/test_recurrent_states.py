@@ -107,7 +107,7 @@ def test_no_hit_without_a_snapshot_even_where_pages_match():
     assert cache.match_prefix(list(range(13))).num_tokens == 0
     assert cache.cached_len(list(range(13))) == 0
     slot = s.kv.states.pool.allocate()
-    assert cache.attach_snapshot(node, slot)
+    assert cache.attach_snapshot(node, slot, 12)
     match = cache.match_prefix(list(range(13)))
     assert (match.num_tokens, match.snapshot) == (12, slot)
     assert cache.cached_len(list(range(13))) == 12
@@ -121,12 +121,12 @@ def test_evicting_a_node_frees_its_snapshot_and_locked_snapshots_stay():
     s = hybrid_scheduler(num_slots=3)
     cache, states = s.kv.prefix_cache, s.kv.states.pool
     node = cache.release(list(range(8)), s.kv.block_pool.allocate(2), None)
-    assert cache.attach_snapshot(node, states.allocate())
+    assert cache.attach_snapshot(node, states.allocate(), 8)
     cache.lock(node)
     assert not cache.evict_snapshot()  # locked
     cache.unlock(node)
     assert cache.evict_snapshot() and states.num_free == 3
-    assert cache.attach_snapshot(node, states.allocate())
+    assert cache.attach_snapshot(node, states.allocate(), 8)
     cache.evict(2)
     assert states.num_free == 3 and cache.snapshots.count == 0
     cache.check_integrity()
@@ -154,3 +154,25 @@ def test_preemption_keeps_a_snapshot_and_resumes_from_it():
     assert seq.start_pos == 12 and seq.state.init not in (None, ZERO)
     run(s)
     assert s.kv.states.num_held == 0
+
+
+def test_the_same_prompt_again_hits_even_when_it_fills_its_last_page():
+    s = hybrid_scheduler()
+    s.add_request(request("a", range(1, 17), max_tokens=1))  # 16 tokens: 4 full pages
+    (seq,) = step(s).seqs
+    assert seq.state.snapshot[0] == 12  # before the last token's page: a hit must leave one
+    s.add_request(request("b", range(1, 17), max_tokens=1))
+    (seq,) = step(s).seqs
+    assert seq.start_pos == 12 and seq.state.init not in (None, ZERO)
+
+
+def test_a_snapshot_inside_a_node_splits_it_there():
+    s = hybrid_scheduler()
+    cache = s.kv.prefix_cache
+    node = cache.release(list(range(16)), s.kv.block_pool.allocate(4), None)
+    slot = s.kv.states.pool.allocate()
+    assert cache.attach_snapshot(node, slot, 8)
+    match = cache.match_prefix(list(range(17)))
+    assert (match.num_tokens, match.snapshot) == (8, slot)
+    assert len(match.block_ids) == 2
+    cache.check_integrity()

@@ -183,7 +183,8 @@ class KVCacheManager:
     def state_plan(self, request: Request, num_new: int) -> SeqState | None:
         """What the runner does with the request's recurrent state this step, feeding
         ``num_new`` tokens from ``num_computed_tokens`` (None: no recurrent layers)."""
-        return self.states.plan(request.request_id, request.num_computed_tokens, num_new)
+        return self.states.plan(request.request_id, request.num_computed_tokens, num_new,
+                                request.num_prompt_tokens)
 
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (its computed prefix may stay cached)."""
@@ -193,7 +194,8 @@ class KVCacheManager:
         computed = cache_tokens(request, request.num_computed_tokens)
         node = self.prefix_cache.release(computed, request.block_ids, handle,
                                          request.window_block_ids)
-        self.states.release(request.request_id, node, self._page_end(request))
+        end = self._page_end(request)
+        self.states.release(request.request_id, node, end, request.num_computed_tokens == end)
         request.block_ids = []
         request.window_block_ids = []
 

@@ -31,7 +31,7 @@ class NoPrefixCache:
         for table in (block_ids, *window_block_ids):
             self.block_pool.free([b for b in table if b != null] if null is not None else table)
 
-    def attach_snapshot(self, handle: Any, slot: int) -> bool:
+    def attach_snapshot(self, handle: Any, slot: int, end: int) -> bool:
         return False
 
     def evict_snapshot(self) -> bool:

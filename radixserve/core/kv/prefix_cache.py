@@ -52,9 +52,10 @@ class PrefixCache(Protocol):
         (never the null block). Returns the handle of its last full page (None: not cached).
         """
 
-    def attach_snapshot(self, handle: Any, slot: int) -> bool:
-        """Keep state-pool ``slot`` (a hybrid model's recurrent state at the end of
-        ``handle``'s path) for later hits; False when not taken (the caller keeps it)."""
+    def attach_snapshot(self, handle: Any, slot: int, end: int) -> bool:
+        """Keep state-pool ``slot`` (a hybrid model's recurrent state after ``end`` tokens of
+        ``handle``'s path, page-aligned) for later hits; False when not taken (the caller
+        keeps it)."""
 
     def evict_snapshot(self) -> bool:
         """Free one kept snapshot (least recently used, unlocked); False if none."""

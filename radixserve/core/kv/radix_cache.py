@@ -162,9 +162,16 @@ class RadixCache:
             self.block_pool.free(self._window.owned(table))
         return node
 
-    def attach_snapshot(self, node: RadixNode, slot: int) -> bool:
-        """Keep state-pool ``slot`` (the recurrent state after ``node.end`` tokens) on
-        ``node``; False when it is not taken (the node has one, or no snapshots are kept)."""
+    def attach_snapshot(self, node: RadixNode, slot: int, end: int) -> bool:
+        """Keep state-pool ``slot`` (the recurrent state after ``end`` tokens, page-aligned,
+        on ``node``'s path: ``0 < end <= node.end``) on the node ending there (split off if
+        none does); False when it is not taken (that node has one, or none are kept)."""
+        while node.parent is not None and node.parent.end >= end:
+            node = node.parent
+        if node.parent is None or not self.snapshots.keeps:
+            return False
+        if node.end != end:
+            node = self._split(node, (end - node.parent.end) // self.block_size)
         return self.snapshots.attach(node, slot)
 
     def evict_snapshot(self) -> bool:

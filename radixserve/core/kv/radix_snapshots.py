@@ -33,6 +33,7 @@ class NoSnapshots:
     """Attention-only models: every matched page is usable."""
 
     count = 0
+    keeps = False
 
     def hit(self, node: RadixNode, pos: int) -> tuple[RadixNode, int]:
         return node, pos
@@ -58,6 +59,8 @@ class NoSnapshots:
 
 class Snapshots:
     """Snapshots as state-pool slots on nodes (``node.snapshot``), least recently used first."""
+
+    keeps = True
 
     def __init__(self, pool: StatePool) -> None:
         self.pool = pool

@@ -6,7 +6,10 @@ the last page boundary each step crosses, so the request always has its state at
 page at hand. The KV manager gives that copy to the radix tree (core/kv/radix_snapshots.py):
 
 - after each prefill chunk (the pages it cached end there): a later prompt sharing that prefix
-  — the same system prompt, the same document, a retried request — resumes there;
+  — the same system prompt, the same document — resumes there. The chunk that ends the prompt
+  copies at the last page boundary *before* the prompt's last token, so the same prompt sent
+  again (a retry, n samples, an evaluator's shared context) finds it: a hit always leaves a
+  token to compute;
 - when the request ends (finished, aborted or preempted): the next turn of a chat, whose prompt
   is this prompt plus this answer, resumes after the answer's last full page.
 
@@ -47,6 +50,7 @@ class _Slots:
     boundary: int | None
     init: int | None
     boundary_end: int = -1  # the tokens the boundary slot's state follows (-1: none yet)
+    live_end: int = -1  # the tokens the live state follows once its planned step ran
 
 
 class NoRecurrentStates:
@@ -60,13 +64,14 @@ class NoRecurrentStates:
     def has(self, request_id: str) -> bool:
         return True
 
-    def plan(self, request_id: str, start: int, num_new: int) -> SeqState | None:
+    def plan(self, request_id: str, start: int, num_new: int,
+             num_prompt: int) -> SeqState | None:
         return None
 
     def keep(self, request_id: str, handle, end: int) -> None:
         pass
 
-    def release(self, request_id: str, handle, end: int) -> None:
+    def release(self, request_id: str, handle, end: int, live_at_end: bool) -> None:
         pass
 
 
@@ -103,13 +108,19 @@ class RecurrentStates:
         self._slots[request_id] = _Slots(live, boundary, ZERO if resume is None else resume)
         return True
 
-    def plan(self, request_id: str, start: int, num_new: int) -> SeqState:
-        """The step's `SeqState` for tokens ``start .. start + num_new``: the pending start
-        (once), and a copy at the last page boundary the chunk crosses, if any."""
+    def plan(self, request_id: str, start: int, num_new: int, num_prompt: int) -> SeqState:
+        """The step's `SeqState` for tokens ``start .. start + num_new`` of a request with
+        ``num_prompt`` prompt tokens: the pending start (once), and a copy at the last page
+        boundary the chunk crosses (the one before the prompt's last token in the chunk that
+        ends the prompt), if any."""
         held = self._slots[request_id]
         state = SeqState(held.live, held.init)
         held.init = None
-        end = (start + num_new) // self.block_size * self.block_size
+        held.live_end = start + num_new
+        stop = start + num_new
+        if start < num_prompt <= stop:
+            stop = num_prompt - 1
+        end = stop // self.block_size * self.block_size
         if held.boundary is not None and end > start:
             state.snapshot = (end - start, held.boundary)
             held.boundary_end = end
@@ -117,27 +128,32 @@ class RecurrentStates:
 
     def keep(self, request_id: str, handle, end: int) -> None:
         """The request's computed pages up to ``end`` are cached under ``handle``: give the
-        tree the boundary copy if it is the state at ``end`` (then take a new one)."""
+        tree the boundary copy (then take a new one) if it is the state at one of them."""
         held = self._slots.get(request_id)
-        if held is None or held.boundary is None or held.boundary_end != end:
+        if held is None or held.boundary is None or not 0 < held.boundary_end <= end:
             return
-        if self.cache.attach_snapshot(handle, held.boundary):
+        if self.cache.attach_snapshot(handle, held.boundary, held.boundary_end):
             held.boundary, held.boundary_end = self._allocate(evict=False), -1
 
-    def release(self, request_id: str, handle, end: int) -> None:
-        """The request is done (``handle``: the node of its cached pages, ending at ``end``):
-        its boundary copy goes to the tree where it fits, every other slot back to the
-        pool."""
+    def release(self, request_id: str, handle, end: int, live_at_end: bool) -> None:
+        """The request is done (``handle``: the node of its cached pages, ending at ``end``;
+        ``live_at_end``: its computed tokens end there, so its live state — if its last
+        planned step ran — is the state at ``end``): the latest of the two goes to the tree
+        where it fits, every other slot back to the pool."""
         held = self._slots.pop(request_id, None)
         if held is None:
             return
-        boundary = held.boundary
-        if (boundary is not None and handle is not None and held.boundary_end == end
-                and self.cache.attach_snapshot(handle, boundary)):
-            boundary = None
-        self.pool.free(held.live)
-        if boundary is not None:
-            self.pool.free(boundary)
+        live, boundary = held.live, held.boundary
+        if handle is not None and end > 0 and self.snapshots:
+            if live_at_end and held.live_end == end and held.boundary_end != end:
+                if self.cache.attach_snapshot(handle, live, end):
+                    live = None
+            elif (boundary is not None and 0 < held.boundary_end <= end
+                  and self.cache.attach_snapshot(handle, boundary, held.boundary_end)):
+                boundary = None
+        for slot in (live, boundary):
+            if slot is not None:
+                self.pool.free(slot)
 
     def _allocate(self, evict: bool) -> int | None:
         slot = self.pool.allocate()
