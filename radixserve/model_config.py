@@ -3,7 +3,7 @@ layers, heads, experts and attention windows (read by models/loader.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,20 @@ class ModelConfig:
         if self.sliding_layers is not None and not self.sliding_layers[layer_idx]:
             return None
         return self.sliding_window
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that attend over the KV cache (all but a hybrid model's recurrent
+        ones); the KV pool has a layer for each, in this order."""
+        if self.linear_attn is None:
+            return tuple(range(self.num_layers))
+        return tuple(i for i in range(self.num_layers) if not self.linear_attn.is_linear(i))
+
+    def kv_view(self) -> ModelConfig:
+        """This shape as the KV pool sees it: its attention layers only."""
+        if self.linear_attn is None:
+            return self
+        return replace(self, num_layers=len(self.attention_layers), linear_attn=None)
 
     @property
     def q_size(self) -> int:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -27,6 +28,9 @@ from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.no_cache import NoPrefixCache
 from radixserve.core.kv.radix_cache import RadixCache
+from radixserve.core.kv.radix_snapshots import Snapshots
+from radixserve.core.kv.recurrent_states import RecurrentStates
+from radixserve.core.kv.state_pool import StatePool
 from radixserve.core.scheduler import Scheduler
 from radixserve.cpu.threads import apply_engine_threads
 from radixserve.engine.context_len import resolve_max_model_len
@@ -47,6 +51,7 @@ from radixserve.runner.fault_injection import inject_faults_from_env
 from radixserve.runner.kv_cache import (draft_pool_blocks, num_blocks_for_budget,
                                         resolve_kv_dtype)
 from radixserve.runner.model_runner import ModelRunner
+from radixserve.runner.recurrent_state import bytes_per_slot
 from radixserve.spec.factory import make_spec
 from radixserve.structured.llguidance_backend import LLGuidanceBackend
 from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
@@ -81,14 +86,22 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
     if device.type == "cpu":
         logger.info("engine: %s", model.kernel_plan.startup_line(kv_dtype, threads))
     kv_events = _kv_events(config)
-    kv = _kv_manager(config, groups, num_blocks, kv_events.sink)
+    kv = _kv_manager(config, groups, num_blocks, kv_events.sink,
+                     runner.states.num_slots if runner.states is not None else 0)
     max_len = _fix_context_len(config, model_config, runner, num_blocks)
     draft_blocks = draft_pool_blocks(model.config, num_blocks, groups) if draft else 0
     if draft is not None:
         runner.drafter = build_draft_runner(config, draft, draft_blocks, max_len, kv_dtype,
                                             show_progress)
-    scheduler = Scheduler(config.scheduler, kv, max_len,
-                          make_spec(config.speculative, draft_blocks, block_size))
+    spec = config.speculative
+    if model_config.linear_attn is not None and spec.method != "off":
+        # a verified draft's rejected tokens would stay in the recurrent state (issue 58)
+        logger.warning("speculative decoding (%s) is off: %s has recurrent layers, whose "
+                       "state cannot drop rejected draft tokens yet", spec.method,
+                       model_config.architecture)
+        spec = dataclasses.replace(spec, method="off", draft_model=None)
+    scheduler = Scheduler(config.scheduler, kv, max_len, make_spec(spec, draft_blocks,
+                                                                   block_size))
     backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source)),
                                 model_config.vocab_size)
     structured = StructuredOutputManager(backend, config.structured.fast_forward,
@@ -136,13 +149,38 @@ def _runner(config: EngineConfig, model_config: ModelConfig, model: torch.nn.Mod
     the budget holds (beside the ``draft`` model's pool, if any)."""
     device, dtype = device_and_dtype(config.device)
     kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, device, dtype)
-    # model.config: this rank's shape (its KV heads); the pool is per rank
+    # model.config: this rank's shape (its KV heads); the pool is per rank, over the attention
+    # layers (a hybrid model's recurrent ones hold states instead: runner/recurrent_state.py)
     groups = KVGroups.from_windows([model_config.layer_window(i)
-                                    for i in range(model_config.num_layers)])
-    num_blocks = num_blocks_for_budget(model.config, config.cache, kv_dtype, groups, draft)
+                                    for i in model_config.attention_layers])
+    cache = config.cache
+    slots, state_bytes = _state_slots(config, model.config, dtype)
+    if state_bytes:
+        cache = dataclasses.replace(cache, kv_cache_memory_gb=max(
+            cache.kv_cache_memory_gb - state_bytes / 1024**3, cache.kv_cache_memory_gb / 2))
+    num_blocks = num_blocks_for_budget(model.config.kv_view(), cache, kv_dtype, groups, draft)
     runner = ModelRunner(model, model.config, num_blocks, config.cache.block_size, device,
-                         dtype, kv_dtype=kv_dtype, groups=groups)
+                         dtype, kv_dtype=kv_dtype, groups=groups, num_state_slots=slots)
     return runner, num_blocks, kv_dtype
+
+
+def _state_slots(config: EngineConfig, model_config: ModelConfig,
+                 dtype: torch.dtype) -> tuple[int, int]:
+    """A hybrid model's recurrent-state slots and their bytes (0, 0 for others): a live slot
+    per running request, with the prefix cache a boundary copy each too and as many again
+    for the cache's snapshots — at most half the KV memory budget, at least two slots (the
+    scheduler then runs fewer requests at once)."""
+    per_slot = bytes_per_slot(model_config, dtype)
+    if not per_slot:
+        return 0, 0
+    seqs = config.scheduler.max_num_seqs
+    wanted = seqs * (3 if config.cache.enable_prefix_caching else 1)
+    budget = int(config.cache.kv_cache_memory_gb * 1024**3 / 2 // per_slot)
+    slots = max(2, min(wanted, budget))
+    logger.info("recurrent states: %d slots of %.1f MiB (%s); %d wanted for %d requests at once",
+                slots, per_slot / 2**20, "live, boundary copies and prefix-cache snapshots"
+                if config.cache.enable_prefix_caching else "live", wanted, seqs)
+    return slots, slots * per_slot
 
 
 def _fix_context_len(config: EngineConfig, model_config: ModelConfig, runner: ModelRunner,
@@ -175,14 +213,21 @@ def _kv_events(config: EngineConfig) -> KVEventsOutlet:
 
 
 def _kv_manager(config: EngineConfig, groups: KVGroups, num_blocks: int,
-                events=None) -> KVCacheManager:
+                events=None, num_state_slots: int = 0) -> KVCacheManager:
     """The scheduler's KV blocks: the pool (with a null block where sliding layers release
     theirs), the prefix cache (reporting to ``events``) or its null object, the manager over
-    both."""
+    both; with ``num_state_slots`` (a hybrid model) the recurrent-state pool, whose
+    snapshots the prefix cache keeps."""
     block_size = config.cache.block_size
     pool = BlockPool(num_blocks, with_null_block=groups.has_sliding)
-    cache = (RadixCache(pool, block_size, groups, events) if config.cache.enable_prefix_caching
+    caching = config.cache.enable_prefix_caching
+    states = StatePool(num_state_slots) if num_state_slots else None
+    snapshots = Snapshots(states) if states is not None else None
+    cache = (RadixCache(pool, block_size, groups, events, snapshots) if caching
              else NoPrefixCache(pool))
+    if states is not None:
+        return KVCacheManager(pool, cache, block_size, groups,
+                              RecurrentStates(states, cache, block_size, caching))
     if len(groups.groups) > 1 or groups.has_sliding:
         logger.info("KV groups: %s, blocks of %d layers (%d in the pool)",
                     groups.describe(), groups.unit_layers, num_blocks)

@@ -15,7 +15,7 @@ from pathlib import Path
 # at once rather than last.
 SOURCES = ("paged_attention.cpp", "block_linear.cpp", "half_linear.cpp", "int8_linear.cpp",
            "tile_linear.cpp", "layer_ops.cpp", "lora.cpp", "bitmask.cpp", "block_pack.cpp",
-           "decoder_layer.cpp")
+           "decoder_layer.cpp", "delta_rule.cpp")
 HEADERS = ("simd.h", "half_linear.h", "scratch.h", "tile_linear.h", "tile_decode.h",
            "tile_simd.h")
 

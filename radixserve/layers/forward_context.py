@@ -38,6 +38,7 @@ class ForwardContext:
     backend: Any
     layer_metadata: list[Any]
     lora: Any = NO_LORA  # the step's per-row LoRA adapters (layers/lora.py)
+    states: Any = None  # a hybrid model's recurrent states (runner/recurrent_state.py)
 
 
 _current: ForwardContext | None = None

@@ -65,12 +65,15 @@ class StoredEmbedding(nn.Module):
 
 def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.device,
                 hf_name, unpermute_rows, show_progress: bool = True,
-                shard: TensorShard = TensorShard()) -> nn.Module:
+                shard: TensorShard = TensorShard(), layout=None) -> nn.Module:
     """Fill ``model`` (built on the meta device) from the GGUF ``reader`` as stored.
     ``hf_name``: GGUF tensor name → HF name (None to skip); ``unpermute_rows(n, heads)``: the
     row order that undoes llama.cpp's Q/K permutation, or None for architectures without it;
     ``shard``: the tensor-parallel rank's rows and columns of each matrix (``config`` is the
-    whole model's shape). ValueError for a missing tensor or one of an unsupported type."""
+    whole model's shape); ``layout``: where the converter reordered or changed tensors beyond
+    that (models/qwen35_gguf.py's ``Qwen35Gguf``: a matrix's ``row_order``, a layer's
+    ``wrap`` for input columns in the file's order, the float tensors' ``to_hf``), or None.
+    ValueError for a missing tensor or one of an unsupported type."""
     tensors = {}
     for t in reader.tensors:  # a 3-D expert tensor as one view per expert
         tensors.update(expand_experts(hf_name(t.name), t))
@@ -89,8 +92,9 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
         bias = getattr(parent, name).bias
         biases = [_take(tensors, f"{s}.bias") for s in shards] if bias is not None else []
         heads = [_heads(config, s) for s in shards]
-        setattr(parent, name, _linear(weights, biases, heads, unpermute_rows, requantized, pages,
-                                      shard, shards))
+        layer = _linear(weights, biases, heads, unpermute_rows, requantized, pages, shard, shards,
+                        layout)
+        setattr(parent, name, layout.wrap(base, layer) if layout else layer)
     embed = tensors.pop("embed_tokens.weight", None)
     if embed is None:
         raise ValueError("weights missing from the checkpoint: ['embed_tokens.weight']")
@@ -111,7 +115,8 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
     model.rotary.reset_tables(device)
     with torch.no_grad():
         model.load_weights((name, shard.take(name, t))
-                           for name, t in _float_tensors(tensors.values(), hf_name, pages))
+                           for name, t in _float_tensors(tensors.values(), hf_name, pages,
+                                                         layout))
     trim_heap()
     return model
 
@@ -164,7 +169,7 @@ def _matrix_shape(tensor) -> tuple[int, int]:
 
 def _linear(weights: list, biases: list, heads: list, unpermute_rows, requantized: list,
             pages: _Pages, shard: TensorShard = TensorShard(),
-            names: list[str] | None = None) -> nn.Module:
+            names: list[str] | None = None, layout=None) -> nn.Module:
     """One layer from its shards' GGUF tensors (HF ``names``, for ``shard``'s part of each): a
     BlockLinear when every shard's type has a part kind (block quantized, F16, BF16), else
     int8 on the dequantized matrices (a shard stored as F32 / F64)."""
@@ -173,6 +178,8 @@ def _linear(weights: list, biases: list, heads: list, unpermute_rows, requantize
                        for s, b in zip(names, biases)]) if biases else None)
     orders = [unpermute_rows(_matrix_shape(t)[0], h) if unpermute_rows and h else None
               for t, h in zip(weights, heads)]
+    if layout is not None:
+        orders = [layout.row_order(s) for s in names]
     if not all(t.tensor_type in FORMATS for t in weights):
         requantized += [t.tensor_type.name for t in weights if t.tensor_type not in FORMATS]
         floats = [shard.take(f"{s}.weight",
@@ -205,11 +212,12 @@ def _rows(t: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
     return t if order is None else t[order]
 
 
-def _float_tensors(tensors: Iterable, hf_name, pages: _Pages):
+def _float_tensors(tensors: Iterable, hf_name, pages: _Pages, layout=None):
     for tensor in tensors:
         weight = dequantize(tensor.data, tensor.tensor_type, _shape(tensor))
         pages.release(tensor)
-        yield hf_name(tensor.name), weight
+        name = hf_name(tensor.name)
+        yield name, layout.to_hf(name, weight) if layout else weight
 
 
 def materialize(model: nn.Module, device: torch.device) -> None:

@@ -73,11 +73,12 @@ def stored_bytes(source, tied: bool) -> tuple[int, int]:
 
 def load_half_stored(model: nn.Module, path: str, device: torch.device,
                      show_progress: bool = True,
-                     shard: TensorShard = TensorShard()) -> nn.Module:
+                     shard: TensorShard = TensorShard(), rename=None) -> nn.Module:
     """Fill ``model`` (built on the meta device) from the folder at ``path``, its linear
-    weights as 16-bit parts (``shard``: the tensor-parallel rank's part of each). ValueError
+    weights as 16-bit parts (``shard``: the tensor-parallel rank's part of each; ``rename``:
+    the folder's tensor name → the model's, None to skip it, e.g. a vision tower's). ValueError
     for a missing tensor or a linear weight that is not float16 / bfloat16."""
-    tensors = _Tensors(path)
+    tensors = _Tensors(path, rename)
     packed = getattr(model, "packed_modules", {})
     linears = [(prefix, parent, name) for prefix, parent in model.named_modules()
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
@@ -131,24 +132,26 @@ def _files(path: str) -> list[str]:
 class _Tensors:
     """The folder's tensors by name, each read when taken (the files stay memory-mapped)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, rename=None) -> None:
         self._handles = [safe_open(file, framework="pt") for file in _files(path)]
-        self._where = {name: h for h in self._handles for name in h.keys()}
+        rename = rename or (lambda name: name)
+        self._where = {rename(name): (h, name) for h in self._handles for name in h.keys()
+                       if rename(name) is not None}  # the model's name → (file, its name)
 
     def take(self, *names: str) -> torch.Tensor:
         """The first of ``names`` present (with or without the ``model.`` prefix), forgotten
         after; ValueError if none is."""
         for name in names:
-            handle = self._where.pop(name, None)
-            if handle is not None:
-                return handle.get_tensor(name)
+            found = self._where.pop(name, None)
+            if found is not None:
+                return found[0].get_tensor(found[1])
         raise ValueError(f"weights missing from the checkpoint: [{names[-1]!r}]")
 
     def peek(self, name: str) -> torch.Tensor:
-        handle = self._where.get(name) or self._where.get(name.removeprefix("model."))
-        if handle is None:
+        found = self._where.get(name) or self._where.get(name.removeprefix("model."))
+        if found is None:
             raise ValueError(f"weights missing from the checkpoint: [{name!r}]")
-        return handle.get_tensor(name if name in self._where else name.removeprefix("model."))
+        return found[0].get_tensor(found[1])
 
     def drop(self, *names: str) -> None:
         for name in names:

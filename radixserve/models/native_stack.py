@@ -101,10 +101,11 @@ def plan_kernels(model: nn.Module, attention: str) -> KernelPlan:
         elif isinstance(m, RMSNorm) or getattr(type(m), "activation", None) is not None:
             m.native = elementwise  # norms and MLPs (their activation)
     sparse = not all(hasattr(layer.mlp, "gate_up_proj") for layer in model.layers)
-    fit = not sparse and all(_layer_fits(layer) for layer in model.layers)
+    own = getattr(model, "layers_in_python", None)  # a family with no native layer call
+    fit = not sparse and own is None and all(_layer_fits(layer) for layer in model.layers)
+    reason = python_layers_reason(info.level, attention, elementwise, sparse, fit)
     plan = KernelPlan(info.level, _describe_linears(model, info.level), elementwise,
-                      attention, python_layers_reason(info.level, attention, elementwise,
-                                                      sparse, fit))
+                      attention, own if own is not None and info.level else reason)
     model.kernel_plan = plan
     model._stack = NativeLayerStack.build(model)
     logger.info("kernel plan of %s: linears %s; RMSNorm, rotary, SiLU / GELU %s; attention "

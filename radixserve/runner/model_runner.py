@@ -28,6 +28,7 @@ from radixserve.layers.forward_context import ForwardContext, forward_context
 from radixserve.runner.kv_cache import allocate_kv_cache
 from radixserve.runner.lora_set import NO_LORAS, LoraSet
 from radixserve.runner.pooler import pool_hidden
+from radixserve.runner.recurrent_state import StateTensors
 from radixserve.runner.prompt_logprobs import prompt_logprobs
 from radixserve.runner.sampler import Sampler, SamplingBatch
 from radixserve.runner.spec_verify import verify_drafts
@@ -37,11 +38,13 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, config: ModelConfig, num_blocks: int,
                  block_size: int, device: torch.device, dtype: torch.dtype,
                  attn_backend: str = "auto", kv_dtype: torch.dtype | None = None,
-                 groups: KVGroups | None = None) -> None:
+                 groups: KVGroups | None = None, num_state_slots: int = 0) -> None:
         """``kv_dtype``: the KV pool's elements (default ``dtype``); another one than the
         model's needs the cpu_native backend (ValueError otherwise). ``groups``: the KV
-        groups the scheduler's tables follow (default one over every layer): each layer
-        reads the table of its group and unit column (core/kv/kv_groups.py)."""
+        groups the scheduler's tables follow (default one over every attention layer): each
+        layer reads the table of its group and unit column (core/kv/kv_groups.py).
+        ``num_state_slots``: a hybrid model's recurrent-state slots (the scheduler's state
+        pool; runner/recurrent_state.py)."""
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -52,9 +55,12 @@ class ModelRunner:
             raise ValueError(f"a {str(kv_dtype).removeprefix('torch.')} KV cache for a "
                              f"{str(dtype).removeprefix('torch.')} model needs the native CPU "
                              "attention (a float32 model on CPU with the native kernels)")
-        self.groups = groups or KVGroups.single(config.num_layers)
-        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, kv_dtype, device,
-                                           self.groups)
+        kv_config = config.kv_view()  # a hybrid model's attention layers
+        self.groups = groups or KVGroups.single(kv_config.num_layers)
+        self.kv_caches = allocate_kv_cache(kv_config, num_blocks, block_size, kv_dtype,
+                                           device, self.groups)
+        self.states = (StateTensors(config, num_state_slots, dtype, device)
+                       if config.linear_attn is not None else None)
         # the step's block tables, one per (group, unit column); each layer's index into them
         self._tables = [(g, col) for g, group in enumerate(self.groups.groups)
                         for col in range(group.units_per_page)]
@@ -147,7 +153,9 @@ class ModelRunner:
         layer_metas = ([metas[0]] * len(self._layer_table) if len(metas) == 1
                        else [metas[i] for i in self._layer_table])
         lora = self.loras.batch(seqs, self.device)
-        return ForwardContext(metas[0], self.kv_caches, self.backend, layer_metas, lora)
+        states = (None if self.states is None
+                  else self.states.step(seqs, [s.num_tokens for s in seqs]))
+        return ForwardContext(metas[0], self.kv_caches, self.backend, layer_metas, lora, states)
 
     def _prefill_last(self, seq: ScheduledSeq) -> bool:
         return not self.backend.is_decode_like(seq.num_tokens, seq.start_pos)

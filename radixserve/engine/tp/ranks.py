@@ -67,6 +67,9 @@ def start_tensor_parallel(config: EngineConfig, source: ModelSource, model_confi
     world = config.parallel.tensor_parallel_size
     if world == 1:
         return SingleRank()
+    if model_config.linear_attn is not None:
+        raise ValueError(f"tensor parallel does not split {model_config.architecture}'s "
+                         "recurrent (Gated DeltaNet) layers yet; run it on one rank")
     check_tp_size(model_config, world, reader)
     if config.device.device != "cpu":
         raise ValueError(f"tensor parallel runs on CPU ranks here, not {config.device.device!r}")

@@ -1,0 +1,82 @@
+"""The recurrent-state tensors of a hybrid model's layers, one row per state-pool slot
+(core/kv/state_pool.py), and what a step does with them before its forward.
+
+Per recurrent layer: ``conv`` ``[slots, K - 1, conv_dim]`` (the causal conv's window of
+inputs, the model's dtype) and ``ssm`` ``[slots, value heads, key dim, value dim]`` (the Gated
+DeltaNet state, float32 whatever the model's dtype: it accumulates over the whole sequence).
+The layers read them from the forward context (``ForwardContext.states``: a `StepStates`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.core.kv.recurrent_states import ZERO
+from radixserve.core.sched_output import ScheduledSeq
+from radixserve.model_config import ModelConfig
+
+
+def bytes_per_slot(config: ModelConfig, dtype: torch.dtype) -> int:
+    """One slot's memory over every recurrent layer."""
+    la = config.linear_attn
+    if la is None:
+        return 0
+    elem = torch.tensor([], dtype=dtype).element_size()
+    conv = (la.conv_kernel - 1) * la.conv_dim * elem
+    ssm = la.num_value_heads * la.key_head_dim * la.value_head_dim * 4
+    return len(la.linear_layers) * (conv + ssm)
+
+
+@dataclass(slots=True)
+class StepStates:
+    """A step's view of the states for the packed batch: sequence b (packed order) is rows
+    ``cu_seqlens[b]:cu_seqlens[b + 1]`` with its state in slot ``slots[b]``; ``snapshots``
+    rows ``(b, n, dst)``: copy b's state after its first n tokens of the step to slot dst
+    (None: none)."""
+
+    conv: dict[int, torch.Tensor]  # model layer index -> its conv windows
+    ssm: dict[int, torch.Tensor]
+    cu_seqlens: torch.Tensor
+    slots: torch.Tensor
+    snapshots: torch.Tensor | None
+
+
+class StateTensors:
+    """Every recurrent layer's states for ``num_slots`` slots."""
+
+    def __init__(self, config: ModelConfig, num_slots: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        la = config.linear_attn
+        assert la is not None, "a model without recurrent layers has no states"
+        self.num_slots = num_slots
+        self.conv = {i: torch.zeros(num_slots, la.conv_kernel - 1, la.conv_dim, dtype=dtype,
+                                    device=device) for i in la.linear_layers}
+        self.ssm = {i: torch.zeros(num_slots, la.num_value_heads, la.key_head_dim,
+                                   la.value_head_dim, dtype=torch.float32, device=device)
+                    for i in la.linear_layers}
+        self.device = device
+
+    def step(self, seqs: list[ScheduledSeq], q_lens: list[int]) -> StepStates:
+        """Apply each sequence's start (zero its slot, or copy a prefix hit's snapshot into
+        it), then the step's view; ``seqs`` in packed order, ``q_lens`` their fed tokens.
+        Raises AssertionError where a sequence has no state (every one must)."""
+        for seq in seqs:
+            state = seq.state
+            assert state is not None, f"{seq.request_id} has no recurrent state slot"
+            if state.init == ZERO:
+                for t in (*self.conv.values(), *self.ssm.values()):
+                    t[state.slot].zero_()
+            elif state.init is not None:
+                for t in (*self.conv.values(), *self.ssm.values()):
+                    t[state.slot].copy_(t[state.init])
+        cu = [0]
+        for n in q_lens:
+            cu.append(cu[-1] + n)
+        snaps = [(b, *s.state.snapshot) for b, s in enumerate(seqs)
+                 if s.state.snapshot is not None]
+        dev = self.device
+        return StepStates(self.conv, self.ssm, torch.tensor(cu, device=dev),
+                          torch.tensor([s.state.slot for s in seqs], device=dev),
+                          torch.tensor(snaps, device=dev) if snaps else None)

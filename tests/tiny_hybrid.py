@@ -1,0 +1,322 @@
+"""Tiny random Qwen3.5 models (hybrid: Gated DeltaNet and gated-attention layers), as Hugging
+Face folders and as GGUF files, for load and logit-parity tests.
+
+* :func:`make_qwen35_hf_model` builds a ``Qwen3_5ForCausalLM`` with transformers' own class
+  (4 layers: three ``linear_attention``, one ``full_attention``; GVA with 2 key / 4 value
+  heads, so llama.cpp's V-head reordering shows) and saves it with the tiny tokenizer of
+  tiny_models.py. ``conditional=True`` saves the same text weights as a
+  ``Qwen3_5ForConditionalGeneration`` folder (``model.language_model.*`` and a tiny random
+  ``model.visual.*``); ``mtp=True`` adds a multi-token-prediction block (``mtp.*``) as the
+  Qwen3.5 releases carry one.
+* :func:`qwen35_hf_to_gguf` writes such a folder as llama.cpp's ``convert_hf_to_gguf.py`` does
+  for the ``qwen35`` architecture (its ``Qwen3_5TextModel`` with the ``Qwen3NextModel`` and
+  ``_LinearAttentionVReorderBase`` transforms; names from gguf-py's own tensor map), checked
+  against the real converter by benchmarks/check_tiny_gguf_converter.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from tiny_models import (
+    _FILE_TYPES,
+    EOS_TOKEN,
+    PAD_TOKEN,
+    _add_tensor,
+    _add_tokenizer,
+    _load_state_dict,
+    _randomize_,
+    save_tokenizer,
+)
+
+LINEAR, FULL = "linear_attention", "full_attention"
+QWEN35_TEXT_DEFAULTS = {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+    "layer_types": [LINEAR, LINEAR, LINEAR, FULL],
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+    # the Qwen3.5 releases' layout: interleaved mRoPE sections over the rotary half-dims
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                        "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
+                        "mrope_interleaved": True},
+}
+_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+           "patch_size": 4, "num_position_embeddings": 16}
+_CONV_STD = 0.5  # a depthwise kernel of 4 taps: large enough that the conv mixes tokens
+
+
+def make_qwen35_hf_model(out_dir: str | Path, seed: int = 0, *, conditional: bool = False,
+                         mtp: bool = False, save_dtype: torch.dtype = torch.float32,
+                         **overrides) -> Path:
+    """Build a tiny random Qwen3.5 text model and save it with the tiny tokenizer to
+    ``out_dir``; ``overrides`` replace text-config fields (``tie_word_embeddings=True``,
+    ``layer_types=...``). The text weights depend on ``seed`` and ``overrides`` only, so the
+    ``conditional`` folder holds the same text model. Returns ``out_dir``."""
+    from transformers import GenerationConfig, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = save_tokenizer(out_dir)
+    eos_id, pad_id = (tokenizer.convert_tokens_to_ids(t) for t in (EOS_TOKEN, PAD_TOKEN))
+    fields = dict(QWEN35_TEXT_DEFAULTS, vocab_size=len(tokenizer), bos_token_id=None,
+                  eos_token_id=eos_id, pad_token_id=pad_id, **overrides)
+    if mtp:
+        fields["mtp_num_hidden_layers"] = 1
+    config = Qwen3_5TextConfig(**fields)
+    torch.manual_seed(seed)
+    model = Qwen3_5ForCausalLM(config).to(torch.float32)
+    _randomize_qwen35_(model, seed)
+    model.eval()
+    model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=eos_id,
+                                               pad_token_id=pad_id)
+    if conditional:
+        model = _as_conditional(model, seed)
+    model.to(save_dtype).save_pretrained(str(out_dir))
+    if mtp:
+        _add_mtp(out_dir, config, seed, save_dtype)
+    return out_dir
+
+
+def _randomize_qwen35_(model: torch.nn.Module, seed: int) -> None:
+    """``_randomize_`` with Qwen3.5's norms (1 + w: mean 0), then what it cannot know: the
+    gated norm of the DeltaNet output multiplies by w itself (mean 1), A = exp(A_log) in
+    [0.05, 1] and dt_bias ~ N(0, 0.5), so a step keeps 0.3 to 0.9 of the state (the
+    recurrence matters over a few tokens), and a conv kernel that mixes tokens."""
+    _randomize_(model, seed, norm_mean=0.0)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
+            elif name.endswith("A_log"):
+                param.copy_(torch.empty(param.shape).uniform_(0.05, 1.0, generator=gen).log())
+            elif name.endswith("dt_bias"):
+                param.copy_(0.5 * torch.randn(param.shape, generator=gen))
+            elif name.endswith("conv1d.weight"):
+                param.copy_(_CONV_STD * torch.randn(param.shape, generator=gen))
+
+
+def _as_conditional(text_model, seed: int):
+    """The ``Qwen3_5ForConditionalGeneration`` holding ``text_model``'s weights and a tiny
+    random vision tower."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = text_model.config.to_dict()
+    vision = dict(_VISION, out_hidden_size=text["hidden_size"])
+    config = Qwen3_5Config(text_config=text, vision_config=vision,
+                           tie_word_embeddings=text["tie_word_embeddings"])
+    model = Qwen3_5ForConditionalGeneration(config).to(torch.float32)
+    _randomize_(model.model.visual, seed + 2)
+    state = {k.replace("model.", "model.language_model.", 1): v
+             for k, v in text_model.state_dict().items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.startswith("model.visual.") for k in missing), missing
+    model.generation_config = text_model.generation_config
+    return model.eval()
+
+
+def _add_mtp(out_dir: Path, config, seed: int, dtype: torch.dtype) -> None:
+    """Add the ``mtp.*`` tensors of a one-layer MTP block (the Qwen3.5 releases' names and
+    shapes: a full-attention decoder layer, the fc over [embedding, hidden] and its norms) to
+    the folder's safetensors file; transformers' classes drop them at load."""
+    from safetensors.torch import load_file, save_file
+
+    hidden, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+    head_dim, ffn = config.head_dim, config.intermediate_size
+    shapes = {"fc.weight": (hidden, 2 * hidden), "pre_fc_norm_embedding.weight": (hidden,),
+              "pre_fc_norm_hidden.weight": (hidden,), "norm.weight": (hidden,)}
+    layer = {"input_layernorm.weight": (hidden,), "post_attention_layernorm.weight": (hidden,),
+             "self_attn.q_proj.weight": (2 * heads * head_dim, hidden),
+             "self_attn.k_proj.weight": (kv * head_dim, hidden),
+             "self_attn.v_proj.weight": (kv * head_dim, hidden),
+             "self_attn.o_proj.weight": (hidden, heads * head_dim),
+             "self_attn.q_norm.weight": (head_dim,), "self_attn.k_norm.weight": (head_dim,),
+             "mlp.gate_proj.weight": (ffn, hidden), "mlp.up_proj.weight": (ffn, hidden),
+             "mlp.down_proj.weight": (hidden, ffn)}
+    shapes.update({f"layers.0.{k}": v for k, v in layer.items()})
+    gen = torch.Generator().manual_seed(seed + 3)
+    path = out_dir / "model.safetensors"
+    state = load_file(str(path))
+    for name, shape in shapes.items():
+        state[f"mtp.{name}"] = (0.1 * torch.randn(shape, generator=gen)).to(dtype)
+    save_file(state, str(path), metadata={"format": "pt"})
+
+
+# --------------------------------------------------------------------------------------------
+# GGUF, as convert_hf_to_gguf.py writes it
+# --------------------------------------------------------------------------------------------
+
+_NEXTN = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm",
+          "norm": "shared_head.norm"}  # _QwenMtpMixin's renames of the MTP block's own tensors
+
+
+def _text_names(name: str, num_layers: int) -> str | None:
+    """The converter's ``filter_tensors``: vision tensors dropped, ``language_model.`` removed,
+    ``mtp.layers.i.*`` → ``model.layers.{num_layers + i}.*``, the MTP block's own tensors →
+    the nextn names of that layer."""
+    if "visual." in name:
+        return None
+    name = name.replace("language_model.", "")
+    if not name.startswith("mtp."):
+        return name
+    parts = name.split(".", 3)
+    if len(parts) == 4 and parts[1] == "layers":
+        return f"model.layers.{num_layers + int(parts[2])}.{parts[3]}"
+    return f"model.layers.{num_layers}.{_NEXTN[parts[1]]}.{parts[2]}"
+
+
+def reorder_v_heads(w: np.ndarray, axis: int, num_k: int, num_v: int, head_dim: int) -> np.ndarray:
+    """``_LinearAttentionVReorderBase._reorder_v_heads``: V heads grouped by key head
+    ``[k0v0, k0v1, k1v0, k1v1]`` → tiled ``[k0v0, k1v0, k0v1, k1v1]`` along ``axis``."""
+    axis %= w.ndim
+    shape = w.shape
+    grouped = w.reshape(shape[:axis] + (num_k, num_v // num_k, head_dim) + shape[axis + 1:])
+    return np.swapaxes(grouped, axis, axis + 1).reshape(shape)
+
+
+def _convert(name: str, w: np.ndarray, text: dict) -> tuple[str, np.ndarray]:
+    """One tensor through ``_LinearAttentionVReorderBase.modify_tensors`` (V heads tiled) and
+    ``Qwen3NextModel.modify_tensors`` (A_log → -exp(A_log), dt_bias → dt_proj.bias, conv1d
+    squeezed, the 1 + w norms stored as 1 + w); HF name, not yet GGUF's."""
+    num_k, num_v = text["linear_num_key_heads"], text["linear_num_value_heads"]
+    k_dim, v_dim = text["linear_key_head_dim"], text["linear_value_head_dim"]
+    if num_k != num_v and "linear_attn." in name:
+        qk = 2 * num_k * k_dim
+        if ".in_proj_qkv." in name:
+            w = np.concatenate([w[:qk], reorder_v_heads(w[qk:], 0, num_k, num_v, v_dim)])
+        elif ".in_proj_z." in name:
+            w = reorder_v_heads(w, 0, num_k, num_v, v_dim)
+        elif ".in_proj_b." in name or ".in_proj_a." in name or name.endswith((".A_log",
+                                                                               ".dt_bias")):
+            w = reorder_v_heads(w, 0, num_k, num_v, 1)  # one per value head
+        elif ".conv1d" in name:
+            w = w.squeeze()
+            w = np.concatenate([w[:qk], reorder_v_heads(w[qk:], 0, num_k, num_v, v_dim)])
+        elif ".out_proj." in name:
+            w = reorder_v_heads(w, 1, num_k, num_v, v_dim)
+    if name.endswith(".A_log"):
+        w = -torch.exp(torch.from_numpy(w)).numpy()  # torch's exp, to the bit
+    elif name.endswith(".dt_bias"):
+        name = name.removesuffix(".dt_bias") + ".dt_proj.bias"
+    elif "conv1d" in name:
+        w = w.squeeze()
+    elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        w = w + 1.0
+    return name, w
+
+
+def _gguf_tensors(state: dict[str, np.ndarray], text: dict) -> dict[str, np.ndarray]:
+    """GGUF name → float32 array of each tensor of the folder's ``state``."""
+    import gguf
+
+    num_layers = text["num_hidden_layers"]
+    block_count = num_layers + text.get("mtp_num_hidden_layers", 0)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, block_count)
+    tensors = {}
+    for hf_name, w in state.items():
+        name = _text_names(hf_name, num_layers)
+        if name is None or (name == "lm_head.weight" and text["tie_word_embeddings"]):
+            continue
+        name, w = _convert(name, w, text)
+        gguf_name = (names.get_name(name, try_suffixes=(".weight", ".bias"))
+                     or _nextn_name(name))
+        if gguf_name is None:
+            raise KeyError(f"no GGUF name for tensor {hf_name!r}")
+        tensors[gguf_name] = w
+    return tensors
+
+
+def _nextn_name(name: str) -> str | None:
+    """gguf-py's name of an MTP block tensor (its QWEN35 tensor list may lack them)."""
+    import gguf
+
+    tensors = {"eh_proj": gguf.MODEL_TENSOR.NEXTN_EH_PROJ, "enorm": gguf.MODEL_TENSOR.NEXTN_ENORM,
+               "hnorm": gguf.MODEL_TENSOR.NEXTN_HNORM,
+               "shared_head.norm": gguf.MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM}
+    layer, _, rest = name.removeprefix("model.layers.").partition(".")
+    base = rest.removesuffix(".weight")
+    if base not in tensors:
+        return None
+    return gguf.TENSOR_NAMES[tensors[base]].format(bid=layer) + ".weight"
+
+
+def _qtype(name: str, w: np.ndarray, ftype: str) -> str:
+    """The converter's choice: 1-D tensors, norms, ssm_conv1d and names not ending in
+    ``.weight`` (``ssm_a``) stay F32; the other matrices take ``ftype``."""
+    if (w.ndim <= 1 or name.endswith("_norm.weight") or ".ssm_conv1d." in name
+            or not name.endswith(".weight")):
+        return "F32"
+    return ftype
+
+
+def _add_hparams(writer, text: dict, ftype: str) -> None:
+    """The keys TextModel, _QwenMtpMixin, Qwen3NextModel and _Qwen35MRopeMixin write."""
+    import gguf
+
+    rope = text["rope_parameters"]
+    num_layers = text["num_hidden_layers"]
+    num_mtp = text.get("mtp_num_hidden_layers", 0)
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name("tiny-qwen35")  # the converter's: from the folder name
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_block_count(num_layers + num_mtp)
+    writer.add_context_length(text["max_position_embeddings"])
+    writer.add_embedding_length(text["hidden_size"])
+    writer.add_feed_forward_length(text["intermediate_size"])
+    writer.add_head_count(text["num_attention_heads"])
+    writer.add_head_count_kv(text["num_key_value_heads"])
+    sections = list(rope.get("mrope_section", [11, 11, 10]))
+    writer.add_rope_dimension_sections((sections + [0] * 4)[:4])
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_layer_norm_rms_eps(text["rms_norm_eps"])
+    writer.add_key_length(text["head_dim"])
+    writer.add_value_length(text["head_dim"])
+    writer.add_file_type(int(gguf.LlamaFileType[_FILE_TYPES[ftype]]))
+    if num_mtp:
+        writer.add_nextn_predict_layers(num_mtp)
+    writer.add_ssm_conv_kernel(text["linear_conv_kernel_dim"])
+    writer.add_ssm_state_size(text["linear_key_head_dim"])
+    writer.add_ssm_group_count(text["linear_num_key_heads"])
+    writer.add_ssm_time_step_rank(text["linear_num_value_heads"])
+    writer.add_ssm_inner_size(text["linear_value_head_dim"] * text["linear_num_value_heads"])
+    if text.get("layer_types") is not None:  # (gguf-py 0.19 has no add_recurrent_layers)
+        recurrent = [t == LINEAR for t in text["layer_types"]] + [False] * num_mtp
+        writer.add_array(f"{writer.arch}.attention.recurrent_layers", recurrent)
+    writer.add_full_attention_interval(text.get("full_attention_interval", 4))
+    writer.add_rope_dimension_count(int(text["head_dim"] * rope.get("partial_rotary_factor",
+                                                                      0.25)))
+
+
+def text_config(config: dict) -> dict:
+    """The converter's hparams: a ConditionalGeneration config's ``text_config`` over its top
+    level."""
+    return {**config, **config.get("text_config", {})}
+
+
+def qwen35_hf_to_gguf(hf_dir: str | Path, out_path: str | Path, ftype: str = "F32") -> Path:
+    """Convert a folder written by :func:`make_qwen35_hf_model` into a ``qwen35`` GGUF file:
+    ``ftype`` F32, F16, BF16 or Q8_0 for the matrices (``_qtype``). Returns ``out_path``."""
+    import gguf
+
+    if ftype not in ("F32", "F16", "BF16", "Q8_0"):
+        raise ValueError(f"ftype {ftype!r} not in ('F32', 'F16', 'BF16', 'Q8_0')")
+    hf_dir, out_path = Path(hf_dir), Path(out_path)
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    text = text_config(config)
+    tensors = _gguf_tensors(_load_state_dict(hf_dir), text)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(out_path), "qwen35")
+    _add_hparams(writer, text, ftype)
+    _add_tokenizer(writer, hf_dir, text["vocab_size"])
+    for name, w in tensors.items():
+        _add_tensor(writer, name, w, _qtype(name, w, ftype))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out_path
