@@ -72,7 +72,9 @@ class RequestInfo(msgspec.Struct, array_like=True, gc=False):
 class CacheNodeInfo(msgspec.Struct, array_like=True, gc=False):
     """One radix-tree node of the summary; ``parent`` indexes the summary's node list (-1:
     a child of the root). ``head`` is its first few token ids (for a preview);
-    ``num_hidden_children`` counts the children left out of the summary."""
+    ``num_hidden_children`` counts the children left out of the summary. ``snapshot``: it
+    holds a hybrid model's recurrent state at its end (core/kv/radix_snapshots.py), where a
+    hit can resume."""
 
     parent: int
     depth: int
@@ -83,6 +85,7 @@ class CacheNodeInfo(msgspec.Struct, array_like=True, gc=False):
     num_children: int
     num_hidden_children: int
     head: list[int]
+    snapshot: bool = False
 
 
 class EngineState(msgspec.Struct, array_like=True, gc=False):

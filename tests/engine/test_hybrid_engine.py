@@ -147,6 +147,8 @@ def test_multi_turn_chat_hits_every_turn(llm):
             history = history + result.outputs[0].token_ids + [rng.randrange(vocab)
                                                               for _ in range(7)]
         s.check_integrity()
+        # the engine view marks the nodes a hit can resume at
+        assert any(node.snapshot for node in s.kv.prefix_cache.summary(64, 16))
 
 
 def test_float_model_greedy_equals_transformers_generate(hf_dir):

@@ -37,6 +37,7 @@ def summarize(root, max_nodes: int, max_depth: int,
         for child in shown:
             out.append(CacheNodeInfo(index, depth, len(child.key), len(child.blocks),
                                      child.hits, child.lock_ref, len(child.children),
-                                     len(child.children), child.key[:HEAD_TOKENS]))
+                                     len(child.children), child.key[:HEAD_TOKENS],
+                                     child.snapshot is not None))
             frontier.append((child, len(out) - 1, depth + 1))
     return out

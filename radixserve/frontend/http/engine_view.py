@@ -95,6 +95,7 @@ def _replica(index: int, state: EngineState, decode, now: float) -> dict:
                        "hits": n.hits, "lock_ref": n.lock_ref,
                        "num_children": n.num_children,
                        "num_hidden_children": n.num_hidden_children,
+                       "snapshot": n.snapshot,
                        "preview": decode(n.head, skip_special_tokens=False)}
                       for n in state.cache_nodes],
         },

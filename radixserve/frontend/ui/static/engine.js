@@ -149,9 +149,10 @@ function tree(s) {
     const preview = n.preview.replace(/\s+/g, " ").trim();
     g.append(svg("text", { x: 8, y: 17 }, preview.length > 26 ? preview.slice(0, 25) + "…" : preview || "·"));
     const lock = n.lock_ref > 0 ? ` · locked ×${n.lock_ref}` : "";
-    g.append(svg("text", { x: 8, y: 35, class: "sub" }, `${n.num_tokens} tok · ${n.hits} hits${lock}`));
+    const state = n.snapshot ? " · state" : "";  // a hybrid model can resume at its end
+    g.append(svg("text", { x: 8, y: 35, class: "sub" }, `${n.num_tokens} tok · ${n.hits} hits${lock}${state}`));
     const where = s.data_parallel_size > 1 ? `replica ${n.replica}: ` : "";
-    g.append(svg("title", {}, `${where}${n.preview}\n${n.num_tokens} tokens in ${n.num_blocks} blocks, ${n.hits} hits, ${n.lock_ref} locks, ${n.num_children} children`));
+    g.append(svg("title", {}, `${where}${n.preview}\n${n.num_tokens} tokens in ${n.num_blocks} blocks, ${n.hits} hits, ${n.lock_ref} locks, ${n.num_children} children${n.snapshot ? ", recurrent state kept at its end" : ""}`));
     el.append(g);
     if (n.num_hidden_children > 0) {
       el.append(svg("text", { x: x(i) + W + 8, y: y(i) + H + GY + 14, class: "sub" },
