@@ -231,6 +231,7 @@ class Scheduler:
         most the request's tokens, if it stopped inside the draft); the rejected drafts' KV
         is garbage that nothing indexes, and the blocks past the request's tokens go back."""
         request.num_computed_tokens = min(computed + 1 + draft.num_accepted, request.num_tokens)
+        self.kv.draft_applied(request, draft.num_drafted, draft.num_accepted)
         self.kv.trim(request)
         if request.num_computed_tokens // self.kv.block_size > computed // self.kv.block_size:
             self.kv.cache_computed(request)  # the draft filled a block

@@ -74,6 +74,11 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
     if reader is None and source.kind == "gguf":
         reader = open_gguf(source.path)
     model_config = load_model_config(source, reader)
+    if model_config.linear_attn is not None and config.speculative.method == "draft":
+        # the draft model's runner keeps no recurrent states (the target's verify does)
+        raise ValueError(f"speculative decoding with a draft model does not run with "
+                         f"{model_config.architecture} (recurrent layers) yet; use "
+                         "--speculative ngram, suffix or auto")
     tp = start_tensor_parallel(config, source, model_config, reader)
     threads = apply_engine_threads(tp.rank_threads(config.device.threads))  # before the model
     model, quantization = _load_shard(config, source, model_config, reader, tp.shard,
@@ -93,15 +98,8 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
     if draft is not None:
         runner.drafter = build_draft_runner(config, draft, draft_blocks, max_len, kv_dtype,
                                             show_progress)
-    spec = config.speculative
-    if model_config.linear_attn is not None and spec.method != "off":
-        # a verified draft's rejected tokens would stay in the recurrent state (issue 58)
-        logger.warning("speculative decoding (%s) is off: %s has recurrent layers, whose "
-                       "state cannot drop rejected draft tokens yet", spec.method,
-                       model_config.architecture)
-        spec = dataclasses.replace(spec, method="off", draft_model=None)
-    scheduler = Scheduler(config.scheduler, kv, max_len, make_spec(spec, draft_blocks,
-                                                                   block_size))
+    scheduler = Scheduler(config.scheduler, kv, max_len,
+                          make_spec(config.speculative, draft_blocks, block_size))
     backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source)),
                                 model_config.vocab_size)
     structured = StructuredOutputManager(backend, config.structured.fast_forward,
@@ -175,6 +173,8 @@ def _state_slots(config: EngineConfig, model_config: ModelConfig,
         return 0, 0
     seqs = config.scheduler.max_num_seqs
     wanted = seqs * (3 if config.cache.enable_prefix_caching else 1)
+    if config.speculative.method != "off":  # draft states of the few streams that draft
+        wanted += config.speculative.num_speculative_tokens * min(seqs, 4)
     budget = int(config.cache.kv_cache_memory_gb * 1024**3 / 2 // per_slot)
     slots = max(2, min(wanted, budget))
     logger.info("recurrent states: %d slots of %.1f MiB (%s); %d wanted for %d requests at once",

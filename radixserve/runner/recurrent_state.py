@@ -76,6 +76,8 @@ class StateTensors:
             cu.append(cu[-1] + n)
         snaps = [(b, *s.state.snapshot) for b, s in enumerate(seqs)
                  if s.state.snapshot is not None]
+        snaps += [(b, 1 + i, slot) for b, s in enumerate(seqs)
+                  for i, slot in enumerate(s.state.drafts)]  # a verify step's draft states
         dev = self.device
         return StepStates(self.conv, self.ssm, torch.tensor(cu, device=dev),
                           torch.tensor([s.state.slot for s in seqs], device=dev),

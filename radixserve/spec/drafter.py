@@ -102,7 +102,7 @@ class SpecDecoding:
             if k <= 0:
                 request.spec.idle(policy.prior.alpha)
                 continue
-            if not kv.allocate_slots(request, 1 + k):
+            if not kv.allocate_slots(request, 1 + k) or not kv.add_draft(request, seq.state, k):
                 continue
             seq.token_ids.extend(tokens[:k])
             seq.num_draft = k

@@ -176,3 +176,19 @@ def test_a_snapshot_inside_a_node_splits_it_there():
     assert (match.num_tokens, match.snapshot) == (8, slot)
     assert len(match.block_ids) == 2
     cache.check_integrity()
+
+
+def test_a_rejected_draft_restarts_from_the_state_after_the_kept_tokens():
+    pool = StatePool(6)
+    states = RecurrentStates(pool, NoPrefixCache(BlockPool(4)), BS, snapshots=False)
+    assert states.acquire("r", None)
+    states.plan("r", 0, 5, 5)
+    state = states.plan("r", 5, 1, 5)  # a decode step that carries 3 drafts
+    assert states.add_draft("r", state, 3) and len(state.drafts) == 3
+    states.draft_applied("r", 3, 1)  # kept the first draft: the state after 2 of 4 tokens
+    assert states.plan("r", 7, 1, 5).init == state.drafts[1]
+    states.draft_applied("r", 3, 3)  # all kept: the live state is right
+    assert states.plan("r", 11, 1, 5).init is None
+    assert not states.add_draft("r", state, 9)  # the pool has no room for 9: no draft
+    states.release("r", None, 0, False)
+    assert pool.num_free == 6

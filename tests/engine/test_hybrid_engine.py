@@ -162,3 +162,21 @@ def test_float_model_greedy_equals_transformers_generate(hf_dir):
             out = reference.generate(torch.tensor([prompt]), max_new_tokens=12,
                                      do_sample=False, min_new_tokens=12)
         assert tokens == out[0, len(prompt):].tolist()
+
+
+def test_speculation_keeps_greedy_output_through_rejected_drafts(llm):
+    """n-gram drafts on repetitive text, verified in one step each: the kept tokens' states
+    come from the draft slots, the rejected ones never reach the state."""
+    spec = llm.engine.scheduler.spec
+    assert spec.enabled, "speculation (auto) runs on hybrid models"
+    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    vocab = llm.engine.vocab_size
+    prompts = [[(5 + i % 4) % vocab for i in range(24)], [(9 + i % 3) % vocab for i in range(25)],
+               _prompts(vocab)[1]]
+    drafted, accepted = spec.num_draft_tokens, spec.num_accepted_tokens
+    got = token_ids(llm.generate(prompts, greedy))
+    drafted, accepted = spec.num_draft_tokens - drafted, spec.num_accepted_tokens - accepted
+    with swapped(llm):  # no speculation
+        assert got == token_ids(llm.generate(prompts, greedy))
+    assert drafted > accepted, (drafted, accepted)  # some drafts were rejected
+    assert llm.engine.scheduler.kv.states.num_held == 0

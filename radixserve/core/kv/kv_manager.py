@@ -180,6 +180,16 @@ class KVCacheManager:
         if request.num_computed_tokens <= request.num_prompt_tokens:  # a prefill chunk's end
             self.states.keep(request.request_id, handle, self._page_end(request))
 
+    def add_draft(self, request: Request, state: SeqState | None, k: int) -> bool:
+        """A hybrid model's recurrent states for ``k`` drafted tokens on this step's chunk
+        (``state``: its plan); False when they cannot be had (then no draft). Always True
+        for a model without recurrent layers."""
+        return self.states.add_draft(request.request_id, state, k)
+
+    def draft_applied(self, request: Request, num_drafted: int, num_accepted: int) -> None:
+        """Verification kept ``num_accepted`` of the request's ``num_drafted`` drafts."""
+        self.states.draft_applied(request.request_id, num_drafted, num_accepted)
+
     def state_plan(self, request: Request, num_new: int) -> SeqState | None:
         """What the runner does with the request's recurrent state this step, feeding
         ``num_new`` tokens from ``num_computed_tokens`` (None: no recurrent layers)."""

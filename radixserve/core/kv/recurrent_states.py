@@ -20,12 +20,19 @@ fills a page copies the state (the cost of one state, e.g. ~50 MB for a 4B Qwen3
 Every step the runner applies `SeqState`: zero the live slot (a fresh sequence), or copy a
 snapshot into it (a prefix hit), or leave it; then the forward carries it on, and where
 ``snapshot`` says so the kernels write the state at that point of the chunk to another slot.
+
+Speculative decoding: a verify step feeds the last token and k drafted ones, and the live
+state comes out after all of them. The request's *draft slots* (taken as drafts need them,
+kept while it runs) get the state after the real token and after each of the first k - 1
+drafts (``SeqState.drafts``); when verification keeps a < k drafts, the next step starts by
+copying the one after a drafts into the live slot (``draft_applied``), so rejected tokens
+never reach the state.
 Torch-free; the null object `NoRecurrentStates` serves attention-only models.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixserve.core.kv.state_pool import StatePool
 
@@ -37,11 +44,14 @@ class SeqState:
     """One sequence's recurrent state in one step (plain data for the runner). ``slot`` holds
     it; before the forward it is zeroed (``init == ZERO``), overwritten with slot ``init``'s
     (a prefix hit's snapshot) or left as it is (None). ``snapshot``: ``(n, dst)``: after the
-    forward, slot ``dst`` holds the state after the first ``n`` tokens of this chunk."""
+    forward, slot ``dst`` holds the state after the first ``n`` tokens of this chunk.
+    ``drafts``: on a verify step, the slots that get the state after the chunk's first 1, 2,
+    ... tokens (one fewer than it has: the last one is the live state)."""
 
     slot: int
     init: int | None = None
     snapshot: tuple[int, int] | None = None
+    drafts: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -51,6 +61,7 @@ class _Slots:
     init: int | None
     boundary_end: int = -1  # the tokens the boundary slot's state follows (-1: none yet)
     live_end: int = -1  # the tokens the live state follows once its planned step ran
+    draft_slots: list[int] = field(default_factory=list)  # the state after each draft token
 
 
 class NoRecurrentStates:
@@ -69,6 +80,12 @@ class NoRecurrentStates:
         return None
 
     def keep(self, request_id: str, handle, end: int) -> None:
+        pass
+
+    def add_draft(self, request_id: str, state: SeqState | None, k: int) -> bool:
+        return True
+
+    def draft_applied(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         pass
 
     def release(self, request_id: str, handle, end: int, live_at_end: bool) -> None:
@@ -90,7 +107,8 @@ class RecurrentStates:
     @property
     def num_held(self) -> int:
         """Slots the running requests hold (the cache's snapshots aside)."""
-        return sum(1 + (s.boundary is not None) for s in self._slots.values())
+        return sum(1 + (s.boundary is not None) + len(s.draft_slots)
+                   for s in self._slots.values())
 
     def has(self, request_id: str) -> bool:
         return request_id in self._slots
@@ -135,6 +153,29 @@ class RecurrentStates:
         if self.cache.attach_snapshot(handle, held.boundary, held.boundary_end):
             held.boundary, held.boundary_end = self._allocate(evict=False), -1
 
+    def add_draft(self, request_id: str, state: SeqState, k: int) -> bool:
+        """Let this step's chunk (``state``, planned) carry ``k`` drafted tokens: the request
+        takes draft slots up to ``k`` (never evicting a snapshot for them); False when the
+        pool has too few (then it does not draft this step; the slots it got stay its own)."""
+        held = self._slots[request_id]
+        while len(held.draft_slots) < k:
+            slot = self._allocate(evict=False)
+            if slot is None:
+                return False
+            held.draft_slots.append(slot)
+        state.drafts = tuple(held.draft_slots[:k])
+        return True
+
+    def draft_applied(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        """Verification kept ``num_accepted`` of ``num_drafted`` drafts: unless it kept all,
+        the next step starts from the state after the real token and those drafts."""
+        held = self._slots[request_id]
+        if num_accepted < num_drafted:
+            held.init = held.draft_slots[num_accepted]
+            held.live_end = -1  # the live slot is past the kept tokens until then
+        else:
+            held.live_end += num_drafted
+
     def release(self, request_id: str, handle, end: int, live_at_end: bool) -> None:
         """The request is done (``handle``: the node of its cached pages, ending at ``end``;
         ``live_at_end``: its computed tokens end there, so its live state — if its last
@@ -151,7 +192,7 @@ class RecurrentStates:
             elif (boundary is not None and 0 < held.boundary_end <= end
                   and self.cache.attach_snapshot(handle, boundary, held.boundary_end)):
                 boundary = None
-        for slot in (live, boundary):
+        for slot in (live, boundary, *held.draft_slots):
             if slot is not None:
                 self.pool.free(slot)
 
