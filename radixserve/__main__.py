@@ -22,10 +22,15 @@ DEMO_SAMPLING = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1, "m
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    prestarted = None
     if argv[:1] == ["serve"]:
+        from radixserve import startup_trace
+        from radixserve.cluster import engine_prestart
         from radixserve.cpu.threads import limit_api_threads
 
+        startup_trace.begin("api")  # RADIXSERVE_STARTUP_PROFILE: benchmarks/startup_profile.py
         limit_api_threads()  # before the serve flags' modules load numpy (and OpenBLAS)
+        prestarted = engine_prestart.prestart(argv)  # the engine starts up beside us
     parser = argparse.ArgumentParser(prog="radixserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser = functools.partial(sub.add_parser, formatter_class=DefaultsFormatter)
@@ -77,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         "plot", help="overlay the latency CDFs of bench serve --result-json files"))
 
     args = parser.parse_args(argv)
+    if prestarted is not None:
+        prestarted = prestarted.wanted_by(args)
     try:
         if args.command in ("pull", "ls", "rm"):
             return run_hub_command(args)
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             from radixserve.serve import serve  # the server's modules: only to serve
 
-            return serve(args)
+            return serve(args, prestarted)
         if args.command == "bench":
             return _bench(args)
         if args.command == "env":

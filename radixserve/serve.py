@@ -32,10 +32,13 @@ import tempfile
 import uvicorn
 import uvloop
 
+from radixserve import startup_trace
 from radixserve.bench.mock_engine import MockEngine
 from radixserve.cli_args import engine_kwargs
 from radixserve.cluster.dp_args import ray_config, replica_builds, routing_config
 from radixserve.cluster.dp_metrics import ReplicaCollector
+from radixserve.cluster.engine_launcher import LocalLauncher
+from radixserve.cluster.engine_prestart import PrestartedEngine
 from radixserve.cluster.engine_supervisor import RestartPolicy
 from radixserve.cluster.ray_executor import RayPlacement, require_ray
 from radixserve.cluster.replica_set import ReplicaSet
@@ -55,6 +58,7 @@ from radixserve.frontend.parsers.detect import resolve_tool_format
 from radixserve.frontend.pooling import resolve_embedding
 from radixserve.frontend.rerank import Reranker
 from radixserve.frontend.responses.store import ResponseStore
+from radixserve.gguf_reader import open_gguf
 from radixserve.models.cross_encoder_config import cross_encoder_config
 from radixserve.models.lora_check import check_lora_modules
 from radixserve.models.source import ModelSource
@@ -67,15 +71,17 @@ __all__ = ["add_serve_args", "serve"]
 logger = logging.getLogger(__name__)
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, prestarted: PrestartedEngine | None = None) -> int:
     """Serve ``args.model`` (a local path: the CLI resolves hub references) until
-    SIGINT/SIGTERM; the exit status."""
+    SIGINT/SIGTERM; the exit status. ``prestarted``: the engine process the CLI started
+    before it parsed the flags (`engine_prestart`), which the first engine start takes."""
     if args.distributed_executor_backend == "ray":
         require_ray()  # at once, not after the tokenizer has loaded
     source = ModelSource.resolve(args.model)
     args.task = _task(source, args.task)
     reasoning = get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None
-    embedding = _embedding_setup(source, args)
+    reader = _metadata(source)  # this process's one parse of a GGUF's metadata
+    embedding = _embedding_setup(source, args, reader)
     try:  # each --lora checked as a run-time load is, before any process starts
         check_lora_modules(source.path, args.lora)
         args.lora_updates = lora_updates(args.enable_lora_runtime_updates,
@@ -83,7 +89,7 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"radixserve: error: {exc}") from None
     kwargs = engine_kwargs(args)
-    tables = functools.partial(_frontend_tables, load_tokenizer, source)
+    tables = functools.partial(_frontend_tables, load_tokenizer, source, reader)
     if args.mock_engine:
         tokenizer, _ = loaded = tables()  # the mock needs the vocabulary size
         tables = functools.partial(tuple, loaded)
@@ -101,18 +107,21 @@ def serve(args: argparse.Namespace) -> int:
     if len(builds) > 1:  # each replica's KV events on its own port
         builds = [functools.partial(with_replica_rank, r, b) for r, b in enumerate(builds)]
     name = args.served_model_name or source.name
-    return uvloop.run(_serve(args, builds, tables, name, reasoning, embedding))
+    return uvloop.run(_serve(args, builds, tables, name, reasoning, embedding, prestarted))
 
 
-def _frontend_tables(load_tokenizer, source):
+def _frontend_tables(load_tokenizer, source, reader=None):
     """What the API process derives from the model before it serves: the tokenizer with its
     token -> bytes table and the grammar validator (seconds on a 262k vocabulary; built while
-    the engine process loads the model)."""
-    tokenizer = load_tokenizer(source)
-    tokenizer.detokenizer([])  # builds the token → bytes table now, not on the first request
+    the engine process loads the model). ``reader``: the GGUF's open reader, to reuse."""
+    with startup_trace.span("tokenizer", profile=True):
+        tokenizer = load_tokenizer(source, reader)
+    with startup_trace.span("detokenizer table", profile=True):
+        tokenizer.detokenizer([])  # the token → bytes table now, not on the first request
     if cross_encoder_config(source) is not None:  # it scores pairs: no grammar over its vocab
         return tokenizer, GrammarValidator()
-    return tokenizer, grammar_validator(tokenizer)
+    with startup_trace.span("grammar validator", profile=True):
+        return tokenizer, grammar_validator(tokenizer)
 
 
 def _tool_parser(requested: str, tokenizer):
@@ -133,9 +142,20 @@ def _model_path(args) -> str | None:
     return ModelSource.resolve(args.model).path
 
 
-def _embedding_setup(source, args):
+def _metadata(source):
+    """The GGUF's open reader (its metadata parsed once, for the pooling check and the
+    tokenizer), None for a folder; an unreadable file stops the server here."""
+    if source.kind != "gguf":
+        return None
     try:
-        return resolve_embedding(source, args.pooling, args.task)
+        return open_gguf(source.path)
+    except ValueError as exc:
+        raise SystemExit(f"radixserve: error: {exc}") from None
+
+
+def _embedding_setup(source, args, reader=None):
+    try:
+        return resolve_embedding(source, args.pooling, args.task, reader)
     except ValueError as exc:
         raise SystemExit(f"radixserve: error: {exc}") from None
 
@@ -174,7 +194,7 @@ def _reranker(task: str, tokenizer):
     return reranker
 
 
-async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
+async def _serve(args, builds, tables, name, reasoning, embedding, prestarted=None) -> int:
     try:
         store = ResponseStore(args.response_store, args.response_store_max)
     except ValueError as exc:
@@ -186,13 +206,17 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
     except RuntimeError as exc:
         print(f"radixserve: error: {exc}", file=sys.stderr)
         return 1
+    if launchers is None and prestarted is not None:  # the one local engine, started ahead
+        launchers = [LocalLauncher(prestarted)]
     supervisor = ReplicaSet(builds, tmp, args.startup_timeout, _restart_policy(args),
                             routing_config(args), launchers)
     fatal: list[str] = []
     frontend = asyncio.ensure_future(asyncio.to_thread(tables))  # beside the engine's load
     try:
         ready = await supervisor.start()
+        startup_trace.mark("engine ready")
         tokenizer, validator = await frontend
+        startup_trace.mark("frontend tables")
         tool_format, tool_parser = _tool_parser(args.tool_call_parser, tokenizer)
         reranker = (_cross_encoder(args, ready.max_model_len)
                     or _reranker(args.task, tokenizer))
@@ -235,6 +259,7 @@ async def _serve(args, builds, tables, name, reasoning, embedding) -> int:
               f"embeddings: {embedding.pooling + ' pooling' if embedding.pooling else 'off'}; "
               f"tool calls: {tool_format})",
               file=sys.stderr, flush=True)
+        startup_trace.end()
         await server.serve()
     except RuntimeError as exc:
         print(f"radixserve: error: {exc}", file=sys.stderr)

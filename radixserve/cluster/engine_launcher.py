@@ -15,11 +15,17 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 
+from radixserve.cluster.engine_prestart import PrestartedEngine
 from radixserve.engine.core_proc import run_engine_core
 
 
 class LocalLauncher:
-    """Engine cores as child processes of the API process (spawned: a fresh interpreter)."""
+    """Engine cores as child processes of the API process (spawned: a fresh interpreter);
+    ``prestarted``: a process spawned ahead (`engine_prestart`), which the first start takes
+    instead of spawning one."""
+
+    def __init__(self, prestarted: PrestartedEngine | None = None) -> None:
+        self.prestarted = prestarted
 
     def addresses(self, folder: str, generation: int) -> tuple[str, str]:
         """ipc sockets in ``folder``; generation 0 is the first engine, then one per restart
@@ -28,10 +34,13 @@ class LocalLauncher:
         return f"ipc://{folder}/in{suffix}", f"ipc://{folder}/out{suffix}"
 
     async def start(self, build, input_addr: str, output_addr: str) -> LocalProcess:
-        proc = multiprocessing.get_context("spawn").Process(
-            target=run_engine_core, args=(build, input_addr, output_addr),
-            name="radixserve-engine", daemon=True)
-        proc.start()
+        prestarted, self.prestarted = self.prestarted, None
+        proc = prestarted and prestarted.take(build, input_addr, output_addr)
+        if proc is None:  # none ahead, or it died: a fresh one
+            proc = multiprocessing.get_context("spawn").Process(
+                target=run_engine_core, args=(build, input_addr, output_addr),
+                name="radixserve-engine", daemon=True)
+            proc.start()
         return LocalProcess(proc)
 
 

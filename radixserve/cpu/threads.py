@@ -77,6 +77,17 @@ def engine_threads(requested: int | None) -> int:
     return available_cpus() if requested is None else requested
 
 
+def export_engine_threads(requested: int | None) -> int:
+    """The engine's thread count (`engine_threads`), exported as ``OMP_NUM_THREADS`` (read by
+    libgomp when it loads: set it before torch is imported) with numpy's OpenBLAS at one
+    thread unless ``OPENBLAS_NUM_THREADS`` is set; `apply_engine_threads`'s first half, for a
+    process that loads torch before its build applies the rest."""
+    n = engine_threads(requested)
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    return n
+
+
 def apply_engine_threads(requested: int | None) -> int:
     """Size the engine process's thread pools; call it before the model is built (best before
     torch is imported: ``libgomp`` reads ``OMP_NUM_THREADS`` when it loads, and that is the
@@ -86,9 +97,7 @@ def apply_engine_threads(requested: int | None) -> int:
     BLAS; its pool would only compete with torch's), and logs the decision once. Returns the
     thread count."""
     global _applied
-    n = engine_threads(requested)
-    os.environ["OMP_NUM_THREADS"] = str(n)
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    n = export_engine_threads(requested)
     import torch
 
     if _applied == n and torch.get_num_threads() == n:

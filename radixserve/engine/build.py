@@ -100,7 +100,7 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
                                             show_progress)
     scheduler = Scheduler(config.scheduler, kv, max_len,
                           make_spec(config.speculative, draft_blocks, block_size))
-    backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source)),
+    backend = LLGuidanceBackend(tokenizer or (lambda: load_tokenizer(source, reader)),
                                 model_config.vocab_size)
     structured = StructuredOutputManager(backend, config.structured.fast_forward,
                                          config.structured.compile_timeout_s)

@@ -33,6 +33,7 @@ import traceback
 import msgspec
 import zmq
 
+from radixserve import startup_trace
 from radixserve.core.reports import EngineCoreOutput
 from radixserve.cpu.threads import apply_engine_threads
 from radixserve.messages import (
@@ -70,6 +71,8 @@ def build_engine(kwargs: dict, model: str | None):
     root.setLevel(logging.INFO)
     threads = apply_engine_threads(kwargs.get("threads"))
     import torch  # loads from here on
+
+    startup_trace.mark("torch imported")
 
     from radixserve.config import engine_config
     from radixserve.engine.build import build_engine_core
@@ -132,6 +135,7 @@ def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
     """Process entry point. ``build_engine()`` returns an object with EngineCore's interface
     (``add_request``, ``abort_requests``, ``has_unfinished_requests``, ``step``, ``state``,
     ``max_model_len``, ``vocab_size``, ``scheduler``), e.g. the real engine or the mock."""
+    startup_trace.begin("engine")  # RADIXSERVE_STARTUP_PROFILE: benchmarks/startup_profile.py
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when we stop
     parent = os.getppid()
     ctx = zmq.Context()
@@ -143,6 +147,7 @@ def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
     encoder = msgspec.msgpack.Encoder()
     try:
         engine = build_engine()
+        startup_trace.mark("engine built")
     except Exception as exc:  # report the load failure to the parent, then exit
         out.send(encoder.encode(EngineReady(error=f"{type(exc).__name__}: {exc}")))
         traceback.print_exc()
@@ -154,6 +159,7 @@ def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
     out.send(encoder.encode(EngineReady(engine.max_model_len, engine.vocab_size,
                                         stats.num_kv_blocks, engine.scheduler.kv.block_size,
                                         loras=held)))
+    startup_trace.end()
     try:
         _loop(engine, inp, out, encoder, parent)
     except _Orphaned:

@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
+from radixserve import startup_trace
 from radixserve.core.grammar_hooks import NO_GRAMMAR, Grammar
 from radixserve.core.request import Request
 from radixserve.core.sched_output import GrammarBitmask, SchedulerOutput
@@ -55,7 +56,11 @@ class StructuredOutputManager:
         build (the backend's view of the tokenizer, the wind-down's token classes: about half
         a second holding the GIL, which stalled every running stream when it happened at the
         first structured request: benchmarks/structured_pathological.py). Call at start-up."""
-        return self._compile_pool.submit(self.wind_down.warm)
+        return self._compile_pool.submit(self._warm)
+
+    def _warm(self) -> None:
+        with startup_trace.span("structured warm", profile=True):
+            self.wind_down.warm()
 
     def validate(self, params: StructuredOutputsParams | None) -> None:
         """GrammarError (a ValueError) if the spec is invalid; cheap, no tokenizer needed."""

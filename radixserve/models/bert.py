@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.layers.embedding import empty_embedding
 from radixserve.models.cross_encoder_config import EncoderConfig
 
 _ACT = {"gelu": F.gelu, "relu": F.relu,
@@ -57,9 +58,9 @@ class CrossEncoder(nn.Module):
         super().__init__()
         self.config = c
         h = c.hidden_size
-        self.word = nn.Embedding(c.vocab_size, h)
-        self.position = nn.Embedding(c.max_position_embeddings, h)
-        self.token_type = nn.Embedding(c.type_vocab_size, h)
+        self.word = empty_embedding(c.vocab_size, h)
+        self.position = empty_embedding(c.max_position_embeddings, h)
+        self.token_type = empty_embedding(c.type_vocab_size, h)
         self.norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
         self.layers = nn.ModuleList(_Layer(c) for _ in range(c.num_layers))
         self.dense = nn.Linear(h, h)

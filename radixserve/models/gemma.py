@@ -26,6 +26,7 @@ from torch import nn
 
 from radixserve.model_config import ModelConfig
 from radixserve.layers.activation import gelu_tanh_and_mul
+from radixserve.layers.embedding import empty_embedding
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.models.gemma_config import GGUF_NORM_SUFFIX
@@ -111,7 +112,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
         local = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings,
                                 cfg.gemma.rope_local_theta, None)
         self.rotary = _Rotaries(local, full)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = empty_embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
             GemmaDecoderLayer(cfg, i, local if cfg.layer_window(i) is not None else full)
             for i in range(cfg.num_layers))

@@ -15,6 +15,7 @@ from torch import nn
 
 from radixserve.model_config import ModelConfig
 from radixserve.layers.activation import silu_and_mul
+from radixserve.layers.embedding import empty_embedding
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.models.native_stack import NativeLayerStack, PythonLayerStack
@@ -67,7 +68,7 @@ class MLP(nn.Module):
         return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.native))
 
 
-def _mlp(cfg: ModelConfig, layer_idx: int) -> nn.Module:
+def mlp_for(cfg: ModelConfig, layer_idx: int) -> nn.Module:
     """The layer's MLP: dense, or a sparse MoE block where ``cfg.moe`` says (layers/moe.py)."""
     if cfg.moe is not None and cfg.moe.is_sparse(layer_idx):
         from radixserve.layers.moe import SparseMoeBlock
@@ -86,7 +87,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_idx, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = _mlp(cfg, layer_idx)
+        self.mlp = mlp_for(cfg, layer_idx)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +114,7 @@ class LlamaForCausalLM(nn.Module):
         rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                  cfg.rope_scaling, cfg.rotary_dim)
         self.rotary = rotary
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = empty_embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = (None if cfg.tie_word_embeddings

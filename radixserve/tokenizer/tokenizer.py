@@ -49,13 +49,26 @@ def _set_bos_eos(backend: HFTokenizer, bos_id: int | None, eos_id: int | None) -
     )
 
 
-def _gguf_tokenizer_fields(reader: GGUFReader) -> dict[str, Any]:
-    """Every `tokenizer.*` metadata value of a GGUF file, keyed without the `tokenizer.` prefix."""
-    return {
-        key.removeprefix("tokenizer."): field.contents()
-        for key, field in reader.fields.items()
-        if key.startswith("tokenizer.")
-    }
+class _GgufTokenizerFields(Mapping[str, Any]):
+    """Every `tokenizer.*` metadata value of a GGUF file, keyed without the `tokenizer.` prefix,
+    each decoded on first use: with a cached backend (`backend_cache`) the vocabulary and its
+    merges (150k strings each, ~50 ms to decode) are never read."""
+
+    def __init__(self, reader: GGUFReader) -> None:
+        self._fields = {key.removeprefix("tokenizer."): field
+                        for key, field in reader.fields.items() if key.startswith("tokenizer.")}
+        self._values: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._values:
+            self._values[key] = self._fields[key].contents()
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
 
 
 def _gguf_architecture(reader: GGUFReader) -> str:
@@ -137,7 +150,7 @@ class Tokenizer:
         reader = path_or_reader
         if not isinstance(reader, GGUFReader):
             reader = open_gguf(reader)
-        meta = _gguf_tokenizer_fields(reader)
+        meta = _GgufTokenizerFields(reader)
         architecture = _gguf_architecture(reader)
         backend = cached_backend(reader, architecture,
                                  functools.partial(gguf_backend, meta, architecture))
