@@ -3,7 +3,9 @@
 CI has no llama.cpp source, so the tests convert the tiny Qwen3.5 checkpoints with
 ``qwen35_hf_to_gguf``; this script says whether that writer still writes what
 ``convert_hf_to_gguf.py`` writes. For each case (plain, tied, a ConditionalGeneration folder
-with an MTP block; F32, F16, Q8_0) it builds the tiny folder, converts it both ways and compares
+with an MTP block; the MoE model (``qwen35moe``) with fused 3-D or per-expert tensors, as a
+ConditionalGeneration folder, with ``--fuse-gate-up-exps``; F32, F16, Q8_0) it builds the tiny
+folder, converts it both ways and compares
 every metadata key (value and type) and every tensor (name, type, shape, bytes). The ``general.*``
 keys the converter derives from the folder name and model card (name, basename, size label)
 are listed apart: they name the file, they do not describe the model.
@@ -29,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from tiny_hybrid import make_qwen35_hf_model, qwen35_hf_to_gguf
+from tiny_hybrid import make_qwen35_hf_model, make_qwen35_moe_hf_model, qwen35_hf_to_gguf
 
 # runs the converter as __main__, its gguf-py first on the path, the pre-tokenizer named
 _WRAPPER = """
@@ -43,18 +45,26 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 _NAMING_KEYS = ("general.name", "general.basename", "general.size_label", "general.finetune",
                 "general.version", "general.license", "general.tags", "general.languages")
-CASES = (  # (label, make_qwen35_hf_model keywords, ftype)
-    ("plain", {}, "F32"),
-    ("plain", {}, "F16"),
-    ("tied", {"tie_word_embeddings": True}, "Q8_0"),
-    ("conditional-mtp", {"conditional": True, "mtp": True}, "F32"),
-    ("conditional-mtp", {"conditional": True, "mtp": True}, "Q8_0"),
+DENSE, MOE = make_qwen35_hf_model, make_qwen35_moe_hf_model
+CASES = (  # (label, maker, its keywords, ftype, --fuse-gate-up-exps)
+    ("plain", DENSE, {}, "F32", False),
+    ("plain", DENSE, {}, "F16", False),
+    ("tied", DENSE, {"tie_word_embeddings": True}, "Q8_0", False),
+    ("conditional-mtp", DENSE, {"conditional": True, "mtp": True}, "F32", False),
+    ("conditional-mtp", DENSE, {"conditional": True, "mtp": True}, "Q8_0", False),
+    ("moe-fused", MOE, {}, "F32", False),
+    ("moe-fused", MOE, {}, "Q8_0", False),
+    ("moe-fused", MOE, {}, "F16", True),
+    ("moe-per-expert", MOE, {"fused": False}, "F32", False),
+    ("moe-conditional", MOE, {"conditional": True}, "Q8_0", False),
 )
 
 
-def run_converter(llama_cpp: Path, hf_dir: Path, out: Path, ftype: str, mtp: bool) -> None:
+def run_converter(llama_cpp: Path, hf_dir: Path, out: Path, ftype: str, mtp: bool,
+                  fuse_gate_up: bool = False) -> None:
     args = [sys.executable, "-c", _WRAPPER, str(llama_cpp), str(hf_dir), "--outfile", str(out),
             "--outtype", ftype.lower()] + ([] if mtp else ["--no-mtp"])
+    args += ["--fuse-gate-up-exps"] if fuse_gate_up else []
     done = subprocess.run(args, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
@@ -113,15 +123,16 @@ def main() -> int:
     failed = False
     with tempfile.TemporaryDirectory(prefix="tiny-qwen35-") as tmp:
         root = Path(tmp)
-        for label, kwargs, ftype in CASES:
+        for label, maker, kwargs, ftype, fuse in CASES:
             hf_dir = root / label
             if not (hf_dir / "config.json").exists():
-                make_qwen35_hf_model(hf_dir, seed=0, **kwargs)
-            ref, mine = root / f"{label}-{ftype}-ref.gguf", root / f"{label}-{ftype}.gguf"
-            run_converter(args.llama_cpp, hf_dir, ref, ftype, kwargs.get("mtp", False))
-            qwen35_hf_to_gguf(hf_dir, mine, ftype)
+                maker(hf_dir, seed=0, **kwargs)
+            case = f"{label}-{ftype}{'-fuse-gate-up' if fuse else ''}"
+            ref, mine = root / f"{case}-ref.gguf", root / f"{case}.gguf"
+            run_converter(args.llama_cpp, hf_dir, ref, ftype, kwargs.get("mtp", False), fuse)
+            qwen35_hf_to_gguf(hf_dir, mine, ftype, fuse)
             problems, notes = compare(ref, mine)
-            print(f"{label} {ftype}: {'OK' if not problems else f'{len(problems)} differences'}"
+            print(f"{case}: {'OK' if not problems else f'{len(problems)} differences'}"
                   f" ({len(notes)} naming keys differ)")
             for line in problems + [f"  (naming) {n}" for n in notes]:
                 print(f"  {line}")

@@ -54,10 +54,15 @@ def layer_plan(quantization: str, attention: str, kernels: str | None, python_la
 def python_layers_of(config, quantization: str, attention: str,
                      kernels: str | None) -> str | None:
     """Why a float32 CPU model of ``config`` would run Python layers (None: one native call
-    per layer), by the rule the build applies (``python_layers_reason``): sparse MoE blocks,
-    partial rotary or float linears keep the Python layers."""
+    per layer), by the rule the build applies (``plan_kernels``): a family with no native layer
+    call (its class's ``layers_in_python``: Qwen3.5's), else ``python_layers_reason``: sparse
+    MoE blocks, partial rotary or float linears keep the Python layers."""
     from radixserve.models.native_stack import python_layers_reason
+    from radixserve.models.registry import get_model_class
 
+    own = getattr(get_model_class(config.architecture), "layers_in_python", None)
+    if own is not None and kernels:
+        return own
     partial = config.rotary_dim is not None and config.rotary_dim != config.head_dim
     return python_layers_reason(kernels, attention, True, config.moe is not None,
                                 quantization != "none" and not partial)

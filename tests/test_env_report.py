@@ -53,9 +53,11 @@ def test_only_moe_blocks_and_partial_rotary_keep_the_python_layers():
 
     # Gemma's layers and q/k norms (Qwen3, Gemma 3) run one native call per layer
     assert not python_only_layers(Config(moe=None, rotary_dim=None, qk_norm=True, gemma=object(),
-                                         head_dim=64))
-    assert python_only_layers(Config(moe=object(), rotary_dim=None, head_dim=64))
-    assert python_only_layers(Config(moe=None, rotary_dim=32, head_dim=64))
+                                         head_dim=64, architecture="Gemma3ForCausalLM"))
+    assert python_only_layers(Config(moe=object(), rotary_dim=None, head_dim=64,
+                                     architecture="Qwen3MoeForCausalLM"))
+    assert python_only_layers(Config(moe=None, rotary_dim=32, head_dim=64,
+                                     architecture="Phi3ForCausalLM"))
 
 
 @needs_native

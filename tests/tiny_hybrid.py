@@ -8,8 +8,12 @@ Face folders and as GGUF files, for load and logit-parity tests.
   ``Qwen3_5ForConditionalGeneration`` folder (``model.language_model.*`` and a tiny random
   ``model.visual.*``); ``mtp=True`` adds a multi-token-prediction block (``mtp.*``) as the
   Qwen3.5 releases carry one.
+* :func:`make_qwen35_moe_hf_model`: the same with transformers' ``Qwen3_5MoeForCausalLM`` (every
+  MLP a sparse MoE block: 8 experts, top-2, width 32, a shared expert of width 96 and its
+  sigmoid gate), its experts saved fused 3-D as the Qwen3.5-MoE releases store them.
 * :func:`qwen35_hf_to_gguf` writes such a folder as llama.cpp's ``convert_hf_to_gguf.py`` does
-  for the ``qwen35`` architecture (its ``Qwen3_5TextModel`` with the ``Qwen3NextModel`` and
+  for the ``qwen35`` / ``qwen35moe`` architectures (its ``Qwen3_5TextModel`` /
+  ``Qwen3_5MoeTextModel`` with the ``Qwen3NextModel``, ``Qwen2MoeModel`` and
   ``_LinearAttentionVReorderBase`` transforms; names from gguf-py's own tensor map), checked
   against the real converter by benchmarks/check_tiny_gguf_converter.py.
 """
@@ -45,6 +49,8 @@ QWEN35_TEXT_DEFAULTS = {
                         "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
                         "mrope_interleaved": True},
 }
+QWEN35_MOE_DEFAULTS = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                      "shared_expert_intermediate_size": 96}
 _VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
            "patch_size": 4, "num_position_embeddings": 16}
 _CONV_STD = 0.5  # a depthwise kernel of 4 taps: large enough that the conv mixes tokens
@@ -57,29 +63,63 @@ def make_qwen35_hf_model(out_dir: str | Path, seed: int = 0, *, conditional: boo
     ``out_dir``; ``overrides`` replace text-config fields (``tie_word_embeddings=True``,
     ``layer_types=...``). The text weights depend on ``seed`` and ``overrides`` only, so the
     ``conditional`` folder holds the same text model. Returns ``out_dir``."""
-    from transformers import GenerationConfig, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    return _make(out_dir, seed, False, conditional, mtp, save_dtype, overrides)
 
+
+def make_qwen35_moe_hf_model(out_dir: str | Path, seed: int = 0, *, conditional: bool = False,
+                             fused: bool = True, save_dtype: torch.dtype = torch.float32,
+                             **overrides) -> Path:
+    """:func:`make_qwen35_hf_model` for the MoE model (``QWEN35_MOE_DEFAULTS``); ``fused``: the
+    experts as the releases store them (``mlp.experts.gate_up_proj`` [E, 2 * width, hidden],
+    ``mlp.experts.down_proj``), else one tensor per expert as ``save_pretrained`` writes them."""
+    return _make(out_dir, seed, True, conditional, False, save_dtype, overrides, fused)
+
+
+def _make(out_dir, seed: int, moe: bool, conditional: bool, mtp: bool, save_dtype,
+          overrides: dict, fused: bool = False) -> Path:
+    """Build, randomize and save a tiny dense (``Qwen3_5*``) or MoE (``Qwen3_5Moe*``) model."""
+    import transformers
+    from transformers import GenerationConfig
+
+    kind = "Qwen3_5Moe" if moe else "Qwen3_5"
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = save_tokenizer(out_dir)
     eos_id, pad_id = (tokenizer.convert_tokens_to_ids(t) for t in (EOS_TOKEN, PAD_TOKEN))
     fields = dict(QWEN35_TEXT_DEFAULTS, vocab_size=len(tokenizer), bos_token_id=None,
-                  eos_token_id=eos_id, pad_token_id=pad_id, **overrides)
+                  eos_token_id=eos_id, pad_token_id=pad_id)
+    if moe:
+        del fields["intermediate_size"]
+        fields.update(QWEN35_MOE_DEFAULTS)
+    fields.update(overrides)
     if mtp:
         fields["mtp_num_hidden_layers"] = 1
-    config = Qwen3_5TextConfig(**fields)
+    config = getattr(transformers, f"{kind}TextConfig")(**fields)
     torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(config).to(torch.float32)
+    model = getattr(transformers, f"{kind}ForCausalLM")(config).to(torch.float32)
     _randomize_qwen35_(model, seed)
     model.eval()
     model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=eos_id,
                                                pad_token_id=pad_id)
     if conditional:
-        model = _as_conditional(model, seed)
+        model = _as_conditional(model, seed, kind)
     model.to(save_dtype).save_pretrained(str(out_dir))
     if mtp:
         _add_mtp(out_dir, config, seed, save_dtype)
+    if fused:
+        _fuse_experts(out_dir / "model.safetensors", model)
     return out_dir
+
+
+def _fuse_experts(path: Path, model) -> None:
+    """Rewrite the saved file with each layer's experts as transformers holds them in memory
+    (and the releases store them): two 3-D tensors, not ``save_pretrained``'s one per expert."""
+    from safetensors.torch import load_file, save_file
+
+    state = {k: v for k, v in load_file(str(path)).items() if ".mlp.experts." not in k}
+    state.update({k: v.contiguous() for k, v in model.state_dict().items()
+                  if ".mlp.experts." in k})
+    save_file(state, str(path), metadata={"format": "pt"})
 
 
 def _randomize_qwen35_(model: torch.nn.Module, seed: int) -> None:
@@ -101,16 +141,16 @@ def _randomize_qwen35_(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(_CONV_STD * torch.randn(param.shape, generator=gen))
 
 
-def _as_conditional(text_model, seed: int):
-    """The ``Qwen3_5ForConditionalGeneration`` holding ``text_model``'s weights and a tiny
+def _as_conditional(text_model, seed: int, kind: str):
+    """The ``{kind}ForConditionalGeneration`` holding ``text_model``'s weights and a tiny
     random vision tower."""
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    import transformers
 
     text = text_model.config.to_dict()
     vision = dict(_VISION, out_hidden_size=text["hidden_size"])
-    config = Qwen3_5Config(text_config=text, vision_config=vision,
-                           tie_word_embeddings=text["tie_word_embeddings"])
-    model = Qwen3_5ForConditionalGeneration(config).to(torch.float32)
+    config = getattr(transformers, f"{kind}Config")(
+        text_config=text, vision_config=vision, tie_word_embeddings=text["tie_word_embeddings"])
+    model = getattr(transformers, f"{kind}ForConditionalGeneration")(config).to(torch.float32)
     _randomize_(model.model.visual, seed + 2)
     state = {k.replace("model.", "model.language_model.", 1): v
              for k, v in text_model.state_dict().items()}
@@ -210,15 +250,44 @@ def _convert(name: str, w: np.ndarray, text: dict) -> tuple[str, np.ndarray]:
     return name, w
 
 
-def _gguf_tensors(state: dict[str, np.ndarray], text: dict) -> dict[str, np.ndarray]:
+def _merge_experts(state: dict[str, np.ndarray], fuse_gate_up: bool) -> dict[str, np.ndarray]:
+    """``Qwen2MoeModel.modify_tensors`` on the experts: each layer's as
+    ``...mlp.experts.{gate,up,down}_proj.weight`` [E, rows, cols] (a fused ``gate_up_proj``
+    cut in halves, per-expert matrices stacked); ``fuse_gate_up`` (``--fuse-gate-up-exps``):
+    gate and up concatenated back as ``gate_up_proj``."""
+    out, per_expert = {}, {}
+    for name, w in state.items():
+        prefix, sep, rest = name.partition(".mlp.experts.")
+        if not sep:
+            out[name] = w
+        elif rest == "gate_up_proj":
+            half = w.shape[1] // 2
+            out[f"{prefix}{sep}gate_proj.weight"] = w[:, :half]
+            out[f"{prefix}{sep}up_proj.weight"] = w[:, half:]
+        elif rest == "down_proj":
+            out[f"{prefix}{sep}down_proj.weight"] = w
+        else:  # E.gate_proj.weight
+            expert, part = rest.split(".", 1)
+            per_expert.setdefault(f"{prefix}{sep}{part}", {})[int(expert)] = w
+    for name, by_expert in per_expert.items():
+        out[name] = np.stack([by_expert[e] for e in range(len(by_expert))])
+    for gate in [n for n in out if fuse_gate_up and n.endswith(".experts.gate_proj.weight")]:
+        up = out.pop(gate.replace("gate_proj", "up_proj"))
+        out[gate.replace("gate_proj", "gate_up_proj")] = np.concatenate([out.pop(gate), up], 1)
+    return out
+
+
+def _gguf_tensors(state: dict[str, np.ndarray], text: dict,
+                  fuse_gate_up: bool = False) -> dict[str, np.ndarray]:
     """GGUF name → float32 array of each tensor of the folder's ``state``."""
     import gguf
 
     num_layers = text["num_hidden_layers"]
     block_count = num_layers + text.get("mtp_num_hidden_layers", 0)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, block_count)
+    arch = gguf.MODEL_ARCH.QWEN35MOE if _is_moe(text) else gguf.MODEL_ARCH.QWEN35
+    names = gguf.get_tensor_name_map(arch, block_count)
     tensors = {}
-    for hf_name, w in state.items():
+    for hf_name, w in _merge_experts(state, fuse_gate_up).items():
         name = _text_names(hf_name, num_layers)
         if name is None or (name == "lm_head.weight" and text["tie_word_embeddings"]):
             continue
@@ -246,10 +315,11 @@ def _nextn_name(name: str) -> str | None:
 
 
 def _qtype(name: str, w: np.ndarray, ftype: str) -> str:
-    """The converter's choice: 1-D tensors, norms, ssm_conv1d and names not ending in
-    ``.weight`` (``ssm_a``) stay F32; the other matrices take ``ftype``."""
+    """The converter's choice: 1-D tensors, norms, ssm_conv1d, the routers (``ffn_gate_inp``,
+    ``ffn_gate_inp_shexp``) and names not ending in ``.weight`` (``ssm_a``) stay F32; the other
+    matrices take ``ftype``."""
     if (w.ndim <= 1 or name.endswith("_norm.weight") or ".ssm_conv1d." in name
-            or not name.endswith(".weight")):
+            or ".ffn_gate_inp" in name or not name.endswith(".weight")):
         return "F32"
     return ftype
 
@@ -267,13 +337,19 @@ def _add_hparams(writer, text: dict, ftype: str) -> None:
     writer.add_block_count(num_layers + num_mtp)
     writer.add_context_length(text["max_position_embeddings"])
     writer.add_embedding_length(text["hidden_size"])
-    writer.add_feed_forward_length(text["intermediate_size"])
+    if "intermediate_size" in text:  # (a MoE config has none)
+        writer.add_feed_forward_length(text["intermediate_size"])
     writer.add_head_count(text["num_attention_heads"])
     writer.add_head_count_kv(text["num_key_value_heads"])
     sections = list(rope.get("mrope_section", [11, 11, 10]))
     writer.add_rope_dimension_sections((sections + [0] * 4)[:4])
     writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(text["rms_norm_eps"])
+    if _is_moe(text):  # TextModel's expert keys, Qwen2MoeModel's widths
+        writer.add_expert_count(text["num_experts"])
+        writer.add_expert_used_count(text["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(text["moe_intermediate_size"])
+        writer.add_expert_shared_feed_forward_length(text["shared_expert_intermediate_size"])
     writer.add_key_length(text["head_dim"])
     writer.add_value_length(text["head_dim"])
     writer.add_file_type(int(gguf.LlamaFileType[_FILE_TYPES[ftype]]))
@@ -292,15 +368,22 @@ def _add_hparams(writer, text: dict, ftype: str) -> None:
                                                                       0.25)))
 
 
+def _is_moe(text: dict) -> bool:
+    return "num_experts" in text
+
+
 def text_config(config: dict) -> dict:
     """The converter's hparams: a ConditionalGeneration config's ``text_config`` over its top
     level."""
     return {**config, **config.get("text_config", {})}
 
 
-def qwen35_hf_to_gguf(hf_dir: str | Path, out_path: str | Path, ftype: str = "F32") -> Path:
-    """Convert a folder written by :func:`make_qwen35_hf_model` into a ``qwen35`` GGUF file:
-    ``ftype`` F32, F16, BF16 or Q8_0 for the matrices (``_qtype``). Returns ``out_path``."""
+def qwen35_hf_to_gguf(hf_dir: str | Path, out_path: str | Path, ftype: str = "F32",
+                      fuse_gate_up_exps: bool = False) -> Path:
+    """Convert a folder written by :func:`make_qwen35_hf_model` into a ``qwen35`` GGUF file (one
+    of :func:`make_qwen35_moe_hf_model` into a ``qwen35moe`` one, ``fuse_gate_up_exps`` as the
+    converter's flag): ``ftype`` F32, F16, BF16 or Q8_0 for the matrices (``_qtype``). Returns
+    ``out_path``."""
     import gguf
 
     if ftype not in ("F32", "F16", "BF16", "Q8_0"):
@@ -308,9 +391,9 @@ def qwen35_hf_to_gguf(hf_dir: str | Path, out_path: str | Path, ftype: str = "F3
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     text = text_config(config)
-    tensors = _gguf_tensors(_load_state_dict(hf_dir), text)
+    tensors = _gguf_tensors(_load_state_dict(hf_dir), text, fuse_gate_up_exps)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(out_path), "qwen35")
+    writer = gguf.GGUFWriter(str(out_path), "qwen35moe" if _is_moe(text) else "qwen35")
     _add_hparams(writer, text, ftype)
     _add_tokenizer(writer, hf_dir, text["vocab_size"])
     for name, w in tensors.items():

@@ -29,6 +29,7 @@ from radixserve.models.tp_shard import TensorShard
 from radixserve.layers.block_linear import BlockLinear, packed_bytes
 from radixserve.layers.block_rows import PackedEmbedding
 from radixserve.models.gguf_stored import materialize, trim_heap
+from radixserve.models.moe import HF_FUSED_EXPERTS, fused_expert_parts
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,9 @@ def stored_bytes(source, tied: bool) -> tuple[int, int]:
                 shape = f.get_slice(name).get_shape()
                 numel = int(np.prod(shape))
                 is_embedding = name.endswith("embed_tokens.weight")
+                if name.endswith(HF_FUSED_EXPERTS):  # [n_expert, rows, cols]: n matrices
+                    half += shape[0] * packed_bytes(GGMLQuantizationType.F16, *shape[1:])
+                    continue
                 if len(shape) == 2 and (not is_embedding or tied):
                     half += packed_bytes(GGMLQuantizationType.F16, shape[0], shape[1])
                 if len(shape) != 2 or (is_embedding and not tied):  # tied: the head's rows
@@ -130,13 +134,19 @@ def _files(path: str) -> list[str]:
 
 
 class _Tensors:
-    """The folder's tensors by name, each read when taken (the files stay memory-mapped)."""
+    """The folder's tensors by name, each read when taken (the files stay memory-mapped); a
+    fused 3-D expert tensor as its experts' matrices, each read alone."""
 
     def __init__(self, path: str, rename=None) -> None:
         self._handles = [safe_open(file, framework="pt") for file in _files(path)]
         rename = rename or (lambda name: name)
-        self._where = {rename(name): (h, name) for h in self._handles for name in h.keys()
-                       if rename(name) is not None}  # the model's name → (file, its name)
+        # the model's name → (file, its name, the index of a part of it or None)
+        self._where = {rename(name): (h, name, None) for h in self._handles
+                       for name in h.keys() if rename(name) is not None}
+        for name in [n for n in self._where if n.endswith(HF_FUSED_EXPERTS)]:
+            h, stored, _ = self._where.pop(name)
+            for part, index in fused_expert_parts(name, h.get_slice(stored).get_shape()):
+                self._where[part] = (h, stored, index)
 
     def take(self, *names: str) -> torch.Tensor:
         """The first of ``names`` present (with or without the ``model.`` prefix), forgotten
@@ -144,14 +154,14 @@ class _Tensors:
         for name in names:
             found = self._where.pop(name, None)
             if found is not None:
-                return found[0].get_tensor(found[1])
+                return _read(*found)
         raise ValueError(f"weights missing from the checkpoint: [{names[-1]!r}]")
 
     def peek(self, name: str) -> torch.Tensor:
         found = self._where.get(name) or self._where.get(name.removeprefix("model."))
         if found is None:
             raise ValueError(f"weights missing from the checkpoint: [{name!r}]")
-        return found[0].get_tensor(found[1])
+        return _read(*found)
 
     def drop(self, *names: str) -> None:
         for name in names:
@@ -160,3 +170,8 @@ class _Tensors:
     def rest(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name in list(self._where):
             yield name, self.take(name)
+
+
+def _read(handle, name: str, index: tuple | None) -> torch.Tensor:
+    """A tensor of an open safetensors file, or only the part ``index`` selects of it."""
+    return handle.get_tensor(name) if index is None else handle.get_slice(name)[index]

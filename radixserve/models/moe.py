@@ -25,6 +25,8 @@ from radixserve.models.llama import LlamaForCausalLM
 EXPERT = "*"  # the expert index in the HF name of a GGUF 3-D expert tensor
 GGUF_EXPERT_NAMES = {"ffn_gate_exps": f"mlp.experts.{EXPERT}.gate_proj",
                      "ffn_up_exps": f"mlp.experts.{EXPERT}.up_proj",
+                     # convert_hf_to_gguf.py --fuse-gate-up-exps: [gate | up] rows per expert
+                     "ffn_gate_up_exps": f"mlp.experts.{EXPERT}.gate_up_proj",
                      "ffn_down_exps": f"mlp.experts.{EXPERT}.down_proj",
                      "ffn_gate_inp": "mlp.gate",
                      "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
@@ -133,6 +135,39 @@ def expand_experts(name: str | None, tensor) -> Iterator[tuple[str, object]]:
         return
     for e, part in enumerate(expert_slices(tensor)):
         yield name.replace(EXPERT, str(e)), part
+
+
+# transformers 5's fused experts (the Qwen3.5-MoE releases' checkpoints store them so, with no
+# ``.weight`` suffix): gate_up_proj [n_expert, 2 * width, hidden] (gate rows, then up rows),
+# down_proj [n_expert, hidden, width]
+HF_FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def fused_expert_parts(name: str, shape) -> list[tuple[str, tuple]] | None:
+    """For a checkpoint's fused 3-D expert tensor of ``shape``: (the per-expert name, as
+    Qwen3-MoE checkpoints have it, the index of that matrix in the tensor) for each expert's
+    gate, up and down matrices; None for any other tensor."""
+    if not name.endswith(HF_FUSED_EXPERTS):
+        return None
+    prefix, kind = name.rsplit(".", 1)
+    num_experts, rows = int(shape[0]), int(shape[1])
+    if kind == "down_proj":
+        return [(f"{prefix}.{e}.down_proj.weight", (e,)) for e in range(num_experts)]
+    halves = (("gate_proj", slice(0, rows // 2)), ("up_proj", slice(rows // 2, rows)))
+    return [(f"{prefix}.{e}.{part}.weight", (e, rows_of)) for e in range(num_experts)
+            for part, rows_of in halves]
+
+
+def unfuse_hf_experts(weights: Iterable[tuple[str, torch.Tensor]]
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Checkpoint (name, tensor) pairs with each fused 3-D expert tensor cut into its experts'
+    matrices (``fused_expert_parts``); the other tensors as they are."""
+    for name, weight in weights:
+        parts = fused_expert_parts(name, weight.shape)
+        if parts is None:
+            yield name, weight
+        else:
+            yield from ((part, weight[index]) for part, index in parts)
 
 
 def split_expert_weights(name: str, weight: torch.Tensor

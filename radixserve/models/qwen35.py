@@ -1,6 +1,6 @@
-"""Qwen3.5 / 3.6 dense decoders (text): a hybrid of Gated DeltaNet layers (linear attention
-with a recurrent state) and gated full-attention layers, usually three of the former before
-each of the latter (``ModelConfig.linear_attn.layer_types``).
+"""Qwen3.5 / 3.6 decoders, dense and MoE (text): a hybrid of Gated DeltaNet layers (linear
+attention with a recurrent state) and gated full-attention layers, usually three of the former
+before each of the latter (``ModelConfig.linear_attn.layer_types``).
 
 - Gated DeltaNet (``GatedDeltaNet``): q, k, v through a causal depthwise conv (kernel 4, SiLU)
   whose window is carried between steps, then the gated delta rule over a per-head
@@ -14,6 +14,9 @@ each of the latter (``ModelConfig.linear_attn.layer_types``).
   ``kv_index``: only attention layers have one (``ModelConfig.kv_view``).
 - RMSNorms multiply by (1 + w) (zero-centred weights) everywhere but in the DeltaNet output
   norm: the norms here hold 1 + w, added at load, so the plain RMSNorm applies.
+- The MLP: dense SwiGLU, or for the MoE models (``Qwen3_5MoeForCausalLM``, 35B-A3B /
+  122B-A10B: ``ModelConfig.moe``) a sparse MoE block with a gated shared expert in every layer
+  (layers/moe.py); their checkpoints' fused 3-D expert tensors are cut per expert at load.
 
 The layers run one by one from Python (no native layer call has these mixers); their linears
 run the native kernels the checkpoint's format gets. The elementwise gates (sigmoid, softplus,
@@ -33,12 +36,14 @@ from torch import nn
 
 from radixserve.kernels import recurrent_ops
 from radixserve.layers.activation import silu_and_mul
+from radixserve.layers.embedding import empty_embedding
 from radixserve.layers.forward_context import get_forward_context
 from radixserve.layers.gated_deltanet import causal_conv, gated_delta_rule
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.model_config import ModelConfig
-from radixserve.models.llama import MLP, LlamaForCausalLM
+from radixserve.models.llama import LlamaForCausalLM, mlp_for
+from radixserve.models.moe import unfuse_hf_experts
 from radixserve.models.native_stack import NativeLayerStack
 
 # the (1 + w) norms' names end so; load_weights adds the 1 (``DeltaNet.norm`` is plain w)
@@ -146,7 +151,7 @@ class Qwen35DecoderLayer(nn.Module):
             kv_index = cfg.attention_layers.index(layer_idx)
             self.self_attn = GatedAttention(cfg, kv_index, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = mlp_for(cfg, layer_idx)  # dense, or sparse MoE where cfg.moe says (35B-A3B)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,8 +166,8 @@ class Qwen35DecoderLayer(nn.Module):
 
 
 class Qwen35ForCausalLM(LlamaForCausalLM):
-    """Qwen3.5 text decoder; weights use transformers' names (q/k/v and gate/up fused at load,
-    the (1 + w) norms stored as 1 + w)."""
+    """Qwen3.5 text decoder, dense or MoE; weights use transformers' names (q/k/v and gate/up
+    fused at load, the (1 + w) norms stored as 1 + w, experts one by one or fused 3-D)."""
 
     # why the layers are not one native call each (models/native_stack.py: plan_kernels)
     layers_in_python: ClassVar[str] = (
@@ -176,7 +181,7 @@ class Qwen35ForCausalLM(LlamaForCausalLM):
         self.config = cfg
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                       cfg.rope_scaling, cfg.rotary_dim)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = empty_embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen35DecoderLayer(cfg, i, self.rotary)
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -195,7 +200,7 @@ class Qwen35ForCausalLM(LlamaForCausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Transformers-named tensors (models/qwen35_gguf.py maps a GGUF's to them).
         ValueError on a missing or unexpected tensor."""
-        super().load_weights(_one_plus_norms(weights))
+        super().load_weights(_one_plus_norms(unfuse_hf_experts(weights)))
 
     def _shard_range(self, target: str, idx: int, rows: int) -> tuple[int, int]:
         if target != "qkv_proj":

@@ -1,6 +1,7 @@
-"""Qwen3.5 dense text shapes (``Qwen3_5ForCausalLM``, model_type ``qwen3_5_text``; llama.cpp's
-``qwen35``) from a Hugging Face config.json or GGUF metadata, and the checkpoint names of a
-Hugging Face folder's text weights (a GGUF file's are in qwen35_gguf.py).
+"""Qwen3.5 text shapes (``Qwen3_5ForCausalLM``, model_type ``qwen3_5_text``, llama.cpp's
+``qwen35``; the MoE ``Qwen3_5MoeForCausalLM``, ``qwen3_5_moe_text``, llama.cpp's ``qwen35moe``)
+from a Hugging Face config.json or GGUF metadata, and the checkpoint names of a Hugging Face
+folder's text weights (a GGUF file's are in qwen35_gguf.py).
 
 A Qwen3.5 decoder mixes two token mixers: ``linear_attention`` layers (Gated DeltaNet) and
 ``full_attention`` ones (q_proj gives the query and a sigmoid output gate per head, q/k RMS
@@ -9,35 +10,49 @@ norms, rope on the first ``partial_rotary_factor`` of each head). Where config.j
 linear layers, then a full one), as llama.cpp does for a file without
 ``qwen35.attention.recurrent_layers``.
 
-The released checkpoints are ``Qwen3_5ForConditionalGeneration`` folders (a vision tower beside
-the language model, an MTP block): their ``text_config`` is read and only the text model runs.
+The MoE models (Qwen3.5-35B-A3B, 122B-A10B) differ in the MLP alone: every layer's is a sparse
+MoE block (transformers' ``Qwen3_5MoeSparseMoeBlock``: softmax router, top-k renormalized, a
+shared expert scaled by a sigmoid gate; layers/moe.py), with no dense ``intermediate_size``.
+
+The released checkpoints are ``Qwen3_5ForConditionalGeneration`` /
+``Qwen3_5MoeForConditionalGeneration`` folders (a vision tower beside the language model, an MTP
+block): their ``text_config`` is read and only the text model runs.
 """
 
 from __future__ import annotations
 
-from radixserve.model_config import FULL, LINEAR, LinearAttnParams, ModelConfig
+from radixserve.model_config import FULL, LINEAR, LinearAttnParams, ModelConfig, MoeConfig
+from radixserve.models.moe import moe_from_gguf
 
 QWEN35_ARCHITECTURE = "Qwen3_5ForCausalLM"  # what runs, whichever folder it came from
-_CONDITIONAL = "Qwen3_5ForConditionalGeneration"
+QWEN35_MOE_ARCHITECTURE = "Qwen3_5MoeForCausalLM"
+_CONDITIONAL = {"Qwen3_5ForConditionalGeneration": QWEN35_ARCHITECTURE,
+                "Qwen3_5MoeForConditionalGeneration": QWEN35_MOE_ARCHITECTURE}
 _TEXT_DEFAULTS = {  # transformers' Qwen3_5TextConfig defaults, for fields a file omits
     "head_dim": 256, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
     "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
     "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "partial_rotary_factor": 0.25,
-    "full_attention_interval": 4}
-_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-             "num_attention_heads", "num_key_value_heads")
+    "full_attention_interval": 4,
+    # Qwen3_5MoeTextConfig's (35B-A3B's)
+    "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512}
+_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads")
 
 
 def is_qwen35(architecture: str) -> bool:
-    return architecture in (QWEN35_ARCHITECTURE, _CONDITIONAL)
+    """A Qwen3.5 architecture, dense or MoE, text model or ConditionalGeneration folder."""
+    return architecture in (QWEN35_ARCHITECTURE, QWEN35_MOE_ARCHITECTURE, *_CONDITIONAL)
 
 
 def qwen35_hf_config(cfg: dict, arch: str) -> ModelConfig:
-    """The ModelConfig of a ``Qwen3_5ForCausalLM`` config.json, or of the text model of a
-    ``Qwen3_5ForConditionalGeneration`` one. ValueError for what radixserve does not run: an
-    activation other than silu, rope scaling, unknown or miscounted layer types."""
+    """The ModelConfig of a ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM`` config.json, or
+    of the text model of a ConditionalGeneration one. ValueError for what radixserve does not
+    run: an activation other than silu, rope scaling, unknown or miscounted layer types."""
     text = _text_config(cfg, arch)
-    missing = [k for k in _REQUIRED if k not in text]
+    runs = _CONDITIONAL.get(arch, arch)
+    required = _REQUIRED + (() if runs == QWEN35_MOE_ARCHITECTURE else ("intermediate_size",))
+    missing = [k for k in required if k not in text]
     if missing:
         raise ValueError(f"Qwen3.5 config.json lacks {missing}")
 
@@ -60,15 +75,16 @@ def qwen35_hf_config(cfg: dict, arch: str) -> ModelConfig:
     head_dim = get("head_dim")
     partial = rope.get("partial_rotary_factor", get("partial_rotary_factor"))
     heads = text["num_attention_heads"]
+    moe = _hf_moe(get) if runs == QWEN35_MOE_ARCHITECTURE else None
     return ModelConfig(
-        architecture=QWEN35_ARCHITECTURE,
+        architecture=runs,
         vocab_size=text["vocab_size"],
         hidden_size=text["hidden_size"],
         num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=text["num_key_value_heads"] or heads,
         head_dim=head_dim,
-        intermediate_size=text["intermediate_size"],
+        intermediate_size=text.get("intermediate_size") or moe.intermediate_size,
         rms_norm_eps=get("rms_norm_eps"),
         rope_theta=float(rope.get("rope_theta") or text.get("rope_theta") or 10000.0),
         max_position_embeddings=get("max_position_embeddings"),
@@ -78,22 +94,32 @@ def qwen35_hf_config(cfg: dict, arch: str) -> ModelConfig:
         rotary_dim=None if partial == 1.0 else int(head_dim * partial),
         linear_attn=_linear_params(layer_types, num_layers, get),
         attn_output_gate=True,
+        moe=moe,
     )
 
 
+def _hf_moe(get) -> MoeConfig:
+    """transformers' Qwen3.5-MoE block: every layer sparse, the top-k weights always
+    renormalized (its router divides by their sum; the config has no ``norm_topk_prob``), a
+    shared expert in each."""
+    return MoeConfig(get("num_experts"), get("num_experts_per_tok"),
+                     get("moe_intermediate_size"), norm_topk_prob=True,
+                     shared_expert_size=get("shared_expert_intermediate_size"))
+
+
 def _text_config(cfg: dict, arch: str) -> dict:
-    if arch != _CONDITIONAL:
+    if arch not in _CONDITIONAL:
         return cfg
     text = cfg.get("text_config") or {}
     if not text:
-        raise ValueError(f"a {_CONDITIONAL} config.json needs a text_config object")
+        raise ValueError(f"a {arch} config.json needs a text_config object")
     return text
 
 
 def _tied(cfg: dict, text: dict, arch: str) -> bool:
     """transformers ties the head to the embedding as the loaded class's config says: the top
     level's for ConditionalGeneration (the text config's where the top level is silent)."""
-    if arch == _CONDITIONAL and "tie_word_embeddings" in cfg:
+    if arch in _CONDITIONAL and "tie_word_embeddings" in cfg:
         return bool(cfg["tie_word_embeddings"])
     return bool(text.get("tie_word_embeddings", False))
 
@@ -120,9 +146,10 @@ def _linear_params(layer_types, num_layers: int, get) -> LinearAttnParams:
 
 
 def qwen35_gguf_config(reader, field, gguf_arch: str, arch: str) -> ModelConfig:
-    """The ModelConfig of a ``qwen35`` GGUF file (the keys llama.cpp's converter writes);
-    ``field(reader, key, default)`` reads one metadata value. The MTP block a file may carry
-    (``nextn_predict_layers`` blocks after the decoder's) is not part of it."""
+    """The ModelConfig of a ``qwen35`` / ``qwen35moe`` GGUF file (the keys llama.cpp's converter
+    writes; a MoE file's ``expert_*`` keys and router tensors: models/moe.py's
+    ``moe_from_gguf``); ``field(reader, key, default)`` reads one metadata value. The MTP block
+    a file may carry (``nextn_predict_layers`` blocks after the decoder's) is not part of it."""
     def get(key, default=None):
         return field(reader, f"{gguf_arch}.{key}", default)
 
@@ -143,6 +170,11 @@ def qwen35_gguf_config(reader, field, gguf_arch: str, arch: str) -> ModelConfig:
     rotary = get("rope.dimension_count", head_dim)
     num_v_heads = get("ssm.time_step_rank")
     first_full = layer_types.index(FULL) if FULL in layer_types else 0
+    moe = moe_from_gguf(lambda key, default=None: field(reader, key, default), gguf_arch, names,
+                        num_layers)
+    if moe is None and arch == QWEN35_MOE_ARCHITECTURE:
+        raise ValueError(f"this {gguf_arch} GGUF file has no experts "
+                         f"({gguf_arch}.expert_count is missing or 0)")
     return ModelConfig(
         architecture=arch,
         vocab_size=get("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
@@ -151,7 +183,7 @@ def qwen35_gguf_config(reader, field, gguf_arch: str, arch: str) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=get("attention.head_count_kv", heads),
         head_dim=head_dim,
-        intermediate_size=get("feed_forward_length"),
+        intermediate_size=get("feed_forward_length") or get("expert_feed_forward_length"),
         rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-6),
         rope_theta=float(get("rope.freq_base", 10000.0)),
         max_position_embeddings=get("context_length", 32768),
@@ -168,6 +200,7 @@ def qwen35_gguf_config(reader, field, gguf_arch: str, arch: str) -> ModelConfig:
             conv_kernel=get("ssm.conv_kernel"),
         ),
         attn_output_gate=True,
+        moe=moe,
     )
 
 

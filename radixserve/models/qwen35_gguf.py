@@ -1,5 +1,6 @@
-"""A ``qwen35`` GGUF file's tensors as transformers holds them: llama.cpp's names mapped to
-``Qwen3_5ForCausalLM``'s (no ``model.`` prefix) and every change its converter made undone.
+"""A ``qwen35`` / ``qwen35moe`` GGUF file's tensors as transformers holds them: llama.cpp's
+names mapped to ``Qwen3_5ForCausalLM``'s (no ``model.`` prefix) and every change its converter
+made undone.
 
 What convert_hf_to_gguf.py (``Qwen3_5TextModel``: ``_LinearAttentionVReorderBase`` over
 ``Qwen3NextModel``) does to a tensor, and so what ``to_hf`` undoes:
@@ -14,7 +15,10 @@ What convert_hf_to_gguf.py (``Qwen3_5TextModel``: ``_LinearAttentionVReorderBase
   the V rows of ``in_proj_qkv``, the rows of ``in_proj_z``, ``in_proj_a``, ``in_proj_b``, the
   V channels of ``conv1d``, ``A_log``, ``dt_bias`` and the input columns of ``out_proj``.
 
-q_proj (query and gate interleaved per head) and the other matrices are stored as they are.
+q_proj (query and gate interleaved per head) and the other matrices are stored as they are; a
+``qwen35moe`` file's experts as Qwen3-MoE's are (models/moe.py: ``blk.N.ffn_{gate,up,down}_exps``
+[n_expert, rows, cols] cut per expert, the router ``ffn_gate_inp``, the shared expert and its
+gate ``ffn_*_shexp``).
 The MTP block a file may carry (blocks from ``num_layers`` on) is skipped.
 
 The as-stored path (models/gguf_stored.py) keeps matrices in the file's blocks: it takes the
@@ -31,13 +35,14 @@ from torch import nn
 
 from radixserve.layers.gguf_quant import dequantize
 from radixserve.model_config import LINEAR, ModelConfig
+from radixserve.models.moe import GGUF_EXPERT_NAMES, split_expert_weights
 
 _LAYER = {  # llama.cpp name → transformers' in a decoder layer
     "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+    "ffn_down": "mlp.down_proj", **GGUF_EXPERT_NAMES,
 }
 _LINEAR_LAYER = {  # ... in a Gated DeltaNet layer
     "attn_qkv": "linear_attn.in_proj_qkv", "attn_gate": "linear_attn.in_proj_z",
@@ -144,13 +149,15 @@ class Qwen35Gguf:
         return t
 
     def weights(self, reader) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor of the file the decoder runs, transformers-named and -valued (float32)."""
+        """Every tensor of the file the decoder runs, transformers-named and -valued (float32;
+        a 3-D expert tensor as one matrix per expert)."""
         for tensor in reader.tensors:
             name = self.hf_name(tensor.name)
             if name is None:
                 continue
             shape = tuple(int(d) for d in reversed(tensor.shape))
-            yield name, self.to_hf(name, dequantize(tensor.data, tensor.tensor_type, shape))
+            yield from split_expert_weights(
+                name, self.to_hf(name, dequantize(tensor.data, tensor.tensor_type, shape)))
 
 
 class InputPermuted(nn.Module):

@@ -19,12 +19,14 @@ _MODELS = {
     "MixtralForCausalLM": _MOE,
     "Phi3ForCausalLM": _LLAMA,  # q/k/v and gate/up stored fused; longrope, partial rotary
     "Qwen3_5ForCausalLM": ("radixserve.models.qwen35", "Qwen35ForCausalLM"),  # hybrid
+    "Qwen3_5MoeForCausalLM": ("radixserve.models.qwen35", "Qwen35ForCausalLM"),  # hybrid MoE
 }
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                       "qwen2moe": "Qwen2MoeForCausalLM", "qwen3": "Qwen3ForCausalLM",
                       "qwen3moe": "Qwen3MoeForCausalLM",
                       "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                      "gemma3": "Gemma3ForCausalLM", "qwen35": "Qwen3_5ForCausalLM"}
+                      "gemma3": "Gemma3ForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
+                      "qwen35moe": "Qwen3_5MoeForCausalLM"}
 # (a GGUF "llama" file with llama.expert_count > 0 is Mixtral: models/loader.py)
 
 

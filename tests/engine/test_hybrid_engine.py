@@ -22,6 +22,9 @@ from radixserve.core.kv.radix_snapshots import Snapshots
 from radixserve.core.kv.recurrent_states import RecurrentStates
 from radixserve.core.kv.state_pool import StatePool
 from radixserve.core.scheduler import Scheduler
+from radixserve.core.spec_hooks import NO_SPEC
+from radixserve.config import SpeculativeConfig
+from radixserve.spec.factory import make_spec
 from radixserve.kernels import native
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -57,7 +60,8 @@ class swapped:
     """Run the shared LLM with another scheduler (config, pool sizes, cache), then restore;
     both address the same KV and state tensors, so the old cache is emptied first."""
 
-    def __init__(self, llm, num_blocks=None, num_slots=None, caching=False, **changes):
+    def __init__(self, llm, num_blocks=None, num_slots=None, caching=False, spec=NO_SPEC,
+                 **changes):
         self.engine = llm.engine
         self.old = old = self.engine.scheduler
         pool = BlockPool(num_blocks or old.kv.block_pool.num_blocks)
@@ -65,7 +69,7 @@ class swapped:
         cache = RadixCache(pool, BS, snapshots=Snapshots(states)) if caching else NoPrefixCache(pool)
         kv = KVCacheManager(pool, cache, BS, old.kv.groups,
                             RecurrentStates(states, cache, BS, caching))
-        self.new = Scheduler(replace(old.config, **changes), kv, old.max_model_len)
+        self.new = Scheduler(replace(old.config, **changes), kv, old.max_model_len, spec)
 
     def __enter__(self):
         self.old.kv.prefix_cache.evict(self.old.kv.block_pool.num_blocks)
@@ -167,16 +171,17 @@ def test_float_model_greedy_equals_transformers_generate(hf_dir):
 def test_speculation_keeps_greedy_output_through_rejected_drafts(llm):
     """n-gram drafts on repetitive text, verified in one step each: the kept tokens' states
     come from the draft slots, the rejected ones never reach the state."""
-    spec = llm.engine.scheduler.spec
-    assert spec.enabled, "speculation (auto) runs on hybrid models"
+    assert llm.engine.scheduler.spec.enabled, "speculation (auto) runs on hybrid models"
+    # n-gram drafts of 4 whenever the text repeats (not adaptive: the same on a busy machine)
+    spec = make_spec(SpeculativeConfig("ngram", 4, adaptive=False), 0, BS)
     greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     vocab = llm.engine.vocab_size
     prompts = [[(5 + i % 4) % vocab for i in range(24)], [(9 + i % 3) % vocab for i in range(25)],
                _prompts(vocab)[1]]
-    drafted, accepted = spec.num_draft_tokens, spec.num_accepted_tokens
-    got = token_ids(llm.generate(prompts, greedy))
-    drafted, accepted = spec.num_draft_tokens - drafted, spec.num_accepted_tokens - accepted
+    with swapped(llm, spec=spec) as s:
+        got = token_ids(llm.generate(prompts, greedy))
+        assert s.kv.states.num_held == 0
     with swapped(llm):  # no speculation
         assert got == token_ids(llm.generate(prompts, greedy))
+    drafted, accepted = spec.num_draft_tokens, spec.num_accepted_tokens
     assert drafted > accepted, (drafted, accepted)  # some drafts were rejected
-    assert llm.engine.scheduler.kv.states.num_held == 0
