@@ -117,14 +117,14 @@ def test_no_hit_without_a_snapshot_even_where_pages_match():
     cache.check_integrity()
 
 
-def test_evicting_a_node_frees_its_snapshot_and_locked_snapshots_stay():
+def test_evicting_a_node_frees_its_snapshot_and_pinned_snapshots_stay():
     s = hybrid_scheduler(num_slots=3)
     cache, states = s.kv.prefix_cache, s.kv.states.pool
     node = cache.release(list(range(8)), s.kv.block_pool.allocate(2), None)
     assert cache.attach_snapshot(node, states.allocate(), 8)
-    cache.lock(node)
-    assert not cache.evict_snapshot()  # locked
-    cache.unlock(node)
+    cache.pin_snapshot(node, True)  # a hit that has not copied it yet
+    assert not cache.evict_snapshot()
+    cache.pin_snapshot(node, False)
     assert cache.evict_snapshot() and states.num_free == 3
     assert cache.attach_snapshot(node, states.allocate(), 8)
     cache.evict(2)
@@ -192,3 +192,19 @@ def test_a_rejected_draft_restarts_from_the_state_after_the_kept_tokens():
     assert not states.add_draft("r", state, 9)  # the pool has no room for 9: no draft
     states.release("r", None, 0, False)
     assert pool.num_free == 6
+
+
+def test_a_full_pool_gives_up_its_oldest_snapshots_for_the_newest():
+    """4 slots: a live and a boundary slot for the request, room for 2 snapshots; a prompt of
+    five chunks snapshots each chunk's end, then its answer's end (its live state, which ends on a
+    page boundary): the next turn resumes after
+    the answer (the oldest snapshots went)."""
+    s = hybrid_scheduler(num_slots=4, budget=8)
+    prompt = list(range(1, 41))
+    s.add_request(request("t1", prompt, max_tokens=6))
+    run(s)
+    assert s.kv.prefix_cache.snapshots.count == 3  # and the request's two slots: 1 back
+    turn2 = prompt + [7] * 6 + [50, 51, 52]
+    s.add_request(request("t2", turn2, max_tokens=1))
+    seq = step(s).seqs[0]
+    assert seq.start_pos == 44 and seq.state.init not in (None, ZERO)  # (40 + 6 - 1) // 4 * 4

@@ -60,6 +60,7 @@ class KVCacheManager:
         self._single = len(self.groups.groups) == 1
         self.states = states or NoRecurrentStates()
         self._resume: dict[str, int | None] = {}  # a hit's snapshot slot, until allocation
+        self._pinned: dict[str, object] = {}  # a hit's snapshot node, until its first step
         self._handles: dict[str, object] = {}
         self._hit_pages: dict[str, int] = {}  # pages the prefix cache gave each request
         self.num_query_tokens = 0  # prefix-cache lookups, in tokens (metrics)
@@ -106,6 +107,9 @@ class KVCacheManager:
         self._handles[request.request_id] = match.handle
         self._hit_pages[request.request_id] = match.num_tokens // self.block_size
         self._resume[request.request_id] = match.snapshot if match.num_tokens else None
+        if match.snapshot is not None and match.num_tokens:  # kept until its copy ran
+            self.prefix_cache.pin_snapshot(match.handle, True)
+            self._pinned[request.request_id] = match.handle
         request.block_ids = list(match.block_ids)
         if not self._single:
             request.window_block_ids = [list(t) for t in match.window_block_ids]
@@ -171,6 +175,7 @@ class KVCacheManager:
     def cache_computed(self, request: Request) -> None:
         """Make the request's computed full pages findable by other requests now (after a
         prefill chunk, or when decoding fills a block), not only when it finishes."""
+        self._unpin(request)  # its first step (the snapshot's copy) ran
         computed = cache_tokens(request, request.num_computed_tokens)
         handle = self.prefix_cache.cache_blocks(computed, request.block_ids,
                                                 request.window_block_ids)
@@ -201,6 +206,7 @@ class KVCacheManager:
         handle = self._handles.pop(request.request_id, None)
         self._hit_pages.pop(request.request_id, None)
         self._resume.pop(request.request_id, None)
+        self._unpin(request)
         computed = cache_tokens(request, request.num_computed_tokens)
         node = self.prefix_cache.release(computed, request.block_ids, handle,
                                          request.window_block_ids)
@@ -260,6 +266,11 @@ class KVCacheManager:
                 self.prefix_cache.forget(self._handles.get(request.request_id), g, own,
                                          released[(own - k) * m:],
                                          (request.num_prompt_tokens - 1) // bs)
+
+    def _unpin(self, request: Request) -> None:
+        handle = self._pinned.pop(request.request_id, None)
+        if handle is not None:
+            self.prefix_cache.pin_snapshot(handle, False)
 
     def _page_end(self, request: Request) -> int:
         """The computed tokens' last full page boundary (where cached pages end)."""

@@ -37,6 +37,9 @@ class NoPrefixCache:
     def evict_snapshot(self) -> bool:
         return False
 
+    def pin_snapshot(self, handle: Any, pinned: bool) -> None:
+        pass
+
     def cache_blocks(self, token_ids: list[int], block_ids: list[int],
                      window_block_ids: list[list[int]] = ()) -> Any:
         return None

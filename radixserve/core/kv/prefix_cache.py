@@ -58,7 +58,10 @@ class PrefixCache(Protocol):
         keeps it)."""
 
     def evict_snapshot(self) -> bool:
-        """Free one kept snapshot (least recently used, unlocked); False if none."""
+        """Free one kept snapshot (least recently used, not pinned); False if none."""
+
+    def pin_snapshot(self, handle: Any, pinned: bool) -> None:
+        """Keep (``pinned``) or release the snapshot at ``handle`` that a hit copies."""
 
     def cache_blocks(self, token_ids: list[int], block_ids: list[int],
                      window_block_ids: list[list[int]] = ()) -> Any:

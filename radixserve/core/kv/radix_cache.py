@@ -175,8 +175,12 @@ class RadixCache:
         return self.snapshots.attach(node, slot)
 
     def evict_snapshot(self) -> bool:
-        """Free the least recently used snapshot no request locks; False if none."""
+        """Free the least recently used snapshot that is not pinned; False if none."""
         return self.snapshots.evict_one()
+
+    def pin_snapshot(self, node: RadixNode, pinned: bool) -> None:
+        """Keep (``pinned``) or no longer keep the snapshot a hit on ``node`` copies."""
+        (self.snapshots.pin if pinned else self.snapshots.unpin)(node)
 
     def forget(self, handle: RadixNode | None, group: int, lo: int, released: list[int],
                keep_end: int = 0) -> None:

@@ -12,9 +12,10 @@ holds one (SGLang's MambaRadixCache does the same with a state per node)::
     a turn-3 prompt matches through "turn 2" but resumes after "answer 1", the deepest *
 
 Memory: snapshots are slots of the one state pool, which live states need first: when the pool
-runs dry, the least recently used snapshot of an unlocked node goes (its node and KV stay,
-still a path to deeper snapshots); a node that loses its KV (evicted, or its tail pages cut)
-frees its snapshot with it. A node split keeps its snapshot on the lower half, which keeps the
+runs dry, the least recently used snapshot goes (its node and KV stay, still a path to deeper
+snapshots) — any but those *pinned*: a hit's snapshot until the step that copies it ran (a
+request's own earlier chunk snapshots may go, though its lock keeps their pages); a node that
+loses its KV (evicted, or its tail pages cut) frees its snapshot with it. A node split keeps its snapshot on the lower half, which keeps the
 end the snapshot belongs to.
 
 The null object, `NoSnapshots`, is the policy of a model without recurrent layers: a hit ends
@@ -47,6 +48,12 @@ class NoSnapshots:
     def evict_one(self) -> bool:
         return False
 
+    def pin(self, node: RadixNode) -> None:
+        pass
+
+    def unpin(self, node: RadixNode) -> None:
+        pass
+
     def dropped(self, node: RadixNode) -> None:
         pass
 
@@ -65,6 +72,7 @@ class Snapshots:
     def __init__(self, pool: StatePool) -> None:
         self.pool = pool
         self._lru: OrderedDict[RadixNode, None] = OrderedDict()
+        self._pins: dict[RadixNode, int] = {}
 
     @property
     def count(self) -> int:
@@ -99,12 +107,21 @@ class Snapshots:
         return True
 
     def evict_one(self) -> bool:
-        """Free the least recently used snapshot of an unlocked node; False if none."""
+        """Free the least recently used snapshot not pinned; False if none."""
         for node in self._lru:
-            if node.lock_ref == 0:
+            if node not in self._pins:
                 self._drop(node)
                 return True
         return False
+
+    def pin(self, node: RadixNode) -> None:
+        """Keep ``node``'s snapshot until as many ``unpin`` (a hit about to copy it)."""
+        self._pins[node] = self._pins.get(node, 0) + 1
+
+    def unpin(self, node: RadixNode) -> None:
+        left = self._pins.pop(node) - 1
+        if left:
+            self._pins[node] = left
 
     def dropped(self, node: RadixNode) -> None:
         """``node`` lost its end (removed, or its tail pages evicted): its snapshot goes."""

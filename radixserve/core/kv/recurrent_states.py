@@ -132,6 +132,8 @@ class RecurrentStates:
         boundary the chunk crosses (the one before the prompt's last token in the chunk that
         ends the prompt), if any."""
         held = self._slots[request_id]
+        if held.boundary is None and self.snapshots:  # lost to a full pool: try again
+            held.boundary = self._allocate(evict=True)
         state = SeqState(held.live, held.init)
         held.init = None
         held.live_end = start + num_new
@@ -151,7 +153,8 @@ class RecurrentStates:
         if held is None or held.boundary is None or not 0 < held.boundary_end <= end:
             return
         if self.cache.attach_snapshot(handle, held.boundary, held.boundary_end):
-            held.boundary, held.boundary_end = self._allocate(evict=False), -1
+            # the least recently used snapshot makes room: a chat keeps its latest turns
+            held.boundary, held.boundary_end = self._allocate(evict=True), -1
 
     def add_draft(self, request_id: str, state: SeqState, k: int) -> bool:
         """Let this step's chunk (``state``, planned) carry ``k`` drafted tokens: the request
