@@ -136,11 +136,18 @@ def test_a_large_body_is_encoded_off_the_loop_and_the_loop_keeps_running():
             ticker.cancel()
         return body, encoder_threads, loop_thread, max(gaps)
 
-    body, threads, loop_thread, max_gap = asyncio.run(encode_while_ticking())
-    assert body == expected
-    assert threads and loop_thread not in threads  # encoded on a worker thread
-    # the loop went on ticking while it was encoded (inline it would stall for inline_s)
-    assert max_gap < max(0.5 * inline_s, 0.2), (max_gap, inline_s)
+    # the loop went on ticking while it was encoded (inline it would stall for inline_s). In
+    # the suite's one process another test's leftover thread (a grammar backend's tokenizer
+    # build holds the GIL ~1 s) can stall any loop once, so one clean run of three proves it
+    gaps = []
+    for _ in range(3):
+        body, threads, loop_thread, max_gap = asyncio.run(encode_while_ticking())
+        assert body == expected
+        assert threads and loop_thread not in threads  # encoded on a worker thread
+        gaps.append(max_gap)
+        if max_gap < max(0.5 * inline_s, 0.2):
+            break
+    assert min(gaps) < max(0.5 * inline_s, 0.2), (gaps, inline_s)
 
 
 def test_a_small_body_is_encoded_inline():
