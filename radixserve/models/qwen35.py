@@ -44,7 +44,6 @@ from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.model_config import ModelConfig
 from radixserve.models.llama import LlamaForCausalLM, mlp_for
 from radixserve.models.moe import unfuse_hf_experts
-from radixserve.models.native_stack import NativeLayerStack
 
 # the (1 + w) norms' names end so; load_weights adds the 1 (``DeltaNet.norm`` is plain w)
 _ONE_PLUS_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight",
@@ -189,13 +188,6 @@ class Qwen35ForCausalLM(LlamaForCausalLM):
                         else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.kernel_plan = None
         self._stack = None
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if self._stack is None:
-            self._stack = NativeLayerStack.build(self)
-        self.rotary.check_positions(positions)
-        x, residual = self._stack(positions, self.embed_tokens(input_ids))
-        return self.norm(x, residual)[0]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Transformers-named tensors (models/qwen35_gguf.py maps a GGUF's to them).
