@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from radixserve.recurrent_params import (  # noqa: F401  (LINEAR, FULL: the families' names)
+    FULL, LINEAR, MLP_ONLY, LinearAttnParams, RecurrentLayout)
+
 
 @dataclass(frozen=True)
 class MoeConfig:
@@ -59,7 +62,8 @@ class ModelConfig:
     # max_window_layers on); None: every layer (Mistral, Phi-3)
     sliding_layers: tuple[bool, ...] | None = None
     gemma: GemmaParams | None = None  # Gemma 2 / 3 specifics
-    linear_attn: LinearAttnParams | None = None  # Gated DeltaNet layers (Qwen3.5 / Qwen3-Next)
+    # a hybrid's recurrent layers (recurrent_params.py: Gated DeltaNet, Mamba2, short conv)
+    linear_attn: RecurrentLayout | None = None
     attn_output_gate: bool = False  # attention output times sigmoid(gate), gate from q_proj
 
     def layer_window(self, layer_idx: int) -> int | None:
@@ -70,11 +74,11 @@ class ModelConfig:
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
-        """The layers that attend over the KV cache (all but a hybrid model's recurrent
-        ones); the KV pool has a layer for each, in this order."""
+        """The layers that attend over the KV cache (a hybrid model's ``FULL`` ones); the KV
+        pool has a layer for each, in this order."""
         if self.linear_attn is None:
             return tuple(range(self.num_layers))
-        return tuple(i for i in range(self.num_layers) if not self.linear_attn.is_linear(i))
+        return self.linear_attn.full_layers
 
     def kv_view(self) -> ModelConfig:
         """This shape as the KV pool sees it: its attention layers only."""
@@ -102,41 +106,3 @@ class GemmaParams:
     query_pre_attn_scalar: float = 256.0
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
-
-
-LINEAR, FULL = "linear_attention", "full_attention"
-
-
-@dataclass(frozen=True)
-class LinearAttnParams:
-    """The Gated DeltaNet token mixers of a hybrid decoder (Qwen3.5 / 3.6, Qwen3-Next): layer i
-    is one where ``layer_types[i] == "linear_attention"`` (the others attend over the KV
-    cache). Each holds, per sequence, a recurrent state of ``num_value_heads`` matrices
-    ``key_head_dim x value_head_dim`` and a causal conv window of ``conv_kernel - 1`` inputs
-    of ``conv_dim`` channels (q, k and v before the conv)."""
-
-    layer_types: tuple[str, ...]
-    num_key_heads: int
-    num_value_heads: int
-    key_head_dim: int
-    value_head_dim: int
-    conv_kernel: int = 4
-
-    def __post_init__(self) -> None:
-        unknown = set(self.layer_types) - {LINEAR, FULL}
-        if unknown:
-            raise ValueError(f"unknown layer types {sorted(unknown)}; known: {[LINEAR, FULL]}")
-        if self.num_value_heads % self.num_key_heads:
-            raise ValueError(f"value heads ({self.num_value_heads}) must be a multiple of key "
-                             f"heads ({self.num_key_heads})")
-
-    def is_linear(self, layer_idx: int) -> bool:
-        return self.layer_types[layer_idx] == LINEAR
-
-    @property
-    def linear_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.layer_types) if t == LINEAR)
-
-    @property
-    def conv_dim(self) -> int:
-        return 2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim

@@ -20,15 +20,11 @@ from tqdm import tqdm
 from radixserve.config import DTYPES, DeviceConfig
 from radixserve.models.tp_shard import TensorShard
 from radixserve.layers.gguf_quant import dequantize
-from radixserve.models.gemma_config import (gemma_gguf_config, gemma_hf_config, gemma_hf_name,
-                                            is_gemma)
 from radixserve.models.gguf_stored import load_stored
 from radixserve.models.moe import (GGUF_EXPERT_NAMES, moe_from_gguf, moe_from_hf,
                                    split_expert_weights)
 from radixserve.models.half_stored import load_half_stored
-from radixserve.models.qwen35_config import (is_qwen35, qwen35_gguf_config, qwen35_hf_config,
-                                             qwen35_hf_name, qwen35_hf_weights)
-from radixserve.models.qwen35_gguf import Qwen35Gguf
+from radixserve.models.families import family_of
 from radixserve.model_config import ModelConfig
 from radixserve.gguf_reader import open_gguf
 from radixserve.models.quantization import quantize_linears_
@@ -73,13 +69,14 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
     if quantization == "gguf":
         unpermute = config.architecture in _PERMUTED_ARCHITECTURES
         reader = reader or open_gguf(source.path)
-        layout = Qwen35Gguf(config) if is_qwen35(config.architecture) else None
+        layout = _gguf_layout(config)
         load_stored(model, reader, config, device, _gguf_namer(config, reader),
                     unpermute_rows if unpermute else None, show_progress, shard, layout)
         return shard.wrap_row_parallel_(model.eval())
     if quantization == "16bit-stored":
+        family = family_of(config.architecture)
         model = load_half_stored(model, source.path, device, show_progress, shard,
-                                 qwen35_hf_name if is_qwen35(config.architecture) else None)
+                                 family and family.hf_name)
         return shard.wrap_row_parallel_(model.eval())
     model = model.to_empty(device=device).to(dtype)
     model.rotary.reset_tables(device)
@@ -88,8 +85,8 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
         weights, total = _gguf_weights(reader, config), len(reader.tensors)
     else:
         weights, total = _safetensors_weights(source.path), None
-        if is_qwen35(config.architecture):
-            weights = qwen35_hf_weights(weights)
+        if (family := family_of(config.architecture)) is not None:
+            weights = family.hf_weights(weights)
     bar = tqdm(weights, total=total, desc=f"loading {source.name}", unit="tensor",
                disable=not show_progress, leave=False, delay=1.0)
     with torch.no_grad():
@@ -108,11 +105,9 @@ def _hf_config(cfg: dict) -> ModelConfig:
     if arch == "Gemma3ForConditionalGeneration":
         raise ValueError("Gemma3ForConditionalGeneration (vision + text) checkpoints are not "
                          "supported; use a text-only Gemma3ForCausalLM folder or a gemma3 GGUF")
-    if is_qwen35(arch):
-        return qwen35_hf_config(cfg, arch)
+    if (family := family_of(arch)) is not None:
+        return family.hf_config(cfg, arch)
     get_model_class(arch)  # ValueError naming the supported ones
-    if is_gemma(arch):
-        return gemma_hf_config(cfg, arch)
     heads = cfg["num_attention_heads"]
     return ModelConfig(
         architecture=arch,
@@ -156,10 +151,8 @@ def _gguf_config(reader) -> ModelConfig:
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r}; "
                          f"supported: {sorted(GGUF_ARCHITECTURES)}")
-    if is_gemma(GGUF_ARCHITECTURES[arch]):
-        return gemma_gguf_config(reader, _field, arch, GGUF_ARCHITECTURES[arch])
-    if is_qwen35(GGUF_ARCHITECTURES[arch]):
-        return qwen35_gguf_config(reader, _field, arch, GGUF_ARCHITECTURES[arch])
+    if (family := family_of(GGUF_ARCHITECTURES[arch])) is not None:
+        return family.gguf_config(reader, _field, arch, GGUF_ARCHITECTURES[arch])
     tensors = {t.name: t for t in reader.tensors}
     names = set(tensors)
     hidden = _field(reader, f"{arch}.embedding_length")
@@ -239,15 +232,26 @@ _PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralFor
 
 def _gguf_namer(config: ModelConfig, reader):
     """The GGUF → HF tensor name mapping of ``config``'s architecture and this file."""
-    if is_qwen35(config.architecture):
-        return Qwen35Gguf(config).hf_name
-    return gemma_hf_name if is_gemma(config.architecture) else gguf_name_map(reader)
+    family = family_of(config.architecture)
+    if (layout := _gguf_layout(config)) is not None:
+        return layout.hf_name
+    if family is not None and family.gguf_name is not None:
+        return family.gguf_name
+    return gguf_name_map(reader)
+
+
+def _gguf_layout(config: ModelConfig):
+    """The family's GGUF layout object for ``config`` (models/families.py), or None."""
+    family = family_of(config.architecture)
+    if family is None or family.gguf_layout is None:
+        return None
+    return family.gguf_layout(config)
 
 
 def _gguf_weights(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named float tensors, Q/K rows unpermuted."""
-    if is_qwen35(config.architecture):
-        yield from Qwen35Gguf(config).weights(reader)
+    if (layout := _gguf_layout(config)) is not None:
+        yield from layout.weights(reader)
         return
     unpermute = config.architecture in _PERMUTED_ARCHITECTURES
     to_hf = _gguf_namer(config, reader)

@@ -40,9 +40,12 @@ _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
              "num_key_value_heads")
 
 
+# every name a Qwen3.5 checkpoint has: dense or MoE, text model or ConditionalGeneration folder
+QWEN35_ARCHITECTURES = (QWEN35_ARCHITECTURE, QWEN35_MOE_ARCHITECTURE, *_CONDITIONAL)
+
+
 def is_qwen35(architecture: str) -> bool:
-    """A Qwen3.5 architecture, dense or MoE, text model or ConditionalGeneration folder."""
-    return architecture in (QWEN35_ARCHITECTURE, QWEN35_MOE_ARCHITECTURE, *_CONDITIONAL)
+    return architecture in QWEN35_ARCHITECTURES
 
 
 def qwen35_hf_config(cfg: dict, arch: str) -> ModelConfig:

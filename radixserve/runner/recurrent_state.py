@@ -1,14 +1,17 @@
 """The recurrent-state tensors of a hybrid model's layers, one row per state-pool slot
 (core/kv/state_pool.py), and what a step does with them before its forward.
 
-Per recurrent layer: ``conv`` ``[slots, K - 1, conv_dim]`` (the causal conv's window of
-inputs, the model's dtype) and ``ssm`` ``[slots, value heads, key dim, value dim]`` (the Gated
-DeltaNet state, float32 whatever the model's dtype: it accumulates over the whole sequence).
+Per recurrent layer: ``conv`` ``[slots, K - 1, channels]`` (the causal conv's window of
+inputs, the model's dtype) and, where the layout has one, ``ssm`` ``[slots, *state shape]``
+(Gated DeltaNet's [value heads, key dim, value dim], Mamba2's [heads, head dim, state size];
+float32 whatever the model's dtype: it accumulates over the whole sequence). The shapes come
+from the model's ``RecurrentLayout`` (recurrent_params.py).
 The layers read them from the forward context (``ForwardContext.states``: a `StepStates`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,8 +27,8 @@ def bytes_per_slot(config: ModelConfig, dtype: torch.dtype) -> int:
     if la is None:
         return 0
     elem = torch.tensor([], dtype=dtype).element_size()
-    conv = (la.conv_kernel - 1) * la.conv_dim * elem
-    ssm = la.num_value_heads * la.key_head_dim * la.value_head_dim * 4
+    conv = math.prod(la.conv_state_shape) * elem
+    ssm = math.prod(la.ssm_state_shape) * 4 if la.ssm_state_shape is not None else 0
     return len(la.linear_layers) * (conv + ssm)
 
 
@@ -37,7 +40,7 @@ class StepStates:
     (None: none)."""
 
     conv: dict[int, torch.Tensor]  # model layer index -> its conv windows
-    ssm: dict[int, torch.Tensor]
+    ssm: dict[int, torch.Tensor]  # empty where the layout has no state beside the conv
     cu_seqlens: torch.Tensor
     slots: torch.Tensor
     snapshots: torch.Tensor | None
@@ -51,11 +54,12 @@ class StateTensors:
         la = config.linear_attn
         assert la is not None, "a model without recurrent layers has no states"
         self.num_slots = num_slots
-        self.conv = {i: torch.zeros(num_slots, la.conv_kernel - 1, la.conv_dim, dtype=dtype,
+        self.conv = {i: torch.zeros(num_slots, *la.conv_state_shape, dtype=dtype,
                                     device=device) for i in la.linear_layers}
-        self.ssm = {i: torch.zeros(num_slots, la.num_value_heads, la.key_head_dim,
-                                   la.value_head_dim, dtype=torch.float32, device=device)
-                    for i in la.linear_layers}
+        ssm_shape = la.ssm_state_shape
+        self.ssm = {} if ssm_shape is None else {
+            i: torch.zeros(num_slots, *ssm_shape, dtype=torch.float32, device=device)
+            for i in la.linear_layers}
         self.device = device
 
     def step(self, seqs: list[ScheduledSeq], q_lens: list[int]) -> StepStates:

@@ -1,0 +1,70 @@
+"""The model families whose checkpoints do not load the Llama way (models/loader.py reads the
+rest itself): for each, how its config.json and GGUF metadata become a ``ModelConfig`` and how
+its tensor names and values become the ones its model class takes.
+
+A new family adds its ``Family`` to ``FAMILIES`` (one entry; its code in files of its own) and
+its classes to models/registry.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.model_config import ModelConfig
+from radixserve.models.gemma_config import (GEMMA_ARCHITECTURES, gemma_gguf_config,
+                                            gemma_hf_config, gemma_hf_name)
+from radixserve.models.qwen35_config import (QWEN35_ARCHITECTURES, qwen35_gguf_config,
+                                             qwen35_hf_config, qwen35_hf_name)
+from radixserve.models.qwen35_gguf import Qwen35Gguf
+
+Weights = Iterable[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one family loads.
+
+    - ``architectures``: the config.json ``architectures[0]`` names it owns (ConditionalGeneration
+      folders whose text model runs included) and the HF names its GGUF architectures map to;
+    - ``hf_config(cfg, arch)``: the ModelConfig of a config.json (ValueError for what does not run);
+    - ``gguf_config(reader, field, gguf_arch, arch)``: that of a GGUF file (``field(reader, key,
+      default)`` reads one metadata value);
+    - ``hf_name(name)``: a folder's tensor name → the model's (None: skipped); None: as stored,
+      less ``model.``;
+    - ``gguf_layout(config)``: where llama.cpp's converter reordered or changed tensor values
+      (an object with ``hf_name``, ``row_order``, ``wrap``, ``to_hf`` and ``weights(reader)``:
+      models/qwen35_gguf.py's ``Qwen35Gguf`` shows the contract; gguf_stored.py applies it);
+    - ``gguf_name(name)``: a GGUF tensor name → the model's, for a family with names of its own
+      and no layout.
+    """
+
+    architectures: tuple[str, ...]
+    hf_config: Callable[[dict, str], ModelConfig]
+    gguf_config: Callable[..., ModelConfig]
+    hf_name: Callable[[str], str | None] | None = None
+    gguf_layout: Callable[[ModelConfig], object] | None = None
+    gguf_name: Callable[[str], str | None] | None = None
+
+    def hf_weights(self, weights: Weights) -> Iterator[tuple[str, torch.Tensor]]:
+        """``hf_name`` over a folder's (name, tensor) pairs, the skipped ones left out."""
+        if self.hf_name is None:
+            yield from weights
+            return
+        for name, tensor in weights:
+            if (mapped := self.hf_name(name)) is not None:
+                yield mapped, tensor
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(GEMMA_ARCHITECTURES, gemma_hf_config, gemma_gguf_config, gguf_name=gemma_hf_name),
+    Family(QWEN35_ARCHITECTURES, qwen35_hf_config, qwen35_gguf_config, hf_name=qwen35_hf_name,
+           gguf_layout=Qwen35Gguf),
+)
+
+
+def family_of(architecture: str) -> Family | None:
+    """The family owning ``architecture`` (an HF name), None for the Llama-path ones."""
+    return next((f for f in FAMILIES if architecture in f.architectures), None)
