@@ -16,9 +16,17 @@ class MoeConfig:
     ``intermediate_size``, picked by a linear router (softmax over all experts, top-k, the k
     weights renormalized to sum 1 when ``norm_topk_prob``), plus, where
     ``shared_expert_size`` > 0 (Qwen2-MoE), a shared SwiGLU expert of that width every token
-    runs, scaled by sigmoid of a one-output linear gate. ``dense_layers``: the layers that
-    keep a dense MLP of the model's ``intermediate_size`` (``mlp_only_layers`` and
-    ``decoder_sparse_step``)."""
+    runs, scaled by sigmoid of a one-output linear gate (ungated where not
+    ``shared_expert_gate``: Nemotron-H). ``dense_layers``: the layers that keep a dense MLP of
+    the model's ``intermediate_size`` (``mlp_only_layers`` and ``decoder_sparse_step``).
+
+    The DeepSeek-V3-style routers (Nemotron-H, LFM2-MoE, GLM-4.x) score each expert alone
+    (``scoring`` "sigmoid"), pick by the scores plus a learned per-expert bias where
+    ``expert_bias`` (the router's ``e_score_correction_bias``; selection only), within the
+    ``topk_groups`` best of ``num_groups`` groups (a group ranked by its two best), weight by
+    the unbiased scores (renormalized with ``norm_eps`` added to the sum) times
+    ``routed_scaling``. ``expert_activation`` "relu2": experts (and the shared one) are
+    ``down(relu(up(x)) ** 2)``, no gate."""
 
     num_experts: int
     top_k: int
@@ -26,8 +34,27 @@ class MoeConfig:
     norm_topk_prob: bool = True
     dense_layers: tuple[int, ...] = ()
     shared_expert_size: int = 0
+    scoring: str = "softmax"  # or "sigmoid"
+    expert_bias: bool = False
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling: float = 1.0
+    norm_eps: float = 0.0
+    expert_activation: str = "silu"  # or "relu2"
+    shared_expert_gate: bool = True
 
     def __post_init__(self) -> None:
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"unsupported MoE scoring {self.scoring!r}; supported: "
+                             "['softmax', 'sigmoid']")
+        if self.expert_activation not in ("silu", "relu2"):
+            raise ValueError(f"unsupported expert activation {self.expert_activation!r}; "
+                             "supported: ['silu', 'relu2']")
+        if (self.num_groups < 1 or self.num_experts % self.num_groups
+                or not 1 <= self.topk_groups <= self.num_groups):
+            raise ValueError(f"MoE groups: {self.num_experts} experts in {self.num_groups} "
+                             f"groups, {self.topk_groups} kept: the groups must divide the "
+                             "experts and keep 1..all of them")
         if not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"experts per token must be in 1..{self.num_experts} (the number "
                              f"of experts), got {self.top_k}")

@@ -92,7 +92,9 @@ class Mamba2Params(RecurrentLayout):
     """Mamba2 (SSD) layers (Granite 4.0-H, Nemotron-H, Falcon-H1): ``num_heads`` heads of
     ``head_dim`` channels, each with a ``head_dim x state_size`` state; B and C shared by the
     heads of each of ``n_groups`` groups; the conv runs over x, B and C (``conv_dim``
-    channels, with a bias); dt clamped to ``time_step_limit``."""
+    channels, a bias where ``conv_bias``); dt clamped to ``time_step_limit``; ``in_proj`` and
+    ``out_proj`` with biases where ``proj_bias``; the gated output RMSNorm normalizes each
+    group's ``inner_size // n_groups`` channels."""
 
     num_heads: int = 0
     head_dim: int = 0
@@ -100,6 +102,8 @@ class Mamba2Params(RecurrentLayout):
     n_groups: int = 1
     conv_kernel: int = 4
     time_step_limit: tuple[float, float] = (0.0, math.inf)
+    conv_bias: bool = True
+    proj_bias: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

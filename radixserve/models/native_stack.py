@@ -32,6 +32,7 @@ from radixserve.layers.attn_backends.cpu_native import NativeAttentionMetadata
 from radixserve.layers.block_linear import BlockLinear, tile_note
 from radixserve.layers.int8_linear import Int8Linear
 from radixserve.layers.layer_progress import layer_done
+from radixserve.layers.moe import SparseMoeBlock
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.layers.row_parallel import RowParallelLinear
@@ -98,9 +99,11 @@ def plan_kernels(model: nn.Module, attention: str) -> KernelPlan:
     for m in model.modules():
         if isinstance(m, RotaryEmbedding):
             m.native = elementwise and not m.is_partial
-        elif isinstance(m, RMSNorm) or getattr(type(m), "activation", None) is not None:
-            m.native = elementwise  # norms and MLPs (their activation)
-    sparse = not all(hasattr(layer.mlp, "gate_up_proj") for layer in model.layers)
+        elif (isinstance(m, RMSNorm | SparseMoeBlock)
+              or getattr(type(m), "activation", None) is not None):
+            m.native = elementwise  # norms, MLPs (their activation), sigmoid routers
+    sparse = not all(hasattr(getattr(layer, "mlp", None), "gate_up_proj")
+                     for layer in model.layers)
     own = getattr(model, "layers_in_python", None)  # a family with no native layer call
     fit = not sparse and own is None and all(_layer_fits(layer) for layer in model.layers)
     reason = python_layers_reason(info.level, attention, elementwise, sparse, fit)
