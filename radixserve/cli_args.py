@@ -31,6 +31,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument("--kv-cache-memory-gb", type=float, default=1.0,
                    help="memory budget of the paged KV pool, GiB")
+    g.add_argument("--state-cache-memory-gb", type=float, default=None,
+                   help="memory budget of a hybrid model's recurrent states (Qwen3.5, Granite "
+                        "4.0-H, ...: a live state per running request and the prefix cache's "
+                        "snapshots), GiB. Default: a state and a boundary copy for each of "
+                        "--max-num-seqs requests and as many snapshots, within 10%% of the "
+                        "memory available after the weights (at least 1 GiB); pages are "
+                        "touched only as states are used")
     g.add_argument("--kv-cache-dtype", default="auto",
                    choices=["auto", "float32", "float16", "bfloat16", "int8"],
                    help="element type of the KV pool. auto: float16 for float32 models at the "
@@ -134,6 +141,7 @@ def lora_module(text: str) -> tuple[str, str]:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     return dict(block_size=args.block_size, kv_cache_memory_gb=args.kv_cache_memory_gb,
+                state_cache_memory_gb=args.state_cache_memory_gb,
                 num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=args.max_model_len, device=args.device, dtype=args.dtype,

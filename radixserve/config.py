@@ -20,13 +20,16 @@ TP_ALL_REDUCES = ("auto", "shm", "torch")
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Paged KV pool: fixed-size blocks, pool sized from a memory budget (or an explicit count)."""
+    """Paged KV pool: fixed-size blocks, pool sized from a memory budget (or an explicit count).
+    A hybrid model's recurrent states (runner/recurrent_state.py) have a budget of their own,
+    ``state_cache_memory_gb`` (None: sized by the engine, engine/build.py)."""
 
     block_size: int = 16
     kv_cache_memory_gb: float = 1.0
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"  # or "float32", "float16", "bfloat16", "int8" (runner/kv_cache.py)
+    state_cache_memory_gb: float | None = None
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("auto", "int8") and self.kv_cache_dtype not in DTYPES:
@@ -38,6 +41,9 @@ class CacheConfig:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.state_cache_memory_gb is not None and self.state_cache_memory_gb <= 0:
+            raise ValueError(f"state_cache_memory_gb must be > 0, got "
+                             f"{self.state_cache_memory_gb}")
 
 
 @dataclass(frozen=True)
@@ -302,6 +308,7 @@ class EngineConfig:
 
 def engine_config(model: str | None = None, *, block_size: int = 16,
                   kv_cache_memory_gb: float = 1.0, num_kv_blocks: int | None = None,
+                  state_cache_memory_gb: float | None = None,
                   enable_prefix_caching: bool = True, max_num_seqs: int = 64,
                   max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                   scheduling_policy: str = "fcfs", device: str = "cpu", dtype: str | None = None,
@@ -320,7 +327,7 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
     return EngineConfig(
         model=model,
         cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks, enable_prefix_caching,
-                          kv_cache_dtype),
+                          kv_cache_dtype, state_cache_memory_gb),
         scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
                                   scheduling_policy),
         device=DeviceConfig(device, dtype, quantization, threads),

@@ -54,7 +54,8 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, block_size: int = 16,
                  kv_cache_memory_gb: float = 1.0, num_kv_blocks: int | None = None,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 state_cache_memory_gb: float | None = None, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, device: str = "cpu",
                  dtype: str | None = None, quantization: str = "auto",
                  threads: int | None = None, kv_cache_dtype: str = "auto", seed: int = 0,
@@ -71,7 +72,8 @@ class LLM:
         model, draft_model = resolve_model(model), resolve_model(draft_model)
         self.config = engine_config(
             model, block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
-            num_kv_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
+            num_kv_blocks=num_kv_blocks, state_cache_memory_gb=state_cache_memory_gb,
+            enable_prefix_caching=enable_prefix_caching,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, scheduling_policy=scheduling_policy, device=device,
             dtype=dtype, quantization=quantization, threads=threads,

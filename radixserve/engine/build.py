@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from radixserve.core.kv.radix_snapshots import Snapshots
 from radixserve.core.kv.recurrent_states import RecurrentStates
 from radixserve.core.kv.state_pool import StatePool
 from radixserve.core.scheduler import Scheduler
+from radixserve.cpu.memory import mem_available
 from radixserve.cpu.threads import apply_engine_threads
 from radixserve.engine.context_len import resolve_max_model_len
 from radixserve.engine.draft_setup import build_draft_runner, open_draft
@@ -57,6 +57,9 @@ from radixserve.structured.llguidance_backend import LLGuidanceBackend
 from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
+
+GIB = 1024**3
+STATE_SHARE = 0.10  # of the available memory, for recurrent states by default
 
 
 def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: bool = True,
@@ -151,36 +154,42 @@ def _runner(config: EngineConfig, model_config: ModelConfig, model: torch.nn.Mod
     # layers (a hybrid model's recurrent ones hold states instead: runner/recurrent_state.py)
     groups = KVGroups.from_windows([model_config.layer_window(i)
                                     for i in model_config.attention_layers])
-    cache = config.cache
-    slots, state_bytes = _state_slots(config, model.config, dtype)
-    if state_bytes:
-        cache = dataclasses.replace(cache, kv_cache_memory_gb=max(
-            cache.kv_cache_memory_gb - state_bytes / 1024**3, cache.kv_cache_memory_gb / 2))
-    num_blocks = num_blocks_for_budget(model.config.kv_view(), cache, kv_dtype, groups, draft)
+    slots = _state_slots(config, model.config, dtype)  # a budget of their own
+    num_blocks = num_blocks_for_budget(model.config.kv_view(), config.cache, kv_dtype, groups,
+                                       draft)
     runner = ModelRunner(model, model.config, num_blocks, config.cache.block_size, device,
                          dtype, kv_dtype=kv_dtype, groups=groups, num_state_slots=slots)
     return runner, num_blocks, kv_dtype
 
 
-def _state_slots(config: EngineConfig, model_config: ModelConfig,
-                 dtype: torch.dtype) -> tuple[int, int]:
-    """A hybrid model's recurrent-state slots and their bytes (0, 0 for others): a live slot
-    per running request, with the prefix cache a boundary copy each too and as many again
-    for the cache's snapshots — at most half the KV memory budget, at least two slots (the
-    scheduler then runs fewer requests at once)."""
+def _state_slots(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype) -> int:
+    """A hybrid model's recurrent-state slots (0 for others): a live slot per running request,
+    with the prefix cache a boundary copy each too and as many again for the cache's
+    snapshots, within ``state_cache_memory_gb`` — by default 10% of the memory available now
+    (after the weights), at least 1 GiB — and at least two slots (with fewer slots than that
+    the scheduler runs fewer requests at once, and the cache keeps fewer snapshots). Separate
+    from the KV budget. The pool's pages are touched only as slots are used."""
     per_slot = bytes_per_slot(model_config, dtype)
     if not per_slot:
-        return 0, 0
+        return 0
     seqs = config.scheduler.max_num_seqs
     wanted = seqs * (3 if config.cache.enable_prefix_caching else 1)
     if config.speculative.method != "off":  # draft states of the few streams that draft
         wanted += config.speculative.num_speculative_tokens * min(seqs, 4)
-    budget = int(config.cache.kv_cache_memory_gb * 1024**3 / 2 // per_slot)
-    slots = max(2, min(wanted, budget))
-    logger.info("recurrent states: %d slots of %.1f MiB (%s); %d wanted for %d requests at once",
-                slots, per_slot / 2**20, "live, boundary copies and prefix-cache snapshots"
-                if config.cache.enable_prefix_caching else "live", wanted, seqs)
-    return slots, slots * per_slot
+    given = config.cache.state_cache_memory_gb
+    budget = given * GIB if given is not None else max(GIB, STATE_SHARE * mem_available())
+    slots = max(2, min(wanted, int(budget // per_slot)))
+    logger.info("recurrent states: %d slots of %.1f MiB, %.2f GiB at most (%s; %s); %d wanted "
+                "for %d requests at once", slots, per_slot / 2**20, slots * per_slot / GIB,
+                "live, boundary copies and prefix-cache snapshots"
+                if config.cache.enable_prefix_caching else "live",
+                "--state-cache-memory-gb" if given is not None else
+                f"{STATE_SHARE:.0%} of the available memory", wanted, seqs)
+    if slots < min(wanted, 2 * seqs):
+        logger.warning("recurrent states: %d slots hold fewer than the %d requests "
+                       "--max-num-seqs allows at once (with their boundary copies); raise "
+                       "--state-cache-memory-gb to run more", slots, seqs)
+    return slots
 
 
 def _fix_context_len(config: EngineConfig, model_config: ModelConfig, runner: ModelRunner,

@@ -54,11 +54,13 @@ class StateTensors:
         la = config.linear_attn
         assert la is not None, "a model without recurrent layers has no states"
         self.num_slots = num_slots
-        self.conv = {i: torch.zeros(num_slots, *la.conv_state_shape, dtype=dtype,
+        # empty: a slot's pages are touched when first used (a fresh state is zeroed by
+        # `step`, a snapshot written before it is read), so a generous pool costs nothing idle
+        self.conv = {i: torch.empty(num_slots, *la.conv_state_shape, dtype=dtype,
                                     device=device) for i in la.linear_layers}
         ssm_shape = la.ssm_state_shape
         self.ssm = {} if ssm_shape is None else {
-            i: torch.zeros(num_slots, *ssm_shape, dtype=torch.float32, device=device)
+            i: torch.empty(num_slots, *ssm_shape, dtype=torch.float32, device=device)
             for i in la.linear_layers}
         self.device = device
 

@@ -15,6 +15,7 @@ import gc
 from dataclasses import dataclass
 
 from radixserve.frontend.models_dir.catalog import ModelEntry
+from radixserve.cpu.memory import mem_available
 
 GIB = 1 << 30
 ENGINE_OVERHEAD_BYTES = 300 << 20  # an engine process's interpreter, torch and buffers
@@ -36,21 +37,6 @@ class MemoryPolicy:
         if self.budget_bytes is not None:
             return self.budget_bytes - loaded_estimates
         return mem_available()
-
-
-def mem_available() -> int:
-    """The system's available memory in bytes (psutil, else /proc/meminfo's MemAvailable)."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("cannot read the available memory (/proc/meminfo has no MemAvailable)")
 
 
 def reclaim() -> None:
