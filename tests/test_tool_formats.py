@@ -113,6 +113,21 @@ CASES: list[tuple[str, str, object, list[tuple[str, str]]]] = [
     ("deepseek_v3", f"{DS_BEGIN}{ds_v3('a', '{oops')}{DS_END}",
      f"{DS_BEGIN}{ds_v3('a', '{oops')}{DS_END}", []),
     ("deepseek_v3", f"{DS_BEGIN}{DS_END} ok", f"{DS_BEGIN}{DS_END} ok", []),
+    # ---- glm45 / glm47, lfm2, nemotron_v2 (more: tests/test_family_templates.py)
+    ("glm47", "<tool_call>f<arg_key>a</arg_key><arg_value>x y</arg_value></tool_call>", None,
+     [("f", '{"a": "x y"}')]),
+    ("glm45", "Ok.\n<tool_call>f\n<arg_key>n</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+     "Ok.", [("f", N2)]),
+    ("glm45", "<tool_call>f<arg_key>a</arg_key></tool_call>",
+     "<tool_call>f<arg_key>a</arg_key></tool_call>", []),
+    ("lfm2", "Sure.<|tool_call_start|>[f(n=2), g(b=true)]<|tool_call_end|>", "Sure.",
+     [("f", N2), ("g", '{"b": true}')]),
+    ("lfm2", "<|tool_call_start|>[f(n=)]<|tool_call_end|>",
+     "<|tool_call_start|>[f(n=)]<|tool_call_end|>", []),
+    ("nemotron_v2", '<TOOLCALL>[{"name": "f", "arguments": {"n": 2}}]</TOOLCALL>', None,
+     [("f", N2)]),
+    ("nemotron_v2", '<TOOLCALL>[{"name": "f", "arguments": 2}]</TOOLCALL>',
+     '<TOOLCALL>[{"name": "f", "arguments": 2}]</TOOLCALL>', []),
     # ---- hermes (the rest: tests/engine/test_parsers.py)
     ("hermes", 'Hi <tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>', "Hi", [("a", "{}")]),
     ("qwen3", '<tool_call>{"name": "a"}</tool_call><tool_call>{"name": "b"}</tool_call>', None,
@@ -239,6 +254,12 @@ FRAGMENTS = {
                   "}", " ", "hi"],
     "deepseek_v3": [DS_BEGIN, DS_END, DS_CALL, DS_SEP, DS_CALL_END, "function", "a", "\n```json\n",
                     "{}", "\n```", "<｜tool▁", " ", "\n", "hi"],
+    "glm45": ["<tool_call>", "</tool_call>", "f", "<arg_key>", "</arg_key>", "<arg_value>",
+              "</arg_value>", "k", "1", "<tool_", "<arg_", " ", "\n", "hi"],
+    "lfm2": ["<|tool_call_start|>", "<|tool_call_end|>", "<|tool_", "[", "]", "f(", ")", "x=1",
+             "b=true", ", ", "'", " ", "\n", "hi"],
+    "nemotron_v2": ["<TOOLCALL>", "</TOOLCALL>", "<TOOL", '[{"name": "a", "arguments": {}}]',
+                    "[", "]", "{", "}", " ", "\n", "hi"],
 }
 
 

@@ -10,20 +10,21 @@ arguments reach the template parsed (`ToolArguments`), as `transformers` documen
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.filters
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from radixserve.tokenizer.tool_prompt import adapt_tools
 
-__all__ = ["ChatTemplateError", "ToolArguments", "compile_chat_template", "parse_arguments",
-           "render_chat_template"]
+__all__ = ["ChatTemplateError", "RawArguments", "ToolArguments", "compile_chat_template",
+           "parse_arguments", "render_chat_template"]
 
 ChatTemplateError = jinja2.exceptions.TemplateError
 
@@ -78,6 +79,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
         extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
     )
     env.filters["tojson"] = _tojson
+    env.filters["items"] = _items
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -120,16 +122,37 @@ class ToolArguments(dict):
         return other + self._text if isinstance(other, str) else NotImplemented
 
 
-def parse_arguments(text: str) -> ToolArguments | str:
+class RawArguments(str):
+    """An earlier call's arguments text that is not a JSON object (a client replaying a
+    malformed call): the text itself to a template, with no arguments to iterate.
+
+    Templates that write each argument (Qwen3.5, Qwen3-Coder, Nemotron 3: ``arguments|items``;
+    GLM-4.7, LFM2.5: ``arguments.items()``) fail on text, as Qwen3.5's released template does
+    in llama.cpp where arguments arrive as the OpenAI string (ggml-org/llama.cpp#19905). Valid
+    arguments reach them as `ToolArguments`; malformed ones render as a call without arguments."""
+
+    __slots__ = ()
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        return iter(())
+
+
+def _items(value: Any) -> Iterator[tuple[Any, Any]]:
+    """Jinja's ``items`` filter, which also takes `RawArguments` (no pairs)."""
+    return value.items() if isinstance(value, RawArguments) else jinja2.filters.do_items(value)
+
+
+def parse_arguments(text: str) -> ToolArguments | RawArguments:
     """A call's arguments text as `ToolArguments`; an empty text is ``{}``. Text that is not a
-    JSON object is kept as it is (a template renders it; as vLLM, rendering does not fail)."""
+    JSON object is kept as it is (`RawArguments`: a template renders it; as vLLM, rendering
+    does not fail)."""
     if not text.strip():
         return ToolArguments({}, "{}")
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
-        return text
-    return ToolArguments(value, text) if isinstance(value, dict) else text
+        return RawArguments(text)
+    return ToolArguments(value, text) if isinstance(value, dict) else RawArguments(text)
 
 
 def _parsed_calls(calls: Any) -> Any:

@@ -14,7 +14,8 @@ does, in its own words):
 * tool results become a user message of ``<tool_response>`` blocks (consecutive results in
   one message, so templates that demand alternating roles accept them), in a conversation
   that calls tools (tools given, or calls in it); otherwise the template renders them as it
-  does (as `transformers` would).
+  does (as `transformers` would). A template that renders ``tool_calls`` is trusted with the
+  tool role, even where it does not name it (LFM2.5 renders every role alike).
 
 A template that reads each of these renders the conversation as given (a ``content`` of
 None then reaches it as an absent key, as in `transformers`).
@@ -60,7 +61,7 @@ def adapt_tools(source: str, messages: Sequence[Mapping[str, Any]],
         for m in out:
             if m.get("role") == "assistant" and m.get("tool_calls"):
                 m["content"] = _with_calls(m.get("content") or "", m.pop("tool_calls"))
-    if calling and not _TOOL_ROLE.search(source):
+    if calling and not _TOOL_ROLE.search(source) and "tool_calls" not in source:
         out = _results_as_user(out)
     return out, None if tools is None else [dict(t) for t in tools]
 

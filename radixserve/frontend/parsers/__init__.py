@@ -6,7 +6,8 @@ streaming state with ``new_stream()``; the streamed deltas always add up to ``ex
 Registries: `get_reasoning_parser` and `get_tool_parser` build a parser by its CLI name;
 keyword arguments override the preset (e.g. ``starts_in_reasoning=True`` when the chat
 template has opened the think block, or a deterministic ``id_factory``). Which tool-call format
-a model writes is read from its chat template by `detect.detect_tool_format`; a request that
+a model writes is read from its chat template by `detect.detect_tool_format`, which reasoning
+parser it needs by `detect.detect_reasoning_parser`; a request that
 offers tools reads its answer through `lenient_json.LenientToolParser` around that format's
 parser (calls a small model writes as bare or fenced JSON).
 """
@@ -48,11 +49,16 @@ __all__ = [
 REASONING_PARSERS: dict[str, dict[str, Any]] = {
     "think": {},
     "qwen3": {},
+    "glm45": {},
     "deepseek_r1": {"starts_in_reasoning": True},
+    "mistral": {"start_tag": "[THINK]", "end_tag": "[/THINK]"},
 }
 """Reasoning parser name -> `ReasoningParser` preset. Qwen3 writes ``<think>`` itself (and its
 template closes an empty block when thinking is off); DeepSeek-R1 templates open the block in the
-prompt, so its output starts inside reasoning (a leading ``<think>`` is still accepted)."""
+prompt, so its output starts inside reasoning (a leading ``<think>`` is still accepted). Where a
+template opens the block or not by a switch (Qwen3.5, Nemotron, GLM-4.7: ``enable_thinking``),
+`ReasoningParser.for_prompt` reads which from the rendered prompt. Magistral and Ministral 3
+write ``[THINK]...[/THINK]``."""
 
 TOOL_PARSERS: dict[str, str] = {
     "hermes": "hermes",
@@ -64,10 +70,15 @@ TOOL_PARSERS: dict[str, str] = {
     "pythonic": "pythonic",
     "phi4_mini": "phi4_mini",
     "deepseek_v3": "deepseek_v3",
+    "glm45": "glm_xml",
+    "glm47": "glm_xml",
+    "lfm2": "lfm2",
+    "nemotron_v2": "nemotron_v2",
 }
 """Tool parser name -> the module of its format in this package (imported when built): its
 ``FORMAT`` (a `ToolFormat`) and, where the format's templates demand their own call ids, its
-``ID_FACTORY``. Qwen2.5 and Qwen3 write the Hermes format."""
+``ID_FACTORY``. Qwen2.5 and Qwen3 write the Hermes format; Qwen3.5 and Nemotron 3 Nano the
+Qwen3-Coder one; GLM-4.5 to 4.7 one format (``glm45``, ``glm47`` as vLLM names them)."""
 
 
 def get_reasoning_parser(name: str, **overrides: Any) -> ReasoningParser:

@@ -5,6 +5,8 @@ Only an output that *starts* with the list (after whitespace) holds calls. The l
 with `ast` and each argument with `ast.literal_eval`: literals only (strings, numbers,
 True/False/None, lists, dicts, tuples), never evaluated code. A positional argument, ``**kw``,
 a non-literal value, or anything JSON cannot hold (a set, bytes) makes the list content.
+`parse_call_list` is shared with LFM2's marked lists (``lfm2.py``), which also take JSON's
+``true``/``false``/``null``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,21 @@ import json
 
 from radixserve.frontend.parsers.tool_format import Calls, JsonValueCloser, LeadingFormat
 
-__all__ = ["FORMAT"]
+__all__ = ["FORMAT", "parse_call_list"]
+
+_JSON_LITERALS = {"true": True, "false": False, "null": None}
 
 
-def _call(node: ast.expr) -> tuple[str, str] | None:
+class _JsonNames(ast.NodeTransformer):
+    """Reads the bare names ``true``, ``false`` and ``null`` as the JSON literals."""
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        if node.id in _JSON_LITERALS:
+            return ast.copy_location(ast.Constant(_JSON_LITERALS[node.id]), node)
+        return node
+
+
+def _call(node: ast.expr, json_literals: bool) -> tuple[str, str] | None:
     if (not isinstance(node, ast.Call) or node.args
             or not isinstance(node.func, ast.Name | ast.Attribute)):
         return None
@@ -26,8 +39,9 @@ def _call(node: ast.expr) -> tuple[str, str] | None:
     for keyword in node.keywords:
         if keyword.arg is None:
             return None
+        value = _JsonNames().visit(keyword.value) if json_literals else keyword.value
         try:
-            arguments[keyword.arg] = ast.literal_eval(keyword.value)
+            arguments[keyword.arg] = ast.literal_eval(value)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return None
     try:
@@ -36,7 +50,9 @@ def _call(node: ast.expr) -> tuple[str, str] | None:
         return None
 
 
-def _parse(body: str) -> Calls | None:
+def parse_call_list(body: str, json_literals: bool = False) -> Calls | None:
+    """The calls of `body`, a non-empty Python list of calls (whitespace around it), or None.
+    ``json_literals``: ``true``, ``false`` and ``null`` are values too."""
     try:
         tree = ast.parse(body.strip(), mode="eval")
     except (SyntaxError, ValueError, MemoryError, RecursionError):
@@ -45,10 +61,11 @@ def _parse(body: str) -> Calls | None:
         return None
     calls = []
     for node in tree.body.elts:
-        if (call := _call(node)) is None:
+        if (call := _call(node, json_literals)) is None:
             return None
         calls.append(call)
     return calls
 
 
-FORMAT = LeadingFormat("[", (), functools.partial(JsonValueCloser, quotes="\"'"), _parse)
+FORMAT = LeadingFormat("[", (), functools.partial(JsonValueCloser, quotes="\"'"),
+                       parse_call_list)

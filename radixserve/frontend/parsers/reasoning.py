@@ -19,6 +19,7 @@ with the tool call parser.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -125,6 +126,23 @@ class ReasoningParser:
     def new_stream(self) -> ReasoningStream:
         """Fresh streaming state for one request."""
         return ReasoningStream(self)
+
+    def for_prompt(self, prompt: str) -> ReasoningParser:
+        """This parser for the output that continues `prompt`: one that starts in reasoning
+        when the prompt ends (whitespace aside) with the start tag (the template opened the
+        block: Qwen3.5, Nemotron, GLM-4.7 thinking), one that does not when it ends with the
+        end tag (thinking turned off: ``<think>\\n\\n</think>\\n\\n``, GLM's ``</think>``),
+        else this one. Pure: returns a parser, never changes this one."""
+        tail = prompt.rstrip()
+        if tail.endswith(self.start_tag):
+            opened = True
+        elif tail.endswith(self.end_tag):
+            opened = False
+        else:
+            return self
+        if opened == self.starts_in_reasoning:
+            return self
+        return dataclasses.replace(self, starts_in_reasoning=opened)
 
 
 _PREFIX, _REASONING, _CONTENT = "prefix", "reasoning", "content"
