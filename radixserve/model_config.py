@@ -92,6 +92,7 @@ class ModelConfig:
     # a hybrid's recurrent layers (recurrent_params.py: Gated DeltaNet, Mamba2, short conv)
     linear_attn: RecurrentLayout | None = None
     attn_output_gate: bool = False  # attention output times sigmoid(gate), gate from q_proj
+    layer_rope: LayerRope | None = None  # layers whose rope differs (SmolLM3, OLMo 3)
 
     def layer_window(self, layer_idx: int) -> int | None:
         """The sliding window of layer ``layer_idx``, None for full attention."""
@@ -133,3 +134,14 @@ class GemmaParams:
     query_pre_attn_scalar: float = 256.0
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
+
+
+@dataclass(frozen=True)
+class LayerRope:
+    """Layers whose rope is not the model's ``rope_theta`` / ``rope_scaling`` (models/layer_rope.py
+    builds each layer's): ``no_rope``, the layers that apply none (SmolLM3's NoPE layers);
+    ``sliding_theta``, the base of a plain rope (no scaling) on the sliding-window layers
+    (OLMo 3), None where they share the full layers' rope."""
+
+    no_rope: tuple[int, ...] = ()
+    sliding_theta: float | None = None

@@ -16,9 +16,15 @@ import torch
 from radixserve.model_config import ModelConfig
 from radixserve.models.gemma_config import (GEMMA_ARCHITECTURES, gemma_gguf_config,
                                             gemma_hf_config, gemma_hf_name)
+from radixserve.models.mistral3_config import (MISTRAL3_ARCHITECTURES, mistral3_gguf_config,
+                                               mistral3_hf_config, mistral3_hf_name)
+from radixserve.models.olmo2_config import (OLMO_ARCHITECTURES, olmo_gguf_config,
+                                            olmo_hf_config, olmo_hf_name)
 from radixserve.models.qwen35_config import (QWEN35_ARCHITECTURES, qwen35_gguf_config,
                                              qwen35_hf_config, qwen35_hf_name)
 from radixserve.models.qwen35_gguf import Qwen35Gguf
+from radixserve.models.smollm3_config import (SMOLLM3_ARCHITECTURES, smollm3_gguf_config,
+                                              smollm3_hf_config)
 
 Weights = Iterable[tuple[str, torch.Tensor]]
 
@@ -59,6 +65,10 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
+    Family(SMOLLM3_ARCHITECTURES, smollm3_hf_config, smollm3_gguf_config),
+    Family(OLMO_ARCHITECTURES, olmo_hf_config, olmo_gguf_config, gguf_name=olmo_hf_name),
+    Family(MISTRAL3_ARCHITECTURES, mistral3_hf_config, mistral3_gguf_config,
+           hf_name=mistral3_hf_name),
     Family(GEMMA_ARCHITECTURES, gemma_hf_config, gemma_gguf_config, gguf_name=gemma_hf_name),
     Family(QWEN35_ARCHITECTURES, qwen35_hf_config, qwen35_gguf_config, hf_name=qwen35_hf_name,
            gguf_layout=Qwen35Gguf),

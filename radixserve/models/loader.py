@@ -227,7 +227,9 @@ def hf_name(gguf_name: str, fused: dict[str, str] | None = None) -> str | None:
 
 
 # llama.cpp permutes the Q/K rows of these
-_PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
+_PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
+                           "SmolLM3ForCausalLM", "Mistral3ForConditionalGeneration",
+                           "Ministral3ForCausalLM")
 
 
 def _gguf_namer(config: ModelConfig, reader):

@@ -20,8 +20,15 @@ _MODELS = {
     "Phi3ForCausalLM": _LLAMA,  # q/k/v and gate/up stored fused; longrope, partial rotary
     "Qwen3_5ForCausalLM": ("radixserve.models.qwen35", "Qwen35ForCausalLM"),  # hybrid
     "Qwen3_5MoeForCausalLM": ("radixserve.models.qwen35", "Qwen35ForCausalLM"),  # hybrid MoE
+    "SmolLM3ForCausalLM": ("radixserve.models.smollm3", "SmolLM3ForCausalLM"),  # NoPE layers
+    "Olmo2ForCausalLM": ("radixserve.models.olmo2", "Olmo2ForCausalLM"),  # norms after
+    "Olmo3ForCausalLM": ("radixserve.models.olmo2", "Olmo2ForCausalLM"),  # + sliding layers
+    "Mistral3ForConditionalGeneration": ("radixserve.models.mistral3", "Mistral3ForCausalLM"),
+    "Ministral3ForCausalLM": ("radixserve.models.mistral3", "Mistral3ForCausalLM"),
 }
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+                      "olmo2": "Olmo2ForCausalLM", "mistral3": "Mistral3ForConditionalGeneration",
+                      "qwen2": "Qwen2ForCausalLM",
                       "qwen2moe": "Qwen2MoeForCausalLM", "qwen3": "Qwen3ForCausalLM",
                       "qwen3moe": "Qwen3MoeForCausalLM",
                       "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
