@@ -23,6 +23,9 @@ from radixserve.models.olmo2_config import (OLMO_ARCHITECTURES, olmo_gguf_config
 from radixserve.models.qwen35_config import (QWEN35_ARCHITECTURES, qwen35_gguf_config,
                                              qwen35_hf_config, qwen35_hf_name)
 from radixserve.models.qwen35_gguf import Qwen35Gguf
+from radixserve.models.qwen3next_config import (QWEN3NEXT_ARCHITECTURES, qwen3next_hf_config,
+                                                qwen3next_hf_name)
+from radixserve.models.qwen3next_gguf import Qwen3NextGguf
 from radixserve.models.smollm3_config import (SMOLLM3_ARCHITECTURES, smollm3_gguf_config,
                                               smollm3_hf_config)
 
@@ -72,6 +75,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(GEMMA_ARCHITECTURES, gemma_hf_config, gemma_gguf_config, gguf_name=gemma_hf_name),
     Family(QWEN35_ARCHITECTURES, qwen35_hf_config, qwen35_gguf_config, hf_name=qwen35_hf_name,
            gguf_layout=Qwen35Gguf),
+    Family(QWEN3NEXT_ARCHITECTURES, qwen3next_hf_config, qwen35_gguf_config,
+           hf_name=qwen3next_hf_name, gguf_layout=Qwen3NextGguf),
 )
 
 

@@ -84,15 +84,18 @@ def load_half_stored(model: nn.Module, path: str, device: torch.device,
     for a missing tensor or a linear weight that is not float16 / bfloat16."""
     tensors = _Tensors(path, rename)
     packed = getattr(model, "packed_modules", {})
+    rows_of = getattr(model, "hf_row_order", lambda name: None)  # a fused matrix's own order
     linears = [(prefix, parent, name) for prefix, parent in model.named_modules()
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
     bar = tqdm(linears, desc="packing 16-bit matrices", unit="matrix",
                disable=not show_progress, leave=False, delay=1.0)
     for prefix, parent, name in bar:
         base = f"{prefix}.{name}" if prefix else name
-        shards = [base.rsplit(name, 1)[0] + shard for shard in packed.get(name, (name,))]
-        weights = [shard.take(f"{s}.weight", tensors.take(f"model.{s}.weight", f"{s}.weight"))
-                   for s in shards]
+        shards = ([base] if tensors.holds(f"{base}.weight")  # stored fused (Phi-3, Qwen3-Next)
+                  else [base.rsplit(name, 1)[0] + shard for shard in packed.get(name, (name,))])
+        weights = [tensors.take(f"model.{s}.weight", f"{s}.weight") for s in shards]
+        weights = [shard.take(f"{s}.weight", _rows(w, rows_of(f"{s}.weight")))
+                   for s, w in zip(shards, weights)]
         has_bias = getattr(parent, name).bias is not None
         bias = (torch.cat([shard.take(f"{s}.bias", tensors.take(f"model.{s}.bias",
                                                                 f"{s}.bias").float())
@@ -157,6 +160,10 @@ class _Tensors:
                 return _read(*found)
         raise ValueError(f"weights missing from the checkpoint: [{names[-1]!r}]")
 
+    def holds(self, name: str) -> bool:
+        """Whether ``name`` (with or without the ``model.`` prefix) is still to be taken."""
+        return f"model.{name}" in self._where or name in self._where
+
     def peek(self, name: str) -> torch.Tensor:
         found = self._where.get(name) or self._where.get(name.removeprefix("model."))
         if found is None:
@@ -170,6 +177,10 @@ class _Tensors:
     def rest(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name in list(self._where):
             yield name, self.take(name)
+
+
+def _rows(weight: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+    return weight if order is None else weight[order]
 
 
 def _read(handle, name: str, index: tuple | None) -> torch.Tensor:

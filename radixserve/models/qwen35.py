@@ -112,23 +112,29 @@ class GatedDeltaNet(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         states = get_forward_context().states
-        mixed = causal_conv(self.in_proj_qkv(x), self.conv1d.weight[:, 0],
+        qkv, z, a, b = self._project(x)
+        mixed = causal_conv(qkv, self.conv1d.weight[:, 0],
                             states.conv[self.layer_idx], states.cu_seqlens, states.slots,
                             states.snapshots)
         q, k, v = mixed.split(self.split, dim=-1)
         q = q.reshape(n, self.num_k_heads, self.head_k_dim)
         k = k.reshape(n, self.num_k_heads, self.head_k_dim)
         v = v.reshape(n, self.num_v_heads, self.head_v_dim)
-        g, beta = self._gates(self.in_proj_a(x), self.in_proj_b(x))
+        g, beta = self._gates(a, b)
         out = gated_delta_rule(q, k, v, g, beta, states.ssm[self.layer_idx],
                                states.cu_seqlens, states.slots, states.snapshots)
-        z = self.in_proj_z(x).reshape(-1, self.head_v_dim)
+        z = z.reshape(-1, self.head_v_dim)
         out = self.norm(out.reshape(-1, self.head_v_dim).float())
         if self.norm.native:  # silu(z) * out: the MLPs' kernel, on [z | out] rows
             out = silu_and_mul(torch.cat([z.float(), out], dim=-1), True)
         else:
             out = out * F.silu(z.float())
         return self.out_proj(out.to(x.dtype).reshape(n, -1))
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(qkv [T, conv_dim], z [T, value_dim], a, b [T, num_value_heads]): the input
+        projections (a subclass may hold them fused: models/qwen3next.py)."""
+        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_a(x), self.in_proj_b(x)
 
     def _gates(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(g, beta): the state's log decay and the update's weight per token and head."""
@@ -140,12 +146,13 @@ class GatedDeltaNet(nn.Module):
 
 
 class Qwen35DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding,
+                 linear_attn_cls: type[GatedDeltaNet] = GatedDeltaNet) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.is_linear = cfg.linear_attn.is_linear(layer_idx)
         if self.is_linear:
-            self.linear_attn = GatedDeltaNet(cfg, layer_idx)
+            self.linear_attn = linear_attn_cls(cfg, layer_idx)
         else:
             kv_index = cfg.attention_layers.index(layer_idx)
             self.self_attn = GatedAttention(cfg, kv_index, rotary)
@@ -172,6 +179,7 @@ class Qwen35ForCausalLM(LlamaForCausalLM):
     layers_in_python: ClassVar[str] = (
         "Gated DeltaNet and gated attention have no native layer call; their linears still "
         "run native kernels")
+    linear_attn_cls: ClassVar[type[GatedDeltaNet]] = GatedDeltaNet  # Qwen3-Next's: fused inputs
 
     def __init__(self, cfg: ModelConfig) -> None:
         nn.Module.__init__(self)
@@ -181,7 +189,7 @@ class Qwen35ForCausalLM(LlamaForCausalLM):
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                       cfg.rope_scaling, cfg.rotary_dim)
         self.embed_tokens = empty_embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Qwen35DecoderLayer(cfg, i, self.rotary)
+        self.layers = nn.ModuleList(Qwen35DecoderLayer(cfg, i, self.rotary, self.linear_attn_cls)
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = (None if cfg.tie_word_embeddings

@@ -20,6 +20,7 @@ _MODELS = {
     "Phi3ForCausalLM": _LLAMA,  # q/k/v and gate/up stored fused; longrope, partial rotary
     "Qwen3_5ForCausalLM": ("radixserve.models.qwen35", "Qwen35ForCausalLM"),  # hybrid
     "Qwen3_5MoeForCausalLM": ("radixserve.models.qwen35", "Qwen35ForCausalLM"),  # hybrid MoE
+    "Qwen3NextForCausalLM": ("radixserve.models.qwen3next", "Qwen3NextForCausalLM"),  # hybrid
     "SmolLM3ForCausalLM": ("radixserve.models.smollm3", "SmolLM3ForCausalLM"),  # NoPE layers
     "Olmo2ForCausalLM": ("radixserve.models.olmo2", "Olmo2ForCausalLM"),  # norms after
     "Olmo3ForCausalLM": ("radixserve.models.olmo2", "Olmo2ForCausalLM"),  # + sliding layers
@@ -33,7 +34,7 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm3": "SmolLM3ForCausalL
                       "qwen3moe": "Qwen3MoeForCausalLM",
                       "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
                       "gemma3": "Gemma3ForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
-                      "qwen35moe": "Qwen3_5MoeForCausalLM"}
+                      "qwen35moe": "Qwen3_5MoeForCausalLM", "qwen3next": "Qwen3NextForCausalLM"}
 # (a GGUF "llama" file with llama.expert_count > 0 is Mixtral: models/loader.py)
 
 
