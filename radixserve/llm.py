@@ -14,6 +14,7 @@ from radixserve.config import engine_config
 from radixserve.engine.build import build_engine_core
 from radixserve.frontend.fanout import Fanout, gate_on_reasoning
 from radixserve.frontend.parsers import get_reasoning_parser
+from radixserve.frontend.parsers.detect import AUTO, reasoning_parser_for
 from radixserve.hub import resolve_model
 from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.loader import open_gguf
@@ -39,9 +40,11 @@ class LLM:
     they are measured to pay; ``off``; see `SpeculativeConfig`).
     ``draft_model``: a smaller model with the same vocabulary that drafts for speculative
     decoding (implies ``speculative="draft"``; ValueError with another method).
-    ``reasoning_parser``: as ``radixserve serve --reasoning-parser`` (think, qwen3, deepseek_r1):
-    structured outputs start after its end tag; without one they start at the first token,
-    whatever ``after_reasoning`` says (`gate_on_reasoning`). The text keeps the reasoning.
+    ``reasoning_parser``: as ``radixserve serve --reasoning-parser`` (``"auto"``: the one the
+    chat template shows; think, qwen3, glm45, deepseek_r1, mistral): structured outputs start
+    after its end tag, unless the prompt closed the block; without one they start at the first
+    token, whatever ``after_reasoning`` says (`gate_on_reasoning`). The text keeps the
+    reasoning, its tags included (those that are special tokens, Mistral's ``[THINK]``, too).
 
     ``lora_modules``: LoRA adapters to load, name → path (a PEFT folder or a GGUF LoRA file);
     ``max_loras`` of them resident at once (engine/lora_registry.py). A request runs with one
@@ -67,8 +70,8 @@ class LLM:
                  kv_events_config: str | dict | None = None,
                  reasoning_parser: str | None = None, show_progress: bool = True,
                  lora_modules: dict[str, str] | None = None, max_loras: int = 4) -> None:
-        self.reasoning_parser = get_reasoning_parser(reasoning_parser) if reasoning_parser \
-            else None
+        if reasoning_parser not in (None, AUTO):
+            get_reasoning_parser(reasoning_parser)  # an unknown name fails before the load
         model, draft_model = resolve_model(model), resolve_model(draft_model)
         self.config = engine_config(
             model, block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
@@ -89,6 +92,7 @@ class LLM:
         self.engine = build_engine_core(self.config, self.source, show_progress, reader,
                                         lambda: self.tokenizer)
         self.tokenizer = load_tokenizer(self.source, reader)
+        self.reasoning_parser = reasoning_parser_for(reasoning_parser, self.tokenizer)[1]
         self._ids = itertools.count()
 
     def close(self) -> None:
@@ -193,7 +197,8 @@ class LLM:
         text, ids = item
         if text is None:
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return gate_on_reasoning(params, self.reasoning_parser, text, self.tokenizer)
+        return gate_on_reasoning(params, self.reasoning_parser.for_prompt(text), text,
+                                 self.tokenizer)
 
     def _submit(self, fanout: Fanout, priority: int) -> None:
         for req in fanout.requests(sorted(self.tokenizer.eos_token_ids), priority):

@@ -53,8 +53,8 @@ from radixserve.frontend.http.limits import serve_limits
 from radixserve.frontend.http.lora_routes import lora_updates
 from radixserve.frontend.http.metrics import ServerMetrics
 from radixserve.frontend.openai.serving import ServingContext
-from radixserve.frontend.parsers import get_reasoning_parser, get_tool_parser
-from radixserve.frontend.parsers.detect import resolve_tool_format
+from radixserve.frontend.parsers import get_tool_parser
+from radixserve.frontend.parsers.detect import reasoning_parser_for, resolve_tool_format
 from radixserve.frontend.pooling import resolve_embedding
 from radixserve.frontend.rerank import Reranker
 from radixserve.frontend.responses.store import ResponseStore
@@ -79,7 +79,6 @@ def serve(args: argparse.Namespace, prestarted: PrestartedEngine | None = None) 
         require_ray()  # at once, not after the tokenizer has loaded
     source = ModelSource.resolve(args.model)
     args.task = _task(source, args.task)
-    reasoning = get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None
     reader = _metadata(source)  # this process's one parse of a GGUF's metadata
     embedding = _embedding_setup(source, args, reader)
     try:  # each --lora checked as a run-time load is, before any process starts
@@ -107,7 +106,7 @@ def serve(args: argparse.Namespace, prestarted: PrestartedEngine | None = None) 
     if len(builds) > 1:  # each replica's KV events on its own port
         builds = [functools.partial(with_replica_rank, r, b) for r, b in enumerate(builds)]
     name = args.served_model_name or source.name
-    return uvloop.run(_serve(args, builds, tables, name, reasoning, embedding, prestarted))
+    return uvloop.run(_serve(args, builds, tables, name, embedding, prestarted))
 
 
 def _frontend_tables(load_tokenizer, source, reader=None):
@@ -135,6 +134,15 @@ def _tool_parser(requested: str, tokenizer):
     if kept:
         logger.info("special tokens decoded as text for the tool-call parser: %s",
                     " ".join(kept))
+    return name, parser
+
+
+def _reasoning_parser(requested: str | None, tokenizer):
+    """(name, parser) of ``--reasoning-parser`` (None, None: none): `requested`, or with "auto"
+    the one the tokenizer's chat template shows (`detect.reasoning_parser_for`); logged once.
+    Mutates the tokenizer: the parser's tags that are special tokens decode as text."""
+    name, parser, why = reasoning_parser_for(requested, tokenizer)
+    logger.info("reasoning parser: %s (%s)", name or "none", why)
     return name, parser
 
 
@@ -194,7 +202,7 @@ def _reranker(task: str, tokenizer):
     return reranker
 
 
-async def _serve(args, builds, tables, name, reasoning, embedding, prestarted=None) -> int:
+async def _serve(args, builds, tables, name, embedding, prestarted=None) -> int:
     try:
         store = ResponseStore(args.response_store, args.response_store_max)
     except ValueError as exc:
@@ -218,6 +226,7 @@ async def _serve(args, builds, tables, name, reasoning, embedding, prestarted=No
         tokenizer, validator = await frontend
         startup_trace.mark("frontend tables")
         tool_format, tool_parser = _tool_parser(args.tool_call_parser, tokenizer)
+        reasoning_name, reasoning = _reasoning_parser(args.reasoning_parser, tokenizer)
         reranker = (_cross_encoder(args, ready.max_model_len)
                     or _reranker(args.task, tokenizer))
         client = supervisor.client
@@ -257,7 +266,7 @@ async def _serve(args, builds, tables, name, reasoning, embedding, prestarted=No
         print(f"radixserve: serving {name} on http://{args.host}:{args.port} "
               f"(context {ready.max_model_len}, {ready.num_kv_blocks} KV blocks{replicas}; "
               f"embeddings: {embedding.pooling + ' pooling' if embedding.pooling else 'off'}; "
-              f"tool calls: {tool_format})",
+              f"reasoning: {reasoning_name or 'none'}; tool calls: {tool_format})",
               file=sys.stderr, flush=True)
         startup_trace.end()
         await server.serve()
@@ -352,13 +361,9 @@ def _server_class() -> type[_Server]:
 # loads is started and served the same way.
 frontend_tables = _frontend_tables
 tool_parser = _tool_parser
+reasoning_parser = _reasoning_parser
 reranker = _reranker
 restart_policy = _restart_policy
 server_class = _server_class
 settle_gc = _settle_gc
 DRAIN_GRACE_S = _DRAIN_GRACE_S
-
-
-def reasoning(args: argparse.Namespace):
-    """The ``--reasoning-parser`` (None: none)."""
-    return get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None

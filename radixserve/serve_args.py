@@ -14,7 +14,7 @@ from radixserve.frontend.http.host_check import allowed_hosts_arg
 from radixserve.frontend.http.limits import add_limit_args
 from radixserve.frontend.models_dir.args import add_models_dir_args
 from radixserve.frontend.openai.response_size import DEFAULT_MAX_RESPONSE_MB, MB
-from radixserve.frontend.parsers import TOOL_PARSERS
+from radixserve.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS
 from radixserve.frontend.parsers.detect import AUTO
 
 
@@ -55,19 +55,28 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-call-parser", default=AUTO, choices=[AUTO, *TOOL_PARSERS],
                         help="the tool-call format read from the output when a request has "
                              "tools. auto (default): the one the model's chat template writes "
-                             "calls in (<tool_call>: hermes or qwen3_coder, [TOOL_CALLS]: "
-                             "mistral, <|python_tag|>/\"parameters\": llama3_json, "
-                             "functools[: phi4_mini, tool▁calls▁begin: deepseek_v3, "
-                             "[func_name(: pythonic); hermes for a template without tool "
-                             "support, which gets the tools in that format "
-                             "(tokenizer/tool_prompt.py). A name overrides the detection")
+                             "calls in (<tool_call>: hermes, qwen3_coder (with <function=) or "
+                             "glm45 (with <arg_key>), [TOOL_CALLS]: mistral, "
+                             "<|tool_call_start|>: lfm2, <TOOLCALL>: nemotron_v2, "
+                             "<|python_tag|>/\"parameters\": llama3_json, functools[: "
+                             "phi4_mini, tool▁calls▁begin: deepseek_v3, [func_name(: "
+                             "pythonic); hermes for a template without tool support, which "
+                             "gets the tools in that format (tokenizer/tool_prompt.py). A name "
+                             "overrides the detection (glm47: glm45's, as vLLM names it)")
     parser.add_argument("--no-tool-call-grammar", action="store_true",
                         help="leave tool_choice auto answers free; by default, in the hermes "
                              "format, they are text or text then well-formed calls of the "
                              "request's tools (frontend/parsers/tool_grammar.py)")
     parser.add_argument("--reasoning-parser", default=None,
-                        help="split <think> reasoning into reasoning_content "
-                             "(think, qwen3, deepseek_r1)")
+                        choices=[AUTO, *REASONING_PARSERS],
+                        help="split the reasoning out of the output into reasoning_content "
+                             "(off by default). auto: the one the chat template shows "
+                             "([THINK]: mistral, <think>: think; none without either); or "
+                             "think, qwen3, glm45 (<think>...</think>), deepseek_r1 (starts "
+                             "in reasoning), mistral ([THINK]...[/THINK]). Each request's "
+                             "rendered prompt decides whether its output starts inside the "
+                             "block: a template that opened it (enable_thinking on) or "
+                             "closed it (off)")
     parser.add_argument("--max-n", type=positive_int, default=16, help="largest accepted n")
     parser.add_argument("--task", default="auto", choices=["auto", "embed", "rerank"],
                         help="embed: serve /v1/embeddings (pooled final hidden states) even "

@@ -130,13 +130,13 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
         raise
     try:
         tool_format, tool_parser = single.tool_parser(args.tool_call_parser, tokenizer)
+        _, reasoning = single.reasoning_parser(args.reasoning_parser, tokenizer)
         reranker = single.reranker(args.task, tokenizer)
         client = supervisor.client
         metrics = ServerMetrics(client, entry.name, ready.max_model_len)
         metrics.registry.register(ReplicaCollector(supervisor, entry.name))
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
-        ctx = ServingContext(engine, entry.name, args.max_n, tool_parser,
-                             single.reasoning(args),
+        ctx = ServingContext(engine, entry.name, args.max_n, tool_parser, reasoning,
                              tool_call_grammar=not args.no_tool_call_grammar,
                              grammar_validator=validator,
                              structured_strict=args.structured_strict == "true",

@@ -131,14 +131,22 @@ def test_renders_as_transformers(name: str, thinking: bool) -> None:
 
 
 @pytest.mark.parametrize("name", [n for n, f in FAMILIES.items() if not f.renders_calls])
-def test_templates_without_calls_get_the_loop_in_the_generic_format(name: str) -> None:
+def test_templates_without_calls_get_the_loop_written_in(name: str) -> None:
     """transformers drops (or fails on) what these templates cannot render; radixserve writes
-    it in (tokenizer/tool_prompt.py): the definitions, the call, its result."""
+    it in (tokenizer/tool_prompt.py): the definitions, the call in the format the template
+    shows (LFM2's call list for LFM2 and LFM2.5-Instruct, which the lfm2 parser reads back)
+    or else the generic one (Hermes), its result (in the tool role where the model has one)."""
     family = FAMILIES[name]
     text = ours(family, conversation("You are terse.", openai=True))
-    assert text.count('"name": "get_weather"') == 2  # the definition and the earlier call
-    assert '"arguments": {"city": "Paris", "days": 3}' in text
+    assert text.count("get_weather") == 2  # the definition and the earlier call
+    call = text.split("Weather in Paris for 3 days?")[1].split("<|im_start|>assistant\n")[1]
+    call = call.split("<|im_end|>")[0]
+    _, calls = get_tool_parser(family.tool_format).extract(call)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", ARGS)]
+    lfm2 = family.tool_format == "lfm2"
+    assert call.startswith("<|tool_call_start|>[get_weather(") == lfm2
     assert RESULT in text and text.index(RESULT) < text.index("And in Rome?")
+    assert ("<|im_start|>tool\n" in text) == lfm2  # else a user turn of <tool_response>
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

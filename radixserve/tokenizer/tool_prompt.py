@@ -10,12 +10,17 @@ does, in its own words):
   with the instruction to call a tool as ``<tool_call>{"name": ..., "arguments": {...}}
   </tool_call>``: the Hermes format, which the default tool-call parser reads
   (frontend/parsers/tool_calls.py);
-* an assistant message's calls are written into its content in that format;
+* an assistant message's calls are written into its content in that format, or in the format
+  the template shows where that one has a writer here (`template_formats`): LFM2's
+  ``<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>``, after the text, as
+  LFM2.5's own template writes it. A call whose arguments are not a JSON object is written
+  without arguments there (a Python call list has no place for the text);
 * tool results become a user message of ``<tool_response>`` blocks (consecutive results in
   one message, so templates that demand alternating roles accept them), in a conversation
   that calls tools (tools given, or calls in it); otherwise the template renders them as it
-  does (as `transformers` would). A template that renders ``tool_calls`` is trusted with the
-  tool role, even where it does not name it (LFM2.5 renders every role alike).
+  does (as `transformers` would). A template that renders ``tool_calls``, or one that shows the
+  LFM2 format, is trusted with the tool role, even where it does not name it (LFM2's templates
+  render every role alike, and its models are trained on the tool role).
 
 A template that reads each of these renders the conversation as given (a ``content`` of
 None then reaches it as an absent key, as in `transformers`).
@@ -25,12 +30,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["adapt_tools", "reads_tools"]
+from radixserve.tokenizer.template_formats import reads_tools, template_tool_format
 
-_TOOLS = re.compile(r"\btools\b")
+__all__ = ["adapt_tools"]
+
 _TOOL_ROLE = re.compile(r"""['"](tool|ipython)['"]""")
 
 INSTRUCTIONS = (
@@ -40,11 +46,6 @@ INSTRUCTIONS = (
     "<tool_call></tool_call> tags, one block per call:\n"
     '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>\n'
     "Each result comes back within <tool_response></tool_response> tags.")
-
-
-def reads_tools(source: str) -> bool:
-    """Whether the template renders the ``tools`` it is given."""
-    return bool(_TOOLS.search(source))
 
 
 def adapt_tools(source: str, messages: Sequence[Mapping[str, Any]],
@@ -57,11 +58,14 @@ def adapt_tools(source: str, messages: Sequence[Mapping[str, Any]],
     if tools and not reads_tools(source):
         out = _with_definitions(out, tools)
         tools = None
-    if "tool_calls" not in source:
+    writer = None  # None: the template writes the calls itself
+    if calling and "tool_calls" not in source:
+        writer = _WRITERS.get(template_tool_format(source)[0], _hermes_calls)
+    if writer is not None:
         for m in out:
             if m.get("role") == "assistant" and m.get("tool_calls"):
-                m["content"] = _with_calls(m.get("content") or "", m.pop("tool_calls"))
-    if calling and not _TOOL_ROLE.search(source) and "tool_calls" not in source:
+                m["content"] = writer(m.get("content") or "", m.pop("tool_calls"))
+    if writer is _hermes_calls and not _TOOL_ROLE.search(source):
         out = _results_as_user(out)
     return out, None if tools is None else [dict(t) for t in tools]
 
@@ -79,19 +83,43 @@ def _with_definitions(messages: list[dict], tools: Sequence[Mapping[str, Any]]) 
     return [{"role": "system", "content": text}, *messages]
 
 
-def _with_calls(content: str, calls: Sequence[Mapping[str, Any]]) -> str:
+def _arguments(fn: Mapping[str, Any]) -> Any:
+    """A call's arguments: parsed when they are a JSON string, else as the client sent them."""
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except ValueError:
+            pass  # kept as the string the client sent
+    return args
+
+
+def _hermes_calls(content: str, calls: Sequence[Mapping[str, Any]]) -> str:
     blocks = []
     for call in calls:
         fn = call.get("function") or {}
-        args = fn.get("arguments")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                pass  # kept as the string the client sent
+        args = _arguments(fn)
         blocks.append("<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args},
                                                    ensure_ascii=False) + "\n</tool_call>")
     return "\n".join([content, *blocks] if content else blocks)
+
+
+def _lfm2_calls(content: str, calls: Sequence[Mapping[str, Any]]) -> str:
+    """LFM2's call list: each argument as JSON, which `parsers/lfm2.py` reads back."""
+    written = []
+    for call in calls:
+        fn = call.get("function") or {}
+        args = _arguments(fn)
+        pairs = args.items() if isinstance(args, Mapping) else ()
+        written.append(f"{fn.get('name')}(" + ", ".join(
+            f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in pairs) + ")")
+    return f"{content}<|tool_call_start|>[{', '.join(written)}]<|tool_call_end|>"
+
+
+_WRITERS: dict[str, Callable[[str, Sequence[Mapping[str, Any]]], str]] = {
+    "lfm2": _lfm2_calls}
+"""Format name (`template_formats`) -> the writer of an assistant's earlier calls in it, for
+templates that show the format but cannot write calls; any other format: `_hermes_calls`."""
 
 
 def _results_as_user(messages: list[dict]) -> list[dict]:

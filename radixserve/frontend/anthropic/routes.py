@@ -40,14 +40,14 @@ class AnthropicRoutes:
         arrival = time.time()
         body = parse_body(MessagesRequest, call.body)
         self.gate.precheck(1, 0)
-        ids, params, tool_parser = await self.messages.prepare(body)
+        ids, params, parsers = await self.messages.prepare(body)
         await self.ctx.check_structured("tool_choice", [params])
         self.ctx.check_alive()
         ticket = self.gate.admit(1, len(ids))
         call.admitted.append(ticket)
         if body.stream:
-            return self.messages.stream(ids, params, tool_parser, arrival, ticket)
-        work = self.messages.full(ids, params, tool_parser, arrival, ticket)
+            return self.messages.stream(ids, params, parsers, arrival, ticket)
+        work = self.messages.full(ids, params, parsers, arrival, ticket)
         return await until_disconnect(call.receive, work)
 
     async def count_tokens(self, call: Call):

@@ -22,7 +22,7 @@ from radixserve.frontend.anthropic.blocks import (
 from radixserve.frontend.http.errors import error_headers, error_response, send_json
 from radixserve.frontend.openai.protocol import random_id
 from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
-from radixserve.frontend.openai.serving import ChoiceStream, ServingContext
+from radixserve.frontend.openai.serving import ChatParsers, ServingContext
 from radixserve.frontend.openai.serving_chat import ChatServer, render_messages
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -70,7 +70,7 @@ class MessagesServer:
         self.chat = chat or ChatServer(ctx)
 
     async def prepare(self, body: MessagesRequest):
-        """(prompt ids, SamplingParams, tool-call parser or None), as `ChatServer.prepare`."""
+        """(prompt ids, SamplingParams, `ChatParsers`), as `ChatServer.prepare`."""
         return await self.chat.prepare(body.to_chat())
 
     async def count_tokens(self, body: CountTokensRequest) -> bytes:
@@ -90,29 +90,29 @@ class MessagesServer:
                 "model": self.ctx.model_name, "content": content, "stop_reason": reason,
                 "stop_sequence": sequence, "usage": usage_}
 
-    async def full(self, ids, params, tool_parser, arrival: float,
+    async def full(self, ids, params, parsers: ChatParsers, arrival: float,
                    ticket: QueueTicket = NO_TICKET) -> bytes:
         message_id = random_id("msg_")
         state: RequestState | None = None
         async with self._generate(ids, params, message_id, arrival, ticket) as steps:
             async for step in steps:
                 state = step.state
-        parsers = ChoiceStream(self.ctx.reasoning_parser, tool_parser)
+        stream = parsers.stream()
         blocks = BlockAssembler()
-        for delta in parsers.feed(state.text) + parsers.finish():
+        for delta in stream.feed(state.text) + stream.finish():
             blocks.add(delta)
         blocks.close()
         reason, sequence = stop_reason(state, blocks.has_tool_calls)
         return msgspec.json.encode(self._message(message_id, blocks.blocks, reason, sequence,
                                                  usage(len(ids), state)))
 
-    async def stream(self, ids, params, tool_parser, arrival: float,
+    async def stream(self, ids, params, parsers: ChatParsers, arrival: float,
                      ticket: QueueTicket = NO_TICKET) -> AsyncIterator[str]:
         """The event stream, one write per engine step. ``message_start`` waits for the first
         step, so its usage knows the prefix-cache hit; ``message_delta`` carries the final
         usage and the stop reason."""
         message_id = random_id("msg_")
-        parsers = ChoiceStream(self.ctx.reasoning_parser, tool_parser)
+        stream = parsers.stream()
         blocks = BlockAssembler()
         started = False
         async with self._generate(ids, params, message_id, arrival, ticket) as steps:
@@ -124,9 +124,9 @@ class MessagesServer:
                     start_usage = dict(usage(len(ids), state), output_tokens=0)
                     out += [event("message_start", {"message": self._message(
                         message_id, [], None, None, start_usage)}), PING]
-                deltas = parsers.feed(step.text)
+                deltas = stream.feed(step.text)
                 if state.finished:
-                    deltas += parsers.finish()
+                    deltas += stream.finish()
                 for delta in deltas:
                     out += blocks.add(delta)
                 if state.finished:

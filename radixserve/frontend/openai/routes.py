@@ -124,15 +124,15 @@ class OpenAIRoutes:
         arrival = time.time()
         body = parse_body(ChatCompletionRequest, call.body)
         self.gate.precheck(body.n or 1, 0)
-        ids, params, tool_parser = await self.chat.prepare(body)
+        ids, params, parsers = await self.chat.prepare(body)
         await self.ctx.check_structured(structured_param(body), [params])
         size = self.chat.response_bytes(params, self.ctx.max_response_bytes, bool(body.stream))
         self.ctx.check_alive()
         ticket = self.gate.admit(params.n, len(ids), body.timeout)
         call.admitted.append(ticket)
         if body.stream:
-            return self.chat.stream(body, ids, params, tool_parser, arrival, ticket)
-        work = self.chat.full(body, ids, params, tool_parser, arrival, ticket)
+            return self.chat.stream(body, ids, params, parsers, arrival, ticket)
+        work = self.chat.full(body, ids, params, parsers, arrival, ticket)
         return await encode_body(await until_disconnect(call.receive, work), size)
 
     async def embed(self, call: Call):

@@ -1,5 +1,6 @@
 """What the generation endpoints share: the served model, request checks, SSE, and the chat
-parsers of one sample (`ChoiceStream`: chat, Responses and Anthropic build on it)."""
+parsers of one request (`ChatParsers`) and of one sample (`ChoiceStream`: chat, Responses and
+Anthropic build on it)."""
 
 from __future__ import annotations
 
@@ -196,6 +197,29 @@ async def merge(iterators: list[AsyncIterator]) -> AsyncIterator:
 
 def token_bytes(text: str) -> list[int]:
     return list(text.encode("utf-8"))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatParsers:
+    """One chat request's output parsers, plain data: the server's reasoning parser set for
+    the request's rendered prompt (`ReasoningParser.for_prompt`: whether the template opened
+    the block) and the tool-call parser its tools call for (a `ToolCallParser` or one of its
+    shape: lenient, forced). None turns that parsing off. Stateless, shared by the request's
+    samples; `stream` gives one sample its streaming state."""
+
+    reasoning: ReasoningParser | None = None
+    tools: ToolCallParser | None = None
+
+    def stream(self) -> ChoiceStream:
+        return ChoiceStream(self.reasoning, self.tools)
+
+    def extract(self, text: str) -> tuple[str | None, str, list]:
+        """(reasoning_content, content, tool calls) of a whole sample, as `stream` adds up."""
+        reasoning, content = self.reasoning.extract(text) if self.reasoning else (None, text)
+        if self.tools is None:
+            return reasoning, content, []
+        content, calls = self.tools.extract(content)
+        return reasoning, content, calls
 
 
 class ChoiceStream:

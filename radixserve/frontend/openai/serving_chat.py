@@ -27,7 +27,7 @@ from radixserve.frontend.openai.protocol_chat import (ChatCompletionChoice, Chat
 from radixserve.frontend.openai.protocol_chat import ChatCompletionStreamChoice as StreamChoice
 from radixserve.frontend.openai.response_size import (chat_terms, check_response_size,
                                                      off_loop_if_large)
-from radixserve.frontend.openai.serving import (TEXT_MARK, ChoiceStream, ChunkTemplate,
+from radixserve.frontend.openai.serving import (TEXT_MARK, ChatParsers, ChunkTemplate,
                                                 ServingContext, sse, token_bytes)
 from radixserve.frontend.output_processor import RequestState
 from radixserve.frontend.parsers import ForcedToolParser, required_tools_schema
@@ -92,8 +92,11 @@ class ChatServer:
         self.ctx = ctx
 
     async def prepare(self, body: ChatCompletionRequest):
-        """(prompt ids, SamplingParams, tool-call parser or None); errors before queueing.
-        The template and the tokenizer run off the event loop (`PromptPrep`).
+        """(prompt ids, SamplingParams, `ChatParsers`); errors before queueing. The template
+        and the tokenizer run off the event loop (`PromptPrep`). The reasoning parser is the
+        server's set for the rendered prompt: a template that opened the think block
+        (Qwen3.5 with thinking on) starts the output in reasoning, one that closed it
+        (``enable_thinking: false``) does not.
 
         A forced ``tool_choice`` (``"required"`` or a named function) becomes a JSON-schema
         constraint on the output, read back by a `ForcedToolParser`; ``"auto"`` needs the
@@ -125,8 +128,9 @@ class ChatServer:
                 body.parallel_tool_calls is not False)
             if params.structured_outputs is None:
                 params.structured_outputs = await self._auto_tools(body)
-        params = gate_on_reasoning(params, ctx.reasoning_parser, text, ctx.tokenizer)
-        return ids, params, tool_parser
+        reasoning = ctx.reasoning_parser.for_prompt(text) if ctx.reasoning_parser else None
+        params = gate_on_reasoning(params, reasoning, text, ctx.tokenizer)
+        return ids, params, ChatParsers(reasoning, tool_parser)
 
     async def _auto_tools(self, body: ChatCompletionRequest) -> StructuredOutputsParams | None:
         """The grammar of a ``tool_choice: "auto"`` answer in the Hermes format (text, or
@@ -146,8 +150,8 @@ class ChatServer:
             return None
         return constraint
 
-    async def full(self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
-                   ticket: QueueTicket = NO_TICKET) -> ChatCompletionResponse:
+    async def full(self, body: ChatCompletionRequest, ids, params, parsers: ChatParsers,
+                   arrival: float, ticket: QueueTicket = NO_TICKET) -> ChatCompletionResponse:
         request_id = random_id("chatcmpl-")
         finals: dict[int, RequestState] = {}
         async with contextlib.aclosing(
@@ -156,7 +160,7 @@ class ChatServer:
             async for step in steps:
                 if step.state.finished:
                     finals[step.index] = step.state
-        build = functools.partial(self._response, ids, tool_parser, request_id, finals)
+        build = functools.partial(self._response, ids, parsers, request_id, finals)
         return await off_loop_if_large(self.response_bytes(params), build)
 
     def response_bytes(self, params, limit: int | None = None, stream: bool = False) -> int:
@@ -165,20 +169,14 @@ class ChatServer:
         return check_response_size(
             chat_terms(params.n, params.max_tokens, params.logprobs, stream), limit)
 
-    def _response(self, ids, tool_parser, request_id: str,
+    def _response(self, ids, parsers: ChatParsers, request_id: str,
                   finals: dict[int, RequestState]) -> ChatCompletionResponse:
         """The whole answer from the finished samples (may run on a worker thread: it only
         reads them; the parsers' ``extract`` keeps no state)."""
-        reasoning_parser = self.ctx.reasoning_parser
         choices = []
         for index in sorted(finals):
             state = finals[index]
-            reasoning, content = None, state.text
-            if reasoning_parser is not None:
-                reasoning, content = reasoning_parser.extract(content)
-            calls = []
-            if tool_parser is not None:
-                content, calls = tool_parser.extract(content)
+            reasoning, content, calls = parsers.extract(state.text)
             finish = "tool_calls" if calls else state.finish_reason
             message = ChatCompletionMessage(content=content, reasoning_content=reasoning,
                                             tool_calls=[ToolCall(id=c.id, function=FunctionCall(
@@ -190,12 +188,11 @@ class ChatServer:
         return ChatCompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
                                       usage=_usage(len(ids), list(finals.values())))
 
-    async def stream(self, body: ChatCompletionRequest, ids, params, tool_parser, arrival: float,
-                     ticket: QueueTicket = NO_TICKET) -> AsyncIterator[str]:
+    async def stream(self, body: ChatCompletionRequest, ids, params, parsers: ChatParsers,
+                     arrival: float, ticket: QueueTicket = NO_TICKET) -> AsyncIterator[str]:
         request_id = random_id("chatcmpl-")
         created = int(time.time())
         model = self.ctx.model_name
-        reasoning_parser = self.ctx.reasoning_parser
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         templates: dict[int, ChunkTemplate] = {}  # per choice: its plain content chunk
@@ -228,7 +225,7 @@ class ChatServer:
             async for step in steps:
                 state = states[step.index] = step.state
                 if step.index not in streams:
-                    streams[step.index] = ChoiceStream(reasoning_parser, tool_parser)
+                    streams[step.index] = parsers.stream()
                 cs = streams[step.index]
                 deltas = cs.feed(step.text)
                 if state.finished:

@@ -36,7 +36,7 @@ from radixserve.frontend.responses.protocol import FunctionChoice, MessageItem, 
 from radixserve.frontend.responses.store import BrokenChain
 from radixserve.frontend.responses.output import OutputBuilder
 from radixserve.frontend.http.protocol_base import OpenAIError
-from radixserve.frontend.openai.serving import ServingContext
+from radixserve.frontend.openai.serving import ChatParsers, ServingContext
 from radixserve.frontend.openai.serving_chat import ChatServer
 
 
@@ -48,7 +48,7 @@ class ResponsePlan:
     input_items: list[dict]  # this request's own, as stored
     ids: list[int]
     params: SamplingParams
-    tool_parser: object | None
+    parsers: ChatParsers
     response_id: str
     created_at: int
 
@@ -70,8 +70,8 @@ class ResponsesServer:
                                   code="previous_response_not_found") from None
         items = stored_items(body.input_items())
         chat_body = chat_request(body, chat_messages(body.instructions, history + items))
-        ids, params, tool_parser = await self.chat.prepare(chat_body)
-        return ResponsePlan(body, items, ids, params, tool_parser, random_id("resp_"),
+        ids, params, parsers = await self.chat.prepare(chat_body)
+        return ResponsePlan(body, items, ids, params, parsers, random_id("resp_"),
                             int(time.time()))
 
     async def full(self, plan: ResponsePlan, arrival: float, ticket=NO_TICKET) -> bytes:
@@ -79,7 +79,7 @@ class ResponsesServer:
         async with contextlib.aclosing(self._generate(plan, arrival, ticket)) as steps:
             async for step in steps:
                 state = step.state
-        builder = OutputBuilder(self.ctx.reasoning_parser, plan.tool_parser)
+        builder = OutputBuilder(plan.parsers.reasoning, plan.parsers.tools)
         builder.feed(state.text)
         builder.finish(_status(state))
         response = self._response(plan, builder, state, _status(state))
@@ -149,7 +149,7 @@ class ResponseEvents:
                  ticket) -> None:
         self.server, self.plan = server, plan
         self.seq = _Sequencer()
-        self.builder = OutputBuilder(server.ctx.reasoning_parser, plan.tool_parser)
+        self.builder = OutputBuilder(plan.parsers.reasoning, plan.parsers.tools)
         self.state: RequestState | None = None
         self._events = self._run(arrival, ticket)
 
