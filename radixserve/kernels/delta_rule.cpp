@@ -2,8 +2,8 @@
 // sequences whose states live in pool rows (contracts: layers/gated_deltanet.py; argument
 // checks: recurrent_ops.py):
 //
-//   rs_causal_conv       silu(causal depthwise conv), each sequence's last K-1 inputs kept in
-//                        its pool row [K-1, C]
+//   rs_causal_conv       act(causal depthwise conv + bias), act silu or none, each
+//                        sequence's last K-1 inputs kept in its pool row [K-1, C]
 //   rs_gated_delta_rule  per token: S *= exp(g); delta = (v - S^T k) beta; S += k delta^T;
 //                        out = S^T q, with q, k l2-normalized here (q also scaled by Dk^-1/2);
 //                        S the float32 state [Dk, Dv] of one value head
@@ -29,11 +29,13 @@
 #include <algorithm>
 #include <vector>
 
+#include "packed_layout.h"
 #include "simd.h"
 
 namespace {
 
 using namespace simd;
+using packed::Mark;
 
 constexpr int kNV = 4;  // vectors a column block (the S^T k pass: 2 x 4 sums in flight)
 constexpr int64_t kCols = kNV * kW;
@@ -43,35 +45,6 @@ constexpr float kL2Eps = 1e-6f;  // transformers' l2norm
 // Below this many multiply-adds a call runs on the calling thread (a decode step of a small
 // model): waking the pool would cost more.
 constexpr int64_t kSerialWork = 1 << 16;
-
-// Return codes (recurrent_ops.py _ERRORS).
-constexpr int kBadSeqlens = 1, kBadSlot = 2, kBadSnapshot = 3;
-
-struct Mark {  // a snapshot: after n tokens of its sequence, into pool row dst
-  int64_t n, dst;
-};
-
-// Checks cu_seqlens, slots and snapshots against T rows and a pool of S rows; fills each
-// sequence's snapshots in token order.
-int layout(const int64_t* cu, const int64_t* slots, int64_t B, int64_t T, int64_t S,
-           const int64_t* snaps, int64_t N, std::vector<std::vector<Mark>>& marks) {
-  if (cu[0] != 0 || cu[B] != T) return kBadSeqlens;
-  for (int64_t b = 0; b < B; ++b) {
-    if (cu[b + 1] < cu[b]) return kBadSeqlens;
-    if (slots[b] < 0 || slots[b] >= S) return kBadSlot;
-  }
-  marks.assign(B, {});
-  for (int64_t i = 0; i < N; ++i) {
-    const int64_t b = snaps[3 * i], n = snaps[3 * i + 1], dst = snaps[3 * i + 2];
-    if (b < 0 || b >= B || n < 1 || n > cu[b + 1] - cu[b] || dst < 0 || dst >= S)
-      return kBadSnapshot;
-    if (std::find(slots, slots + B, dst) != slots + B) return kBadSnapshot;
-    marks[b].push_back({n, dst});
-  }
-  for (auto& m : marks)
-    std::stable_sort(m.begin(), m.end(), [](Mark a, Mark b) { return a.n < b.n; });
-  return 0;
-}
 
 // -- causal conv --------------------------------------------------------------------------
 
@@ -84,15 +57,18 @@ struct ConvSeq {
   const float* ext(int64_t m) const { return m < hist ? window + m * C : x + (m - hist) * C; }
 };
 
-// out row = silu(sum over taps j of wt[j] * ext(t + j)), channel by channel, taps in order.
-void conv_row(const ConvSeq& s, int64_t t, const float* wt, int64_t K, float* out) {
+// out row = act(sum over taps j of wt[j] * ext(t + j), then + bias where given), channel by
+// channel, taps in order; act silu where is_silu, else none.
+void conv_row(const ConvSeq& s, int64_t t, const float* wt, int64_t K, const float* bias,
+              bool is_silu, float* out) {
   const vf one = set1(1.0f);
   for (int64_t c = 0; c < s.C; c += kW) {
     const int64_t n = s.C - c;
     vf acc = mul(load_n(s.ext(t) + c, n), load_n(wt + c, n));
     for (int64_t j = 1; j < K; ++j)
       acc = add(acc, mul(load_n(s.ext(t + j) + c, n), load_n(wt + j * s.C + c, n)));
-    store_n(out + c, div(acc, add(one, exp_ps(sub(zero(), acc)))), n);
+    if (bias) acc = add(acc, load_n(bias + c, n));
+    store_n(out + c, is_silu ? div(acc, add(one, exp_ps(sub(zero(), acc)))) : acc, n);
   }
 }
 
@@ -235,16 +211,16 @@ void delta_head(const DeltaArgs& a, int64_t h, float* S, int64_t start, int64_t 
 
 extern "C" {
 
-// x [T, C], weight [C, K], conv_states [S, K-1, C], out [T, C], all float32 contiguous;
-// cu_seqlens [B+1], slots [B], snapshots [N, 3] (b, n, dst) int64. 0, or a code (above).
-// Rows are independent (the windows are read-only until every row is done), so the tasks are
-// blocks of rows, streamed whole.
+// x [T, C], weight [C, K], bias [C] or null, conv_states [S, K-1, C], out [T, C], all float32
+// contiguous; activation 1: silu, 0: none; cu_seqlens [B+1], slots [B], snapshots [N, 3]
+// (b, n, dst) int64. 0, or a code (packed_layout.h). Rows are independent (the windows are
+// read-only until every row is done), so the tasks are blocks of rows, streamed whole.
 int rs_causal_conv(const float* x, int64_t T, int64_t C, const float* weight, int64_t K,
-                   float* conv_states, int64_t S, const int64_t* cu_seqlens,
-                   const int64_t* slots, int64_t B, const int64_t* snapshots, int64_t N,
-                   float* out) {
+                   const float* bias, int activation, float* conv_states, int64_t S,
+                   const int64_t* cu_seqlens, const int64_t* slots, int64_t B,
+                   const int64_t* snapshots, int64_t N, float* out) {
   std::vector<std::vector<Mark>> marks;
-  if (int err = layout(cu_seqlens, slots, B, T, S, snapshots, N, marks)) return err;
+  if (int err = packed::layout(cu_seqlens, slots, B, T, S, snapshots, N, marks)) return err;
   const int64_t hist = K - 1;
   std::vector<float> wt(K * C);  // the taps [K, C]
   for (int64_t c = 0; c < C; ++c)
@@ -257,7 +233,7 @@ int rs_causal_conv(const float* x, int64_t T, int64_t C, const float* weight, in
     int64_t b = std::upper_bound(cu_seqlens, cu_seqlens + B + 1, r0) - cu_seqlens - 1;
     for (int64_t r = r0; r < std::min(T, r0 + kConvRows); ++r) {
       while (r >= cu_seqlens[b + 1]) ++b;  // past the empty sequences
-      conv_row(seq(b), r - cu_seqlens[b], wt.data(), K, out + r * C);
+      conv_row(seq(b), r - cu_seqlens[b], wt.data(), K, bias, activation == 1, out + r * C);
     }
   }
   // The snapshots first (their sources may be a slot's old window), then each slot's new
@@ -278,7 +254,7 @@ int rs_causal_conv(const float* x, int64_t T, int64_t C, const float* weight, in
 
 // q [T, Hk, Dk] (row stride ldq), k likewise (ldk), v [T, Hv, Dv] (ldv), g and beta [T, Hv],
 // states [S, Hv, Dk, Dv], out [T, Hv, Dv], all float32, each row's heads contiguous; Hv a
-// multiple of Hk; cu_seqlens, slots, snapshots as rs_causal_conv's. 0, or a code (above).
+// multiple of Hk; cu_seqlens, slots, snapshots as rs_causal_conv's. 0, or a code.
 int rs_gated_delta_rule(const float* q, int64_t ldq, const float* k, int64_t ldk,
                         const float* v, int64_t ldv, const float* g, const float* beta,
                         int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
@@ -286,7 +262,7 @@ int rs_gated_delta_rule(const float* q, int64_t ldq, const float* k, int64_t ldk
                         const int64_t* slots, int64_t B, const int64_t* snapshots, int64_t N,
                         float* out) {
   std::vector<std::vector<Mark>> marks;
-  if (int err = layout(cu_seqlens, slots, B, T, S, snapshots, N, marks)) return err;
+  if (int err = packed::layout(cu_seqlens, slots, B, T, S, snapshots, N, marks)) return err;
   const DeltaArgs a{q, k, v, g, beta, ldq, ldk, ldv, Hk, Hv, Dk, Dv, states, out};
 #pragma omp parallel if (T * Hv * Dk * Dv >= kSerialWork)
   {

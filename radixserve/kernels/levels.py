@@ -15,9 +15,9 @@ from pathlib import Path
 # at once rather than last.
 SOURCES = ("paged_attention.cpp", "block_linear.cpp", "half_linear.cpp", "int8_linear.cpp",
            "tile_linear.cpp", "layer_ops.cpp", "lora.cpp", "bitmask.cpp", "block_pack.cpp",
-           "decoder_layer.cpp", "delta_rule.cpp")
+           "decoder_layer.cpp", "delta_rule.cpp", "ssd_scan.cpp")
 HEADERS = ("simd.h", "half_linear.h", "scratch.h", "tile_linear.h", "tile_decode.h",
-           "tile_simd.h")
+           "tile_simd.h", "packed_layout.h")
 
 # Every level: optimised, no FMA contraction the source did not write (the kernels state their
 # rounding), OpenMP (bound at run time to the libgomp torch loaded).

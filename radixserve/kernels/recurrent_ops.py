@@ -1,6 +1,7 @@
-"""The boundary between tensors and the recurrent-layer kernels (delta_rule.cpp): the causal
-conv and the gated delta rule of a Gated DeltaNet layer, over a packed batch and a state pool
-(the contracts: layers/gated_deltanet.py, which calls these).
+"""The boundary between tensors and the recurrent-layer kernels: the causal conv and the gated
+delta rule of a Gated DeltaNet layer (delta_rule.cpp), the Mamba2 scan and its gated output
+norm (ssd_scan.cpp), over a packed batch and a state pool (the contracts:
+layers/gated_deltanet.py and layers/mamba2.py, which call these).
 
 As ``ops.py`` (the boundary of every other kernel; this one sits beside it to keep both files
 small): each argument's dtype, shape, layout and device checked with O(1) attribute reads,
@@ -17,7 +18,7 @@ from radixserve.kernels import native
 
 _F32, _I64 = torch.float32, torch.int64
 
-# delta_rule.cpp's return codes
+# the recurrent kernels' return codes (packed_layout.h)
 _ERRORS = {1: "cu_seqlens must rise from 0 to the number of rows",
            2: "slots must index the pool's rows",
            3: "a snapshot (b, n, dst) needs b a sequence, 1 <= n <= its length and dst a pool "
@@ -69,21 +70,24 @@ def _raise_on(kernel: str, code: int) -> None:
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor,
-                cu_seqlens: torch.Tensor, slots: torch.Tensor,
-                snapshots: torch.Tensor | None) -> torch.Tensor:
-    """silu(causal depthwise conv) of float32 x [T, C] with weight [C, K], windows in
-    conv_states [S, K-1, C] (updated in place, snapshots written): out [T, C] float32
-    (rs_causal_conv)."""
+                cu_seqlens: torch.Tensor, slots: torch.Tensor, snapshots: torch.Tensor | None,
+                bias: torch.Tensor | None = None, is_silu: bool = True) -> torch.Tensor:
+    """The causal depthwise conv of float32 x [T, C] with weight [C, K], plus bias [C] where
+    given, then silu where ``is_silu``; windows in conv_states [S, K-1, C] (updated in place,
+    snapshots written): out [T, C] float32 (rs_causal_conv)."""
     kernel = "rs_causal_conv"
     rows, width = x.shape if x.dim() == 2 else (0, 0)
     _check(kernel, "x", x, _F32, (None, None))
     _check(kernel, "weight", weight, _F32, (width, None))
+    if bias is not None:
+        _check(kernel, "bias", bias, _F32, (width,))
     taps = weight.shape[1]
     _check(kernel, "conv_states", conv_states, _F32, (None, taps - 1, width))
     snapshots, num_snapshots = _packed(kernel, cu_seqlens, slots, snapshots)
     out = torch.empty(rows, width)
     _raise_on(kernel, _lib().rs_causal_conv(
-        x.data_ptr(), rows, width, weight.data_ptr(), taps, conv_states.data_ptr(),
+        x.data_ptr(), rows, width, weight.data_ptr(), taps,
+        None if bias is None else bias.data_ptr(), int(is_silu), conv_states.data_ptr(),
         conv_states.shape[0], cu_seqlens.data_ptr(), slots.data_ptr(), slots.shape[0],
         snapshots.data_ptr(), num_snapshots, out.data_ptr()))
     return out
@@ -143,4 +147,55 @@ def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     _lib().rs_sigmoid_mul(x.data_ptr(), gate.data_ptr(), gate.stride(0), x.shape[0],
                           x.shape[1], out.data_ptr())
+    return out
+
+
+def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor,
+             time_step_limit: tuple[float, float], states: torch.Tensor,
+             cu_seqlens: torch.Tensor, slots: torch.Tensor,
+             snapshots: torch.Tensor | None) -> torch.Tensor:
+    """The Mamba2 scan on float32 x [T, H, P], B, C [T, G, N] (each row's heads / groups
+    contiguous), dt [T, H] (rows of any stride; raw, before dt_bias and softplus), A, D,
+    dt_bias [H] and the pool states [S, H, P, N] (updated in place, snapshots written): y
+    [T, H, P] float32 (rs_ssd_scan, in ssd_scan.cpp)."""
+    kernel = "rs_ssd_scan"
+    _check(kernel, "x", x, _F32, (None, None, None), "heads")
+    rows, heads, head_dim = x.shape
+    _check(kernel, "B", B, _F32, (rows, None, None), "heads")
+    groups, state_size = B.shape[1:]
+    if groups == 0 or heads % groups:
+        raise ValueError(f"{kernel}: x's {heads} heads are not a multiple of B's {groups} "
+                         "groups")
+    _check(kernel, "C", C, _F32, (rows, groups, state_size), "heads")
+    _check(kernel, "dt", dt, _F32, (rows, heads), "rows")
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        _check(kernel, name, t, _F32, (heads,))
+    _check(kernel, "states", states, _F32, (None, heads, head_dim, state_size))
+    snapshots, num_snapshots = _packed(kernel, cu_seqlens, slots, snapshots)
+    out = torch.empty(rows, heads, head_dim)
+    _raise_on(kernel, _lib().rs_ssd_scan(
+        x.data_ptr(), x.stride(0), dt.data_ptr(), dt.stride(0), A.data_ptr(), B.data_ptr(),
+        B.stride(0), C.data_ptr(), C.stride(0), D.data_ptr(), dt_bias.data_ptr(),
+        float(time_step_limit[0]), float(time_step_limit[1]), rows, heads, head_dim, groups,
+        state_size, states.data_ptr(), states.shape[0], cu_seqlens.data_ptr(),
+        slots.data_ptr(), slots.shape[0], snapshots.data_ptr(), num_snapshots, out.data_ptr()))
+    return out
+
+
+def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int,
+                   eps: float) -> torch.Tensor:
+    """weight * rms_norm(y * silu(z)) over each ``group_size`` channels of a row, for float32
+    y [T, W] (contiguous), z [T, W] (rows of any stride), weight [W] (rs_gated_rms_norm: a
+    row's result never depends on the batch)."""
+    kernel = "rs_gated_rms_norm"
+    _check(kernel, "y", y, _F32, (None, None))
+    rows, width = y.shape
+    _check(kernel, "z", z, _F32, (rows, width), "rows")
+    _check(kernel, "weight", weight, _F32, (width,))
+    if group_size < 1 or width % group_size:
+        raise ValueError(f"{kernel}: {width} channels are not groups of {group_size}")
+    out = torch.empty_like(y)
+    _lib().rs_gated_rms_norm(y.data_ptr(), z.data_ptr(), z.stride(0), weight.data_ptr(), rows,
+                             width, group_size, eps, out.data_ptr())
     return out

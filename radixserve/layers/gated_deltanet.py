@@ -1,8 +1,9 @@
 """The two token mixers of a Gated DeltaNet layer (Qwen3.5 / Qwen3-Next "linear attention"),
 over a packed batch of sequences, each with its state in a row of a pool:
 
-* ``causal_conv``: silu of a causal depthwise convolution; the pool row keeps the sequence's
-  last K-1 inputs between calls.
+* ``causal_conv``: a causal depthwise convolution (plus a bias, then silu, by default; the
+  activation is optional for other families); the pool row keeps the sequence's last K-1
+  inputs between calls.
 * ``gated_delta_rule``: the gated delta rule (transformers' ``torch_recurrent_gated_delta_rule``
   with ``use_qk_l2norm_in_kernel=True``); the pool row is the fp32 state [Hv, Dk, Dv].
 
@@ -49,19 +50,23 @@ L2NORM_EPS = 1e-6  # transformers' l2norm (as the FLA kernels)
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor,
                 cu_seqlens: torch.Tensor, slots: torch.Tensor,
-                snapshots: torch.Tensor | None = None) -> torch.Tensor:
-    """``silu(causal depthwise conv(x))`` [T, C] in x's dtype; x [T, C], weight [C, K] (no
-    bias), conv_states [S, K-1, C]: row ``slots[b]`` is sequence b's window (its last K-1
-    inputs before this call, oldest first; zeros for a fresh sequence, zeroed by the caller),
+                snapshots: torch.Tensor | None = None, *, bias: torch.Tensor | None = None,
+                activation: str | None = "silu") -> torch.Tensor:
+    """``act(causal depthwise conv(x) + bias)`` [T, C] in x's dtype; x [T, C], weight [C, K],
+    bias [C] or None (none added), ``activation`` "silu" or None (the conv's output as it is);
+    conv_states [S, K-1, C]: row ``slots[b]`` is sequence b's window (its last K-1 inputs
+    before this call, oldest first; zeros for a fresh sequence, zeroed by the caller),
     replaced IN PLACE by its last K-1 inputs after the call. Inputs are rounded to the pool's
     dtype before the convolution, so a window read back in a later call is what this call used.
-    ValueError for inconsistent shapes or indices."""
-    _check_conv(x, weight, conv_states, cu_seqlens, slots, snapshots)
-    if _use_native(x, conv_states):
-        out = recurrent_ops.causal_conv(x.float().contiguous(), weight.float().contiguous(),
-                                        conv_states, cu_seqlens, slots, snapshots)
+    ValueError for inconsistent shapes or indices, or an unknown activation."""
+    _check_conv(x, weight, conv_states, cu_seqlens, slots, snapshots, bias, activation)
+    if use_native(x, conv_states):
+        out = recurrent_ops.causal_conv(
+            x.float().contiguous(), weight.float().contiguous(), conv_states, cu_seqlens, slots,
+            snapshots, None if bias is None else bias.float().contiguous(), activation == "silu")
         return out.to(x.dtype)
-    return causal_conv_reference(x, weight, conv_states, cu_seqlens, slots, snapshots)
+    return causal_conv_reference(x, weight, conv_states, cu_seqlens, slots, snapshots,
+                                 bias=bias, activation=activation)
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -76,9 +81,10 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 
     Returns out [T, Hv, Dv] in v's dtype. ValueError for inconsistent shapes or indices."""
     _check_delta(q, k, v, g, beta, states, cu_seqlens, slots, snapshots)
-    if _use_native(q, states):
+    if use_native(q, states):
         out = recurrent_ops.gated_delta_rule(
-            _heads(q), _heads(k), _heads(v), g.float().contiguous(), beta.float().contiguous(),
+            heads_contiguous(q), heads_contiguous(k), heads_contiguous(v),
+            g.float().contiguous(), beta.float().contiguous(),
             states, cu_seqlens, slots, snapshots)
         return out.to(v.dtype)
     return gated_delta_rule_reference(q, k, v, g, beta, states, cu_seqlens, slots, snapshots)
@@ -88,10 +94,13 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 
 def causal_conv_reference(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor,
                           cu_seqlens: torch.Tensor, slots: torch.Tensor,
-                          snapshots: torch.Tensor | None = None) -> torch.Tensor:
+                          snapshots: torch.Tensor | None = None, *,
+                          bias: torch.Tensor | None = None,
+                          activation: str | None = "silu") -> torch.Tensor:
     """``causal_conv`` in torch (any device); the same contract."""
+    _check_activation(activation)
     (num_rows, width), num_taps = x.shape, weight.shape[1]
-    _check_indices("causal_conv", num_rows, conv_states.shape[0], cu_seqlens, slots, snapshots)
+    check_indices("causal_conv", num_rows, conv_states.shape[0], cu_seqlens, slots, snapshots)
     hist, dev = num_taps - 1, x.device
     # ext: per sequence its old window then its tokens; token t's taps are ext rows
     # base[t] .. base[t] + K-1, and a window after n tokens is rows start + n .. start + n+K-2
@@ -108,8 +117,10 @@ def causal_conv_reference(x: torch.Tensor, weight: torch.Tensor, conv_states: to
     acc = ext[base] * w[:, 0]
     for j in range(1, num_taps):
         acc = acc + ext[base + j] * w[:, j]
-    for row in acc:  # NOTE: row by row: silu's exp must not depend on a row's place in T
-        F.silu(row, inplace=True)
+    if bias is not None:
+        acc = acc + bias.float()
+    for row in acc if activation == "silu" else ():
+        F.silu(row, inplace=True)  # NOTE: row by row: exp must not depend on a row's place
     if snapshots is not None and len(snapshots):
         b, n, dst = snapshots.unbind(1)
         conv_states[dst] = ext[(ext_start[b] + n)[:, None] + taps].to(conv_states.dtype)
@@ -122,7 +133,7 @@ def gated_delta_rule_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                cu_seqlens: torch.Tensor, slots: torch.Tensor,
                                snapshots: torch.Tensor | None = None) -> torch.Tensor:
     """``gated_delta_rule`` in torch (any device): a Python loop per sequence and token."""
-    _check_indices("gated_delta_rule", q.shape[0], states.shape[0], cu_seqlens, slots,
+    check_indices("gated_delta_rule", q.shape[0], states.shape[0], cu_seqlens, slots,
                    snapshots)
     group = v.shape[1] // k.shape[1]
     qn = (_l2norm(q.float()) * q.shape[2] ** -0.5).repeat_interleave(group, 1)
@@ -139,22 +150,22 @@ def gated_delta_rule_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         for t in range(start, end):
             s = s * torch.exp(decay[t])[:, None, None]
             k_t = kn[t][:, :, None]
-            delta = (vf[t] - _tree_sum(s * k_t)) * bf[t][:, None]
+            delta = (vf[t] - tree_sum(s * k_t)) * bf[t][:, None]
             s = s + k_t * delta[:, None, :]
-            out[t] = _tree_sum(s * qn[t][:, :, None])
+            out[t] = tree_sum(s * qn[t][:, :, None])
             for dst in marks.get((b, t - start + 1), ()):
                 states[dst] = s
         states[slot] = s
     return out.to(v.dtype)
 
 
-def _heads(x: torch.Tensor) -> torch.Tensor:
+def heads_contiguous(x: torch.Tensor) -> torch.Tensor:
     """float32 [T, H, D] with each row's heads contiguous (a view of a wider row stays one)."""
     x = x.float()
     return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
 
 
-def _tree_sum(x: torch.Tensor) -> torch.Tensor:
+def tree_sum(x: torch.Tensor) -> torch.Tensor:
     """The sum over dim 1 of [H, D, E] as a pairwise tree fixed by D alone: exact adds of
     halves (an odd row carried), so no reduction kernel picks the order."""
     while x.shape[1] > 1:
@@ -166,13 +177,13 @@ def _tree_sum(x: torch.Tensor) -> torch.Tensor:
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
     """x / sqrt(sum(x^2) + eps) over the last dim of [T, H, D], per row in a fixed order."""
-    squares = (x * x).transpose(1, 2)  # [T, D, H]: _tree_sum's layout
-    return x / torch.sqrt(_tree_sum(squares) + L2NORM_EPS)[:, :, None]
+    squares = (x * x).transpose(1, 2)  # [T, D, H]: tree_sum's layout
+    return x / torch.sqrt(tree_sum(squares) + L2NORM_EPS)[:, :, None]
 
 
 # -- which path, and the checks ---------------------------------------------------------------
 
-def _use_native(x: torch.Tensor, pool: torch.Tensor) -> bool:
+def use_native(x: torch.Tensor, pool: torch.Tensor) -> bool:
     return x.is_cpu and pool.is_cpu and pool.dtype == torch.float32 and _native_loaded()
 
 
@@ -180,19 +191,25 @@ def _use_native(x: torch.Tensor, pool: torch.Tensor) -> bool:
 def _native_loaded() -> bool:
     info = native.describe()
     if native.load() is not None:
-        logger.info("gated DeltaNet ops: native kernels (%s)", info.level)
+        logger.info("recurrent-layer ops: native kernels (%s)", info.level)
         return True
     on_purpose = info.reason.startswith("RADIXSERVE_NATIVE_KERNELS=0")
     (logger.info if on_purpose else logger.warning)(
-        "gated DeltaNet ops: the torch reference runs (a Python loop per token; the native "
+        "recurrent-layer ops: the torch reference runs (a Python loop per token; the native "
         "kernels: %s)", info.reason)
     return False
 
 
+def _check_activation(activation: str | None) -> None:
+    if activation not in ("silu", None):
+        raise ValueError(f"causal_conv: activation must be 'silu' or None, got {activation!r}")
+
+
 def _check_conv(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor,
-                cu_seqlens: torch.Tensor, slots: torch.Tensor,
-                snapshots: torch.Tensor | None) -> None:
-    _check_packed("causal_conv", cu_seqlens, slots, snapshots)
+                cu_seqlens: torch.Tensor, slots: torch.Tensor, snapshots: torch.Tensor | None,
+                bias: torch.Tensor | None, activation: str | None) -> None:
+    check_packed("causal_conv", cu_seqlens, slots, snapshots)
+    _check_activation(activation)
     if x.dim() != 2 or weight.dim() != 2 or conv_states.dim() != 3:
         raise ValueError(f"causal_conv: x [T, C], weight [C, K], conv_states [S, K-1, C] "
                          f"expected, got {tuple(x.shape)}, {tuple(weight.shape)}, "
@@ -202,12 +219,14 @@ def _check_conv(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor
                                                                               width):
         raise ValueError(f"causal_conv: x {tuple(x.shape)}, weight {tuple(weight.shape)} and "
                          f"conv_states {tuple(conv_states.shape)} disagree")
+    if bias is not None and tuple(bias.shape) != (width,):
+        raise ValueError(f"causal_conv: bias must be [{width}], got {tuple(bias.shape)}")
 
 
 def _check_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                  beta: torch.Tensor, states: torch.Tensor, cu_seqlens: torch.Tensor,
                  slots: torch.Tensor, snapshots: torch.Tensor | None) -> None:
-    _check_packed("gated_delta_rule", cu_seqlens, slots, snapshots)
+    check_packed("gated_delta_rule", cu_seqlens, slots, snapshots)
     shapes = ", ".join(str(tuple(t.shape)) for t in (q, k, v, g, beta, states))
     if q.dim() != 3 or v.dim() != 3 or states.dim() != 4:
         raise ValueError(f"gated_delta_rule: q, k [T, Hk, Dk], v [T, Hv, Dv], g, beta [T, Hv], "
@@ -222,7 +241,7 @@ def _check_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
         raise ValueError(f"gated_delta_rule: states must be float32, got {states.dtype}")
 
 
-def _check_packed(op: str, cu_seqlens: torch.Tensor, slots: torch.Tensor,
+def check_packed(op: str, cu_seqlens: torch.Tensor, slots: torch.Tensor,
                   snapshots: torch.Tensor | None) -> None:
     for name, t, dim in (("cu_seqlens", cu_seqlens, 1), ("slots", slots, 1),
                          ("snapshots", snapshots, 2)):
@@ -237,7 +256,7 @@ def _check_packed(op: str, cu_seqlens: torch.Tensor, slots: torch.Tensor,
                          f"{tuple(snapshots.shape)}")
 
 
-def _check_indices(op: str, num_rows: int, pool_rows: int, cu_seqlens: torch.Tensor,
+def check_indices(op: str, num_rows: int, pool_rows: int, cu_seqlens: torch.Tensor,
                    slots: torch.Tensor, snapshots: torch.Tensor | None) -> None:
     """The contents of the packed layout (the native kernels check them themselves)."""
     lens = cu_seqlens.diff()

@@ -10,6 +10,7 @@ import functools
 
 import pytest
 import torch
+from torch.nn import functional as F
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
 from radixserve.kernels import native, recurrent_ops
@@ -23,6 +24,16 @@ path_param = pytest.mark.parametrize("path", [
     "torch", pytest.param("native", marks=pytest.mark.skipif(
         not HAS_NATIVE, reason="native kernels unavailable"))])
 needs_native = pytest.mark.skipif(not HAS_NATIVE, reason="native kernels unavailable")
+CONV_BIAS = torch.randn(20, generator=torch.Generator().manual_seed(11))  # _conv_case's width
+
+
+def _op(path: str, which: str):
+    """The op under test: "conv" (silu, no bias), "conv_bias" (a bias, no activation: LFM2's
+    and Mamba2's variants together) or "delta"."""
+    conv, rule = PATHS[path]
+    if which == "conv_bias":
+        return functools.partial(conv, bias=CONV_BIAS, activation=None)
+    return conv if which == "conv" else rule
 
 
 def _delta_inputs(gen: torch.Generator, rows: int, k_heads: int, v_heads: int, k_dim: int,
@@ -121,6 +132,28 @@ def test_delta_rule_matches_transformers_chunked_prefill(path):
     torch.testing.assert_close(states[0], final[0], rtol=1e-4, atol=1e-4)
 
 
+@path_param
+@pytest.mark.parametrize("activation", ["silu", None])
+def test_conv_bias_and_activation_match_torch_conv1d(path, activation):
+    """act(conv1d(window ++ x) + bias), the bias added before the activation (transformers'
+    Mamba2 conv1d with bias; LFM2's short conv without an activation)."""
+    conv = PATHS[path][0]
+    gen = torch.Generator().manual_seed(12)
+    width, taps, lens = 24, 4, [6, 2]
+    x = torch.randn(sum(lens), width, generator=gen)
+    weight, bias = torch.randn(width, taps, generator=gen), torch.randn(width, generator=gen)
+    pool = torch.randn(2, taps - 1, width, generator=gen)
+    windows = pool.clone()
+    out = conv(x, weight, pool, _cu(lens), torch.tensor([0, 1]), bias=bias,
+               activation=activation)
+    for b, (part, got) in enumerate(zip(x.split(lens), out.split(lens))):
+        ext = torch.cat([windows[b], part]).T[None]
+        want = F.conv1d(ext, weight[:, None], bias, groups=width)[0].T
+        torch.testing.assert_close(got, F.silu(want) if activation else want, rtol=1e-5,
+                                   atol=1e-5)
+        assert torch.equal(pool[b], torch.cat([windows[b], part])[-(taps - 1):])
+
+
 # -- snapshots and invariance ------------------------------------------------------------------
 
 def _conv_case(gen):
@@ -138,28 +171,28 @@ def _delta_case(gen):
 
 
 @path_param
-@pytest.mark.parametrize("which", ["conv", "delta"])
+@pytest.mark.parametrize("which", ["conv", "conv_bias", "delta"])
 def test_snapshots_equal_the_state_of_a_split_run(path, which):
-    _check_snapshots(PATHS[path][0 if which == "conv" else 1], which)
+    _check_snapshots(_op(path, which), which)
 
 
 @path_param
-@pytest.mark.parametrize("which", ["conv", "delta"])
+@pytest.mark.parametrize("which", ["conv", "conv_bias", "delta"])
 def test_outputs_and_states_do_not_depend_on_split_or_batch(path, which):
-    _check_invariance(PATHS[path][0 if which == "conv" else 1], which)
+    _check_invariance(_op(path, which), which)
 
 
 @needs_native
 @pytest.mark.usefixtures("kernel_level")
 def test_every_native_level_keeps_snapshots_and_invariance():
-    for index, which in enumerate(("conv", "delta")):
-        _check_snapshots(PATHS["native"][index], which)
-        _check_invariance(PATHS["native"][index], which)
+    for which in ("conv", "conv_bias", "delta"):
+        _check_snapshots(_op("native", which), which)
+        _check_invariance(_op("native", which), which)
 
 
 def _check_snapshots(op, which: str) -> None:
-    seqs, extra, pool = (_conv_case if which == "conv" else _delta_case)(torch.Generator()
-                                                                         .manual_seed(3))
+    seqs, extra, pool = (_delta_case if which == "delta" else _conv_case)(torch.Generator()
+                                                                          .manual_seed(3))
     pool[1] = torch.randn(pool.shape[1:], generator=torch.Generator().manual_seed(4)) * 0.3
     start = pool.clone()
     marks = [(0, 1), (0, 7), (0, 70), (1, 1), (2, 32)]  # (b, n): row 3 + k of the pool
@@ -176,8 +209,8 @@ def _check_snapshots(op, which: str) -> None:
 def _check_invariance(op, which: str) -> None:
     """Split sizes 1, 3, 7, 64 and whole; three sequences batched in two orders (other pool
     rows) against each alone in one call: torch.equal."""
-    seqs, extra, pool = (_conv_case if which == "conv" else _delta_case)(torch.Generator()
-                                                                         .manual_seed(5))
+    seqs, extra, pool = (_delta_case if which == "delta" else _conv_case)(torch.Generator()
+                                                                          .manual_seed(5))
     pool[:3] = torch.randn(pool[:3].shape, generator=torch.Generator().manual_seed(6)) * 0.3
     start = pool.clone()
     whole = []  # each sequence alone, in one call
@@ -207,10 +240,13 @@ def _reference_case(dims: tuple[int, int, int, int]) -> tuple[tuple, dict[str, t
     x, weight = torch.randn(sum(lens), 52, generator=gen), torch.randn(52, 4, generator=gen)
     windows = torch.randn(5, 3, 52, generator=gen)
     packed = (_cu(lens), torch.tensor([4, 0, 2]), torch.tensor([[2, 50, 1]]))
-    inputs = (delta, states, x, weight, windows, packed)
+    bias = torch.randn(52, generator=gen)
+    inputs = (delta, states, x, weight, bias, windows, packed)
     want = {"states": states.clone(), "windows": windows.clone()}
     want["delta"] = gdn.gated_delta_rule_reference(*delta, want["states"], *packed)
     want["conv"] = gdn.causal_conv_reference(x, weight, want["windows"], *packed)
+    want["conv_bias"] = gdn.causal_conv_reference(x, weight, windows.clone(), *packed,
+                                                  bias=bias, activation=None)
     return inputs, want
 
 
@@ -218,7 +254,7 @@ def _reference_case(dims: tuple[int, int, int, int]) -> tuple[tuple, dict[str, t
 @pytest.mark.usefixtures("kernel_level")
 @pytest.mark.parametrize("dims", [(16, 32, 128, 128), (2, 4, 16, 20), (1, 3, 41, 72)])
 def test_native_matches_the_reference(dims):
-    (delta, states, x, weight, windows, packed), want = _reference_case(dims)
+    (delta, states, x, weight, bias, windows, packed), want = _reference_case(dims)
     states, windows = states.clone(), windows.clone()
     out = recurrent_ops.gated_delta_rule(*delta, states, *packed)
     torch.testing.assert_close(out, want["delta"], rtol=1e-5, atol=1e-5)
@@ -226,6 +262,9 @@ def test_native_matches_the_reference(dims):
     out = recurrent_ops.causal_conv(x, weight, windows, *packed)
     torch.testing.assert_close(out, want["conv"], rtol=1e-5, atol=1e-6)
     assert torch.equal(windows, want["windows"])  # copies of the inputs, exactly
+    out = recurrent_ops.causal_conv(x, weight, _reference_case(dims)[0][5].clone(), *packed,
+                                    bias, is_silu=False)
+    torch.testing.assert_close(out, want["conv_bias"], rtol=1e-5, atol=1e-5)
 
 
 @path_param
@@ -258,6 +297,13 @@ def test_inconsistent_shapes_are_value_errors():
     with pytest.raises(ValueError, match="one more"):
         gdn.causal_conv(torch.randn(4, 6), torch.randn(6, 4), torch.zeros(1, 3, 6), _cu([4]),
                         torch.tensor([0, 0]))
+    conv_args = (torch.randn(4, 6), torch.randn(6, 4), torch.zeros(1, 3, 6), _cu([4]),
+                 torch.tensor([0]))
+    with pytest.raises(ValueError, match="bias"):
+        gdn.causal_conv(*conv_args, bias=torch.randn(5))
+    for conv in PATHS.values():
+        with pytest.raises(ValueError, match="activation"):
+            conv[0](*conv_args, activation="gelu")
 
 
 def test_half_precision_inputs_keep_their_dtype():
