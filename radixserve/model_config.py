@@ -92,6 +92,7 @@ class ModelConfig:
     # a hybrid's recurrent layers (recurrent_params.py: Gated DeltaNet, Mamba2, short conv)
     linear_attn: RecurrentLayout | None = None
     attn_output_gate: bool = False  # attention output times sigmoid(gate), gate from q_proj
+    granite: GraniteParams | None = None  # Granite's multipliers, shared MLP, NoPE
     layer_rope: LayerRope | None = None  # layers whose rope differs (SmolLM3, OLMo 3)
 
     def layer_window(self, layer_idx: int) -> int | None:
@@ -145,3 +146,20 @@ class LayerRope:
 
     no_rope: tuple[int, ...] = ()
     sliding_theta: float | None = None
+
+
+@dataclass(frozen=True)
+class GraniteParams:
+    """What IBM Granite adds to the Llama shape (models/granite.py, granite_config.py): the
+    embeddings times ``embedding_multiplier``, the attention scale ``attention_multiplier``
+    (not 1 / sqrt(head_dim)), each block's output times ``residual_multiplier`` before the
+    residual add, the logits divided by ``logits_scaling``; the width of the ungated shared
+    MLP every token runs (0: none; a dense Granite 4.0-H model's only MLP); whether attention
+    rotates q and k (False: no position embedding, Granite 4.0-H)."""
+
+    embedding_multiplier: float = 1.0
+    attention_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+    shared_intermediate_size: int = 0
+    rope: bool = True

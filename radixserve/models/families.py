@@ -16,16 +16,25 @@ import torch
 from radixserve.model_config import ModelConfig
 from radixserve.models.gemma_config import (GEMMA_ARCHITECTURES, gemma_gguf_config,
                                             gemma_hf_config, gemma_hf_name)
+from radixserve.models.granite_config import (GRANITE_ARCHITECTURES, granite_gguf_config,
+                                              granite_hf_config, granite_hf_name)
+from radixserve.models.granite_gguf import GraniteGguf
+from radixserve.models.lfm2_config import (LFM2_ARCHITECTURES, lfm2_gguf_config, lfm2_gguf_name,
+                                           lfm2_hf_config, lfm2_hf_name)
+from radixserve.models.nemotron_h_config import (NEMOTRON_H_ARCHITECTURES,
+                                                 nemotron_h_gguf_config, nemotron_h_hf_config,
+                                                 nemotron_h_hf_name)
+from radixserve.models.nemotron_h_gguf import NemotronHGguf
 from radixserve.models.mistral3_config import (MISTRAL3_ARCHITECTURES, mistral3_gguf_config,
                                                mistral3_hf_config, mistral3_hf_name)
 from radixserve.models.olmo2_config import (OLMO_ARCHITECTURES, olmo_gguf_config,
                                             olmo_hf_config, olmo_hf_name)
-from radixserve.models.qwen35_config import (QWEN35_ARCHITECTURES, qwen35_gguf_config,
-                                             qwen35_hf_config, qwen35_hf_name)
-from radixserve.models.qwen35_gguf import Qwen35Gguf
 from radixserve.models.qwen3next_config import (QWEN3NEXT_ARCHITECTURES, qwen3next_hf_config,
                                                 qwen3next_hf_name)
 from radixserve.models.qwen3next_gguf import Qwen3NextGguf
+from radixserve.models.qwen35_config import (QWEN35_ARCHITECTURES, qwen35_gguf_config,
+                                             qwen35_hf_config, qwen35_hf_name)
+from radixserve.models.qwen35_gguf import Qwen35Gguf
 from radixserve.models.smollm3_config import (SMOLLM3_ARCHITECTURES, smollm3_gguf_config,
                                               smollm3_hf_config)
 
@@ -77,6 +86,12 @@ FAMILIES: tuple[Family, ...] = (
            gguf_layout=Qwen35Gguf),
     Family(QWEN3NEXT_ARCHITECTURES, qwen3next_hf_config, qwen35_gguf_config,
            hf_name=qwen3next_hf_name, gguf_layout=Qwen3NextGguf),
+    Family(GRANITE_ARCHITECTURES, granite_hf_config, granite_gguf_config,
+           hf_name=granite_hf_name, gguf_layout=GraniteGguf),
+    Family(LFM2_ARCHITECTURES, lfm2_hf_config, lfm2_gguf_config, hf_name=lfm2_hf_name,
+           gguf_name=lfm2_gguf_name),
+    Family(NEMOTRON_H_ARCHITECTURES, nemotron_h_hf_config, nemotron_h_gguf_config,
+           hf_name=nemotron_h_hf_name, gguf_layout=NemotronHGguf),
 )
 
 

@@ -7,6 +7,7 @@ import importlib
 _LLAMA = ("radixserve.models.llama", "LlamaForCausalLM")
 _MOE = ("radixserve.models.moe", "MoeForCausalLM")
 _GEMMA = ("radixserve.models.gemma", "GemmaForCausalLM")
+_GRANITE = ("radixserve.models.granite", "GraniteForCausalLM")
 _MODELS = {
     "Gemma2ForCausalLM": _GEMMA,
     "Gemma3ForCausalLM": _GEMMA,
@@ -21,11 +22,18 @@ _MODELS = {
     "Qwen3_5ForCausalLM": ("radixserve.models.qwen35", "Qwen35ForCausalLM"),  # hybrid
     "Qwen3_5MoeForCausalLM": ("radixserve.models.qwen35", "Qwen35ForCausalLM"),  # hybrid MoE
     "Qwen3NextForCausalLM": ("radixserve.models.qwen3next", "Qwen3NextForCausalLM"),  # hybrid
+    "GraniteForCausalLM": _GRANITE,  # Llama with multipliers
+    "GraniteMoeForCausalLM": _GRANITE,
+    "GraniteMoeSharedForCausalLM": _GRANITE,
+    "GraniteMoeHybridForCausalLM": _GRANITE,  # Mamba2 + attention, MoE + shared MLP
     "SmolLM3ForCausalLM": ("radixserve.models.smollm3", "SmolLM3ForCausalLM"),  # NoPE layers
     "Olmo2ForCausalLM": ("radixserve.models.olmo2", "Olmo2ForCausalLM"),  # norms after
     "Olmo3ForCausalLM": ("radixserve.models.olmo2", "Olmo2ForCausalLM"),  # + sliding layers
     "Mistral3ForConditionalGeneration": ("radixserve.models.mistral3", "Mistral3ForCausalLM"),
     "Ministral3ForCausalLM": ("radixserve.models.mistral3", "Mistral3ForCausalLM"),
+    "Lfm2ForCausalLM": ("radixserve.models.lfm2", "Lfm2ForCausalLM"),  # short conv + attention
+    "Lfm2MoeForCausalLM": ("radixserve.models.lfm2", "Lfm2ForCausalLM"),
+    "NemotronHForCausalLM": ("radixserve.models.nemotron_h", "NemotronHForCausalLM"),  # Mamba2
 }
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                       "olmo2": "Olmo2ForCausalLM", "mistral3": "Mistral3ForConditionalGeneration",
@@ -34,7 +42,12 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm3": "SmolLM3ForCausalL
                       "qwen3moe": "Qwen3MoeForCausalLM",
                       "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
                       "gemma3": "Gemma3ForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
-                      "qwen35moe": "Qwen3_5MoeForCausalLM", "qwen3next": "Qwen3NextForCausalLM"}
+                      "qwen35moe": "Qwen3_5MoeForCausalLM", "qwen3next": "Qwen3NextForCausalLM",
+                      "granite": "GraniteForCausalLM",
+                      "granitemoe": "GraniteMoeForCausalLM",
+                      "granitehybrid": "GraniteMoeHybridForCausalLM", "lfm2": "Lfm2ForCausalLM",
+                      "lfm2moe": "Lfm2MoeForCausalLM", "nemotron_h": "NemotronHForCausalLM",
+                      "nemotron_h_moe": "NemotronHForCausalLM"}
 # (a GGUF "llama" file with llama.expert_count > 0 is Mixtral: models/loader.py)
 
 
