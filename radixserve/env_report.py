@@ -135,6 +135,7 @@ def report(model: str | None, quantization: str = "auto",
                                  stored_types(reader)).items():
         lines.append(f"  {layer}: {how}")
     lines.append(f"  KV cache: {str(kv_dtype).removeprefix('torch.')} (--kv-cache-dtype auto)")
+    lines += recurrent_state_lines(config)
     if resolved == "gguf":
         from radixserve.models.gguf_stored import memory_plan
 
@@ -155,6 +156,23 @@ def report(model: str | None, quantization: str = "auto",
     if draft_model is not None:
         lines += _draft_lines(draft_model, source, config, reader, kv_dtype)
     return "\n".join(lines)
+
+
+def recurrent_state_lines(config) -> list[str]:
+    """A hybrid model's recurrent layers and the bytes of one request's states (the state
+    pool's slot; engine/build.py sizes the pool, --state-cache-memory-gb)."""
+    import torch
+
+    from radixserve.runner.recurrent_state import bytes_per_slot
+
+    layout = config.linear_attn
+    if layout is None:
+        return []
+    per_slot = bytes_per_slot(config, torch.float32)
+    return [f"  recurrent states: {len(layout.linear_layers)} {type(layout).__name__} layers, "
+            f"{per_slot / 2**20:.1f} MiB a slot (a running request holds one, with the prefix "
+            "cache a boundary copy, and the cache keeps snapshots); the pool: "
+            "--state-cache-memory-gb, by default 10% of the memory available after the weights"]
 
 
 def tensor_parallel_lines(config, reader=None) -> list[str]:

@@ -72,3 +72,13 @@ def test_env_and_the_built_model_agree_on_what_runs(embedded_llm):
     assert python_layers_of(model.config, "gguf", plan.attention, plan.level) is None
     assert plan.linears == f"GGUF blocks as stored (Q4_1, Q8_0), native ({plan.level})"
     assert "decoder layers: one native call per layer" in plan.startup_line("float16", 2)
+
+
+def test_a_hybrid_model_reports_its_recurrent_state_slot(tmp_path):
+    from tiny_hybrid import make_qwen35_hf_model
+
+    text = report(str(make_qwen35_hf_model(tmp_path / "hf", seed=1)))
+    # 3 Gated DeltaNet layers: a conv window [3, 2*2*16 + 4*16] and a [4, 16, 16] fp32 state each
+    per_slot = 3 * (3 * 128 * 4 + 4 * 16 * 16 * 4) / 2**20
+    assert f"recurrent states: 3 LinearAttnParams layers, {per_slot:.1f} MiB a slot" in text
+    assert "recurrent states" not in report(None)
