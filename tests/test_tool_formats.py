@@ -132,6 +132,13 @@ CASES: list[tuple[str, str, object, list[tuple[str, str]]]] = [
     ("hermes", 'Hi <tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>', "Hi", [("a", "{}")]),
     ("qwen3", '<tool_call>{"name": "a"}</tool_call><tool_call>{"name": "b"}</tool_call>', None,
      [("a", "{}"), ("b", "{}")]),
+    # ---- harmony (gpt-oss; more, with its reasoning parser: tests/test_harmony.py)
+    ("harmony", ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+                 '{"city": "Paris"}<|call|>'), None, [("get_weather", PARIS)]),
+    ("harmony", ('Checking.<|start|>assistant to=functions.f<|channel|>commentary json'
+                 '<|message|>{"n": 2}'), "Checking.", [("f", N2)]),
+    ("harmony", '<|channel|>commentary to=functions.f<|message|>{"n": <|call|>', SAME, []),
+    ("harmony", "<|channel|>final<|message|>Hi", SAME, []),
 ]
 
 

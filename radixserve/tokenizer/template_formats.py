@@ -7,6 +7,7 @@ first rule that matches names the format (a ``--tool-call-parser`` name):
 ================================================  ============
 the template contains                             format
 ================================================  ============
+``<|channel|>`` (harmony: gpt-oss)                harmony
 ``tool▁calls▁begin``                              deepseek_v3
 ``[TOOL_CALLS]``                                  mistral
 ``functools[`` or ``<|/tool|>``                   phi4_mini
@@ -43,6 +44,7 @@ __all__ = ["reads_tools", "template_tool_format"]
 _TOOLS = re.compile(r"\btools\b")
 
 _RULES: list[tuple[str, re.Pattern[str]]] = [
+    ("harmony", re.compile(r"<\|channel\|>")),
     ("deepseek_v3", re.compile(r"tool▁calls▁begin")),
     ("mistral", re.compile(r"\[TOOL_CALLS\]")),
     ("phi4_mini", re.compile(r"functools\[|<\|/tool\|>")),

@@ -96,7 +96,7 @@ def test_input_items_become_chat_messages():
     assert chat_messages("be brief", items) == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "weather in Paris?"},
-        {"role": "assistant", "content": "Checking.", "tool_calls": [
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "hm", "tool_calls": [
             {"id": "c1", "type": "function",
              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
             {"id": "c2", "type": "function",

@@ -75,6 +75,8 @@ class OllamaMessage(OllamaRequest):
                 "name": c.function.name, "arguments": json.dumps(c.function.arguments)}}
                 for i, c in enumerate(self.tool_calls)]
             msg["content"] = self.content or None
+        if self.thinking:
+            msg["reasoning_content"] = self.thinking
         if self.role == "tool" and self.tool_name:
             msg["name"] = self.tool_name
         return msg

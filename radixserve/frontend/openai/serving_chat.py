@@ -82,6 +82,10 @@ def _message_dict(m) -> dict:
         d["name"] = m.name
     if m.tool_calls:
         d["tool_calls"] = [tc.model_dump() for tc in m.tool_calls]
+    # what gpt-oss's and LFM2.5's templates read; gpt-oss's refuses it beside a call's text
+    # (it writes that text as the call's analysis instead)
+    if m.reasoning_content is not None and not (m.tool_calls and m.text()):
+        d["thinking"] = m.reasoning_content
     if m.tool_call_id is not None:
         d["tool_call_id"] = m.tool_call_id
     return d

@@ -52,13 +52,15 @@ REASONING_PARSERS: dict[str, dict[str, Any]] = {
     "glm45": {},
     "deepseek_r1": {"starts_in_reasoning": True},
     "mistral": {"start_tag": "[THINK]", "end_tag": "[/THINK]"},
+    "harmony": {},
 }
 """Reasoning parser name -> `ReasoningParser` preset. Qwen3 writes ``<think>`` itself (and its
 template closes an empty block when thinking is off); DeepSeek-R1 templates open the block in the
 prompt, so its output starts inside reasoning (a leading ``<think>`` is still accepted). Where a
 template opens the block or not by a switch (Qwen3.5, Nemotron, GLM-4.7: ``enable_thinking``),
 `ReasoningParser.for_prompt` reads which from the rendered prompt. Magistral and Ministral 3
-write ``[THINK]...[/THINK]``."""
+write ``[THINK]...[/THINK]``. gpt-oss writes OpenAI's harmony channels (``harmony.py``: its own
+parser, `HarmonyReasoningParser`)."""
 
 TOOL_PARSERS: dict[str, str] = {
     "hermes": "hermes",
@@ -74,6 +76,7 @@ TOOL_PARSERS: dict[str, str] = {
     "glm47": "glm_xml",
     "lfm2": "lfm2",
     "nemotron_v2": "nemotron_v2",
+    "harmony": "harmony",
 }
 """Tool parser name -> the module of its format in this package (imported when built): its
 ``FORMAT`` (a `ToolFormat`) and, where the format's templates demand their own call ids, its
@@ -83,6 +86,10 @@ Qwen3-Coder one; GLM-4.5 to 4.7 one format (``glm45``, ``glm47`` as vLLM names t
 
 def get_reasoning_parser(name: str, **overrides: Any) -> ReasoningParser:
     """Build the reasoning parser called `name`; ValueError (listing the names) if unknown."""
+    if name == "harmony":
+        from radixserve.frontend.parsers.harmony import HarmonyReasoningParser
+
+        return _build("reasoning", REASONING_PARSERS, HarmonyReasoningParser, name, overrides)
     return _build("reasoning", REASONING_PARSERS, ReasoningParser, name, overrides)
 
 

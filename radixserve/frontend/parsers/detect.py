@@ -4,9 +4,10 @@ The tool-call format is the one the template shows (`detect_tool_format`; the ru
 with the history writer of ``tokenizer/tool_prompt.py``, are in ``tokenizer/template_formats.py``).
 
 The reasoning parser a template's model needs (`detect_reasoning_parser`) is read the same way:
-``[THINK]`` (Magistral, Ministral 3): mistral; ``<think>`` or ``</think>`` (Qwen3 and 3.5,
-Nemotron, SmolLM3, GLM-4.x, LFM2.5, DeepSeek-R1): think, whether an output starts inside the
-block being read from each request's rendered prompt (`ReasoningParser.for_prompt`); else none.
+``<|channel|>`` (gpt-oss): harmony; ``[THINK]`` (Magistral, Ministral 3): mistral; ``<think>``
+or ``</think>`` (Qwen3 and 3.5, Nemotron, SmolLM3, GLM-4.x, LFM2.5, DeepSeek-R1): think, whether
+an output starts inside the block being read from each request's rendered prompt
+(`ReasoningParser.for_prompt`); else none.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def detect_reasoning_parser(chat_template: str | None) -> str | None:
     when the template shows no reasoning block (the module docstring's rules)."""
     if not chat_template:
         return None
+    if "<|channel|>" in chat_template:
+        return "harmony"
     if "[THINK]" in chat_template:
         return "mistral"
     if "<think>" in chat_template or "</think>" in chat_template:
@@ -72,7 +75,8 @@ def reasoning_parser_for(requested: str | None, tokenizer: Tokenizer
             return None, None, "the chat template shows no reasoning block"
         why = "from the chat template"
     parser = get_reasoning_parser(name)
-    kept = tokenizer.decode_as_text([parser.start_tag, parser.end_tag])
+    # harmony's parser reads several markers (its tags are not single tokens)
+    kept = tokenizer.decode_as_text(getattr(parser, "markers", (parser.start_tag, parser.end_tag)))
     if kept:
         why += f"; special tokens decoded as text: {' '.join(kept)}"
     return name, parser, why

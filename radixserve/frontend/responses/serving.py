@@ -12,8 +12,9 @@ A request's conversation is: the ``instructions`` (a system message, not carried
 ``previous_response_id``, as OpenAI documents), then the stored chain's items (each earlier
 response's input and output), then this request's ``input``. Input items map to chat messages:
 a message to a message (text parts joined), consecutive ``function_call`` items to one assistant
-message's ``tool_calls``, a ``function_call_output`` to a ``tool`` message; reasoning items are
-accepted and left out of the prompt (chat templates drop earlier turns' reasoning too).
+message's ``tool_calls``, a ``function_call_output`` to a ``tool`` message; a reasoning item's
+text becomes the next assistant message's ``reasoning_content`` (the template decides whether
+to render it: most drop earlier turns' reasoning; gpt-oss keeps it before a call).
 """
 
 from __future__ import annotations
@@ -245,9 +246,12 @@ def stored_items(items: list) -> list[dict]:
 def chat_messages(instructions: str | None, items: list[dict]) -> list[dict]:
     """Chat messages of a conversation given as stored item dicts (see the module docstring)."""
     messages: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
+    reasoning = None  # a reasoning item's text, for the assistant message it precedes
     for item in items:
         kind = item.get("type", "message")
-        if kind == "message":
+        if kind == "reasoning":
+            reasoning = _text(item.get("content") or [])
+        elif kind == "message":
             messages.append({"role": item["role"], "content": _text(item["content"])})
         elif kind == "function_call":
             call = {"id": item["call_id"], "type": "function",
@@ -261,6 +265,9 @@ def chat_messages(instructions: str | None, items: list[dict]) -> list[dict]:
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item["call_id"],
                              "content": _text(item["output"])})
+        if (kind != "reasoning" and reasoning is not None and messages
+                and messages[-1]["role"] == "assistant"):
+            messages[-1]["reasoning_content"], reasoning = reasoning, None
     return messages
 
 
