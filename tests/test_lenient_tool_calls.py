@@ -233,3 +233,13 @@ def test_chat_requests_that_get_the_lenient_parser(fields: dict, kind: type) -> 
     assert type(parser) is kind
     if kind is LenientToolParser:
         assert dict(parser.tools) == TOOLS and parser.parallel
+
+
+def test_a_fence_streamed_before_its_doubled_braces_is_still_a_call():
+    # the fence's line alone first: whether the braces are doubled is not known until the value
+    text = '```json\n{{"name": "get_weather", "arguments": {"city": "Paris"}}}}\n```'
+    content, calls = lenient("hermes", False).extract(text)
+    assert content is None and [c.name for c in calls] == ["get_weather"]
+    for cut in (8, 9, 10):
+        assert streamed(lenient("hermes", False), [text[:cut], text[cut:]]) == \
+            (content, calls, "tool_calls")

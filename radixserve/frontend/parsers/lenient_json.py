@@ -132,9 +132,9 @@ class _Shape:
             opened = self._open(text)
             if opened is not True:
                 return opened is None
-        if self._escaped is None:  # `_at` is at the first value (a fence holds no braces)
-            head = text[self._at : self._at + 2]
-            if head == "{":
+        if self._escaped is None:  # `_at` is before the first value (a fence holds no braces)
+            head = text[self._at :].lstrip()[:2]
+            if head in ("", "{") and not final:  # the value has not shown how it opens yet
                 return True
             self._escaped = head == "{{"
         if self._escaped:
