@@ -15,6 +15,7 @@ from radixserve.engine.build import build_engine_core
 from radixserve.frontend.fanout import Fanout, gate_on_reasoning
 from radixserve.frontend.parsers import get_reasoning_parser
 from radixserve.frontend.parsers.detect import AUTO, reasoning_parser_for
+from radixserve.frontend.reasoning_budget import BudgetPolicy
 from radixserve.hub import resolve_model
 from radixserve.tokenizer.tokenizer import Tokenizer, load_tokenizer
 from radixserve.models.loader import open_gguf
@@ -45,6 +46,7 @@ class LLM:
     after its end tag, unless the prompt closed the block; without one they start at the first
     token, whatever ``after_reasoning`` says (`gate_on_reasoning`). The text keeps the
     reasoning, its tags included (those that are special tokens, Mistral's ``[THINK]``, too).
+    Its tags also let ``SamplingParams.thinking_token_budget`` apply (ignored without one).
 
     ``lora_modules``: LoRA adapters to load, name → path (a PEFT folder or a GGUF LoRA file);
     ``max_loras`` of them resident at once (engine/lora_registry.py). A request runs with one
@@ -192,13 +194,19 @@ class LLM:
 
     def _gate(self, params: SamplingParams, item: tuple[str | None, list[int]]
               ) -> SamplingParams:
-        if self.reasoning_parser is None or params.structured_outputs is None:
+        if self.reasoning_parser is None or (params.structured_outputs is None
+                                             and params.thinking_token_budget is None):
             return params  # nothing to gate: spare decoding the prompt
         text, ids = item
         if text is None:
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return gate_on_reasoning(params, self.reasoning_parser.for_prompt(text), text,
-                                 self.tokenizer)
+        parser = self.reasoning_parser.for_prompt(text)
+        params = gate_on_reasoning(params, parser, text, self.tokenizer)
+        if params.thinking_token_budget is None or params.thinking_tags is not None:
+            return params
+        # the budget's tags, from the reasoning parser (frontend/reasoning_budget.py)
+        return BudgetPolicy().apply(params, params.thinking_token_budget, None, parser, text,
+                                    self.tokenizer)
 
     def _submit(self, fanout: Fanout, priority: int) -> None:
         for req in fanout.requests(sorted(self.tokenizer.eos_token_ids), priority):

@@ -13,6 +13,35 @@ from radixserve.structured.params import StructuredOutputsParams
 _MAX_LOGPROBS = 20
 
 
+class ThinkingTags(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a request's reasoning is, as token ids, so the engine can hold it to
+    ``SamplingParams.thinking_token_budget`` (core/reasoning_budget.py). Filled in by the
+    frontend from its reasoning parser (frontend/reasoning_budget.py).
+
+    ``starts_in_reasoning``: the prompt opened the block, the output begins inside it;
+    otherwise it enters the block only if its first tokens are ``start_token_ids``.
+    ``end_token_ids``: the end tag (the model closing the block itself ends the count).
+    ``forced_token_ids``: what the engine writes once the budget is spent: the budget
+    message's tokens, then the end tag's (ending with ``end_token_ids``).
+    """
+
+    start_token_ids: list[int]
+    end_token_ids: list[int]
+    forced_token_ids: list[int]
+    starts_in_reasoning: bool = False
+
+    def __post_init__(self) -> None:
+        ids = self.start_token_ids + self.end_token_ids + self.forced_token_ids
+        _check(all(_is_int(t) and t >= 0 for t in ids), "thinking_tags",
+               "token ids must be non-negative integers")
+        _check(bool(self.end_token_ids) and bool(self.start_token_ids or
+                                                self.starts_in_reasoning), "thinking_tags",
+               "need an end tag, and a start tag unless the output starts in reasoning")
+        end = self.end_token_ids
+        _check(self.forced_token_ids[-len(end):] == end, "thinking_tags",
+               "forced_token_ids must end with end_token_ids")
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Per-request sampling and stopping parameters.
 
@@ -27,6 +56,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     ``structured_outputs`` constrains the output to a JSON schema, regex, choice or grammar.
     ``lora_name``: the loaded LoRA adapter the request runs with (None: the base model);
     the engine refuses an unknown name.
+    ``thinking_token_budget`` (vLLM's): at most this many tokens of reasoning (None: no
+    limit; 0: none), then the engine writes ``thinking_tags.forced_token_ids`` (the end of
+    thinking) and the answer follows within ``max_tokens``. It applies only with
+    ``thinking_tags``, which say where the reasoning is.
     """
 
     n: int = 1
@@ -50,6 +83,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
     lora_name: str | None = None
+    thinking_token_budget: int | None = None
+    thinking_tags: ThinkingTags | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -92,6 +127,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         _check(self.structured_outputs is None
                or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", "must be a StructuredOutputsParams")
+        _check(self.thinking_token_budget is None
+               or (_is_int(self.thinking_token_budget) and self.thinking_token_budget >= 0),
+               "thinking_token_budget",
+               f"must be an integer >= 0, got {self.thinking_token_budget!r}")
+        _check(self.thinking_tags is None or isinstance(self.thinking_tags, ThinkingTags),
+               "thinking_tags", "must be a ThinkingTags")
         if self.logit_bias:
             for token, bias in self.logit_bias.items():
                 _check(_is_int(token) and token >= 0, "logit_bias",
@@ -105,7 +146,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     def validate_vocab(self, vocab_size: int) -> None:
         """Raise ValueError if any token id given by the caller is outside the vocabulary."""
-        for token in list(self.logit_bias or {}) + self.stop_token_ids:
+        tags = self.thinking_tags
+        tag_ids = tags.start_token_ids + tags.forced_token_ids if tags is not None else []
+        for token in list(self.logit_bias or {}) + self.stop_token_ids + tag_ids:
             if token >= vocab_size:
                 raise ValueError(f"token id {token} is out of the vocabulary (size {vocab_size})")
 

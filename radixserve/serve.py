@@ -56,6 +56,7 @@ from radixserve.frontend.openai.serving import ServingContext
 from radixserve.frontend.parsers import get_tool_parser
 from radixserve.frontend.parsers.detect import reasoning_parser_for, resolve_tool_format
 from radixserve.frontend.pooling import resolve_embedding
+from radixserve.frontend.reasoning_budget import budget_policy
 from radixserve.frontend.rerank import Reranker
 from radixserve.frontend.responses.store import ResponseStore
 from radixserve.gguf_reader import open_gguf
@@ -241,6 +242,7 @@ async def _serve(args, builds, tables, name, embedding, prestarted=None) -> int:
                              embedding=embedding, model_path=_model_path(args),
                              response_store=store, reranker=reranker,
                              loras=dict(args.lora),  # --lora NAME=PATH
+                             reasoning_budget=budget_policy(args, reasoning),
                              max_response_bytes=max_response_bytes(args))
         limits = serve_limits(args)
         hosts = host_policy(args)

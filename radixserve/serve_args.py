@@ -16,6 +16,7 @@ from radixserve.frontend.models_dir.args import add_models_dir_args
 from radixserve.frontend.openai.response_size import DEFAULT_MAX_RESPONSE_MB, MB
 from radixserve.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS
 from radixserve.frontend.parsers.detect import AUTO
+from radixserve.frontend.reasoning_budget import add_reasoning_budget_args
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +78,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "rendered prompt decides whether its output starts inside the "
                              "block: a template that opened it (enable_thinking on) or "
                              "closed it (off)")
+    add_reasoning_budget_args(parser)
     parser.add_argument("--max-n", type=positive_int, default=16, help="largest accepted n")
     parser.add_argument("--task", default="auto", choices=["auto", "embed", "rerank"],
                         help="embed: serve /v1/embeddings (pooled final hidden states) even "

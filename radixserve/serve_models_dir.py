@@ -109,6 +109,7 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
     from radixserve.frontend.http.limits import serve_limits
     from radixserve.frontend.http.metrics import ServerMetrics
     from radixserve.frontend.openai.serving import ServingContext
+    from radixserve.frontend.reasoning_budget import budget_policy
 
     entry.check()
     tables = asyncio.ensure_future(_frontend_tables(entry, args))  # beside the engine's load
@@ -143,6 +144,7 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
                              max_prompts_per_request=args.max_prompts_per_request,
                              embedding=embedding, model_path=entry.path, reranker=reranker,
                              max_response_bytes=single.max_response_bytes(args),
+                             reasoning_budget=budget_policy(args, reasoning),
                              **({} if response_store is None else
                                 {"response_store": response_store}))
         app = build_app(ctx, metrics, None, serve_limits(args))

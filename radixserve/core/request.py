@@ -8,6 +8,7 @@ from typing import Any
 
 from radixserve.core.grammar_hooks import NO_GRAMMAR, Grammar
 from radixserve.core.prompt_logprobs import PromptLogprobs
+from radixserve.core.reasoning_budget import NO_BUDGET, NoBudget, ThinkingBudget
 from radixserve.core.spec_hooks import NO_SPEC_STATE
 from radixserve.pooling_params import PoolingParams
 from radixserve.sampling_params import SamplingParams
@@ -62,10 +63,14 @@ class Request:
     # the LoRA adapter it runs with (the engine's id, engine/lora_registry.py); None: the base.
     # Its KV is cached apart from the base's and other adapters' (core/kv/kv_manager.py)
     lora_id: int | None = None
+    # its reasoning budget (core/reasoning_budget.py), from its sampling params
+    budget: ThinkingBudget | NoBudget = NO_BUDGET
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
+        if self.budget is NO_BUDGET:
+            self.budget = ThinkingBudget.for_params(self.sampling_params)
 
     @property
     def num_tokens(self) -> int:

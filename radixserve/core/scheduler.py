@@ -202,6 +202,12 @@ class Scheduler:
             tokens, logprobs, tops = [result.token_ids[i]], [result.logprobs[i]], [
                 result.top_logprobs[i]]
             draft = drafts.get(rid)
+            if forced := request.budget.take_forced(request.output_token_ids):
+                # NOTE: the reasoning budget is spent: the end of thinking replaces the sampled
+                # token (not fed yet: the KV is unchanged); `cap_draft` kept drafts away
+                assert draft is None, "a draft past the reasoning budget"
+                tokens, logprobs = forced, [None if logprobs[0] is None else 0.0] * len(forced)
+                tops = [None] * len(forced)
             if draft is not None:
                 tokens += draft.token_ids
                 logprobs += draft.logprobs
@@ -294,6 +300,7 @@ class Scheduler:
         """Append one token; (finish reason, error). A grammar that has terminated ends the
         request ("stop") whether or not an eos token was sampled."""
         request.append_token(token_id)
+        request.budget.observe(request.output_token_ids)
         if (error := request.grammar.accept(token_id, request.output_token_ids)) is not None:
             return "error", error  # mid-output: vLLM's FINISHED_ERROR (a 500), not a refusal
         if request.grammar.is_terminated:

@@ -146,7 +146,7 @@ class DraftModelSpec(SpecDecoding):
             most = request.num_tokens + seq.num_draft + 1  # every draft accepted, + bonus
             room = min(request.max_tokens - (request.num_output_tokens + seq.num_draft + 1),
                        max_model_len - most) - 1  # the next bonus token needs room
-            k = min(k, room)
+            k = request.budget.cap_draft(min(k, room), seq.num_draft + 2)
             if k > 0 and request.grammar.can_draft:
                 self.proposer.plan(seq, most, k)
 

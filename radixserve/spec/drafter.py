@@ -82,7 +82,7 @@ class SpecDecoding:
         for seq, request in decodes:
             room = min(request.max_tokens - request.num_output_tokens,
                        max_model_len - request.num_tokens) - 1  # the bonus token needs room
-            k = min(policy.k_max, room, budget)
+            k = request.budget.cap_draft(min(policy.k_max, room, budget), 1)
             draft = NO_DRAFT
             if k > 0 and request.grammar.can_draft:
                 draft = self.proposer.propose(request.request_id, request.all_token_ids,

@@ -242,6 +242,8 @@ class CountTokensRequest(_Strict):
             tool_choice=_chat_tool_choice(choice) if tools else None,
             parallel_tool_calls=not (choice and choice.disable_parallel_tool_use),
             chat_template_kwargs=kwargs, reasoning_effort=output.effort,
+            thinking_token_budget=(self.thinking.budget_tokens if self.thinking is not None
+                                   and self.thinking.type == "enabled" else None),
             response_format=response_format, **self._sampling())
 
     def _sampling(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from radixserve.frontend.openai.protocol import random_id
 from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
 from radixserve.frontend.openai.serving import ChatParsers, ServingContext
 from radixserve.frontend.openai.serving_chat import ChatServer, render_messages
+from radixserve.frontend.reasoning_budget import can_budget
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
@@ -70,8 +71,13 @@ class MessagesServer:
         self.chat = chat or ChatServer(ctx)
 
     async def prepare(self, body: MessagesRequest):
-        """(prompt ids, SamplingParams, `ChatParsers`), as `ChatServer.prepare`."""
-        return await self.chat.prepare(body.to_chat())
+        """(prompt ids, SamplingParams, `ChatParsers`), as `ChatServer.prepare`. Without a
+        tag-based reasoning parser ``thinking.budget_tokens`` is dropped, not refused:
+        clients send it with every thinking request, as the switch ``enable_thinking`` reads."""
+        chat = body.to_chat()
+        if not can_budget(self.ctx.reasoning_parser):
+            chat.thinking_token_budget = None
+        return await self.chat.prepare(chat)
 
     async def count_tokens(self, body: CountTokensRequest) -> bytes:
         """``{"input_tokens": n}``: the prompt a Messages request with these fields gets."""

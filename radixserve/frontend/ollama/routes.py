@@ -33,6 +33,7 @@ from radixserve.frontend.ollama.serving import (Context, OllamaStreamError, Shap
 from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
 from radixserve.frontend.openai.routes import OpenAIRoutes
 from radixserve.frontend.openai.serving_chat import render_messages
+from radixserve.frontend.reasoning_budget import THINK_LEVEL_BUDGETS, can_budget
 
 _NDJSON = [(b"content-type", b"application/x-ndjson")]
 _ENCODE = msgspec.json.encode
@@ -165,8 +166,9 @@ class OllamaRoutes:
         shape = Shape(body.model, True, time.time())
         if not body.messages:
             return _ENCODE(shape.loaded())
-        return await self._through(self.openai.chat_completion, call, _ENCODE(body.to_openai()),
-                                   shape, bool(body.stream))
+        return await self._through(self.openai.chat_completion, call,
+                                   _ENCODE(self._budgeted(body, body.to_openai())), shape,
+                                   bool(body.stream))
 
     async def _generate(self, call: Call):
         body = parse_body(OllamaGenerateRequest, call.body, _MISSING)
@@ -188,7 +190,15 @@ class OllamaRoutes:
                                        _ENCODE(body.to_openai_completion()), shape,
                                        bool(body.stream))
         return await self._through(self.openai.chat_completion, call,
-                                   _ENCODE(body.to_openai_chat()), shape, bool(body.stream))
+                                   _ENCODE(self._budgeted(body, body.to_openai_chat())), shape,
+                                   bool(body.stream))
+
+    def _budgeted(self, body, chat: dict) -> dict:
+        """``chat`` with ``think``'s level as a reasoning budget (`THINK_LEVEL_BUDGETS`) on a
+        server with a tag-based reasoning parser; the level reaches the chat template either way."""
+        if isinstance(body.think, str) and can_budget(self.ctx.reasoning_parser):
+            chat["thinking_token_budget"] = THINK_LEVEL_BUDGETS[body.think]
+        return chat
 
     def _prompt_ids(self, body: OllamaGenerateRequest) -> list[int]:
         """The prompt's tokens as the model reads them: as is (``raw``) or in the chat

@@ -128,6 +128,8 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None  # passed through to the chat template
+    # the most reasoning tokens (vLLM's name; -1: no limit): frontend/reasoning_budget.py
+    thinking_token_budget: int | None = Field(None, ge=-1)
 
     @field_validator("top_logprobs")
     @classmethod

@@ -17,6 +17,7 @@ from radixserve.frontend.batch_encoder import BatchEncoder
 from radixserve.frontend.core_client import EngineDeadError
 from radixserve.frontend.parsers import ReasoningParser, ToolCallDelta, ToolCallParser
 from radixserve.frontend.pooling import EmbeddingSetup
+from radixserve.frontend.reasoning_budget import BudgetPolicy
 from radixserve.frontend.rerank import Reranker
 from radixserve.sampling_params import SamplingParams
 from radixserve.frontend.http.protocol_base import OpenAIError, ParamError
@@ -46,6 +47,8 @@ class ServingContext:
     loras: dict[str, str] = field(default_factory=dict)  # LoRA adapters: name → path
     # a generation answer's largest estimated size (--max-response-mb; None: no limit)
     max_response_bytes: int | None = DEFAULT_MAX_RESPONSE_MB * MB
+    # reasoning budgets: --reasoning-budget, its message, --reasoning-effort-budgets
+    reasoning_budget: BudgetPolicy = field(default_factory=BudgetPolicy)
 
     @property
     def tokenizer(self):

@@ -105,7 +105,8 @@ class ChatServer:
         A forced ``tool_choice`` (``"required"`` or a named function) becomes a JSON-schema
         constraint on the output, read back by a `ForcedToolParser`; ``"auto"`` needs the
         server's tool-call parser. With a reasoning parser, a constraint starts after the
-        reasoning section unless ``structured_outputs.after_reasoning`` is false.
+        reasoning section unless ``structured_outputs.after_reasoning`` is false. The
+        request's reasoning budget, if any, goes with the params (frontend/reasoning_budget.py).
         """
         ctx = self.ctx
         ctx.check_model(body.model)
@@ -134,6 +135,8 @@ class ChatServer:
                 params.structured_outputs = await self._auto_tools(body)
         reasoning = ctx.reasoning_parser.for_prompt(text) if ctx.reasoning_parser else None
         params = gate_on_reasoning(params, reasoning, text, ctx.tokenizer)
+        params = ctx.reasoning_budget.apply(params, body.thinking_token_budget,
+                                            body.reasoning_effort, reasoning, text, ctx.tokenizer)
         return ids, params, ChatParsers(reasoning, tool_parser)
 
     async def _auto_tools(self, body: ChatCompletionRequest) -> StructuredOutputsParams | None:
