@@ -26,7 +26,12 @@ class MoeConfig:
     ``topk_groups`` best of ``num_groups`` groups (a group ranked by its two best), weight by
     the unbiased scores (renormalized with ``norm_eps`` added to the sum) times
     ``routed_scaling``. ``expert_activation`` "relu2": experts (and the shared one) are
-    ``down(relu(up(x)) ** 2)``, no gate."""
+    ``down(relu(up(x)) ** 2)``, no gate.
+
+    gpt-oss: ``scoring`` "softmax_topk" (a softmax over the k largest logits only), the router
+    and the experts' linears with biases (``linear_bias``), ``expert_activation`` "swiglu_oai":
+    ``down((clamp(up, -l, l) + 1) * g * sigmoid(alpha * g))``, g = ``min(gate, l)``, l
+    ``swiglu_limit``, alpha ``swiglu_alpha``."""
 
     num_experts: int
     top_k: int
@@ -40,16 +45,19 @@ class MoeConfig:
     topk_groups: int = 1
     routed_scaling: float = 1.0
     norm_eps: float = 0.0
-    expert_activation: str = "silu"  # or "relu2"
+    expert_activation: str = "silu"  # or "relu2", "swiglu_oai"
     shared_expert_gate: bool = True
+    linear_bias: bool = False
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
 
     def __post_init__(self) -> None:
-        if self.scoring not in ("softmax", "sigmoid"):
+        if self.scoring not in ("softmax", "sigmoid", "softmax_topk"):
             raise ValueError(f"unsupported MoE scoring {self.scoring!r}; supported: "
-                             "['softmax', 'sigmoid']")
-        if self.expert_activation not in ("silu", "relu2"):
+                             "['softmax', 'sigmoid', 'softmax_topk']")
+        if self.expert_activation not in ("silu", "relu2", "swiglu_oai"):
             raise ValueError(f"unsupported expert activation {self.expert_activation!r}; "
-                             "supported: ['silu', 'relu2']")
+                             "supported: ['silu', 'relu2', 'swiglu_oai']")
         if (self.num_groups < 1 or self.num_experts % self.num_groups
                 or not 1 <= self.topk_groups <= self.num_groups):
             raise ValueError(f"MoE groups: {self.num_experts} experts in {self.num_groups} "

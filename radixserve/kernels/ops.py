@@ -202,10 +202,11 @@ def lora_add_(x: torch.Tensor, y: torch.Tensor, row_slot: torch.Tensor,
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
                     v_pool: torch.Tensor, meta, scale: float, window: int | None,
-                    softcap: float | None) -> torch.Tensor:
+                    softcap: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of float32 q [T, H, d] over the pool, after writing k / v [T, KVH, d] at
     ``meta.slot_mapping`` (rs_paged_attention) → [T, H, d]. ``meta``: the backend's
-    ``NativeAttentionMetadata`` (int64 slots, block table, row sequence and length)."""
+    ``NativeAttentionMetadata`` (int64 slots, block table, row sequence and length);
+    ``sinks``: float32 [H], each head's sink logit in its softmax denominator (gpt-oss)."""
     kernel = "rs_paged_attention"
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check(kernel, name, t, _F32, 3, "heads")
@@ -221,13 +222,17 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: t
         _same(kernel, f"{name}'s length", t.shape[0], rows)
     _check(kernel, "block_table", meta.block_table, _I64T, 2)
     _same(kernel, "k's and v's rows", (k.shape[0], v.shape[0]), (rows, rows))
+    if sinks is not None:
+        _check(kernel, "sinks", sinks, _F32, 1)
+        _same(kernel, "sinks' length", sinks.shape[0], heads)
     out = torch.empty(rows, heads, dim)
     if rows and _lib().rs_paged_attention(
             q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
             meta.slot_mapping.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
             KV_DTYPE_CODES[k_pool.dtype], meta.block_table.data_ptr(), meta.block_table.shape[1],
             meta.row_seq.data_ptr(), meta.row_len.data_ptr(), rows, heads, k_pool.shape[2], dim,
-            meta.block_size, scale, window or 0, softcap or 0.0, out.data_ptr()):
+            meta.block_size, scale, window or 0, softcap or 0.0,
+            None if sinks is None else sinks.data_ptr(), out.data_ptr()):
         raise RuntimeError("native paged attention failed (shape or memory)")
     return out
 

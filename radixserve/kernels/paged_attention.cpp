@@ -12,6 +12,10 @@
 // never on how the step was batched, chunked, or which part of the context came from the
 // prefix cache.
 //
+// Attention sinks (gpt-oss): a learned logit per query head that joins each row's softmax
+// denominator only (no value): p_j = exp(s_j - M) / (sum_i exp(s_i - M) + exp(sink - M)), M the
+// largest of the scores and the sink. A chunked row's sink joins once, where its chunks merge.
+//
 // Pool layout, as radixserve/runner/kv_cache.py allocates it: [num_blocks, block_size, KVH, dp],
 // of float32, float16 or bfloat16 (dp = d; --kv-cache-dtype; read widened to float32, exactly),
 // or int8 with dp = d + 4: each head's row holds its d values as int8 of one scale per row
@@ -191,14 +195,17 @@ struct TileRow {
 // reaches a row's arithmetic. NH > 1 (a decode row's every KV head, block by block: each pool
 // block read whole, front to back, which the memory reads far faster than one head's rows
 // strided through it) only with R = 1.
+// sinks: the sink logits of the call's NH * G query heads (head h * G + g at sinks[h * G + g]),
+// added to the denominator of the rows whose result is the output (ml null; a chunk's partials
+// leave the sink to merge_chunks), or null for none.
 // Scratch: scores [R][NH * G][score_stride >= the longest len], acc [R][NH * G][dv * kW].
 // kG / kDV > 0 fix the group size and the kW-float vectors per head at compile time (so the
 // queries and sums stay in registers); 0 takes them from G and d at run time.
 template <typename KV, int kG, int kDV>
 void attend(const TileRow* rows, int R, int NH, const KV* k_pool, const KV* v_pool,
             int64_t head_off, const int64_t* blocks, int64_t first, int G_, int64_t d,
-            int64_t bs, int64_t token_stride, float scale, float softcap, float* scores,
-            int64_t score_stride, float* acc_buf) {
+            int64_t bs, int64_t token_stride, float scale, float softcap, const float* sinks,
+            float* scores, int64_t score_stride, float* acc_buf) {
   const int G = kG ? kG : G_;
   const int HG = NH * G;  // a row's query heads here
   const int dv = kDV ? kDV : (int)((d + kW - 1) / kW);
@@ -277,7 +284,9 @@ void attend(const TileRow* rows, int R, int NH, const KV* k_pool, const KV* v_po
     for (int g = 0; g < HG; ++g) {  // g: the query head h * G + g' here
       const int64_t len = rows[r].len;
       float* sg = scores + (r * HG + g) * score_stride;
-      const float row_max = reduce_max(vmax[r * HG + g]);
+      float row_max = reduce_max(vmax[r * HG + g]);
+      const bool sink = sinks && !rows[r].ml;  // this row's denominator takes the sink here
+      if (sink && sinks[g] > row_max) row_max = sinks[g];
       const vf m = set1(row_max);
       vf sum = zero();
       for (int64_t t = 0; t < len; t += kW) {
@@ -285,7 +294,7 @@ void attend(const TileRow* rows, int R, int NH, const KV* k_pool, const KV* v_po
         store_n(sg + t, e, len - t);
         sum = add(sum, e);
       }
-      const float total = reduce_add(sum);
+      const float total = reduce_add(sum) + (sink ? expf(sinks[g] - row_max) : 0.0f);
       float* ml = rows[r].ml;
       inv_sum[r * HG + g] = ml ? 1.0f : 1.0f / total;
       if (ml) ml[g * rows[r].ml_stride] = row_max, ml[g * rows[r].ml_stride + 1] = total;
@@ -384,12 +393,14 @@ void attend(const TileRow* rows, int R, int NH, const KV* k_pool, const KV* v_po
 }
 
 // One query head's output from its chunks' partials (acc [n][d], ml [n][2]), chunk by chunk in
-// order: M = max m_c, w_c = exp(m_c - M), out = (sum w_c * acc_c) * (1 / sum w_c * l_c).
+// order: M = max m_c, w_c = exp(m_c - M), out = (sum w_c * acc_c) * (1 / sum w_c * l_c). With a
+// sink logit (non-null `sink`): M also over it, and exp(sink - M) added to the denominator.
 void merge_chunks(const float* acc, const float* ml, int64_t n, int64_t stride, int64_t d,
-                  float* out) {
+                  const float* sink, float* out) {
   float M = -INFINITY;
   for (int64_t c = 0; c < n; ++c) M = ml[c * 2] > M ? ml[c * 2] : M;
-  float total = 0.0f;
+  if (sink && *sink > M) M = *sink;
+  float total = sink ? expf(*sink - M) : 0.0f;
   for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
   for (int64_t c = 0; c < n; ++c) {
     const float w = expf(ml[c * 2] - M);
@@ -403,7 +414,7 @@ void merge_chunks(const float* acc, const float* ml, int64_t n, int64_t stride, 
 template <typename KV>
 using AttendFn = void (*)(const TileRow*, int, int, const KV*, const KV*, int64_t,
                           const int64_t*, int64_t, int, int64_t, int64_t, int64_t, float, float,
-                          float*, int64_t, float*);
+                          const float*, float*, int64_t, float*);
 
 // Context chunk of a row, in tokens: contexts longer than this are split into chunks attended
 // as separate work items (balance across threads at batch 1, each chunk's K/V read once per KV
@@ -438,7 +449,7 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
                     KV* v_pool, const int64_t* table, int64_t table_stride,
                     const int64_t* row_seq, const int64_t* row_len, int64_t T, int64_t H,
                     int64_t KVH, int64_t d, int64_t bs, float scale, int64_t window,
-                    float softcap, float* out) {
+                    float softcap, const float* sinks, float* out) {
   const int64_t G = H / KVH;
   if (G * KVH != H || G > kMaxGroup || d > kMaxDim || d < 1) return 1;
   const int64_t dp = d + kRowExtra<KV>, width = KVH * dp;  // a pool row's pitch, a token's
@@ -556,8 +567,9 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
       }
       const int64_t* blocks = table + row_seq[t_first] * table_stride;
       attend_fn(rows, R, (int)NH, k_pool + h * dp, v_pool + h * dp, dp, blocks,
-                lo(t_first) + c * chunk, (int)group, d, bs, width, scale, softcap, scores,
-                max_span, scores + tile_rows * NH * group * max_span);
+                lo(t_first) + c * chunk, (int)group, d, bs, width, scale, softcap,
+                sinks ? sinks + head : nullptr, scores, max_span,
+                scores + tile_rows * NH * group * max_span);
     }
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < T * H; ++th) {
@@ -565,7 +577,8 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
       const int64_t n = (span_of(t) + chunk - 1) / chunk;
       if (n == 1) continue;
       const int64_t p = part_off[t] + head * n;
-      merge_chunks(acc_part + p * d, ml_part + 2 * p, n, d, d, out + (t * H + head) * d);
+      merge_chunks(acc_part + p * d, ml_part + 2 * p, n, d, d, sinks ? sinks + head : nullptr,
+                   out + (t * H + head) * d);
     }
   }
   return failed;
@@ -582,19 +595,20 @@ extern "C" {
 // elements, 0 float32, 1 float16, 2 bfloat16 (new rows rounded to nearest even when stored),
 // 3 int8 with a scale per head row (the header). window > 0: each row attends to its last
 // `window` tokens only (a sliding-window layer), 0: to all; softcap > 0: scores become
-// softcap * tanh(score / softcap) before the softmax (Gemma 2), 0: unchanged. Returns 0, or 1
-// on bad shapes, an unknown kv_dtype or no memory.
+// softcap * tanh(score / softcap) before the softmax (Gemma 2), 0: unchanged; sinks [H] float:
+// each query head's sink logit in its softmax's denominator (gpt-oss, the header), null: none.
+// Returns 0, or 1 on bad shapes, an unknown kv_dtype or no memory.
 int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk,
                        const float* v_new, int64_t ldv, const int64_t* slots, void* k_pool,
                        void* v_pool, int64_t kv_dtype, const int64_t* table,
                        int64_t table_stride, const int64_t* row_seq, const int64_t* row_len,
                        int64_t T, int64_t H, int64_t KVH, int64_t d, int64_t bs, float scale,
-                       int64_t window, float softcap, float* out) {
+                       int64_t window, float softcap, const float* sinks, float* out) {
   auto run = [&](auto* kind) {  // the pools as elements of kind's type
     using KV = std::remove_pointer_t<decltype(kind)>;
     return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (KV*)k_pool, (KV*)v_pool,
                            table, table_stride, row_seq, row_len, T, H, KVH, d, bs, scale, window,
-                           softcap, out);
+                           softcap, sinks, out);
   };
   switch (kv_dtype) {
     case 0: return run((float*)nullptr);

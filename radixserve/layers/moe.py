@@ -6,6 +6,8 @@ Routing, as transformers computes it for these families (``MoeConfig``)::
 
     p = softmax(router(x))            float32, over all experts ("softmax" scoring)
     w, e = topk(p, k)                 the k largest, rank 0 first
+  or ("softmax_topk", gpt-oss)
+    l, e = topk(router(x), k); w = softmax(l)
   or ("sigmoid" scoring, DeepSeek-V3 style)
     s = sigmoid(router(x))            each expert's score alone
     c = s + expert_bias               selection only (``expert_bias``), within the
@@ -21,7 +23,8 @@ Routing, as transformers computes it for these families (``MoeConfig``)::
                                       width that every token runs
 
 Experts are SwiGLU (``gate_up_proj``, ``down_proj``) or, for ``expert_activation`` "relu2"
-(Nemotron-H), ``down(relu(up(x)) ** 2)`` with no gate.
+(Nemotron-H), ``down(relu(up(x)) ** 2)`` with no gate, or "swiglu_oai" (gpt-oss: clamped, with
+biases, ``OaiExpert``).
 
 The experts run batched by expert over the step's packed batch: the (token, rank) assignments
 are sorted by expert (stably, so by token within one), and each expert that has tokens runs
@@ -33,7 +36,8 @@ NOTE: batch invariance follows from the linears': the native ones (`BlockLinear`
 `Int8Linear`, the router among them when the model is quantized) give a row the same bits in
 any batch, softmax / top-k / SiLU are per row (the shared expert's sigmoid gate made so, see
 ``_row_sigmoid``; sigmoid scores through the scalar native kernel where ``native``), relu2 is
-exact per element, and the combine is elementwise in a fixed order,
+exact per element (as are swiglu_oai's clamps, products and sums; its sigmoid is the scalar
+native kernel's where ``native``), and the combine is elementwise in a fixed order,
 so a token's output does not depend on which other tokens share its step or its experts. Float
 linears (torch / MKL sgemm) are not row-batch-invariant (a row's bits change with M from M = 2
 on), exactly as the dense layers of a float model are not.
@@ -41,6 +45,7 @@ on), exactly as the dense layers of a float model are not.
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import torch
@@ -80,6 +85,29 @@ class Relu2Expert(nn.Module):
         return self.down_proj(h * h)
 
 
+class OaiExpert(nn.Module):
+    """One gpt-oss expert: gate and up fused in one linear with biases (gate rows, then up
+    rows), ``down((clamp(up, -l, l) + 1) * g * sigmoid(alpha * g))``, g = ``min(gate, l)``
+    (``MoeConfig.swiglu_limit`` l and ``swiglu_alpha``)."""
+
+    activation: ClassVar[str] = "swiglu_oai"
+
+    def __init__(self, hidden_size: int, intermediate_size: int, moe: MoeConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=True)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=True)
+        self.limit, self.alpha = moe.swiglu_limit, moe.swiglu_alpha
+        self.native = False  # the sigmoid's scalar kernel, set by the model's KernelPlan
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit).contiguous()
+        up = up.clamp(-self.limit, self.limit)
+        glu = (recurrent_ops.sigmoid_mul(gate, gate * self.alpha) if self.native
+               else gate * torch.sigmoid(gate * self.alpha))
+        return self.down_proj((up + 1) * glu)
+
+
 class SparseMoeBlock(nn.Module):
     """``x`` [T, hidden] → [T, hidden]. ``gate`` is the router (a linear like the others, so a
     quantized model computes it in its native, batch-invariant kernels); ``expert_bias`` [E]
@@ -90,8 +118,10 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.moe = moe
         self.top_k, self.norm_topk_prob = moe.top_k, moe.norm_topk_prob
-        self.gate = nn.Linear(hidden_size, moe.num_experts, bias=False)
+        self.gate = nn.Linear(hidden_size, moe.num_experts, bias=moe.linear_bias)
         expert = Relu2Expert if moe.expert_activation == "relu2" else Expert
+        if moe.expert_activation == "swiglu_oai":
+            expert = functools.partial(OaiExpert, moe=moe)
         self.experts = nn.ModuleList(expert(hidden_size, moe.intermediate_size)
                                      for _ in range(moe.num_experts))
         self.expert_bias = (nn.Parameter(torch.zeros(moe.num_experts), requires_grad=False)
@@ -107,6 +137,9 @@ class SparseMoeBlock(nn.Module):
         logits = self.gate(x).float()
         if self.moe.scoring == "softmax":
             weights, ids = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
+        elif self.moe.scoring == "softmax_topk":
+            top, ids = torch.topk(logits, self.top_k, dim=-1)
+            weights = torch.softmax(top, dim=-1)
         else:
             scores = (recurrent_ops.sigmoid_mul(torch.ones_like(logits), logits)
                       if self.native else torch.sigmoid(logits))

@@ -19,6 +19,9 @@ from radixserve.models.gemma_config import (GEMMA_ARCHITECTURES, gemma_gguf_conf
 from radixserve.models.granite_config import (GRANITE_ARCHITECTURES, granite_gguf_config,
                                               granite_hf_config, granite_hf_name)
 from radixserve.models.granite_gguf import GraniteGguf
+from radixserve.models.gpt_oss_config import (GPT_OSS_ARCHITECTURES, gpt_oss_gguf_config,
+                                              gpt_oss_gguf_name, gpt_oss_hf_config,
+                                              gpt_oss_hf_name)
 from radixserve.models.lfm2_config import (LFM2_ARCHITECTURES, lfm2_gguf_config, lfm2_gguf_name,
                                            lfm2_hf_config, lfm2_hf_name)
 from radixserve.models.nemotron_h_config import (NEMOTRON_H_ARCHITECTURES,
@@ -92,6 +95,8 @@ FAMILIES: tuple[Family, ...] = (
            gguf_name=lfm2_gguf_name),
     Family(NEMOTRON_H_ARCHITECTURES, nemotron_h_hf_config, nemotron_h_gguf_config,
            hf_name=nemotron_h_hf_name, gguf_layout=NemotronHGguf),
+    Family(GPT_OSS_ARCHITECTURES, gpt_oss_hf_config, gpt_oss_gguf_config,
+           hf_name=gpt_oss_hf_name, gguf_name=gpt_oss_gguf_name),
 )
 
 

@@ -82,7 +82,7 @@ def load_half_stored(model: nn.Module, path: str, device: torch.device,
     weights as 16-bit parts (``shard``: the tensor-parallel rank's part of each; ``rename``:
     the folder's tensor name → the model's, None to skip it, e.g. a vision tower's). ValueError
     for a missing tensor or a linear weight that is not float16 / bfloat16."""
-    tensors = _Tensors(path, rename)
+    tensors = _Tensors(path, rename, getattr(model, "hf_expert_parts", fused_expert_parts))
     packed = getattr(model, "packed_modules", {})
     rows_of = getattr(model, "hf_row_order", lambda name: None)  # a fused matrix's own order
     linears = [(prefix, parent, name) for prefix, parent in model.named_modules()
@@ -138,17 +138,18 @@ def _files(path: str) -> list[str]:
 
 class _Tensors:
     """The folder's tensors by name, each read when taken (the files stay memory-mapped); a
-    fused 3-D expert tensor as its experts' matrices, each read alone."""
+    fused 3-D expert tensor as its experts' matrices, each read alone (``parts``: the model's
+    ``hf_expert_parts`` where its fused experts are laid out otherwise, gpt-oss's)."""
 
-    def __init__(self, path: str, rename=None) -> None:
+    def __init__(self, path: str, rename=None, parts=fused_expert_parts) -> None:
         self._handles = [safe_open(file, framework="pt") for file in _files(path)]
         rename = rename or (lambda name: name)
         # the model's name → (file, its name, the index of a part of it or None)
         self._where = {rename(name): (h, name, None) for h in self._handles
                        for name in h.keys() if rename(name) is not None}
-        for name in [n for n in self._where if n.endswith(HF_FUSED_EXPERTS)]:
-            h, stored, _ = self._where.pop(name)
-            for part, index in fused_expert_parts(name, h.get_slice(stored).get_shape()):
+        for name, (h, stored, _) in list(self._where.items()):
+            for part, index in parts(name, h.get_slice(stored).get_shape()) or ():
+                self._where.pop(name, None)
                 self._where[part] = (h, stored, index)
 
     def take(self, *names: str) -> torch.Tensor:
@@ -183,6 +184,9 @@ def _rows(weight: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
     return weight if order is None else weight[order]
 
 
-def _read(handle, name: str, index: tuple | None) -> torch.Tensor:
-    """A tensor of an open safetensors file, or only the part ``index`` selects of it."""
+def _read(handle, name: str, index) -> torch.Tensor:
+    """A tensor of an open safetensors file, or only the part ``index`` selects of it (a
+    callable: what it makes of the tensor's slice)."""
+    if callable(index):
+        return index(handle.get_slice(name))
     return handle.get_tensor(name) if index is None else handle.get_slice(name)[index]

@@ -117,10 +117,11 @@ class ExpertSlice:
 
 
 def expert_slices(tensor) -> list[ExpertSlice]:
-    """A GGUF 3-D expert tensor [n_expert, rows, cols] → its experts' matrices, in order."""
-    num_experts = int(tensor.shape[2])
+    """A GGUF 3-D expert tensor [n_expert, rows, cols] → its experts' matrices, in order (a
+    2-D one [n_expert, rows], gpt-oss's expert biases: their vectors)."""
+    num_experts = int(tensor.shape[-1])
     per_expert = int(tensor.n_bytes) // num_experts
-    return [ExpertSlice(f"{tensor.name}#{e}", tensor.tensor_type, tensor.shape[:2],
+    return [ExpertSlice(f"{tensor.name}#{e}", tensor.tensor_type, tensor.shape[:-1],
                         tensor.data[e], int(tensor.data_offset) + e * per_expert, per_expert)
             for e in range(num_experts)]
 

@@ -34,6 +34,7 @@ _MODELS = {
     "Lfm2ForCausalLM": ("radixserve.models.lfm2", "Lfm2ForCausalLM"),  # short conv + attention
     "Lfm2MoeForCausalLM": ("radixserve.models.lfm2", "Lfm2ForCausalLM"),
     "NemotronHForCausalLM": ("radixserve.models.nemotron_h", "NemotronHForCausalLM"),  # Mamba2
+    "GptOssForCausalLM": ("radixserve.models.gpt_oss", "GptOssForCausalLM"),  # sinks, MoE
 }
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                       "olmo2": "Olmo2ForCausalLM", "mistral3": "Mistral3ForConditionalGeneration",
@@ -47,6 +48,7 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm3": "SmolLM3ForCausalL
                       "granitemoe": "GraniteMoeForCausalLM",
                       "granitehybrid": "GraniteMoeHybridForCausalLM", "lfm2": "Lfm2ForCausalLM",
                       "lfm2moe": "Lfm2MoeForCausalLM", "nemotron_h": "NemotronHForCausalLM",
+                      "gpt-oss": "GptOssForCausalLM",
                       "nemotron_h_moe": "NemotronHForCausalLM"}
 # (a GGUF "llama" file with llama.expert_count > 0 is Mixtral: models/loader.py)
 

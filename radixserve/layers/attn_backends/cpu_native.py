@@ -58,14 +58,16 @@ class NativeCpuPagedAttention:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: NativeAttentionMetadata, scale: float, window: int | None = None,
-                softcap: float | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """q [T, H, d], k/v [T, KVH, d] (rows may be strided, heads contiguous) → [T, H, d].
         The kernel writes k/v into the pool first. ``window``: a row at position p attends to
         keys p - window < j <= p only (a sliding-window layer); ``softcap``: scores capped to
-        softcap * tanh(score / softcap) (Gemma 2)."""
+        softcap * tanh(score / softcap) (Gemma 2); ``sinks`` [H] float32: each head's sink
+        logit, in its softmax's denominator only (gpt-oss)."""
         k_cache, v_cache = kv_cache
         return ops.paged_attention(_rows(q), _rows(k), _rows(v), k_cache, v_cache, meta, scale,
-                                   window, softcap)
+                                   window, softcap, sinks)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

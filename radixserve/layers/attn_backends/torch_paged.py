@@ -21,6 +21,9 @@ position p of a sequence lives in slot ``block_ids[p // block_size] * block_size
   transformers' mask) or one with soft-capped scores (``softcap``: cap * tanh(s / cap), Gemma 2)
   masks the same gathered context: decode rows over their whole block list (no cascade), chunks
   with the window ANDed into their causal mask, scores capped before the mask is added.
+- attention sinks (``sinks`` [H], gpt-oss): each head's learned logit joins its softmax as one
+  more column with no value (p_j = exp(s_j) / (sum_i exp(s_i) + exp(sink))); rows take the same
+  masked paths as a window (``_softmax_with_sinks``).
 """
 
 from __future__ import annotations
@@ -103,17 +106,19 @@ class TorchPagedAttention:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: TorchAttentionMetadata, scale: float, window: int | None = None,
-                softcap: float | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """q [T, H, d], k/v [T, KVH, d] → [T, H, d]. Writes k/v into the pool first.
-        ``window``: keys p - window < j <= p only; ``softcap``: capped scores (see above)."""
+        ``window``: keys p - window < j <= p only; ``softcap``: capped scores; ``sinks``:
+        each head's sink logit (see above)."""
         flat_k, flat_v = write_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         if meta.num_decodes:
             b = meta.num_decodes
-            if window is not None or softcap is not None:
+            if window is not None or softcap is not None or sinks is not None:
                 blocks, bias = windowed_decode_inputs(meta, window, q.dtype)
                 out[:b] = _decode(q[:b], flat_k, flat_v, meta.block_size, blocks, bias, scale,
-                                  softcap)
+                                  softcap, sinks)
             elif meta.shared_blocks is None:
                 out[:b] = _decode(q[:b], flat_k, flat_v, meta.block_size, meta.decode_blocks,
                                   meta.decode_bias, scale)
@@ -122,7 +127,7 @@ class TorchPagedAttention:
                                           meta.shared_blocks, meta.decode_blocks,
                                           meta.decode_bias, scale)
         attend_prefills(q, k, v, flat_k, flat_v, meta.prefills, meta.block_size, scale, out,
-                        window, softcap)
+                        window, softcap, sinks)
         return out
 
 
@@ -186,7 +191,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: tuple[torch.Tensor, tor
 def attend_prefills(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flat_k: torch.Tensor,
                     flat_v: torch.Tensor, prefills: list[PrefillChunk], block_size: int,
                     scale: float, out: torch.Tensor, window: int | None = None,
-                    softcap: float | None = None) -> None:
+                    softcap: float | None = None, sinks: torch.Tensor | None = None) -> None:
     """Prefill chunks, one at a time, into their rows of ``out``."""
     num_kv_heads, head_dim = flat_k.shape[1:]
     for p in prefills:
@@ -201,12 +206,12 @@ def attend_prefills(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flat_k: t
             vs = vs.view(-1, num_kv_heads, head_dim)[:ctx_len]
             mask = p.mask
         ks, vs = ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0)
-        if window is None and softcap is None:
+        if window is None and softcap is None and sinks is None:
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None,
                                                scale=scale, enable_gqa=True)
         else:
             o = _masked_attention(qs, ks, vs, _chunk_mask(p, ks.shape[2], window, q.device),
-                                  scale, softcap)
+                                  scale, softcap, sinks)
         out[rows] = o.squeeze(0).transpose(0, 1)
 
 
@@ -223,16 +228,31 @@ def _chunk_mask(p: PrefillChunk, ctx_len: int, window: int | None,
 
 
 def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                      scale: float, softcap: float | None) -> torch.Tensor:
+                      scale: float, softcap: float | None,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [1, H, L, d], k/v [1, KVH, S, d], mask [L, S] bool → [1, H, L, d], with the scores
-    soft-capped (cap * tanh(s / cap)) before masking when ``softcap`` is set."""
+    soft-capped (cap * tanh(s / cap)) before masking when ``softcap`` is set; ``sinks`` [H]
+    in each head's denominator."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    return torch.matmul(_softmax_with_sinks(scores, sinks, 1), v)
+
+
+def _softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None,
+                        head_dim: int) -> torch.Tensor:
+    """Softmax over the last dimension of ``scores``, whose dimension ``head_dim`` holds the
+    heads of ``sinks`` (None: a plain softmax): each head's sink logit as one more column,
+    dropped after the softmax."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    shape = [1] * scores.dim()
+    shape[head_dim] = -1
+    sink = sinks.to(scores.dtype).view(shape).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
 
 
 def _gather_blocks(flat_k: torch.Tensor, flat_v: torch.Tensor, block_size: int,
@@ -258,14 +278,15 @@ def _shared_prefix_len(block_table: torch.Tensor, block_size: int, min_len: int)
 
 def _decode(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor, block_size: int,
             blocks: torch.Tensor, bias: torch.Tensor, scale: float,
-            softcap: float | None = None) -> torch.Tensor:
+            softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, H, d]; pools [slots, KVH, d]; blocks [B * nb]; bias [B, 1, nb * block_size]
-    → [B, H, d]; ``softcap``: scores capped before the bias is added."""
+    → [B, H, d]; ``softcap``: scores capped before the bias is added; ``sinks`` [H]."""
     b, num_heads, d = q.shape
     num_kv_heads = flat_k.shape[1]
     k, v = _gather_blocks(flat_k, flat_v, block_size, blocks)
     k, v = k.view(b, -1, num_kv_heads, d), v.view(b, -1, num_kv_heads, d)
-    qg = q.view(b, num_kv_heads, num_heads // num_kv_heads, d)
+    group = num_heads // num_kv_heads
+    qg = q.view(b, num_kv_heads, group, d)
     out = torch.empty_like(qg)
     for h in range(num_kv_heads):  # k[:, :, h] is a strided [B, L, d] view: BLAS reads it as is
         if softcap is None:
@@ -273,7 +294,8 @@ def _decode(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor, block_s
         else:
             scores = torch.bmm(qg[:, h], k[:, :, h].transpose(1, 2)) * scale
             scores = torch.tanh(scores / softcap) * softcap + bias
-        out[:, h] = torch.bmm(torch.softmax(scores, dim=-1), v[:, :, h])
+        head_sinks = None if sinks is None else sinks[h * group:(h + 1) * group]
+        out[:, h] = torch.bmm(_softmax_with_sinks(scores, head_sinks, 1), v[:, :, h])
     return out.view(b, num_heads, d)
 
 

@@ -1,0 +1,86 @@
+"""Check tests/tiny_gpt_oss.py's GGUF writer against llama.cpp's own converter.
+
+CI has no llama.cpp source, so the tests convert the tiny gpt-oss checkpoints with
+``gpt_oss_hf_to_gguf``; this script says whether that writer still writes what
+``convert_hf_to_gguf.py`` (``GptOssModel``, conversion/gpt_oss.py) writes from a float folder.
+For F32, F16 and Q8_0 it builds the tiny folder, converts it both ways and compares every
+metadata key (value and type) and every tensor (name, type, shape, bytes), as
+benchmarks/check_tiny_gguf_converter.py does (its ``compare``). The MXFP4 experts of the
+released files come from folders that store them in MXFP4 (``*_blocks`` / ``*_scales``),
+which the tiny folder does not: the tests quantize the float experts with gguf-py instead.
+
+    python benchmarks/check_tiny_gpt_oss_converter.py [--llama-cpp DIR]
+
+``DIR`` (default: ``$LLAMA_CPP_SOURCE``, else /work/peers/llama.cpp) is a llama.cpp checkout;
+the converter runs with this interpreter and the checkout's own gguf-py, the tiny tokenizer's
+pre-tokenizer named "qwen2" (the converter cannot recognize it by hash) and the
+hyperparameters read from config.json as it is. Exit status 1 on a difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from check_tiny_gguf_converter import compare  # this directory's
+from tiny_gpt_oss import gpt_oss_hf_to_gguf, make_gpt_oss_hf_model
+
+# runs the converter as __main__, its gguf-py first on the path, the pre-tokenizer named and
+# the hyperparameters read from config.json as they are
+_WRAPPER = """
+import runpy, sys
+src = sys.argv.pop(1)
+sys.path[:0] = [src, src + "/gguf-py"]
+import conversion.base as base
+import transformers
+def _config_json(*args, **kwargs):
+    raise ValueError("read config.json as it is")
+transformers.AutoConfig.from_pretrained = _config_json
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+sys.argv[0] = src + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+CASES = ("F32", "F16", "Q8_0")
+
+
+def run_converter(llama_cpp: Path, hf_dir: Path, out: Path, ftype: str) -> None:
+    args = [sys.executable, "-c", _WRAPPER, str(llama_cpp), str(hf_dir), "--outfile", str(out),
+            "--outtype", ftype.lower()]
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--llama-cpp", type=Path, default=Path(
+        os.environ.get("LLAMA_CPP_SOURCE", "/work/peers/llama.cpp")))
+    args = parser.parse_args()
+    if not (args.llama_cpp / "convert_hf_to_gguf.py").is_file():
+        print(f"no convert_hf_to_gguf.py in {args.llama_cpp}", file=sys.stderr)
+        return 2
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="tiny-gpt-oss-") as tmp:
+        root = Path(tmp)
+        hf_dir = make_gpt_oss_hf_model(root / "tiny-gpt-oss", seed=0)
+        for case in CASES:
+            ref, mine = root / f"{case}-ref.gguf", root / f"{case}.gguf"
+            run_converter(args.llama_cpp, hf_dir, ref, case)
+            gpt_oss_hf_to_gguf(hf_dir, mine, case)
+            problems, notes = compare(ref, mine)
+            print(f"{case}: {'OK' if not problems else f'{len(problems)} differences'}"
+                  f" ({len(notes)} naming keys differ)")
+            for line in problems + [f"  (naming) {n}" for n in notes]:
+                print(f"  {line}")
+            failed |= bool(problems)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
