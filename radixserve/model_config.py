@@ -102,6 +102,16 @@ class ModelConfig:
     attn_output_gate: bool = False  # attention output times sigmoid(gate), gate from q_proj
     granite: GraniteParams | None = None  # Granite's multipliers, shared MLP, NoPE
     layer_rope: LayerRope | None = None  # layers whose rope differs (SmolLM3, OLMo 3)
+    # per layer: the layer whose KV it attends over (itself: its own); Gemma 4's shared-KV
+    # layers name an earlier one and have no pool layer. None: every layer its own
+    kv_source: tuple[int, ...] | None = None
+    # per layer (KV heads, head dim) where layers differ (Gemma 4's global layers); None: all
+    # (num_kv_heads, head_dim). The pool's rows are the widest layer's (``kv_view``)
+    kv_shapes: tuple[tuple[int, int], ...] | None = None
+    gemma4: Gemma4Params | None = None  # Gemma 4 specifics (models/gemma4_config.py)
+    # multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash): the pool then holds one
+    # latent row per token, num_kv_heads 1 of head_dim kv_lora_rank + rope dims (models/mla.py)
+    mla: MlaParams | None = None
 
     def layer_window(self, layer_idx: int) -> int | None:
         """The sliding window of layer ``layer_idx``, None for full attention."""
@@ -113,15 +123,29 @@ class ModelConfig:
     def attention_layers(self) -> tuple[int, ...]:
         """The layers that attend over the KV cache (a hybrid model's ``FULL`` ones); the KV
         pool has a layer for each, in this order."""
-        if self.linear_attn is None:
-            return tuple(range(self.num_layers))
-        return self.linear_attn.full_layers
+        layers = (range(self.num_layers) if self.linear_attn is None
+                  else self.linear_attn.full_layers)
+        if self.kv_source is not None:  # shared-KV layers read their source's
+            return tuple(i for i in layers if self.kv_source[i] == i)
+        return tuple(layers)
 
     def kv_view(self) -> ModelConfig:
-        """This shape as the KV pool sees it: its attention layers only."""
-        if self.linear_attn is None:
+        """This shape as the KV pool sees it: its attention layers only, each row as wide as
+        the widest layer's (``kv_shapes``)."""
+        if self.linear_attn is None and self.kv_source is None and self.kv_shapes is None:
             return self
-        return replace(self, num_layers=len(self.attention_layers), linear_attn=None)
+        layers = self.attention_layers
+        kv_heads, head_dim = (self.num_kv_heads, self.head_dim)
+        if self.kv_shapes is not None:
+            kv_heads, head_dim = max((self.kv_shapes[i] for i in layers),
+                                     key=lambda s: s[0] * s[1])
+        return replace(self, num_layers=len(layers), linear_attn=None, kv_source=None,
+                       kv_shapes=None, num_kv_heads=kv_heads, head_dim=head_dim)
+
+    @property
+    def widest_head_dim(self) -> int:
+        """The largest head dim of any layer (the native attention takes up to 256)."""
+        return max(d for _, d in self.kv_shapes) if self.kv_shapes else self.head_dim
 
     @property
     def q_size(self) -> int:
@@ -130,6 +154,54 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class MlaParams:
+    """Multi-head latent attention's shape (models/mla.py): queries through a rank
+    ``q_lora_rank`` bottleneck (None: one ``q_proj``), keys and values from one cached latent
+    of ``kv_lora_rank`` plus a shared rope key of ``qk_rope_head_dim``; each head's key is
+    ``qk_nope_head_dim`` + rope dims, its value ``v_head_dim``. ``rope_interleave``: the rope
+    dims rotate adjacent pairs (DeepSeek's layout); ``softmax_scale``: the scores' scale
+    (YaRN's mscale folded in)."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool
+    softmax_scale: float
+
+
+@dataclass(frozen=True)
+class Gemma4Params:
+    """What Gemma 4 adds to the shape (models/gemma4_config.py says what each is).
+    ``per_layer_dim``: width of each layer's per-layer input (0: none);
+    ``double_wide_layers``: the layers whose MLP is twice ``intermediate_size`` wide;
+    ``k_eq_v_layers``: the layers whose values are their key projection; ``num_experts`` > 0
+    (26B-A4B): every layer adds ``top_k_experts`` routed GeGLU experts of
+    ``moe_intermediate_size`` beside its dense MLP (models/gemma4_moe.py)."""
+
+    rope_local_theta: float
+    global_rope_theta: float
+    global_rope_fraction: float  # proportional rope: the rotated share of each head
+    global_rope_factor: float
+    final_logit_softcapping: float | None
+    per_layer_dim: int
+    per_layer_vocab: int
+    double_wide_layers: tuple[int, ...] = ()
+    k_eq_v_layers: tuple[int, ...] = ()
+    num_experts: int = 0
+    top_k_experts: int = 0
+    moe_intermediate_size: int = 0
+
+    def global_rope_scaling(self, head_dim: int) -> dict:
+        """The global layers' rope as layers/rope_scaling.py's ``freq_factors`` kind: the
+        rotated pairs divided by ``factor``, the others by inf (frequency 0)."""
+        rotated = int(self.global_rope_fraction * head_dim // 2)
+        factors = [self.global_rope_factor] * rotated + [float("inf")] * (head_dim // 2 - rotated)
+        return {"rope_type": "freq_factors", "factors": factors}
 
 
 @dataclass(frozen=True)

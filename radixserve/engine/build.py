@@ -149,7 +149,8 @@ def _runner(config: EngineConfig, model_config: ModelConfig, model: torch.nn.Mod
     """The runner over this rank's KV pool, its number of blocks and their dtype: as many as
     the budget holds (beside the ``draft`` model's pool, if any)."""
     device, dtype = device_and_dtype(config.device)
-    kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, device, dtype)
+    kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, device, dtype,
+                                model_config.widest_head_dim)
     # model.config: this rank's shape (its KV heads); the pool is per rank, over the attention
     # layers (a hybrid model's recurrent ones hold states instead: runner/recurrent_state.py)
     groups = KVGroups.from_windows([model_config.layer_window(i)

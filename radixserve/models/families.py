@@ -14,8 +14,13 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.model_config import ModelConfig
+from radixserve.models.deepseek2_config import (DEEPSEEK2_ARCHITECTURES, deepseek2_hf_config,
+                                                deepseek2_hf_name)
+from radixserve.models.deepseek2_gguf import deepseek2_gguf_config, deepseek2_gguf_name
 from radixserve.models.gemma_config import (GEMMA_ARCHITECTURES, gemma_gguf_config,
                                             gemma_hf_config, gemma_hf_name)
+from radixserve.models.gemma4_config import (GEMMA4_ARCHITECTURES,
+                                             gemma4_hf_config, gemma4_hf_name)
 from radixserve.models.granite_config import (GRANITE_ARCHITECTURES, granite_gguf_config,
                                               granite_hf_config, granite_hf_name)
 from radixserve.models.granite_gguf import GraniteGguf
@@ -64,7 +69,7 @@ class Family:
 
     architectures: tuple[str, ...]
     hf_config: Callable[[dict, str], ModelConfig]
-    gguf_config: Callable[..., ModelConfig]
+    gguf_config: Callable[..., ModelConfig] | None  # None: no GGUF architecture maps here
     hf_name: Callable[[str], str | None] | None = None
     gguf_layout: Callable[[ModelConfig], object] | None = None
     gguf_name: Callable[[str], str | None] | None = None
@@ -85,6 +90,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(MISTRAL3_ARCHITECTURES, mistral3_hf_config, mistral3_gguf_config,
            hf_name=mistral3_hf_name),
     Family(GEMMA_ARCHITECTURES, gemma_hf_config, gemma_gguf_config, gguf_name=gemma_hf_name),
+    Family(GEMMA4_ARCHITECTURES, gemma4_hf_config, None, hf_name=gemma4_hf_name),
     Family(QWEN35_ARCHITECTURES, qwen35_hf_config, qwen35_gguf_config, hf_name=qwen35_hf_name,
            gguf_layout=Qwen35Gguf),
     Family(QWEN3NEXT_ARCHITECTURES, qwen3next_hf_config, qwen35_gguf_config,
@@ -97,6 +103,8 @@ FAMILIES: tuple[Family, ...] = (
            hf_name=nemotron_h_hf_name, gguf_layout=NemotronHGguf),
     Family(GPT_OSS_ARCHITECTURES, gpt_oss_hf_config, gpt_oss_gguf_config,
            hf_name=gpt_oss_hf_name, gguf_name=gpt_oss_gguf_name),
+    Family(DEEPSEEK2_ARCHITECTURES, deepseek2_hf_config, deepseek2_gguf_config,
+           hf_name=deepseek2_hf_name, gguf_name=deepseek2_gguf_name),
 )
 
 

@@ -151,7 +151,8 @@ def _gguf_config(reader) -> ModelConfig:
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r}; "
                          f"supported: {sorted(GGUF_ARCHITECTURES)}")
-    if (family := family_of(GGUF_ARCHITECTURES[arch])) is not None:
+    family = family_of(GGUF_ARCHITECTURES[arch])
+    if family is not None and family.gguf_config is not None:
         return family.gguf_config(reader, _field, arch, GGUF_ARCHITECTURES[arch])
     tensors = {t.name: t for t in reader.tensors}
     names = set(tensors)

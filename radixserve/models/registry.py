@@ -11,6 +11,8 @@ _GRANITE = ("radixserve.models.granite", "GraniteForCausalLM")
 _MODELS = {
     "Gemma2ForCausalLM": _GEMMA,
     "Gemma3ForCausalLM": _GEMMA,
+    "Gemma4ForCausalLM": ("radixserve.models.gemma4", "Gemma4ForCausalLM"),  # shared KV, PLE
+    "Gemma4ForConditionalGeneration": ("radixserve.models.gemma4", "Gemma4ForCausalLM"),
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,
     "Qwen2ForCausalLM": _LLAMA,
@@ -35,6 +37,10 @@ _MODELS = {
     "Lfm2MoeForCausalLM": ("radixserve.models.lfm2", "Lfm2ForCausalLM"),
     "NemotronHForCausalLM": ("radixserve.models.nemotron_h", "NemotronHForCausalLM"),  # Mamba2
     "GptOssForCausalLM": ("radixserve.models.gpt_oss", "GptOssForCausalLM"),  # sinks, MoE
+    # multi-head latent attention + DeepSeek-V3 MoE
+    "Glm4MoeLiteForCausalLM": ("radixserve.models.deepseek2", "Deepseek2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("radixserve.models.deepseek2", "Deepseek2ForCausalLM"),
+    "DeepseekV2ForCausalLM": ("radixserve.models.deepseek2", "Deepseek2ForCausalLM"),
 }
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                       "olmo2": "Olmo2ForCausalLM", "mistral3": "Mistral3ForConditionalGeneration",
@@ -49,7 +55,8 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm3": "SmolLM3ForCausalL
                       "granitehybrid": "GraniteMoeHybridForCausalLM", "lfm2": "Lfm2ForCausalLM",
                       "lfm2moe": "Lfm2MoeForCausalLM", "nemotron_h": "NemotronHForCausalLM",
                       "gpt-oss": "GptOssForCausalLM",
-                      "nemotron_h_moe": "NemotronHForCausalLM"}
+                      "nemotron_h_moe": "NemotronHForCausalLM",
+                      "deepseek2": "DeepseekV3ForCausalLM"}  # GLM-4.7-Flash too: one model
 # (a GGUF "llama" file with llama.expert_count > 0 is Mixtral: models/loader.py)
 
 

@@ -6,6 +6,8 @@ overlap, so no two layers write the same rows)."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from radixserve.config import CacheConfig
@@ -13,6 +15,7 @@ from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.model_config import ModelConfig
 
 
+logger = logging.getLogger(__name__)
 _KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
               "int8": torch.int8}
 # int8 pools: each (token, KV head) row holds head_dim int8 values and then its float32 scale
@@ -25,16 +28,24 @@ def row_width(model: ModelConfig, dtype: torch.dtype) -> int:
     return model.head_dim + (_INT8_ROW_EXTRA if dtype == torch.int8 else 0)
 
 
-def resolve_kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
+# the widest head the native paged attention takes (kernels/paged_attention.cpp: kMaxDim)
+NATIVE_MAX_HEAD_DIM = 256
+
+
+def resolve_kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype,
+                     head_dim: int = 0) -> torch.dtype:
     """The pool's elements for ``--kv-cache-dtype`` ``name``. ``auto``: float16 for a float32
     model on CPU at every kernel level with F16C (all but generic) — measured there (benchmarks/
     bench_kv_dtype.py, docs/models.md) ~1.9x (avx512) and ~1.4x (avx2) the float32 pool's
     single-stream decode after 4,000 prompt tokens, at KL 4e-7 from it and the same greedy
     tokens, with twice the blocks per GiB — else the model's own dtype (at the generic level
-    the widening is scalar and a 16-bit pool measured slower)."""
+    the widening is scalar and a 16-bit pool measured slower). A model with heads wider than
+    the native attention takes (``head_dim``, Gemma 4's 512) runs the torch attention, which
+    reads a pool of the model's dtype only."""
     if name != "auto":
         return _KV_DTYPES[name]
-    if device.type == "cpu" and model_dtype == torch.float32:
+    if (device.type == "cpu" and model_dtype == torch.float32
+            and head_dim <= NATIVE_MAX_HEAD_DIM):
         from radixserve.kernels import native
 
         if native.describe().level not in (None, "generic"):
@@ -42,12 +53,32 @@ def resolve_kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype) 
     return model_dtype
 
 
+def torch_for_wide_heads(model: ModelConfig, asked: str) -> str:
+    """The backend for a model with heads over ``NATIVE_MAX_HEAD_DIM`` where ``auto`` chose
+    cpu_native: ``torch`` (a WARNING, once per runner: the runner asks once), ValueError where
+    cpu_native was asked for."""
+    if asked == "cpu_native":
+        raise ValueError(f"the cpu_native attention takes heads of up to {NATIVE_MAX_HEAD_DIM} "
+                         f"dims; {model.architecture} has {model.widest_head_dim}: use the torch "
+                         "backend (or auto)")
+    kind = "Gemma 4's" if model.gemma4 is not None else f"{model.architecture}'s"
+    logger.warning("%s %d-dim global layers run torch attention", kind, model.widest_head_dim)
+    return "torch"
+
+
+def kv_planes(model: ModelConfig) -> int:
+    """Tensors per pool layer: K and V, or one for multi-head latent attention, whose cached
+    latent row is read as both (models/mla.py)."""
+    return 1 if model.mla is not None else 2
+
+
 def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype,
                     num_layers: int | None = None) -> int:
     """One block's K and V over ``num_layers`` layers (default: all the model's)."""
     elem = torch.tensor([], dtype=dtype).element_size()
     layers = model.num_layers if num_layers is None else num_layers
-    return 2 * layers * block_size * model.num_kv_heads * row_width(model, dtype) * elem
+    return (kv_planes(model) * layers * block_size * model.num_kv_heads * row_width(model, dtype)
+            * elem)
 
 
 def num_blocks_for_budget(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype,
@@ -87,8 +118,9 @@ def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int,
     written through at start-up, 0.3 s), the pool is over it."""
     groups = groups or KVGroups.single(model.num_layers)
     shape = (num_blocks, block_size, model.num_kv_heads, row_width(model, dtype))
-    pool = _zeroed((groups.unit_layers, 2, *shape), dtype, device)
-    slots = [(pool[i, 0], pool[i, 1]) for i in range(groups.unit_layers)]
+    planes = kv_planes(model)  # one: V is K's tensor (an MLA latent)
+    pool = _zeroed((groups.unit_layers, planes, *shape), dtype, device)
+    slots = [(pool[i, 0], pool[i, planes - 1]) for i in range(groups.unit_layers)]
     return [slots[slot] for _, _, slot in groups.layer_slots()]
 
 

@@ -25,7 +25,8 @@ from radixserve.layers.attn_backends import get_attn_backend, resolve_attn_backe
 from radixserve.models.native_stack import plan_kernels
 from radixserve.runner.draft_runner import NO_DRAFT_RUNNER
 from radixserve.layers.forward_context import ForwardContext, forward_context
-from radixserve.runner.kv_cache import allocate_kv_cache
+from radixserve.runner.kv_cache import (NATIVE_MAX_HEAD_DIM, allocate_kv_cache,
+                                         torch_for_wide_heads)
 from radixserve.runner.lora_set import NO_LORAS, LoraSet
 from radixserve.runner.pooler import pool_hidden
 from radixserve.runner.recurrent_state import StateTensors
@@ -51,6 +52,8 @@ class ModelRunner:
         self.device = device
         kv_dtype = dtype if kv_dtype is None else kv_dtype
         self.backend_name = resolve_attn_backend(attn_backend, device, dtype, kv_dtype)
+        if self.backend_name == "cpu_native" and config.widest_head_dim > NATIVE_MAX_HEAD_DIM:
+            self.backend_name = torch_for_wide_heads(config, attn_backend)
         if kv_dtype != dtype and self.backend_name != "cpu_native":
             raise ValueError(f"a {str(kv_dtype).removeprefix('torch.')} KV cache for a "
                              f"{str(dtype).removeprefix('torch.')} model needs the native CPU "
