@@ -128,6 +128,11 @@ CASES: list[tuple[str, str, object, list[tuple[str, str]]]] = [
      [("f", N2)]),
     ("nemotron_v2", '<TOOLCALL>[{"name": "f", "arguments": 2}]</TOOLCALL>',
      '<TOOLCALL>[{"name": "f", "arguments": 2}]</TOOLCALL>', []),
+    # ---- gemma4 (more, with its templates and reasoning: tests/test_gemma4_format.py)
+    ("gemma4", '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>', None,
+     [("get_weather", PARIS)]),
+    ("gemma4", "Checking.<|tool_call>call:f{n:2}<tool_call|>", "Checking.", [("f", N2)]),
+    ("gemma4", "<|tool_call>call:f{n:two}<tool_call|>", SAME, []),
     # ---- hermes (the rest: tests/engine/test_parsers.py)
     ("hermes", 'Hi <tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>', "Hi", [("a", "{}")]),
     ("qwen3", '<tool_call>{"name": "a"}</tool_call><tool_call>{"name": "b"}</tool_call>', None,
@@ -265,6 +270,8 @@ FRAGMENTS = {
               "</arg_value>", "k", "1", "<tool_", "<arg_", " ", "\n", "hi"],
     "lfm2": ["<|tool_call_start|>", "<|tool_call_end|>", "<|tool_", "[", "]", "f(", ")", "x=1",
              "b=true", ", ", "'", " ", "\n", "hi"],
+    "gemma4": ["<|tool_call>", "<tool_call|>", "<|tool_", "call:f", "{", "}", "[", "]", "n:",
+               '<|"|>', ",", "1", " ", "hi"],
     "nemotron_v2": ["<TOOLCALL>", "</TOOLCALL>", "<TOOL", '[{"name": "a", "arguments": {}}]',
                     "[", "]", "{", "}", " ", "\n", "hi"],
 }

@@ -8,6 +8,7 @@ first rule that matches names the format (a ``--tool-call-parser`` name):
 the template contains                             format
 ================================================  ============
 ``<|channel|>`` (harmony: gpt-oss)                harmony
+``<|tool_call>`` (Gemma 4)                        gemma4
 ``tool▁calls▁begin``                              deepseek_v3
 ``[TOOL_CALLS]``                                  mistral
 ``functools[`` or ``<|/tool|>``                   phi4_mini
@@ -45,6 +46,7 @@ _TOOLS = re.compile(r"\btools\b")
 
 _RULES: list[tuple[str, re.Pattern[str]]] = [
     ("harmony", re.compile(r"<\|channel\|>")),
+    ("gemma4", re.compile(r"<\|tool_call>")),
     ("deepseek_v3", re.compile(r"tool▁calls▁begin")),
     ("mistral", re.compile(r"\[TOOL_CALLS\]")),
     ("phi4_mini", re.compile(r"functools\[|<\|/tool\|>")),

@@ -53,13 +53,17 @@ REASONING_PARSERS: dict[str, dict[str, Any]] = {
     "deepseek_r1": {"starts_in_reasoning": True},
     "mistral": {"start_tag": "[THINK]", "end_tag": "[/THINK]"},
     "harmony": {},
+    "gemma4": {"start_tag": "<|channel>thought", "end_tag": "<channel|>",
+               "markers": ("<|channel>", "<channel|>")},
 }
 """Reasoning parser name -> `ReasoningParser` preset. Qwen3 writes ``<think>`` itself (and its
 template closes an empty block when thinking is off); DeepSeek-R1 templates open the block in the
 prompt, so its output starts inside reasoning (a leading ``<think>`` is still accepted). Where a
 template opens the block or not by a switch (Qwen3.5, Nemotron, GLM-4.7: ``enable_thinking``),
 `ReasoningParser.for_prompt` reads which from the rendered prompt. Magistral and Ministral 3
-write ``[THINK]...[/THINK]``. gpt-oss writes OpenAI's harmony channels (``harmony.py``: its own
+write ``[THINK]...[/THINK]``; Gemma 4 ``<|channel>thought\n...<channel|>`` (its template
+writes an empty block when thinking is off; ``<|think|>`` in the system turn switches it on:
+``enable_thinking``). gpt-oss writes OpenAI's harmony channels (``harmony.py``: its own
 parser, `HarmonyReasoningParser`)."""
 
 TOOL_PARSERS: dict[str, str] = {
@@ -77,11 +81,13 @@ TOOL_PARSERS: dict[str, str] = {
     "lfm2": "lfm2",
     "nemotron_v2": "nemotron_v2",
     "harmony": "harmony",
+    "gemma4": "gemma4",
 }
 """Tool parser name -> the module of its format in this package (imported when built): its
 ``FORMAT`` (a `ToolFormat`) and, where the format's templates demand their own call ids, its
 ``ID_FACTORY``. Qwen2.5 and Qwen3 write the Hermes format; Qwen3.5 and Nemotron 3 Nano the
-Qwen3-Coder one; GLM-4.5 to 4.7 one format (``glm45``, ``glm47`` as vLLM names them)."""
+Qwen3-Coder one; GLM-4.5 to 4.7 one format (``glm45``, ``glm47`` as vLLM names them); Gemma 4
+its own (``gemma4``: ``<|tool_call>call:NAME{key:value}<tool_call|>``)."""
 
 
 def get_reasoning_parser(name: str, **overrides: Any) -> ReasoningParser:

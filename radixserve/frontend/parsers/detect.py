@@ -4,10 +4,10 @@ The tool-call format is the one the template shows (`detect_tool_format`; the ru
 with the history writer of ``tokenizer/tool_prompt.py``, are in ``tokenizer/template_formats.py``).
 
 The reasoning parser a template's model needs (`detect_reasoning_parser`) is read the same way:
-``<|channel|>`` (gpt-oss): harmony; ``[THINK]`` (Magistral, Ministral 3): mistral; ``<think>``
-or ``</think>`` (Qwen3 and 3.5, Nemotron, SmolLM3, GLM-4.x, LFM2.5, DeepSeek-R1): think, whether
-an output starts inside the block being read from each request's rendered prompt
-(`ReasoningParser.for_prompt`); else none.
+``<|channel|>`` (gpt-oss): harmony; ``<|channel>`` (Gemma 4): gemma4; ``[THINK]`` (Magistral,
+Ministral 3): mistral; ``<think>`` or ``</think>`` (Qwen3 and 3.5, Nemotron, SmolLM3, GLM-4.x,
+LFM2.5, DeepSeek-R1): think, whether an output starts inside the block being read from each
+request's rendered prompt (`ReasoningParser.for_prompt`); else none.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ def detect_reasoning_parser(chat_template: str | None) -> str | None:
         return None
     if "<|channel|>" in chat_template:
         return "harmony"
+    if "<|channel>" in chat_template:
+        return "gemma4"
     if "[THINK]" in chat_template:
         return "mistral"
     if "<think>" in chat_template or "</think>" in chat_template:
@@ -63,7 +65,8 @@ def reasoning_parser_for(requested: str | None, tokenizer: Tokenizer
     shows no block), else that name (ValueError listing the names if unknown). Name and parser
     are None for none; ``why`` is a few words for the log.
 
-    Mutates the tokenizer: the parser's tags that are special tokens (Mistral's ``[THINK]``)
+    Mutates the tokenizer: the parser's tags (or its ``markers``, the special tokens its tags
+    are spelled with: Gemma 4's ``<|channel>``) that are special tokens (Mistral's ``[THINK]``)
     decode as text from now on, so that the parser sees them (``why`` then names them).
     """
     if requested is None:
@@ -75,8 +78,8 @@ def reasoning_parser_for(requested: str | None, tokenizer: Tokenizer
             return None, None, "the chat template shows no reasoning block"
         why = "from the chat template"
     parser = get_reasoning_parser(name)
-    # harmony's parser reads several markers (its tags are not single tokens)
-    kept = tokenizer.decode_as_text(getattr(parser, "markers", (parser.start_tag, parser.end_tag)))
+    # harmony's and Gemma 4's tags are not single tokens: their parsers name the markers
+    kept = tokenizer.decode_as_text(parser.markers or (parser.start_tag, parser.end_tag))
     if kept:
         why += f"; special tokens decoded as text: {' '.join(kept)}"
     return name, parser, why

@@ -103,6 +103,10 @@ class ReasoningParser:
     start_tag: str = "<think>"
     end_tag: str = "</think>"
     starts_in_reasoning: bool = False
+    markers: tuple[str, ...] = ()
+    """The special tokens the tags are spelled with, where a tag is not one token itself
+    (Gemma 4's ``<|channel>thought``: ``<|channel>``); the server decodes them as text. Empty:
+    the tags themselves."""
 
     def __post_init__(self) -> None:
         if not self.start_tag or not self.end_tag:
