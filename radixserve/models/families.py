@@ -21,6 +21,7 @@ from radixserve.models.gemma_config import (GEMMA_ARCHITECTURES, gemma_gguf_conf
                                             gemma_hf_config, gemma_hf_name)
 from radixserve.models.gemma4_config import (GEMMA4_ARCHITECTURES,
                                              gemma4_hf_config, gemma4_hf_name)
+from radixserve.models.gemma4_gguf import gemma4_gguf_config, gemma4_gguf_name
 from radixserve.models.granite_config import (GRANITE_ARCHITECTURES, granite_gguf_config,
                                               granite_hf_config, granite_hf_name)
 from radixserve.models.granite_gguf import GraniteGguf
@@ -90,7 +91,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(MISTRAL3_ARCHITECTURES, mistral3_hf_config, mistral3_gguf_config,
            hf_name=mistral3_hf_name),
     Family(GEMMA_ARCHITECTURES, gemma_hf_config, gemma_gguf_config, gguf_name=gemma_hf_name),
-    Family(GEMMA4_ARCHITECTURES, gemma4_hf_config, None, hf_name=gemma4_hf_name),
+    Family(GEMMA4_ARCHITECTURES, gemma4_hf_config, gemma4_gguf_config, hf_name=gemma4_hf_name,
+           gguf_name=gemma4_gguf_name),
     Family(QWEN35_ARCHITECTURES, qwen35_hf_config, qwen35_gguf_config, hf_name=qwen35_hf_name,
            gguf_layout=Qwen35Gguf),
     Family(QWEN3NEXT_ARCHITECTURES, qwen3next_hf_config, qwen35_gguf_config,

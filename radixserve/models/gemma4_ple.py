@@ -36,7 +36,7 @@ def per_layer_inputs(model: nn.Module, input_ids: torch.Tensor,
     """[T] token ids and their scaled embeddings [T, hidden] → [T, layers, dim]."""
     cfg = model.config
     shape = (input_ids.shape[0], cfg.num_layers, cfg.gemma4.per_layer_dim)
-    rows = model.embed_tokens_per_layer.weight[input_ids].to(embeds.dtype).view(shape)
+    rows = model.embed_tokens_per_layer(input_ids).to(embeds.dtype).view(shape)
     rows = rows * torch.tensor(shape[2] ** 0.5, dtype=embeds.dtype)
     proj = model.per_layer_model_projection(embeds) * cfg.hidden_size ** -0.5
     proj = model.per_layer_projection_norm(proj.view(shape))

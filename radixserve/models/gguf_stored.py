@@ -107,6 +107,7 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
         model.embed_tokens = StoredEmbedding(_raw_rows(embed).clone(), embed.tensor_type,
                                              config.hidden_size)
         pages.release(embed)
+    _store_tables_(model, tensors, pages)
     if requantized:
         logger.info("GGUF matrices stored as %s run in int8 (native as stored: the block "
                     "types, F16, BF16)", ", ".join(sorted(set(requantized))))
@@ -119,6 +120,18 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
                                                          layout))
     trim_heap()
     return model
+
+
+def _store_tables_(model: nn.Module, tensors: dict, pages: _Pages) -> None:
+    """Every other lookup table of ``model`` (an ``nn.Embedding`` child, such as Gemma 4's
+    per-layer table) on the file's rows too, as a StoredEmbedding: callers look rows up by
+    calling it (mutates ``model``, pops the tables from ``tensors``)."""
+    for name, child in list(model.named_children()):
+        table = tensors.pop(f"{name}.weight", None) if isinstance(child, nn.Embedding) else None
+        if table is not None:
+            setattr(model, name, StoredEmbedding(_raw_rows(table).clone(), table.tensor_type,
+                                                 _shape(table)[1]))
+            pages.release(table)
 
 
 def _say_tiles(model: nn.Module) -> None:
@@ -287,6 +300,9 @@ _FUSED = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv",
           "ffn_gate_exps": "ffn_gate_up_exps", "ffn_up_exps": "ffn_gate_up_exps"}  # fused layers
 
 
+_TABLES = ("token_embd.weight", "per_layer_token_embd.weight")  # kept as stored, by row
+
+
 def memory_plan(tensors: Iterable[tuple[str, str, tuple[int, ...]]]) -> MemoryPlan:
     """``tensors``: (GGUF name, type name, row-major shape) of every tensor of a file; the same
     arithmetic as ``load_stored`` (``packed_bytes`` per matrix; a 3-D expert tensor
@@ -306,10 +322,11 @@ def memory_plan(tensors: Iterable[tuple[str, str, tuple[int, ...]]]) -> MemoryPl
             floats += 4 * numel
             continue
         experts, n, k = shape if len(shape) == 3 else (1, *shape)
-        is_embedding = name == "token_embd.weight"
+        is_embedding = name in _TABLES
+        is_head = tied and name == "token_embd.weight"  # the head multiplies it too
         # a lookup table of its own unless a packed head tied to it serves the lookups
-        embedding += stored if is_embedding and not (tied and qtype in FORMATS) else 0
-        if is_embedding and not tied:  # a lookup table only
+        embedding += stored if is_embedding and not (is_head and qtype in FORMATS) else 0
+        if is_embedding and not is_head:  # a lookup table only
             continue
         if qtype in FORMATS:
             by_type[type_name] = by_type.get(type_name, 0) + experts * packed_bytes(qtype, n, k)
