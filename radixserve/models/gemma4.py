@@ -25,7 +25,7 @@ from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.model_config import ModelConfig
 from radixserve.models.gemma4_attention import Gemma4Attention, Rotaries, SharedKV
-from radixserve.models.gemma4_moe import attach_moe, moe_ffn
+from radixserve.models.gemma4_moe import attach_moe, gemma4_expert_parts, moe_ffn, unfuse_experts
 from radixserve.models.gemma4_ple import add_per_layer_inputs, load_table_, per_layer_inputs
 
 
@@ -79,6 +79,7 @@ class Gemma4ForCausalLM(nn.Module):
     """Gemma 4 (text). Weights use Hugging Face names (``model.`` prefix optional)."""
 
     layers_in_python = "Gemma 4's layers (per-layer inputs, shared KV) run in Python"
+    hf_expert_parts = staticmethod(gemma4_expert_parts)  # 16-bit-stored folders' 3-D experts
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -124,11 +125,12 @@ class Gemma4ForCausalLM(nn.Module):
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """HF-named tensors; a shared-KV layer's K/V projections and norms, which it does not
-        use, are skipped. ValueError on a missing or unexpected tensor or a wrong shape."""
+        """HF-named tensors (3-D expert tensors cut per expert); a shared-KV layer's K/V
+        projections and norms, which it does not use, are skipped. ValueError on a missing or
+        unexpected tensor or a wrong shape."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        for name, tensor in weights:
+        for name, tensor in unfuse_experts(weights):
             name = _module_name(name)
             if name is None or name == "lm_head.weight" and self.lm_head is None:
                 continue

@@ -27,6 +27,7 @@ import numpy as np
 
 from radixserve.model_config import Gemma4Params, ModelConfig
 from radixserve.models.gemma4_config import kv_sources
+from radixserve.models.moe import EXPERT
 
 _BLOCK = {
     "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
@@ -45,8 +46,9 @@ _BLOCK_EXACT = {
     ("layer_output_scale", "weight"): "layer_scalar",
     ("ffn_gate_inp", "scale"): "router.scale",
     ("ffn_down_exps", "scale"): "router.per_expert_scale",
-    ("ffn_gate_up_exps", "weight"): "experts.gate_up_proj",
-    ("ffn_down_exps", "weight"): "experts.down_proj",
+    # 3-D [n_expert, rows, cols]: one matrix per expert (``EXPERT``: its index), as stored
+    ("ffn_gate_up_exps", "weight"): f"experts.{EXPERT}.gate_up_proj.weight",
+    ("ffn_down_exps", "weight"): f"experts.{EXPERT}.down_proj.weight",
 }
 _TOP = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head",
         "per_layer_token_embd": "embed_tokens_per_layer",
@@ -60,7 +62,9 @@ _UNROTATED = 1e29  # rope_freqs above this: a pair that does not rotate (the con
 
 def gemma4_gguf_name(gguf_name: str) -> str | None:
     """A ``gemma4`` file's tensor name → models/gemma4.py's (None: ``rope_freqs``, read into
-    the config, and the towers' tensors). ValueError for a tensor this model does not have."""
+    the config, and the towers' tensors; a 3-D expert tensor's holds ``EXPERT``, which the
+    loaders fill per expert: moe.py's ``expand_experts`` / ``split_expert_weights``).
+    ValueError for a tensor this model does not have."""
     parts = gguf_name.split(".")
     if parts[0] == "blk" and len(parts) == 4:
         layer, base, suffix = parts[1:]

@@ -204,6 +204,27 @@ def test_bf16_folder_per_layer_table_is_held_in_bf16(tmp_path, quantization):
     assert torch.allclose(got, hf_logits(ref, tokens), atol=ATOL)
 
 
+@pytest.mark.skipif(native.load() is None, reason="16-bit as stored needs the native kernels")
+def test_bf16_26b_folder_16bit_stored_holds_each_expert_as_its_matrices(tmp_path):
+    """The 26B layout's bf16 folder with its matrices kept 16-bit: transformers' 3-D expert
+    tensors become one pair of BF16 block linears per expert; the logits are transformers'."""
+    from radixserve.layers.block_linear import BlockLinear
+
+    folder = make_gemma4_hf_model("26b", tmp_path / "bf16", seed=4)
+    AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).save_pretrained(folder)
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                               attn_implementation="eager").eval()
+    runner = runner_for(folder, quantization="16bit-stored")
+    linears = [(e.gate_up_proj, e.down_proj) for layer in runner.model.layers
+               for e in layer.experts]
+    assert len(linears) == 4 * len(runner.model.layers)
+    for linear in (m for pair in linears for m in pair):
+        assert isinstance(linear, BlockLinear) and linear.types == ("BF16",), linear
+    tokens = list(range(3, 20))
+    got = runner.all_logits([ScheduledSeq("a", tokens, 0, list(range(5)), sample=False)])[0]
+    assert torch.allclose(got, hf_logits(ref, tokens), atol=ATOL)
+
+
 def test_conditional_generation_folder_runs_its_text_model(tmp_path):
     """A ``Gemma4ForConditionalGeneration`` folder (``model.language_model.*``, a vision
     tower beside it, skipped): the logits of its text model."""

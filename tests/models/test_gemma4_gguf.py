@@ -18,6 +18,7 @@ from tiny_gemma4_gguf import gemma4_hf_to_gguf, save_byte_fallback_tokenizer
 from transformers import AutoModelForCausalLM
 
 from radixserve.kernels import native
+from radixserve.layers.block_linear import BlockLinear
 from radixserve.models.gemma4_gguf import gemma4_gguf_name
 from radixserve.models.gguf_stored import StoredEmbedding, memory_plan
 from radixserve.models.loader import load_model_config
@@ -88,8 +89,8 @@ def test_f32_file_logits_equal_transformers(files, references, kind):
 @needs_native
 @pytest.mark.parametrize("kind", KINDS)
 def test_q8_file_as_stored_is_close_and_batch_invariant(files, references, kind):
-    """Every layout close to float32; the dense ones (every matrix a native block linear)
-    give the same logits whatever the batch and the chunking."""
+    """Every layout close to float32, and (every matrix a native block linear, the 26B's
+    experts too) the same logits whatever the batch and the chunking."""
     runner = runner_for(files[kind, "Q8_0"], quantization="gguf")
     model = runner.model
     if kind == "e2b":  # the per-layer table stays the file's Q8_0 rows, looked up by row
@@ -100,8 +101,6 @@ def test_q8_file_as_stored_is_close_and_batch_invariant(files, references, kind)
     whole = runner.all_logits([Paged(tokens, 4).chunk(0, 23)])[0]
     diff = (whole - hf_logits(references[kind], tokens[0])).abs()
     assert diff.mean() < Q8_MEAN_ATOL, (kind, diff.mean())
-    if kind == "26b":  # its experts are dequantized float32 torch matmuls: close, not exact
-        return
     alone = Paged(tokens, 4)
     pieces = [runner.all_logits([alone.chunk(0, n)])[0] for n in (1, 7, 3, 12)]
     assert torch.equal(torch.cat(pieces), whole)
@@ -109,6 +108,30 @@ def test_q8_file_as_stored_is_close_and_batch_invariant(files, references, kind)
     first = runner.all_logits([batched.chunk(1, 9), batched.chunk(0, 10), batched.chunk(2, 14)])
     second = runner.all_logits([batched.chunk(0, 13)])
     assert torch.equal(torch.cat([first[1], second[0]]), whole)
+
+
+@needs_native
+def test_26b_file_as_stored_holds_each_expert_as_its_blocks(files):
+    """The 26B layout's Q8_0 file as stored: each layer's 4 experts two block linears on the
+    file's Q8_0 rows (no float copy), the router and its scales as the float path has them, and
+    the memory plan from the tensor table = the packed bytes held."""
+    path = files["26b", "Q8_0"]
+    model = runner_for(path, quantization="gguf").model
+    for layer in model.layers:
+        assert len(layer.experts) == 4
+        for expert in layer.experts:
+            for linear in (expert.gate_up_proj, expert.down_proj):
+                assert isinstance(linear, BlockLinear), type(linear)
+                assert linear.types == ("Q8_0",)
+            assert expert.gate_up_proj.out_features == 2 * expert.down_proj.in_features == 64
+        assert layer.router.per_expert_scale.shape == (4,)
+    assert not any(p.dim() == 3 for p in model.parameters())
+    reader = GGUFReader(str(path))
+    plan = memory_plan((t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
+                       for t in reader.tensors)
+    packed = sum(b.numel() for m in model.modules() if isinstance(m, BlockLinear)
+                 for name, b in m.named_buffers() if name.startswith("packed"))
+    assert plan.weights == packed
 
 
 def test_llm_on_the_file_greedy_equals_transformers_generate(folders, files, references):
@@ -148,6 +171,9 @@ def test_gguf_names():
     assert gemma4_gguf_name("blk.3.layer_output_scale.weight") == "layers.3.layer_scalar"
     assert gemma4_gguf_name("blk.0.ffn_gate_inp.scale") == "layers.0.router.scale"
     assert gemma4_gguf_name("blk.0.ffn_down_exps.scale") == "layers.0.router.per_expert_scale"
+    assert (gemma4_gguf_name("blk.2.ffn_gate_up_exps.weight")
+            == "layers.2.experts.*.gate_up_proj.weight")  # cut per expert by the loaders
+    assert gemma4_gguf_name("blk.2.ffn_down_exps.weight") == "layers.2.experts.*.down_proj.weight"
     assert gemma4_gguf_name("blk.1.ffn_norm.weight") == "layers.1.pre_feedforward_layernorm.weight"
     assert gemma4_gguf_name("per_layer_token_embd.weight") == "embed_tokens_per_layer.weight"
     for skipped in ("rope_freqs.weight", "v.blk.0.attn_q.weight", "mm.input_projection.weight"):
