@@ -239,15 +239,16 @@ def test_unsupported_gguf_architecture_names_gemma(tmp_path):
     import gguf
     import numpy as np
 
-    path = tmp_path / "gemma4.gguf"
-    writer = gguf.GGUFWriter(str(path), "gemma4")
+    path = tmp_path / "gemma9.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma9")
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((2, 4), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma4'.*gemma2.*gemma3"):
+    with pytest.raises(ValueError,
+                       match="unsupported GGUF architecture 'gemma9'.*gemma2.*gemma3.*gemma4"):
         load_model_config(ModelSource.resolve(str(path)))
 
 
