@@ -151,6 +151,10 @@ def _runner(config: EngineConfig, model_config: ModelConfig, model: torch.nn.Mod
     device, dtype = device_and_dtype(config.device)
     kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, device, dtype,
                                 model_config.widest_head_dim)
+    if model_config.mla is not None and kv_dtype == torch.int8:  # refused at start, not at
+        # the first request (models/mla_paged.py reads its latent rows widened from 16 bits)
+        raise ValueError(f"--kv-cache-dtype int8 is not supported for {model_config.architecture}"
+                         " (multi-head latent attention); use auto, float16 or bfloat16")
     # model.config: this rank's shape (its KV heads); the pool is per rank, over the attention
     # layers (a hybrid model's recurrent ones hold states instead: runner/recurrent_state.py)
     groups = KVGroups.from_windows([model_config.layer_window(i)

@@ -147,6 +147,11 @@ def test_int8_pool_is_refused():
         latent_attention(torch.zeros(1, 2, 8), torch.zeros(1, 8), pool, None, 1.0, 4)
 
 
+def test_an_int8_kv_cache_is_refused_at_start(folders):
+    with pytest.raises(ValueError, match="--kv-cache-dtype int8 is not supported"):
+        LLM(str(folders["glm4_moe_lite"]), kv_cache_dtype="int8", show_progress=False)
+
+
 def test_config_defaults_and_errors():
     bad = {k: v for k, v in GLM47_FLASH.items() if k != "kv_lora_rank"}
     assert deepseek2_hf_config(bad, "Glm4MoeLiteForCausalLM").mla.kv_lora_rank == 512
