@@ -25,6 +25,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -60,14 +63,65 @@ CASES = (  # (label, maker, its keywords, ftype, --fuse-gate-up-exps)
 )
 
 
-def run_converter(llama_cpp: Path, hf_dir: Path, out: Path, ftype: str, mtp: bool,
-                  fuse_gate_up: bool = False) -> None:
-    args = [sys.executable, "-c", _WRAPPER, str(llama_cpp), str(hf_dir), "--outfile", str(out),
-            "--outtype", ftype.lower()] + ([] if mtp else ["--no-mtp"])
-    args += ["--fuse-gate-up-exps"] if fuse_gate_up else []
+def convert(wrapper: str, llama_cpp: Path, hf_dir: Path, out: Path, ftype: str,
+            *extra: str) -> None:
+    """convert_hf_to_gguf.py of the ``llama_cpp`` checkout on ``hf_dir`` through ``wrapper``
+    (``_WRAPPER`` or a family's variant of it), its ``extra`` flags after ``--outtype``."""
+    args = [sys.executable, "-c", wrapper, str(llama_cpp), str(hf_dir), "--outfile", str(out),
+            "--outtype", ftype.lower(), *extra]
     done = subprocess.run(args, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
+
+
+def run_converter(llama_cpp: Path, hf_dir: Path, out: Path, ftype: str, mtp: bool,
+                  fuse_gate_up: bool = False) -> None:
+    """The Qwen3.5 / Qwen3-Next conversion: ``--no-mtp`` unless ``mtp``."""
+    convert(_WRAPPER, llama_cpp, hf_dir, out, ftype, *([] if mtp else ["--no-mtp"]),
+            *(["--fuse-gate-up-exps"] if fuse_gate_up else []))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One comparison: the folder ``folder`` (made by ``make(path)`` once, shared by the cases
+    naming it) converted by ``convert(llama_cpp, folder, out)`` and by the test writer
+    ``write(folder, out)``."""
+
+    name: str
+    folder: str
+    make: Callable[[Path], object]
+    convert: Callable[[Path, Path, Path], None]
+    write: Callable[[Path, Path], object]
+
+
+def check_cases(doc: str, prefix: str, cases: Iterable[Case]) -> int:
+    """A check script's main: ``--llama-cpp DIR`` (default ``$LLAMA_CPP_SOURCE``, else
+    /work/peers/llama.cpp), each case compared and printed; exit status 0 when every case is
+    equal but for the naming keys, 1 on a difference, 2 without the converter."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--llama-cpp", type=Path, default=Path(
+        os.environ.get("LLAMA_CPP_SOURCE", "/work/peers/llama.cpp")))
+    args = parser.parse_args()
+    if not (args.llama_cpp / "convert_hf_to_gguf.py").is_file():
+        print(f"no convert_hf_to_gguf.py in {args.llama_cpp}", file=sys.stderr)
+        return 2
+    failed = False
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        root = Path(tmp)
+        for case in cases:
+            hf_dir = root / case.folder
+            if not (hf_dir / "config.json").exists():
+                case.make(hf_dir)
+            ref, mine = root / f"{case.name}-ref.gguf", root / f"{case.name}.gguf"
+            case.convert(args.llama_cpp, hf_dir, ref)
+            case.write(hf_dir, mine)
+            problems, notes = compare(ref, mine)
+            print(f"{case.name}: {'OK' if not problems else f'{len(problems)} differences'}"
+                  f" ({len(notes)} naming keys differ)")
+            for line in problems + [f"  (naming) {n}" for n in notes]:
+                print(f"  {line}")
+            failed |= bool(problems)
+    return 1 if failed else 0
 
 
 def _fields(reader) -> dict[str, tuple[str, object]]:
@@ -113,31 +167,21 @@ def compare(ref_path: Path, mine_path: Path) -> tuple[list[str], list[str]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-cpp", type=Path, default=Path(
-        os.environ.get("LLAMA_CPP_SOURCE", "/work/peers/llama.cpp")))
-    args = parser.parse_args()
-    if not (args.llama_cpp / "convert_hf_to_gguf.py").is_file():
-        print(f"no convert_hf_to_gguf.py in {args.llama_cpp}", file=sys.stderr)
-        return 2
-    failed = False
-    with tempfile.TemporaryDirectory(prefix="tiny-qwen35-") as tmp:
-        root = Path(tmp)
-        for label, maker, kwargs, ftype, fuse in CASES:
-            hf_dir = root / label
-            if not (hf_dir / "config.json").exists():
-                maker(hf_dir, seed=0, **kwargs)
-            case = f"{label}-{ftype}{'-fuse-gate-up' if fuse else ''}"
-            ref, mine = root / f"{case}-ref.gguf", root / f"{case}.gguf"
-            run_converter(args.llama_cpp, hf_dir, ref, ftype, kwargs.get("mtp", False), fuse)
-            qwen35_hf_to_gguf(hf_dir, mine, ftype, fuse)
-            problems, notes = compare(ref, mine)
-            print(f"{case}: {'OK' if not problems else f'{len(problems)} differences'}"
-                  f" ({len(notes)} naming keys differ)")
-            for line in problems + [f"  (naming) {n}" for n in notes]:
-                print(f"  {line}")
-            failed |= bool(problems)
-    return 1 if failed else 0
+    return check_cases(__doc__, "tiny-qwen35-", [
+        Case(f"{label}-{ftype}{'-fuse-gate-up' if fuse else ''}", label,
+             partial(maker, seed=0, **kwargs),
+             partial(_convert, ftype=ftype, mtp=kwargs.get("mtp", False), fuse=fuse),
+             partial(_write, ftype=ftype, fuse=fuse))
+        for label, maker, kwargs, ftype, fuse in CASES])
+
+
+def _convert(llama_cpp: Path, hf_dir: Path, out: Path, *, ftype: str, mtp: bool,
+             fuse: bool) -> None:
+    run_converter(llama_cpp, hf_dir, out, ftype, mtp, fuse)
+
+
+def _write(hf_dir: Path, out: Path, *, ftype: str, fuse: bool) -> None:
+    qwen35_hf_to_gguf(hf_dir, out, ftype, fuse)
 
 
 if __name__ == "__main__":

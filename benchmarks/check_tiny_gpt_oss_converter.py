@@ -19,16 +19,13 @@ hyperparameters read from config.json as it is. Exit status 1 on a difference.
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
-import tempfile
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from check_tiny_gguf_converter import compare  # this directory's
+from check_tiny_gguf_converter import Case, check_cases, convert  # this directory's
 from tiny_gpt_oss import gpt_oss_hf_to_gguf, make_gpt_oss_hf_model
 
 # runs the converter as __main__, its gguf-py first on the path, the pre-tokenizer named and
@@ -49,37 +46,15 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 CASES = ("F32", "F16", "Q8_0")
 
 
-def run_converter(llama_cpp: Path, hf_dir: Path, out: Path, ftype: str) -> None:
-    args = [sys.executable, "-c", _WRAPPER, str(llama_cpp), str(hf_dir), "--outfile", str(out),
-            "--outtype", ftype.lower()]
-    done = subprocess.run(args, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
+def _convert(llama_cpp: Path, hf_dir: Path, out: Path, *, ftype: str) -> None:
+    convert(_WRAPPER, llama_cpp, hf_dir, out, ftype)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-cpp", type=Path, default=Path(
-        os.environ.get("LLAMA_CPP_SOURCE", "/work/peers/llama.cpp")))
-    args = parser.parse_args()
-    if not (args.llama_cpp / "convert_hf_to_gguf.py").is_file():
-        print(f"no convert_hf_to_gguf.py in {args.llama_cpp}", file=sys.stderr)
-        return 2
-    failed = False
-    with tempfile.TemporaryDirectory(prefix="tiny-gpt-oss-") as tmp:
-        root = Path(tmp)
-        hf_dir = make_gpt_oss_hf_model(root / "tiny-gpt-oss", seed=0)
-        for case in CASES:
-            ref, mine = root / f"{case}-ref.gguf", root / f"{case}.gguf"
-            run_converter(args.llama_cpp, hf_dir, ref, case)
-            gpt_oss_hf_to_gguf(hf_dir, mine, case)
-            problems, notes = compare(ref, mine)
-            print(f"{case}: {'OK' if not problems else f'{len(problems)} differences'}"
-                  f" ({len(notes)} naming keys differ)")
-            for line in problems + [f"  (naming) {n}" for n in notes]:
-                print(f"  {line}")
-            failed |= bool(problems)
-    return 1 if failed else 0
+    return check_cases(__doc__, "tiny-gpt-oss-", [
+        Case(ftype, "tiny-gpt-oss", partial(make_gpt_oss_hf_model, seed=0),
+             partial(_convert, ftype=ftype), partial(gpt_oss_hf_to_gguf, ftype=ftype))
+        for ftype in CASES])
 
 
 if __name__ == "__main__":

@@ -16,17 +16,14 @@ Exit status 1 on a difference.
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
-import tempfile
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from check_tiny_gguf_converter import _WRAPPER, compare
+from check_tiny_gguf_converter import _WRAPPER, Case, check_cases, convert
 from tiny_granite import granite_hf_to_gguf, make_granite_hf_model
 
 CASES = (  # (kind, its config overrides, ftype)
@@ -42,40 +39,18 @@ CASES = (  # (kind, its config overrides, ftype)
 )
 
 
-def run_converter(llama_cpp: Path, hf_dir: Path, out: Path, ftype: str) -> None:
-    args = [sys.executable, "-c", _WRAPPER, str(llama_cpp), str(hf_dir), "--outfile", str(out),
-            "--outtype", ftype.lower()]
-    done = subprocess.run(args, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
+def _convert(llama_cpp: Path, hf_dir: Path, out: Path, *, ftype: str) -> None:
+    convert(_WRAPPER, llama_cpp, hf_dir, out, ftype)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-cpp", type=Path, default=Path(
-        os.environ.get("LLAMA_CPP_SOURCE", "/work/peers/llama.cpp")))
-    args = parser.parse_args()
-    if not (args.llama_cpp / "convert_hf_to_gguf.py").is_file():
-        print(f"no convert_hf_to_gguf.py in {args.llama_cpp}", file=sys.stderr)
-        return 2
-    failed = False
-    with tempfile.TemporaryDirectory(prefix="tiny-granite-") as tmp:
-        root = Path(tmp)
-        for kind, overrides, ftype in CASES:
-            label = kind + ("-tied" if overrides else "")
-            hf_dir = root / label
-            if not (hf_dir / "config.json").exists():
-                make_granite_hf_model(kind, hf_dir, seed=0, **overrides)
-            ref, mine = root / f"{label}-{ftype}-ref.gguf", root / f"{label}-{ftype}.gguf"
-            run_converter(args.llama_cpp, hf_dir, ref, ftype)
-            granite_hf_to_gguf(hf_dir, mine, ftype)
-            problems, notes = compare(ref, mine)
-            print(f"{label}-{ftype}: {'OK' if not problems else f'{len(problems)} differences'}"
-                  f" ({len(notes)} naming keys differ)")
-            for line in problems + [f"  (naming) {n}" for n in notes]:
-                print(f"  {line}")
-            failed |= bool(problems)
-    return 1 if failed else 0
+    cases = []
+    for kind, overrides, ftype in CASES:
+        label = kind + ("-tied" if overrides else "")
+        cases.append(Case(f"{label}-{ftype}", label,
+                          partial(make_granite_hf_model, kind, seed=0, **overrides),
+                          partial(_convert, ftype=ftype), partial(granite_hf_to_gguf, ftype=ftype)))
+    return check_cases(__doc__, "tiny-granite-", cases)
 
 
 if __name__ == "__main__":

@@ -18,17 +18,14 @@ Exit status 1 on a difference.
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
-import tempfile
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from check_tiny_gguf_converter import _WRAPPER, compare
+from check_tiny_gguf_converter import _WRAPPER, Case, check_cases, convert
 from tiny_mla import KINDS, make_mla_hf_model, mla_hf_to_gguf
 
 FTYPES = ("F32", "F16", "Q8_0")
@@ -37,39 +34,15 @@ _GLM_VOCAB = ("import conversion.glm as glm\n"
 _MLA_WRAPPER = _WRAPPER.replace('sys.argv[0] = src', _GLM_VOCAB + 'sys.argv[0] = src')
 
 
-def run_converter(llama_cpp: Path, hf_dir: Path, out: Path, ftype: str) -> None:
-    args = [sys.executable, "-c", _MLA_WRAPPER, str(llama_cpp), str(hf_dir), "--outfile",
-            str(out), "--outtype", ftype.lower()]
-    done = subprocess.run(args, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
+def _convert(llama_cpp: Path, hf_dir: Path, out: Path, *, ftype: str) -> None:
+    convert(_MLA_WRAPPER, llama_cpp, hf_dir, out, ftype)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-cpp", type=Path, default=Path(
-        os.environ.get("LLAMA_CPP_SOURCE", "/work/peers/llama.cpp")))
-    args = parser.parse_args()
-    if not (args.llama_cpp / "convert_hf_to_gguf.py").is_file():
-        print(f"no convert_hf_to_gguf.py in {args.llama_cpp}", file=sys.stderr)
-        return 2
-    failed = False
-    with tempfile.TemporaryDirectory(prefix="tiny-mla-") as tmp:
-        root = Path(tmp)
-        for kind in KINDS:
-            hf_dir = make_mla_hf_model(kind, root / kind, seed=0)
-            for ftype in FTYPES:
-                case = f"{kind}-{ftype}"
-                ref, mine = root / f"{case}-ref.gguf", root / f"{case}.gguf"
-                run_converter(args.llama_cpp, hf_dir, ref, ftype)
-                mla_hf_to_gguf(hf_dir, mine, ftype)
-                problems, notes = compare(ref, mine)
-                print(f"{case}: {'OK' if not problems else f'{len(problems)} differences'}"
-                      f" ({len(notes)} naming keys differ)")
-                for line in problems + [f"  (naming) {n}" for n in notes]:
-                    print(f"  {line}")
-                failed |= bool(problems)
-    return 1 if failed else 0
+    return check_cases(__doc__, "tiny-mla-", [
+        Case(f"{kind}-{ftype}", kind, partial(make_mla_hf_model, kind, seed=0),
+             partial(_convert, ftype=ftype), partial(mla_hf_to_gguf, ftype=ftype))
+        for kind in KINDS for ftype in FTYPES])
 
 
 if __name__ == "__main__":

@@ -21,16 +21,13 @@ published GGUF files were converted from config.json. Exit status 1 on a differe
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
-import tempfile
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from check_tiny_gguf_converter import compare  # this directory's
+from check_tiny_gguf_converter import Case, check_cases, convert  # this directory's
 from tiny_nemotron_h import make_nemotron_h_hf_model, nemotron_h_hf_to_gguf
 
 # runs the converter as __main__, its gguf-py first on the path, the pre-tokenizer named and
@@ -57,40 +54,15 @@ CASES = (  # (label, its keywords, ftype)
 )
 
 
-def run_converter(llama_cpp: Path, hf_dir: Path, out: Path, ftype: str) -> None:
-    args = [sys.executable, "-c", _WRAPPER, str(llama_cpp), str(hf_dir), "--outfile", str(out),
-            "--outtype", ftype.lower(), "--no-mtp"]
-    done = subprocess.run(args, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
+def _convert(llama_cpp: Path, hf_dir: Path, out: Path, *, ftype: str) -> None:
+    convert(_WRAPPER, llama_cpp, hf_dir, out, ftype, "--no-mtp")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-cpp", type=Path, default=Path(
-        os.environ.get("LLAMA_CPP_SOURCE", "/work/peers/llama.cpp")))
-    args = parser.parse_args()
-    if not (args.llama_cpp / "convert_hf_to_gguf.py").is_file():
-        print(f"no convert_hf_to_gguf.py in {args.llama_cpp}", file=sys.stderr)
-        return 2
-    failed = False
-    with tempfile.TemporaryDirectory(prefix="tiny-nemotron-h-") as tmp:
-        root = Path(tmp)
-        for label, kwargs, ftype in CASES:
-            hf_dir = root / label
-            if not (hf_dir / "config.json").exists():
-                make_nemotron_h_hf_model(hf_dir, seed=0, **kwargs)
-            case = f"{label}-{ftype}"
-            ref, mine = root / f"{case}-ref.gguf", root / f"{case}.gguf"
-            run_converter(args.llama_cpp, hf_dir, ref, ftype)
-            nemotron_h_hf_to_gguf(hf_dir, mine, ftype)
-            problems, notes = compare(ref, mine)
-            print(f"{case}: {'OK' if not problems else f'{len(problems)} differences'}"
-                  f" ({len(notes)} naming keys differ)")
-            for line in problems + [f"  (naming) {n}" for n in notes]:
-                print(f"  {line}")
-            failed |= bool(problems)
-    return 1 if failed else 0
+    return check_cases(__doc__, "tiny-nemotron-h-", [
+        Case(f"{label}-{ftype}", label, partial(make_nemotron_h_hf_model, seed=0, **kwargs),
+             partial(_convert, ftype=ftype), partial(nemotron_h_hf_to_gguf, ftype=ftype))
+        for label, kwargs, ftype in CASES])
 
 
 if __name__ == "__main__":

@@ -16,16 +16,14 @@ Exit status 1 on a difference, 2 without a llama.cpp checkout.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import tempfile
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from check_tiny_gguf_converter import compare, run_converter
+from check_tiny_gguf_converter import Case, check_cases, run_converter
 from tiny_qwen3next import make_qwen3next_hf_model, qwen3next_hf_to_gguf
 
 CASES = (  # (label, the maker's keywords, ftype)
@@ -38,32 +36,16 @@ CASES = (  # (label, the maker's keywords, ftype)
 )
 
 
+def _convert(llama_cpp: Path, hf_dir: Path, out: Path, *, ftype: str, mtp: bool) -> None:
+    run_converter(llama_cpp, hf_dir, out, ftype, mtp)
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-cpp", type=Path, default=Path(
-        os.environ.get("LLAMA_CPP_SOURCE", "/work/peers/llama.cpp")))
-    args = parser.parse_args()
-    if not (args.llama_cpp / "convert_hf_to_gguf.py").is_file():
-        print(f"no convert_hf_to_gguf.py in {args.llama_cpp}", file=sys.stderr)
-        return 2
-    failed = False
-    with tempfile.TemporaryDirectory(prefix="tiny-qwen3next-") as tmp:
-        root = Path(tmp)
-        for label, kwargs, ftype in CASES:
-            hf_dir = root / label
-            if not (hf_dir / "config.json").exists():
-                make_qwen3next_hf_model(hf_dir, seed=0, **kwargs)
-            case = f"{label}-{ftype}"
-            ref, mine = root / f"{case}-ref.gguf", root / f"{case}.gguf"
-            run_converter(args.llama_cpp, hf_dir, ref, ftype, kwargs.get("mtp", False))
-            qwen3next_hf_to_gguf(hf_dir, mine, ftype)
-            problems, notes = compare(ref, mine)
-            print(f"{case}: {'OK' if not problems else f'{len(problems)} differences'}"
-                  f" ({len(notes)} naming keys differ)")
-            for line in problems + [f"  (naming) {n}" for n in notes]:
-                print(f"  {line}")
-            failed |= bool(problems)
-    return 1 if failed else 0
+    return check_cases(__doc__, "tiny-qwen3next-", [
+        Case(f"{label}-{ftype}", label, partial(make_qwen3next_hf_model, seed=0, **kwargs),
+             partial(_convert, ftype=ftype, mtp=kwargs.get("mtp", False)),
+             partial(qwen3next_hf_to_gguf, ftype=ftype))
+        for label, kwargs, ftype in CASES])
 
 
 if __name__ == "__main__":
