@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from check_tiny_gguf_converter import _WRAPPER, Case, check_cases, convert
+from check_tiny_gguf_converter import WRAPPER, Case, check_cases, convert
 from tiny_families60 import family_hf_to_gguf, make_family_hf_model
 
 CASES = (  # (label, kind, overrides, ftype)
@@ -42,7 +42,7 @@ CASES = (  # (label, kind, overrides, ftype)
 
 def _convert(llama_cpp: Path, hf_dir: Path, out: Path, *, ftype: str) -> None:
     """No ``--no-mtp``: these architectures refuse the flag."""
-    convert(_WRAPPER, llama_cpp, hf_dir, out, ftype)
+    convert(WRAPPER, llama_cpp, hf_dir, out, ftype)
 
 
 def main() -> int:

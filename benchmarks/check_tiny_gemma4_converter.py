@@ -22,12 +22,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from check_tiny_gguf_converter import Case, check_cases
-from check_tiny_lfm2_converter import _convert
+from check_tiny_gguf_converter import WRAPPER, Case, check_cases, convert
 from tiny_gemma4 import KINDS, make_gemma4_hf_model
 from tiny_gemma4_gguf import gemma4_hf_to_gguf, save_byte_fallback_tokenizer
 
 OVERRIDES = {"e2b": {"hidden_size_per_layer_input": 32}}  # as tests/models/test_gemma4_gguf.py
+
+
+def _convert(llama_cpp: Path, hf_dir: Path, out: Path, *, ftype: str) -> None:
+    convert(WRAPPER, llama_cpp, hf_dir, out, ftype)
 
 
 def _make(hf_dir: Path, *, kind: str) -> None:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tiny_hybrid import make_qwen35_hf_model, make_qwen35_moe_hf_model, qwen35_hf_to_gguf
 
 # runs the converter as __main__, its gguf-py first on the path, the pre-tokenizer named
-_WRAPPER = """
+WRAPPER = """
 import runpy, sys
 src = sys.argv.pop(1)
 sys.path[:0] = [src, src + "/gguf-py"]
@@ -66,7 +66,7 @@ CASES = (  # (label, maker, its keywords, ftype, --fuse-gate-up-exps)
 def convert(wrapper: str, llama_cpp: Path, hf_dir: Path, out: Path, ftype: str,
             *extra: str) -> None:
     """convert_hf_to_gguf.py of the ``llama_cpp`` checkout on ``hf_dir`` through ``wrapper``
-    (``_WRAPPER`` or a family's variant of it), its ``extra`` flags after ``--outtype``."""
+    (``WRAPPER`` or a family's variant of it), its ``extra`` flags after ``--outtype``."""
     args = [sys.executable, "-c", wrapper, str(llama_cpp), str(hf_dir), "--outfile", str(out),
             "--outtype", ftype.lower(), *extra]
     done = subprocess.run(args, capture_output=True, text=True, check=False)
@@ -77,7 +77,7 @@ def convert(wrapper: str, llama_cpp: Path, hf_dir: Path, out: Path, ftype: str,
 def run_converter(llama_cpp: Path, hf_dir: Path, out: Path, ftype: str, mtp: bool,
                   fuse_gate_up: bool = False) -> None:
     """The Qwen3.5 / Qwen3-Next conversion: ``--no-mtp`` unless ``mtp``."""
-    convert(_WRAPPER, llama_cpp, hf_dir, out, ftype, *([] if mtp else ["--no-mtp"]),
+    convert(WRAPPER, llama_cpp, hf_dir, out, ftype, *([] if mtp else ["--no-mtp"]),
             *(["--fuse-gate-up-exps"] if fuse_gate_up else []))
 
 

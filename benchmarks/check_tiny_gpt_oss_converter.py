@@ -30,7 +30,7 @@ from tiny_gpt_oss import gpt_oss_hf_to_gguf, make_gpt_oss_hf_model
 
 # runs the converter as __main__, its gguf-py first on the path, the pre-tokenizer named and
 # the hyperparameters read from config.json as they are
-_WRAPPER = """
+WRAPPER = """
 import runpy, sys
 src = sys.argv.pop(1)
 sys.path[:0] = [src, src + "/gguf-py"]
@@ -47,7 +47,7 @@ CASES = ("F32", "F16", "Q8_0")
 
 
 def _convert(llama_cpp: Path, hf_dir: Path, out: Path, *, ftype: str) -> None:
-    convert(_WRAPPER, llama_cpp, hf_dir, out, ftype)
+    convert(WRAPPER, llama_cpp, hf_dir, out, ftype)
 
 
 def main() -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from check_tiny_gguf_converter import _WRAPPER, Case, check_cases, convert
+from check_tiny_gguf_converter import WRAPPER, Case, check_cases, convert
 from tiny_lfm2 import lfm2_hf_to_gguf, make_lfm2_hf_model, make_lfm2_moe_hf_model
 
 DENSE, MOE = make_lfm2_hf_model, make_lfm2_moe_hf_model
@@ -35,7 +35,7 @@ CASES = (  # (label, maker, its keywords, ftype)
 
 def _convert(llama_cpp: Path, hf_dir: Path, out: Path, *, ftype: str) -> None:
     """No ``--no-mtp``: the LFM2 models refuse the MTP flags."""
-    convert(_WRAPPER, llama_cpp, hf_dir, out, ftype)
+    convert(WRAPPER, llama_cpp, hf_dir, out, ftype)
 
 
 def main() -> int:

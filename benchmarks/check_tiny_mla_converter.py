@@ -25,17 +25,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from check_tiny_gguf_converter import _WRAPPER, Case, check_cases, convert
+from check_tiny_gguf_converter import WRAPPER, Case, check_cases, convert
 from tiny_mla import KINDS, make_mla_hf_model, mla_hf_to_gguf
 
 FTYPES = ("F32", "F16", "Q8_0")
 _GLM_VOCAB = ("import conversion.glm as glm\n"
               "glm.Glm4MoeLiteModel.set_vocab = lambda self: self._set_vocab_gpt2()\n")
-_MLA_WRAPPER = _WRAPPER.replace('sys.argv[0] = src', _GLM_VOCAB + 'sys.argv[0] = src')
+MLA_WRAPPER = WRAPPER.replace('sys.argv[0] = src', _GLM_VOCAB + 'sys.argv[0] = src')
 
 
 def _convert(llama_cpp: Path, hf_dir: Path, out: Path, *, ftype: str) -> None:
-    convert(_MLA_WRAPPER, llama_cpp, hf_dir, out, ftype)
+    convert(MLA_WRAPPER, llama_cpp, hf_dir, out, ftype)
 
 
 def main() -> int:

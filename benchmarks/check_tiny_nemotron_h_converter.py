@@ -32,7 +32,7 @@ from tiny_nemotron_h import make_nemotron_h_hf_model, nemotron_h_hf_to_gguf
 
 # runs the converter as __main__, its gguf-py first on the path, the pre-tokenizer named and
 # the hyperparameters read from config.json as they are
-_WRAPPER = """
+WRAPPER = """
 import runpy, sys
 src = sys.argv.pop(1)
 sys.path[:0] = [src, src + "/gguf-py"]
@@ -55,7 +55,7 @@ CASES = (  # (label, its keywords, ftype)
 
 
 def _convert(llama_cpp: Path, hf_dir: Path, out: Path, *, ftype: str) -> None:
-    convert(_WRAPPER, llama_cpp, hf_dir, out, ftype, "--no-mtp")
+    convert(WRAPPER, llama_cpp, hf_dir, out, ftype, "--no-mtp")
 
 
 def main() -> int:
