@@ -60,6 +60,7 @@ CASES = (  # (label, maker, its keywords, ftype, --fuse-gate-up-exps)
     ("moe-fused", MOE, {}, "F16", True),
     ("moe-per-expert", MOE, {"fused": False}, "F32", False),
     ("moe-conditional", MOE, {"conditional": True}, "Q8_0", False),
+    ("moe-mtp", MOE, {"mtp": True}, "Q8_0", False),
 )
 
 

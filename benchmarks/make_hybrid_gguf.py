@@ -37,6 +37,10 @@ token to no text, so a random head that samples them would stream empty chunks; 
 are text, as a real model's are. The matmul still spans the whole vocabulary.
 
     .venv/bin/python benchmarks/make_hybrid_gguf.py --shape qwen3.5-4b --out /tmp/q35-4b.gguf
+
+``--mtp`` adds the one-layer multi-token-prediction block the releases carry (as the
+converter writes it: ``blk.{layers}.nextn.*`` and a full-attention layer), for
+``--speculative mtp``.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import argparse
 import functools
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gguf
@@ -82,6 +86,7 @@ class HybridShape:
     tied: bool = True
     rope_theta: float = 1e7
     context: int = 262144
+    mtp: int = 0  # multi-token-prediction layers after the decoder's (llama.cpp's nextn)
 
     def is_linear(self, layer: int) -> bool:
         return (layer + 1) % self.interval != 0
@@ -102,7 +107,9 @@ def _hparams(writer: gguf.GGUFWriter, name: str, s: HybridShape, recipe: str,
     writer.add_name(f"random {name}")
     writer.add_file_type(int(gguf.LlamaFileType[f"MOSTLY_{recipe.upper()}"]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    writer.add_block_count(s.layers)
+    writer.add_block_count(s.layers + s.mtp)
+    if s.mtp:
+        writer.add_nextn_predict_layers(s.mtp)
     writer.add_context_length(s.context)
     writer.add_embedding_length(s.hidden)
     writer.add_feed_forward_length(s.ffn)
@@ -119,7 +126,7 @@ def _hparams(writer: gguf.GGUFWriter, name: str, s: HybridShape, recipe: str,
     writer.add_ssm_time_step_rank(s.value_heads)
     writer.add_ssm_inner_size(s.state_dim * s.value_heads)
     writer.add_array(f"{writer.arch}.attention.recurrent_layers",
-                     [s.is_linear(i) for i in range(s.layers)])
+                     [i < s.layers and s.is_linear(i) for i in range(s.layers + s.mtp)])
     writer.add_full_attention_interval(s.interval)
     writer.add_rope_dimension_count(s.rotary)
     writer.add_vocab_size(vocab)
@@ -131,10 +138,14 @@ def tensors(s: HybridShape, vocab: int) -> list[tuple[str, tuple[int, ...], int]
     key, value = s.key_heads * s.state_dim, s.value_heads * s.state_dim
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     out: list[tuple[str, tuple[int, ...], int]] = [("token_embd.weight", (vocab, hidden), 0)]
-    for i in range(s.layers):
+    for i in range(s.layers + s.mtp):
         p = f"blk.{i}"
         layer = [("attn_norm.weight", (hidden,))]
-        if s.is_linear(i):
+        if i >= s.layers:  # an MTP block: a full-attention layer after its own projection
+            layer += [("nextn.eh_proj.weight", (hidden, 2 * hidden)),
+                      ("nextn.enorm.weight", (hidden,)), ("nextn.hnorm.weight", (hidden,)),
+                      ("nextn.shared_head_norm.weight", (hidden,))]
+        if i < s.layers and s.is_linear(i):
             layer += [("attn_qkv.weight", (2 * key + value, hidden)),
                       ("attn_gate.weight", (value, hidden)),
                       ("ssm_conv1d.weight", (2 * key + value, s.conv_kernel)),
@@ -164,7 +175,8 @@ def block_type(recipe: str, name: str, layer: int, s: HybridShape, cols: int) ->
     if name == "token_embd.weight" and (s.tied or recipe == "q4_0"):
         name = "output.weight"  # a tied embedding is the head: typed as the output
     # llama.cpp counts the fused DeltaNet qkv among the attn_v tensors (one per layer)
-    return tensor_type(recipe, name.replace("attn_qkv", "attn_v"), layer, s.layers, cols)
+    return tensor_type(recipe, name.replace("attn_qkv", "attn_v"), layer, s.layers + s.mtp,
+                       cols)
 
 
 def float_values(rng: np.random.Generator, name: str, dims: tuple[int, ...]) -> np.ndarray:
@@ -226,10 +238,13 @@ def main() -> None:
     parser.add_argument("--shape", default="qwen3.5-4b", choices=sorted(SHAPES))
     parser.add_argument("--recipe", default="q4_k_m", choices=RECIPES)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mtp", action="store_true",
+                        help="add a one-layer MTP block (nextn tensors), as the releases carry")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     start = time.perf_counter()
-    path = write(SHAPES[args.shape], Path(args.out), args.recipe, args.seed, args.shape)
+    shape = replace(SHAPES[args.shape], mtp=1) if args.mtp else SHAPES[args.shape]
+    path = write(shape, Path(args.out), args.recipe, args.seed, args.shape)
     print(f"{path}: {args.shape} {args.recipe}, {path.stat().st_size / 1e9:.2f} GB "
           f"in {time.perf_counter() - start:.1f} s")
 

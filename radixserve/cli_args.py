@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from radixserve.config import PROPOSERS
 from radixserve.arg_types import positive_int
 
 
@@ -80,12 +81,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="sample every token of a structured output, even those its grammar "
                         "forces (default: forced tokens are emitted without a forward each)")
     g.add_argument("--speculative", default=None,
-                   choices=["off", "ngram", "suffix", "auto", "draft"],
+                   choices=list(PROPOSERS),
                    help="speculative decoding: draft tokens and verify them in the same batched "
                         "forward. ngram: prompt lookup in the request's own prompt and output; "
                         "suffix: prompt lookup plus a suffix tree over earlier requests' "
                         "outputs; auto: suffix; draft: a smaller model with the same tokenizer "
-                        "(--draft-model). Greedy output is unchanged, sampling keeps its "
+                        "(--draft-model); mtp: the model's own multi-token-prediction "
+                        "block (Qwen3.5 / 3.6, Qwen3-Next checkpoints that carry one). Greedy output is unchanged, sampling keeps its "
                         "distribution; each draft's length follows the acceptance measured "
                         "for its evidence and the measured step cost (0 where drafts do not "
                         "pay). Default: auto (draft with --draft-model); off turns it off")

@@ -14,7 +14,7 @@ from radixserve.cpu.threads import check_threads
 
 DTYPES = ("float32", "bfloat16", "float16")  # model and KV element types (models/loader.py)
 # speculative methods (spec/proposer.py) and tensor-parallel all-reduces (parallel/comm.py)
-PROPOSERS = ("off", "ngram", "suffix", "auto", "draft")
+PROPOSERS = ("off", "ngram", "suffix", "auto", "draft", "mtp")
 TP_ALL_REDUCES = ("auto", "shm", "torch")
 
 

@@ -112,6 +112,10 @@ class ModelConfig:
     # multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash): the pool then holds one
     # latent row per token, num_kv_heads 1 of head_dim kv_lora_rank + rope dims (models/mla.py)
     mla: MlaParams | None = None
+    # multi-token-prediction layers that run (``--speculative mtp``; Qwen3.5 / 3.6, Qwen3-Next):
+    # numbered after the decoder's, each attending over a KV layer of its own beside the pool's
+    # (runner/mtp_runner.py); 0: the checkpoint's MTP block, if any, is not loaded
+    num_mtp_layers: int = 0
 
     def layer_window(self, layer_idx: int) -> int | None:
         """The sliding window of layer ``layer_idx``, None for full attention."""

@@ -20,6 +20,7 @@ Face folders and as GGUF files, for load and logit-parity tests.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -67,12 +68,12 @@ def make_qwen35_hf_model(out_dir: str | Path, seed: int = 0, *, conditional: boo
 
 
 def make_qwen35_moe_hf_model(out_dir: str | Path, seed: int = 0, *, conditional: bool = False,
-                             fused: bool = True, save_dtype: torch.dtype = torch.float32,
-                             **overrides) -> Path:
+                             fused: bool = True, mtp: bool = False,
+                             save_dtype: torch.dtype = torch.float32, **overrides) -> Path:
     """:func:`make_qwen35_hf_model` for the MoE model (``QWEN35_MOE_DEFAULTS``); ``fused``: the
     experts as the releases store them (``mlp.experts.gate_up_proj`` [E, 2 * width, hidden],
     ``mlp.experts.down_proj``), else one tensor per expert as ``save_pretrained`` writes them."""
-    return _make(out_dir, seed, True, conditional, False, save_dtype, overrides, fused)
+    return _make(out_dir, seed, True, conditional, mtp, save_dtype, overrides, fused)
 
 
 def _make(out_dir, seed: int, moe: bool, conditional: bool, mtp: bool, save_dtype,
@@ -104,10 +105,10 @@ def _make(out_dir, seed: int, moe: bool, conditional: bool, mtp: bool, save_dtyp
     if conditional:
         model = _as_conditional(model, seed, kind)
     model.to(save_dtype).save_pretrained(str(out_dir))
-    if mtp:
-        _add_mtp(out_dir, config, seed, save_dtype)
     if fused:
         _fuse_experts(out_dir / "model.safetensors", model)
+    if mtp:
+        _add_mtp(out_dir, config, seed, save_dtype, kind)
     return out_dir
 
 
@@ -160,30 +161,30 @@ def _as_conditional(text_model, seed: int, kind: str):
     return model.eval()
 
 
-def _add_mtp(out_dir: Path, config, seed: int, dtype: torch.dtype) -> None:
+def _add_mtp(out_dir: Path, config, seed: int, dtype: torch.dtype, kind: str) -> None:
     """Add the ``mtp.*`` tensors of a one-layer MTP block (the Qwen3.5 releases' names and
-    shapes: a full-attention decoder layer, the fc over [embedding, hidden] and its norms) to
-    the folder's safetensors file; transformers' classes drop them at load."""
+    shapes: a full-attention decoder layer of the model's kind, dense or MoE with its experts
+    fused as the releases store them, the fc over [embedding, hidden] and its norms) to the
+    folder's safetensors file; transformers' classes drop them at load."""
+    import importlib
+
     from safetensors.torch import load_file, save_file
 
-    hidden, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
-    head_dim, ffn = config.head_dim, config.intermediate_size
-    shapes = {"fc.weight": (hidden, 2 * hidden), "pre_fc_norm_embedding.weight": (hidden,),
-              "pre_fc_norm_hidden.weight": (hidden,), "norm.weight": (hidden,)}
-    layer = {"input_layernorm.weight": (hidden,), "post_attention_layernorm.weight": (hidden,),
-             "self_attn.q_proj.weight": (2 * heads * head_dim, hidden),
-             "self_attn.k_proj.weight": (kv * head_dim, hidden),
-             "self_attn.v_proj.weight": (kv * head_dim, hidden),
-             "self_attn.o_proj.weight": (hidden, heads * head_dim),
-             "self_attn.q_norm.weight": (head_dim,), "self_attn.k_norm.weight": (head_dim,),
-             "mlp.gate_proj.weight": (ffn, hidden), "mlp.up_proj.weight": (ffn, hidden),
-             "mlp.down_proj.weight": (hidden, ffn)}
-    shapes.update({f"layers.0.{k}": v for k, v in layer.items()})
-    gen = torch.Generator().manual_seed(seed + 3)
+    module = "qwen3_5_moe" if kind == "Qwen3_5Moe" else "qwen3_5"
+    modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    layer_config = copy.deepcopy(config)
+    layer_config.layer_types = list(config.layer_types) + ["full_attention"]
+    layer = getattr(modeling, f"{kind}DecoderLayer")(layer_config, config.num_hidden_layers)
+    _randomize_(layer.float(), seed + 3, norm_mean=0.0)
+    hidden = config.hidden_size
+    gen = torch.Generator().manual_seed(seed + 4)
+    own = {"fc.weight": 0.1 * torch.randn((hidden, 2 * hidden), generator=gen)}
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        own[f"{norm}.weight"] = 0.1 * torch.randn((hidden,), generator=gen)
+    own.update({f"layers.0.{k}": v for k, v in layer.state_dict().items()})
     path = out_dir / "model.safetensors"
     state = load_file(str(path))
-    for name, shape in shapes.items():
-        state[f"mtp.{name}"] = (0.1 * torch.randn(shape, generator=gen)).to(dtype)
+    state.update({f"mtp.{k}": v.detach().to(dtype).contiguous() for k, v in own.items()})
     save_file(state, str(path), metadata={"format": "pt"})
 
 

@@ -22,7 +22,8 @@ class ScheduledSeq:
     request's tokens); the runner then produces a token at each of the last ``num_draft + 1``
     positions and keeps the verified ones (runner/spec_verify.py).
     ``draft_work``: with a draft model (``--speculative draft``), what it runs for this
-    sampling sequence once the step's tokens are known (see `DraftWork`).
+    sampling sequence once the step's tokens are known (see `DraftWork`); ``mtp``: with
+    ``--speculative mtp``, what the model's MTP block runs (see `MtpWork`).
     ``prompt_logprobs``: on a prompt chunk of a request that asked for prompt logprobs, which
     of its rows score which prompt tokens (core/prompt_logprobs.py).
     ``pooling`` is set on every chunk of an embedding request (which never samples): mean
@@ -50,6 +51,7 @@ class ScheduledSeq:
     is_last_chunk: bool = False
     prompt_logprobs: PromptLogprobsWork | None = None
     draft_work: DraftWork | None = None  # the draft model proposes after this step
+    mtp: MtpWork | None = None  # the model's MTP block runs on this step's positions
     lora_id: int | None = None  # the request's LoRA adapter (the runner groups rows by it)
     state: SeqState | None = None  # a hybrid model's recurrent state (core/kv/recurrent_states)
 
@@ -94,9 +96,23 @@ class DraftWork:
 
 
 @dataclass(slots=True)
+class MtpWork:
+    """The MTP block's share of a step for one sequence (runner/mtp_runner.py), run after the
+    target's tokens are known. The block writes its KV at every position the step fed and kept
+    (rejected draft positions excepted), each from the target's hidden state there and the
+    token that follows it: the next fed one; after the last, ``next_token_id`` for a prompt
+    chunk that does not end the prompt, else the token this step emitted. Then, for a sampling
+    sequence, it proposes ``num_propose`` greedy tokens (0: none), its own hidden state fed
+    back after the first."""
+
+    next_token_id: int | None
+    num_propose: int
+
+
+@dataclass(slots=True)
 class Proposal:
-    """A draft model's proposal for the next step: ``token_ids`` follow the request's first
-    ``num_confirmed`` tokens, whose draft KV is now valid (see `DraftWork`)."""
+    """A drafter's proposal for the next step: ``token_ids`` follow the request's first
+    ``num_confirmed`` tokens (a draft model's KV of them is now valid, see `DraftWork`)."""
 
     token_ids: list[int]
     num_confirmed: int

@@ -37,6 +37,7 @@ from radixserve.engine.context_len import resolve_max_model_len
 from radixserve.engine.draft_setup import build_draft_runner, open_draft
 from radixserve.engine.engine_core import EngineCore
 from radixserve.engine.kv_events import KVEventsOutlet, make_publisher
+from radixserve.engine.mtp_setup import mtp_kv_view, with_mtp
 from radixserve.engine.structured_manager import StructuredOutputManager
 from radixserve.engine.tp.group import TensorParallelGroup
 from radixserve.engine.tp.ranks import start_tensor_parallel
@@ -51,6 +52,7 @@ from radixserve.runner.fault_injection import inject_faults_from_env
 from radixserve.runner.kv_cache import (draft_pool_blocks, num_blocks_for_budget,
                                         resolve_kv_dtype)
 from radixserve.runner.model_runner import ModelRunner
+from radixserve.runner.mtp_runner import MtpRunner
 from radixserve.runner.recurrent_state import bytes_per_slot
 from radixserve.spec.factory import make_spec
 from radixserve.structured.llguidance_backend import LLGuidanceBackend
@@ -82,6 +84,7 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
         raise ValueError(f"speculative decoding with a draft model does not run with "
                          f"{model_config.architecture} (recurrent layers) yet; use "
                          "--speculative ngram, suffix or auto")
+    model_config = with_mtp(config, source, model_config, reader)  # --speculative mtp
     tp = start_tensor_parallel(config, source, model_config, reader)
     threads = apply_engine_threads(tp.rank_threads(config.device.threads))  # before the model
     model, quantization = _load_shard(config, source, model_config, reader, tp.shard,
@@ -89,7 +92,8 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
     draft = None
     if config.speculative.draft_model is not None:  # its vocabulary checked here
         draft = open_draft(config.speculative.draft_model, source, model_config, reader)
-    runner, num_blocks, kv_dtype = _runner(config, model_config, model, draft and draft.config)
+    runner, num_blocks, kv_dtype = _runner(config, model_config, model,
+                                           draft.config if draft else mtp_kv_view(model_config))
     device, groups, block_size = runner.device, runner.groups, config.cache.block_size
     if device.type == "cpu":
         logger.info("engine: %s", model.kernel_plan.startup_line(kv_dtype, threads))
@@ -98,6 +102,8 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
                      runner.states.num_slots if runner.states is not None else 0)
     max_len = _fix_context_len(config, model_config, runner, num_blocks)
     draft_blocks = draft_pool_blocks(model.config, num_blocks, groups) if draft else 0
+    if model_config.num_mtp_layers:
+        runner.drafter = MtpRunner(runner, num_blocks, config.scheduler.max_num_seqs)
     if draft is not None:
         runner.drafter = build_draft_runner(config, draft, draft_blocks, max_len, kv_dtype,
                                             show_progress)

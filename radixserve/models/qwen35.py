@@ -47,7 +47,9 @@ from radixserve.models.moe import unfuse_hf_experts
 
 # the (1 + w) norms' names end so; load_weights adds the 1 (``DeltaNet.norm`` is plain w)
 _ONE_PLUS_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight",
-                   "q_norm.weight", "k_norm.weight")
+                   "q_norm.weight", "k_norm.weight", "pre_fc_norm_embedding.weight",
+                   "pre_fc_norm_hidden.weight")
+_ONE_PLUS_TOP = ("norm.weight", "model.norm.weight", "mtp.norm.weight")
 
 
 class GatedAttention(nn.Module):
@@ -150,11 +152,13 @@ class Qwen35DecoderLayer(nn.Module):
                  linear_attn_cls: type[GatedDeltaNet] = GatedDeltaNet) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.is_linear = cfg.linear_attn.is_linear(layer_idx)
+        is_mtp = layer_idx >= cfg.num_layers  # an MTP layer: full attention, its own KV layer
+        self.is_linear = not is_mtp and cfg.linear_attn.is_linear(layer_idx)
         if self.is_linear:
             self.linear_attn = linear_attn_cls(cfg, layer_idx)
         else:
-            kv_index = cfg.attention_layers.index(layer_idx)
+            kv_index = (len(cfg.attention_layers) + layer_idx - cfg.num_layers if is_mtp
+                        else cfg.attention_layers.index(layer_idx))
             self.self_attn = GatedAttention(cfg, kv_index, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp_for(cfg, layer_idx)  # dense, or sparse MoE where cfg.moe says (35B-A3B)
@@ -194,13 +198,27 @@ class Qwen35ForCausalLM(LlamaForCausalLM):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+        # the multi-token-prediction block, when it runs (--speculative mtp)
+        self.mtp = MtpBlock(cfg, self.rotary) if cfg.num_mtp_layers else None
         self.kernel_plan = None
         self._stack = None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Transformers-named tensors (models/qwen35_gguf.py maps a GGUF's to them).
-        ValueError on a missing or unexpected tensor."""
+        """Transformers-named tensors (models/qwen35_gguf.py maps a GGUF's to them); the MTP
+        block's (``mtp.*``) are left out unless it runs. ValueError on a missing or unexpected
+        tensor."""
+        if self.mtp is None:
+            weights = ((n, t) for n, t in weights if not n.startswith(("mtp.", "model.mtp.")))
         super().load_weights(_one_plus_norms(unfuse_hf_experts(weights)))
+
+    def mtp_hidden(self, input_ids: torch.Tensor, hidden: torch.Tensor,
+                   positions: torch.Tensor, step: int = 0) -> torch.Tensor:
+        """The MTP block on a packed batch (runner/mtp_runner.py sets the forward context):
+        at each position, the final hidden state there (``hidden``: this model's output, or
+        the block's own from the position before) and the token that follows it
+        (``input_ids``) → a hidden state whose logits (``compute_logits``) predict the token
+        after that one."""
+        return self.mtp(self.embed_tokens(input_ids), hidden, positions, step)
 
     def _shard_range(self, target: str, idx: int, rows: int) -> tuple[int, int]:
         if target != "qkv_proj":
@@ -210,9 +228,33 @@ class Qwen35ForCausalLM(LlamaForCausalLM):
         return sum(sizes[:idx]), sizes[idx]
 
 
+class MtpBlock(nn.Module):
+    """Qwen3.5's / Qwen3-Next's multi-token prediction (checkpoint names ``mtp.*``; vLLM's
+    ``Qwen3NextMultiTokenPredictor`` computes the same): the next token's embedding and the
+    current hidden state, each RMS-normed, concatenated and projected (``fc``), then a full
+    decoder layer (gated attention over a KV layer of its own, the model's MLP or MoE) and a
+    final norm. The model's embedding and head are shared."""
+
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.pre_fc_norm_embedding = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.pre_fc_norm_hidden = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.layers = nn.ModuleList(Qwen35DecoderLayer(cfg, cfg.num_layers + i, rotary)
+                                    for i in range(cfg.num_mtp_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                step: int = 0) -> torch.Tensor:
+        x = self.fc(torch.cat([self.pre_fc_norm_embedding(embeds),
+                               self.pre_fc_norm_hidden(hidden)], dim=-1))
+        x, residual = self.layers[step % len(self.layers)](positions, x, None)
+        return self.norm(x, residual)[0]
+
+
 def _one_plus_norms(weights: Iterable[tuple[str, torch.Tensor]]):
     for name, tensor in weights:
-        if name.endswith(_ONE_PLUS_NORMS) or name in ("norm.weight", "model.norm.weight"):
+        if name.endswith(_ONE_PLUS_NORMS) or name in _ONE_PLUS_TOP:
             yield name, tensor + 1.0
         else:
             yield name, tensor

@@ -210,9 +210,9 @@ def qwen35_gguf_config(reader, field, gguf_arch: str, arch: str) -> ModelConfig:
 def qwen35_hf_name(name: str) -> str | None:
     """A Qwen3.5 folder's tensor name → the text model's, without ``model.``
     (``layers.0.linear_attn.A_log``, ``lm_head.weight``): a ConditionalGeneration folder's
-    ``model.language_model.`` prefix removed; None for its vision tower (``model.visual.*``)
-    and the MTP block (``mtp.*``), which do not run here."""
-    if name.startswith(("model.visual.", "mtp.", "model.mtp.")):
+    ``model.language_model.`` prefix removed; None for its vision tower (``model.visual.*``).
+    The MTP block's (``mtp.*``) are kept: the model drops them unless the block runs."""
+    if name.startswith("model.visual."):
         return None
     return name.removeprefix("model.").removeprefix("language_model.")
 

@@ -53,7 +53,11 @@ _LINEAR_LAYER = {  # ... in a Gated DeltaNet layer
 _LINEAR_PARAMS = {("ssm_a", ""): "linear_attn.A_log", ("ssm_dt", "bias"): "linear_attn.dt_bias"}
 _TOP = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 _ONE_PLUS_W = ("input_layernorm.weight", "post_attention_layernorm.weight",
-               "q_norm.weight", "k_norm.weight")
+               "q_norm.weight", "k_norm.weight", "pre_fc_norm_embedding.weight",
+               "pre_fc_norm_hidden.weight")
+# an MTP block's own tensors (llama.cpp's nextn names) → transformers' under ``mtp.``
+_NEXTN = {"eh_proj": "fc", "enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden",
+          "shared_head_norm": "norm"}
 
 
 def untile_order(num_k: int, num_v: int, head_dim: int) -> torch.Tensor:
@@ -72,6 +76,7 @@ class Qwen35Gguf:
         if la is None:
             raise ValueError("a qwen35 model needs its linear-attention shape")
         self.num_layers = config.num_layers
+        self.num_mtp_layers = config.num_mtp_layers
         self.layer_types = la.layer_types
         qk = 2 * la.num_key_heads * la.key_head_dim
         values = untile_order(la.num_key_heads, la.num_value_heads, la.value_head_dim)
@@ -89,8 +94,8 @@ class Qwen35Gguf:
         if parts[0] != "blk" or len(parts) < 3 or not parts[1].isdecimal():
             raise ValueError(f"unexpected GGUF tensor {gguf_name!r} for a qwen35 model")
         layer, base, suffix = int(parts[1]), parts[2], ".".join(parts[3:])
-        if layer >= self.num_layers:  # the MTP block (nextn), not run here
-            return None
+        if layer >= self.num_layers:  # the MTP block (nextn): loaded only when it runs
+            return self._mtp_name(layer - self.num_layers, base, suffix, gguf_name)
         is_linear = self.layer_types[layer] == LINEAR
         if is_linear and (base, suffix) in _LINEAR_PARAMS:
             return f"layers.{layer}.{_LINEAR_PARAMS[base, suffix]}"
@@ -103,6 +108,19 @@ class Qwen35Gguf:
             raise ValueError(f"unexpected GGUF tensor {gguf_name!r} for a qwen35 model "
                              f"(layer {layer}: {self.layer_types[layer]})")
         return f"layers.{layer}.{name}.{suffix}"
+
+    def _mtp_name(self, index: int, base: str, suffix: str, gguf_name: str) -> str | None:
+        """An MTP block tensor's name (``blk.N.nextn.*`` and the layer's own, N from the
+        decoder's block count on), None when the block does not run."""
+        if index >= self.num_mtp_layers:
+            return None
+        if base == "nextn":
+            part, _, rest = suffix.partition(".")
+            if part in _NEXTN:
+                return f"mtp.{_NEXTN[part]}.{rest}"
+        elif base in _LAYER and suffix:
+            return f"mtp.layers.{index}.{_LAYER[base]}.{suffix}"
+        raise ValueError(f"unexpected GGUF tensor {gguf_name!r} in a qwen35 MTP block")
 
     def row_order(self, hf_name: str) -> torch.Tensor | None:
         """The rows of the stored matrix ``hf_name`` (``.weight`` or not) in transformers'
@@ -144,7 +162,7 @@ class Qwen35Gguf:
             return t[self.head_order]
         if hf_name.endswith("linear_attn.conv1d.weight"):
             return t[self.qkv_order].unsqueeze(1)  # [C, K] → [C, 1, K]
-        if hf_name.endswith(_ONE_PLUS_W) or hf_name == "norm.weight":
+        if hf_name.endswith(_ONE_PLUS_W) or hf_name in ("norm.weight", "mtp.norm.weight"):
             return t - 1.0  # stored: 1 + w
         return t
 

@@ -10,7 +10,7 @@ a sparse MoE block (softmax router, top-k renormalized where ``norm_topk_prob``,
 expert scaled by a sigmoid gate) unless it is in ``mlp_only_layers`` or ``(i + 1)`` is not a
 multiple of ``decoder_sparse_step``, or there are no experts; then it is a dense SwiGLU MLP of
 ``intermediate_size``. There is no ConditionalGeneration wrapper; the checkpoints' MTP block
-(``mtp.*``) is not run.
+(``mtp.*``) runs only as the drafter of ``--speculative mtp``.
 
 A ``qwen3next`` GGUF file holds the keys a ``qwen35`` one does (llama.cpp's converter writes
 both through its ``Qwen3NextModel``), so qwen35_config.py's ``qwen35_gguf_config`` reads it: a
@@ -110,8 +110,6 @@ def _hf_moe(get, mlp_only_layers, num_layers: int) -> MoeConfig | None:
 
 
 def qwen3next_hf_name(name: str) -> str | None:
-    """A Qwen3-Next folder's tensor name → the model's, without ``model.``; None for the MTP
-    block (``mtp.*``), which does not run here."""
-    if name.startswith(("mtp.", "model.mtp.")):
-        return None
+    """A Qwen3-Next folder's tensor name → the model's, without ``model.`` (the MTP block's
+    ``mtp.*``: the model drops them unless the block runs)."""
     return name.removeprefix("model.")

@@ -56,12 +56,13 @@ class Qwen3NextGguf(Qwen35Gguf):
 
     def hf_name(self, gguf_name: str) -> str | None:
         """llama.cpp tensor name → transformers' (no ``model.`` prefix); None for the MTP
-        block's. ValueError for a tensor a Qwen3-Next decoder does not have."""
+        block's unless it runs. ValueError for a tensor a Qwen3-Next decoder does not have."""
         parts = gguf_name.split(".")
         if len(parts) == 4 and parts[0] == "blk" and parts[2] in _FUSED and parts[1].isdecimal():
             layer = int(parts[1])
-            if layer >= self.num_layers:
-                return None
+            if layer >= self.num_layers:  # an MTP block is a full-attention layer
+                raise ValueError(f"unexpected GGUF tensor {gguf_name!r} in the MTP block of "
+                                 "a qwen3next model")
             if self.layer_types[layer] != LINEAR:
                 raise ValueError(f"unexpected GGUF tensor {gguf_name!r} in full-attention "
                                  f"layer {layer} of a qwen3next model")

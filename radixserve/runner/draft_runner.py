@@ -18,13 +18,24 @@ import time
 
 import torch
 
+from typing import NamedTuple
+
 from radixserve.core.sched_output import ModelRunnerOutput, Proposal, ScheduledSeq
 
 
-class NoDraftRunner:
-    """Null object: no draft model."""
+class TargetStep(NamedTuple):
+    """The step the target just ran, as a drafter sees it: ``seqs`` in packed order,
+    ``hidden`` their final hidden states row by row, ``sampling`` those that sampled."""
 
-    def propose(self, seqs: list[ScheduledSeq], out: ModelRunnerOutput) -> None:
+    seqs: list[ScheduledSeq]
+    hidden: torch.Tensor
+    sampling: list[ScheduledSeq]
+
+
+class NoDraftRunner:
+    """Null object: no drafter runs after the target's steps."""
+
+    def propose(self, step: TargetStep, out: ModelRunnerOutput) -> None:
         pass
 
 
@@ -57,16 +68,15 @@ class DraftRunner:
         self._decode_s: list[float] = []  # this step's decode-like forwards, seconds each
 
     @torch.inference_mode()
-    def propose(self, seqs: list[ScheduledSeq], out: ModelRunnerOutput) -> None:
-        """Fill ``out.proposals`` (and the draft's timing) for the sampling ``seqs`` that have
-        draft work; ``out``: this step's results for them, whose emitted tokens the draft
-        model reads."""
+    def propose(self, step: TargetStep, out: ModelRunnerOutput) -> None:
+        """Fill ``out.proposals`` (and the draft's timing) for the step's sampling sequences
+        that have draft work; ``out``: this step's results for them, whose emitted tokens the
+        draft model reads."""
         start = time.perf_counter()
         self._decode_s = []
-        emitted = {rid: [t] for rid, t in zip(out.request_ids, out.token_ids)}
-        for rid, draft in (out.drafts or {}).items():
-            emitted[rid] += draft.token_ids
-        work = [_Work(s, emitted[s.request_id]) for s in seqs if s.draft_work is not None]
+        emitted = emitted_tokens(out)
+        work = [_Work(s, emitted[s.request_id]) for s in step.sampling
+                if s.draft_work is not None]
         if not work:
             return
         proposed, num_forwards = self._catch_up(work)
@@ -119,6 +129,15 @@ class DraftRunner:
         if max(s.num_tokens for s in seqs) <= 2:
             self._decode_s.append(time.perf_counter() - start)
         return tokens
+
+
+def emitted_tokens(out: ModelRunnerOutput) -> dict[str, list[int]]:
+    """The tokens each sampling sequence of the step emitted, by request: its sampled one,
+    then (after a verified draft) the others verification kept."""
+    emitted = {rid: [t] for rid, t in zip(out.request_ids, out.token_ids)}
+    for rid, draft in (out.drafts or {}).items():
+        emitted[rid] += draft.token_ids
+    return emitted
 
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:

@@ -23,7 +23,7 @@ from radixserve.core.sched_output import (
 )
 from radixserve.layers.attn_backends import get_attn_backend, resolve_attn_backend
 from radixserve.models.native_stack import plan_kernels
-from radixserve.runner.draft_runner import NO_DRAFT_RUNNER
+from radixserve.runner.draft_runner import NO_DRAFT_RUNNER, TargetStep
 from radixserve.layers.forward_context import ForwardContext, forward_context
 from radixserve.runner.kv_cache import (NATIVE_MAX_HEAD_DIM, allocate_kv_cache,
                                          torch_for_wide_heads)
@@ -100,15 +100,16 @@ class ModelRunner:
         scored = prompt_logprobs(self.model, seqs, hidden)
         sampling = [s for s in seqs if s.sample]
         if not sampling:
-            return ModelRunnerOutput([], [], [], [], pooled=pooled, prompt_logprobs=scored)
-        logits = self.model.compute_logits(hidden[sample_idx])
-        if any(s.num_draft for s in sampling):
-            out = verify_drafts(self.sampler, sampling, logits,
+            out = ModelRunnerOutput([], [], [], [])
+        elif any(s.num_draft for s in sampling):
+            out = verify_drafts(self.sampler, sampling,
+                                self.model.compute_logits(hidden[sample_idx]),
                                 self._grammar_rows(sampling, grammar), self.device)
         else:
-            out = self._sample(sampling, logits, grammar)
+            out = self._sample(sampling, self.model.compute_logits(hidden[sample_idx]),
+                               grammar)
         out.pooled, out.prompt_logprobs = pooled, scored
-        self.drafter.propose(sampling, out)
+        self.drafter.propose(TargetStep(seqs, hidden, sampling), out)
         return out
 
     @torch.inference_mode()
@@ -144,12 +145,18 @@ class ModelRunner:
         """The forward of ``seqs`` packed as ``execute`` packs them (decode-like first,
         stable): (the packed order as indices into ``seqs``, the packed seqs, the hidden
         rows, the rows that sample)."""
-        order = sorted(range(len(seqs)), key=lambda i: self._prefill_last(seqs[i]))
-        packed = [seqs[i] for i in order]
-        input_ids, positions, metas, sample_idx = self._prepare(packed)
+        order, packed, (input_ids, positions, metas, sample_idx) = self.pack(seqs)
         with forward_context(self._context(metas, packed)):
             hidden = self.model(input_ids, positions)
         return order, packed, hidden, sample_idx
+
+    def pack(self, seqs: list[ScheduledSeq]):
+        """``seqs`` packed as ``execute`` packs them (decode-like first, stable): (the packed
+        order as indices into ``seqs``, the packed seqs, (input ids, positions, one attention
+        metadata per block table, the rows that sample))."""
+        order = sorted(range(len(seqs)), key=lambda i: self._prefill_last(seqs[i]))
+        packed = [seqs[i] for i in order]
+        return order, packed, self._prepare(packed)
 
     def _context(self, metas: list, seqs: list[ScheduledSeq]) -> ForwardContext:
         """The step's forward context; ``seqs`` in packed order (their LoRA rows)."""

@@ -17,7 +17,7 @@ from radixserve.spec.proposer import Proposer
 
 def make_proposer(name: str, max_ngram: int = 4, min_ngram: int = 1,
                   acceptance=None) -> Proposer:
-    """The token proposer called ``name`` (one of PROPOSERS but ``off`` and ``draft``).
+    """The token proposer called ``name`` (one of PROPOSERS but ``off``, ``draft``, ``mtp``).
     ``auto`` is ``suffix``: it covers the prompt lookup of ``ngram`` and adds what earlier
     requests generated. ``acceptance``: the policy's AcceptanceTable, by which ``suffix``
     picks between its two sources. ValueError for any other name."""
@@ -31,19 +31,25 @@ def make_proposer(name: str, max_ngram: int = 4, min_ngram: int = 1,
         return SuffixProposer(acceptance=acceptance)
     if name == "off":
         raise ValueError("speculation off has no proposer: make_spec gives NO_SPEC")
-    if name == "draft":
-        raise ValueError("the draft-model proposer needs its KV pool: build it with make_spec")
+    if name in ("draft", "mtp"):
+        raise ValueError(f"the {name} proposer runs a model after each step: build it with "
+                         "make_spec")
     raise ValueError(f"unknown speculative method {name!r}; supported: {', '.join(PROPOSERS)}")
 
 
 def make_spec(config, num_draft_blocks: int = 0, block_size: int = 16) -> SpecHooks:
     """From a SpeculativeConfig; ``draft`` takes the draft model's KV pool size in blocks
-    (the runner holds the pool itself, engine/draft_setup.py)."""
+    (the runner holds the pool itself, engine/draft_setup.py); ``mtp`` drafts with the
+    model's MTP block (engine/mtp_setup.py)."""
     if config.method == "off":
         return NO_SPEC
     if config.method == "draft":
         from radixserve.spec.draft_model import make_draft_spec
 
         return make_draft_spec(config, num_draft_blocks, block_size)
+    if config.method == "mtp":
+        from radixserve.spec.mtp import make_mtp_spec
+
+        return make_mtp_spec(config)
     policy = SpecPolicy(config.num_speculative_tokens, config.adaptive)
     return SpecDecoding(make_proposer(config.method, acceptance=policy.table), policy)

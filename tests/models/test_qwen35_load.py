@@ -31,11 +31,12 @@ from radixserve.models.qwen35_config import (
     qwen35_hf_weights,
 )
 from radixserve.models.qwen35_gguf import InputPermuted, Qwen35Gguf, untile_order
+from radixserve.models.mtp_source import mtp_layers_in
 from radixserve.models.source import ModelSource
 
 # The converter stores A as -exp(A_log) and the 1 + w norms as 1 + w: taking the log and
 # subtracting 1 back is exact to a float32 rounding, not to the bit.
-ROUNDED = ("A_log", "norm.weight")
+ROUNDED = ("A_log", "norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
 needs_native = pytest.mark.skipif(native.load() is None, reason="native kernels not built")
 
 
@@ -90,12 +91,16 @@ def test_hf_config_reads_the_hybrid_shape(folders):
 
 def test_conditional_generation_folder_is_its_text_model(folders):
     """The vision + text folder runs as the same text model: same shape, same tensors (the
-    ``model.language_model.`` prefix gone, ``model.visual.*`` and ``mtp.*`` skipped)."""
+    ``model.language_model.`` prefix gone, ``model.visual.*`` skipped; its MTP block's
+    ``mtp.*`` kept for ``--speculative mtp``, the model drops them otherwise)."""
     assert config_of(folders["conditional"]) == config_of(folders["plain"])
     raw = raw_state(folders["conditional"])
     assert any(n.startswith("model.visual.") for n in raw) and any(n.startswith("mtp.")
                                                                    for n in raw)
-    assert_same_tensors(hf_state(folders["conditional"]), hf_state(folders["plain"]))
+    text = hf_state(folders["conditional"])
+    assert {n for n in text if n.startswith("mtp.")} == {n for n in raw if n.startswith("mtp.")}
+    assert_same_tensors({n: t for n, t in text.items() if not n.startswith("mtp.")},
+                        hf_state(folders["plain"]))
 
 
 @pytest.mark.parametrize("kind", ["plain", "conditional"])
@@ -110,10 +115,16 @@ def test_gguf_config_equals_hf_config(folders, kind, tmp_path):
 @pytest.mark.parametrize("kind", ["plain", "conditional"])
 def test_gguf_tensors_map_back_to_transformers_state_dict(folders, kind, tmp_path):
     """Every tensor the decoder runs, from an F32 file: transformers' name, shape and values
-    (V heads back in grouped order, A_log, conv1d [C, 1, K], norms as w); nothing else."""
+    (V heads back in grouped order, A_log, conv1d [C, 1, K], norms as w); nothing else. The
+    conditional folder's MTP block (nextn tensors in the file) too, as ``mtp.*``, when it
+    runs (``--speculative mtp``)."""
     gguf = qwen35_hf_to_gguf(folders[kind], tmp_path / "m.gguf", "F32")
-    layout = Qwen35Gguf(config_of(gguf))
-    ours = dict(layout.weights(open_gguf(str(gguf))))
+    reader = open_gguf(str(gguf))
+    config = config_of(gguf)
+    num_mtp = mtp_layers_in(ModelSource.resolve(str(gguf)), config, reader)
+    assert num_mtp == (1 if kind == "conditional" else 0)
+    layout = Qwen35Gguf(dataclasses.replace(config, num_mtp_layers=num_mtp))
+    ours = dict(layout.weights(reader))
     assert_same_tensors(ours, hf_state(folders[kind]))
 
 
