@@ -55,6 +55,11 @@ def positive(text: str) -> float:
     return value
 
 
+def positive_or_auto(text: str) -> float | None:
+    """A number > 0, or ``auto`` (None: the program chooses)."""
+    return None if text.strip().lower() == "auto" else positive(text)
+
+
 class DefaultsFormatter(argparse.HelpFormatter):
     """Help that ends with each option's default where its text does not name one already
     (and the default is a value: not None, False or suppressed)."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from radixserve.config import PROPOSERS
-from radixserve.arg_types import positive_int
+from radixserve.arg_types import positive_int, positive_or_auto
+from radixserve.kvdisk.args import add_kv_disk_args, kv_disk_kwargs
 
 
 def kv_events_json(text: str) -> str:
@@ -30,8 +31,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="never ask the hub: an hf.co/ --model must be pulled already (as "
                         "HF_HUB_OFFLINE=1)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    g.add_argument("--kv-cache-memory-gb", type=float, default=1.0,
-                   help="memory budget of the paged KV pool, GiB")
+    g.add_argument("--kv-cache-memory-gb", type=positive_or_auto, default=None,
+                   metavar="GIB|auto",
+                   help="memory budget of the paged KV pool, GiB. Default (auto): 40%% of the "
+                        "memory available after the weights, divided between the engines "
+                        "started on this machine (--data-parallel-size replicas, times "
+                        "--max-loaded-models with --models-dir), at most what --max-num-seqs "
+                        "requests of max_model_len tokens use, at least 1 GiB where that is "
+                        "at most half of what is available; its pages are touched only as the "
+                        "prefix cache fills. RADIXSERVE_KV_CACHE_MEMORY_GB sets a fixed default")
     g.add_argument("--state-cache-memory-gb", type=float, default=None,
                    help="memory budget of a hybrid model's recurrent states (Qwen3.5, Granite "
                         "4.0-H, ...: a live state per running request and the prefix cache's "
@@ -50,6 +58,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="explicit KV pool size in blocks (overrides the memory budget)")
     g.add_argument("--no-prefix-cache", action="store_true",
                    help="disable the radix prefix cache")
+    add_kv_disk_args(g)
     g.add_argument("--max-num-seqs", type=int, default=64, help="max running requests per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="token budget per step (decodes + prefill chunks)")
@@ -142,22 +151,38 @@ def lora_module(text: str) -> tuple[str, str]:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    return dict(block_size=args.block_size, kv_cache_memory_gb=args.kv_cache_memory_gb,
-                state_cache_memory_gb=args.state_cache_memory_gb,
-                num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_num_batched_tokens,
-                max_model_len=args.max_model_len, device=args.device, dtype=args.dtype,
-                quantization=args.quantization, threads=args.threads,
-                kv_cache_dtype=args.kv_cache_dtype,
-                seed=args.seed, enable_prefix_caching=not args.no_prefix_cache,
-                scheduling_policy=args.scheduling_policy,
-                structured_fast_forward=not args.no_structured_fast_forward,
-                speculative=args.speculative,
-                num_speculative_tokens=args.num_speculative_tokens,
-                speculative_adaptive=not args.no_speculative_adaptive,
-                tensor_parallel_size=args.tensor_parallel_size, tp_all_reduce=args.tp_all_reduce,
-                draft_model=args.draft_model, kv_events_config=args.kv_events_config,
-                lora_modules=dict(args.lora), max_loras=args.max_loras)
+    """`engine_config`'s keyword arguments from the parsed flags (``serve``'s add the number
+    of engines this machine runs, which share its memory: `local_engines`)."""
+    kwargs = dict(block_size=args.block_size, kv_cache_memory_gb=args.kv_cache_memory_gb,
+                  state_cache_memory_gb=args.state_cache_memory_gb,
+                  num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens,
+                  max_model_len=args.max_model_len, device=args.device, dtype=args.dtype,
+                  quantization=args.quantization, threads=args.threads,
+                  kv_cache_dtype=args.kv_cache_dtype,
+                  seed=args.seed, enable_prefix_caching=not args.no_prefix_cache,
+                  scheduling_policy=args.scheduling_policy,
+                  structured_fast_forward=not args.no_structured_fast_forward,
+                  speculative=args.speculative,
+                  num_speculative_tokens=args.num_speculative_tokens,
+                  speculative_adaptive=not args.no_speculative_adaptive,
+                  tensor_parallel_size=args.tensor_parallel_size, tp_all_reduce=args.tp_all_reduce,
+                  draft_model=args.draft_model, kv_events_config=args.kv_events_config,
+                  lora_modules=dict(args.lora), max_loras=args.max_loras)
+    if hasattr(args, "data_parallel_size"):  # serve: LLM(...) takes no such argument
+        kwargs["num_local_engines"] = local_engines(args)
+    kwargs.update(kv_disk_kwargs(args, is_serve=hasattr(args, "data_parallel_size")))
+    return kwargs
+
+
+def local_engines(args: argparse.Namespace) -> int:
+    """The engines ``serve`` may run on this machine at once, each sizing its default KV pool
+    from the same free memory (engine/kv_budget.py ``num_local_engines``)."""
+    from radixserve.engine.kv_budget import num_local_engines
+
+    loaded = args.max_loaded_models if getattr(args, "models_dir", None) else 1
+    return num_local_engines(args.data_parallel_size, loaded,
+                             getattr(args, "distributed_executor_backend", "mp") == "ray")
 
 
 # What a sampling flag not given falls back to, after the model's recommendation

@@ -21,15 +21,19 @@ TP_ALL_REDUCES = ("auto", "shm", "torch")
 @dataclass(frozen=True)
 class CacheConfig:
     """Paged KV pool: fixed-size blocks, pool sized from a memory budget (or an explicit count).
-    A hybrid model's recurrent states (runner/recurrent_state.py) have a budget of their own,
-    ``state_cache_memory_gb`` (None: sized by the engine, engine/build.py)."""
+    ``kv_cache_memory_gb`` None: a share of the memory available after the weights, divided
+    between ``num_local_engines`` (the engines on this machine sizing from the same memory at
+    once), engine/kv_budget.py. A hybrid model's recurrent states (runner/recurrent_state.py)
+    have a budget of their own, ``state_cache_memory_gb`` (None: sized by the engine,
+    engine/build.py)."""
 
     block_size: int = 16
-    kv_cache_memory_gb: float = 1.0
+    kv_cache_memory_gb: float | None = None
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"  # or "float32", "float16", "bfloat16", "int8" (runner/kv_cache.py)
     state_cache_memory_gb: float | None = None
+    num_local_engines: int = 1
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("auto", "int8") and self.kv_cache_dtype not in DTYPES:
@@ -37,13 +41,15 @@ class CacheConfig:
                              f"{['auto', *sorted(DTYPES), 'int8']}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.kv_cache_memory_gb <= 0:
+        if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if self.state_cache_memory_gb is not None and self.state_cache_memory_gb <= 0:
             raise ValueError(f"state_cache_memory_gb must be > 0, got "
                              f"{self.state_cache_memory_gb}")
+        if self.num_local_engines < 1:
+            raise ValueError(f"num_local_engines must be >= 1, got {self.num_local_engines}")
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,19 @@ class StructuredConfig:
 
 KV_EVENT_PUBLISHERS = ("null", "zmq")
 KV_EVENT_WIRE_FORMATS = ("map", "array")
+
+
+@dataclass(frozen=True)
+class KVDiskConfig:
+    """The disk tier under the prefix cache (kvdisk/): ``path`` None is off; ``budget_gb``
+    None: 10 GiB or a tenth of the disk's free space, whichever is smaller."""
+
+    path: str | None = None
+    budget_gb: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget_gb is not None and not self.budget_gb > 0:
+            raise ValueError(f"kv_disk_cache_gb must be > 0, got {self.budget_gb}")
 
 
 @dataclass(frozen=True)
@@ -296,6 +315,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    kv_disk: KVDiskConfig = field(default_factory=KVDiskConfig)
 
     def __post_init__(self) -> None:
         if self.lora.adapters and self.parallel.tensor_parallel_size > 1:
@@ -307,7 +327,7 @@ class EngineConfig:
 
 
 def engine_config(model: str | None = None, *, block_size: int = 16,
-                  kv_cache_memory_gb: float = 1.0, num_kv_blocks: int | None = None,
+                  kv_cache_memory_gb: float | None = None, num_kv_blocks: int | None = None,
                   state_cache_memory_gb: float | None = None,
                   enable_prefix_caching: bool = True, max_num_seqs: int = 64,
                   max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
@@ -322,12 +342,14 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                   kv_events_config: str | dict | None = None,
                   data_parallel_rank: int = 0,
                   lora_modules: dict[str, str] | None = None,
-                  max_loras: int = 4) -> EngineConfig:
+                  max_loras: int = 4, num_local_engines: int = 1,
+                  kv_disk_cache: str | None = None,
+                  kv_disk_cache_gb: float | None = None) -> EngineConfig:
     """The EngineConfig for the flat engine options the CLI and ``LLM(...)`` take."""
     return EngineConfig(
         model=model,
         cache=CacheConfig(block_size, kv_cache_memory_gb, num_kv_blocks, enable_prefix_caching,
-                          kv_cache_dtype, state_cache_memory_gb),
+                          kv_cache_dtype, state_cache_memory_gb, num_local_engines),
         scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
                                   scheduling_policy),
         device=DeviceConfig(device, dtype, quantization, threads),
@@ -337,4 +359,5 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                                       draft_model),
         parallel=ParallelConfig(tensor_parallel_size, tp_all_reduce),
         kv_events=KVEventsConfig.parse(kv_events_config, data_parallel_rank),
-        lora=LoraConfig(tuple((lora_modules or {}).items()), max_loras))
+        lora=LoraConfig(tuple((lora_modules or {}).items()), max_loras),
+        kv_disk=KVDiskConfig(kv_disk_cache, kv_disk_cache_gb))

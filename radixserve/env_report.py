@@ -92,6 +92,8 @@ def report(model: str | None, quantization: str = "auto",
     from radixserve.models.loader import load_model_config, open_gguf
     from radixserve.models.quantization import resolve_quantization
     from radixserve.models.source import ModelSource
+    from radixserve.engine.kv_budget import estimated_weight_bytes
+    from radixserve.kvdisk.args import env_lines as kv_disk_lines
     from radixserve.runner.kv_cache import resolve_kv_dtype
 
     lines = ["versions:"]
@@ -125,7 +127,8 @@ def report(model: str | None, quantization: str = "auto",
     reader = open_gguf(source.path) if source.kind == "gguf" else None
     config = load_model_config(source, reader)
     cpu = torch.device("cpu")
-    resolved = resolve_quantization(quantization, cpu, reader, checkpoint_dtype(source))
+    stored = checkpoint_dtype(source)
+    resolved = resolve_quantization(quantization, cpu, reader, stored)
     kv_dtype = resolve_kv_dtype("auto", cpu, torch.float32)
     attention = resolve_attn_backend("auto", cpu, torch.float32, kv_dtype)
     lines += [f"model: {source.path} ({config.architecture}, {config.num_layers} layers, "
@@ -136,6 +139,9 @@ def report(model: str | None, quantization: str = "auto",
         lines.append(f"  {layer}: {how}")
     lines.append(f"  KV cache: {str(kv_dtype).removeprefix('torch.')} (--kv-cache-dtype auto)")
     lines += recurrent_state_lines(config)
+    widened = resolved == "none" and stored in (torch.float16, torch.bfloat16)
+    lines += kv_pool_lines(config, kv_dtype, estimated_weight_bytes(source.kind, source.path,
+                                                                    widened))
     if resolved == "gguf":
         from radixserve.models.gguf_stored import memory_plan
 
@@ -153,6 +159,7 @@ def report(model: str | None, quantization: str = "auto",
                      f"{floats / 1e6:.1f} MB float32 (norms, an untied embedding); plus the KV pool "
                      "(--kv-cache-memory-gb)")
     lines += tensor_parallel_lines(config, reader)
+    lines += kv_disk_lines()
     if draft_model is not None:
         lines += _draft_lines(draft_model, source, config, reader, kv_dtype)
     return "\n".join(lines)
@@ -173,6 +180,33 @@ def recurrent_state_lines(config) -> list[str]:
             f"{per_slot / 2**20:.1f} MiB a slot (a running request holds one, with the prefix "
             "cache a boundary copy, and the cache keeps snapshots); the pool: "
             "--state-cache-memory-gb, by default 10% of the memory available after the weights"]
+
+
+def kv_pool_lines(config, kv_dtype, weights: int, available: int | None = None) -> list[str]:
+    """The KV pool ``radixserve serve --model`` sizes for ``config`` with its default flags
+    (one engine, --max-num-seqs 64, the model's window; engine/kv_sizing.py): on the memory
+    ``available`` (default: the system's now) less ``weights``, the bytes the model's
+    weights are estimated to take (not loaded here)."""
+    from radixserve.config import engine_config
+    from radixserve.core.kv.kv_groups import KVGroups
+    from radixserve.cpu.memory import mem_available
+    from radixserve.engine.kv_sizing import budget_for, pool_figures
+    from radixserve.runner.kv_cache import bytes_per_token
+
+    engine = engine_config()
+    now = mem_available() if available is None else available
+    kv_model = config.kv_view()
+    per_token = bytes_per_token(kv_model, engine.cache.block_size, kv_dtype)
+    budget = budget_for(engine, config, per_token, lambda: now - weights)
+    groups = KVGroups.from_windows([config.layer_window(i) for i in config.attention_layers])
+    try:
+        _, line = pool_figures(kv_model, engine.cache, kv_dtype, groups, budget)
+    except ValueError as exc:  # no block fits: say so, the rest of the report stands
+        line = f"KV pool: none fits: {exc}"
+    basis = (f"    (memory available now {now / 2**30:.2f} GiB, the weights about "
+             f"{weights / 2**30:.2f} GiB from their files; serve's defaults: --max-num-seqs 64, "
+             "one engine; --kv-cache-memory-gb GIB fixes it)")
+    return [f"  {line}", basis]
 
 
 def tensor_parallel_lines(config, reader=None) -> list[str]:

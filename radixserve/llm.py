@@ -33,6 +33,11 @@ class LLM:
     Hugging Face hub as ``hf.co/OWNER/REPO[:QUANT]``, pulled into huggingface_hub's cache on
     first use (HF_HUB_OFFLINE=1: from the cache only; `radixserve.hub.resolve_model`).
 
+    ``kv_cache_memory_gb``: the KV pool's budget, GiB (default None: 40% of the memory
+    available after the weights, within what ``max_num_seqs`` x ``max_model_len`` tokens
+    use: engine/kv_budget.py; ``RADIXSERVE_KV_CACHE_MEMORY_GB`` fixes the default).
+    ``kv_disk_cache``: a folder for the prefix cache's disk tier (default None: off; serve
+    has it on), within ``kv_disk_cache_gb`` GiB (radixserve/kvdisk/).
     ``threads``: torch's CPU threads in this process, which the native kernels share (default:
     the CPUs the process may use, from its affinity mask and cgroup quota).
     ``tensor_parallel_size``: ranks splitting the model (this process is rank 0; the others
@@ -58,7 +63,7 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, *, block_size: int = 16,
-                 kv_cache_memory_gb: float = 1.0, num_kv_blocks: int | None = None,
+                 kv_cache_memory_gb: float | None = None, num_kv_blocks: int | None = None,
                  state_cache_memory_gb: float | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, device: str = "cpu",
@@ -71,7 +76,9 @@ class LLM:
                  tp_all_reduce: str = "auto", draft_model: str | None = None,
                  kv_events_config: str | dict | None = None,
                  reasoning_parser: str | None = None, show_progress: bool = True,
-                 lora_modules: dict[str, str] | None = None, max_loras: int = 4) -> None:
+                 lora_modules: dict[str, str] | None = None, max_loras: int = 4,
+                 kv_disk_cache: str | None = None,
+                 kv_disk_cache_gb: float | None = None) -> None:
         if reasoning_parser not in (None, AUTO):
             get_reasoning_parser(reasoning_parser)  # an unknown name fails before the load
         model, draft_model = resolve_model(model), resolve_model(draft_model)
@@ -88,7 +95,8 @@ class LLM:
             speculative_adaptive=speculative_adaptive,
             tensor_parallel_size=tensor_parallel_size, tp_all_reduce=tp_all_reduce,
             draft_model=draft_model, kv_events_config=kv_events_config,
-            lora_modules=lora_modules, max_loras=max_loras)
+            lora_modules=lora_modules, max_loras=max_loras, kv_disk_cache=kv_disk_cache,
+            kv_disk_cache_gb=kv_disk_cache_gb)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
         self.engine = build_engine_core(self.config, self.source, show_progress, reader,
@@ -99,7 +107,8 @@ class LLM:
 
     def close(self) -> None:
         """Stop the tensor-parallel ranks this LLM started (nothing to do for one rank) and
-        the KV events publisher."""
+        the KV events publisher; the disk tier (``kv_disk_cache``) saves the cached pages."""
+        self.engine.scheduler.kv.close()
         self.engine.kv_events.close()
         close = getattr(self.engine.runner, "close", None)
         if close is not None:

@@ -50,6 +50,7 @@ async def _serve(args, catalog) -> int:
     from radixserve.frontend.http.host_check import host_policy, startup_warning
     from radixserve.frontend.http.limits import serve_limits
     from radixserve.frontend.models_dir.hub import ModelHub
+    from radixserve.engine.kv_budget import estimate_bytes as kv_estimate_bytes
     from radixserve.frontend.models_dir.memory import GIB, MemoryPolicy
     from radixserve.frontend.models_dir.routes import build_hub_app
     from radixserve.frontend.responses.store import ResponseStore
@@ -59,7 +60,7 @@ async def _serve(args, catalog) -> int:
     except ValueError as exc:
         print(f"radixserve: error: {exc}", file=sys.stderr)
         return 1
-    policy = MemoryPolicy(int(args.kv_cache_memory_gb * GIB), args.data_parallel_size,
+    policy = MemoryPolicy(kv_estimate_bytes(args.kv_cache_memory_gb), args.data_parallel_size,
                           None if args.models_memory_gb is None
                           else int(args.models_memory_gb * GIB))
     tmp = tempfile.mkdtemp(prefix="radixserve-hub-")

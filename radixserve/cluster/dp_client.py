@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Callable
 
 from radixserve.frontend.core_client import EngineCoreClient, EngineDeadError
+from radixserve.kvdisk.stats import KV_DISK_FIELDS
 from radixserve.core.reports import SchedulerStats
 from radixserve.messages import EngineCoreRequest
 from radixserve.frontend.output_buffer import OutputBuffer
@@ -169,7 +170,8 @@ def sum_stats(all_stats: list[SchedulerStats]) -> SchedulerStats:
         num_kv_event_subscribers_behind=sum(s.num_kv_event_subscribers_behind
                                             for s in all_stats),
         num_kv_event_subscribers_refused=sum(s.num_kv_event_subscribers_refused
-                                             for s in all_stats))
+                                             for s in all_stats),
+        **{f: sum(getattr(s, f) for s in all_stats) for f in KV_DISK_FIELDS})
 
 
 def _add_lists(lists: list[list[int]]) -> list[int]:

@@ -52,6 +52,13 @@ class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
     num_kv_events_dropped: int = 0  # KV cache events the publisher dropped (engine/kv_events.py)
     num_kv_event_subscribers_behind: int = 0  # times one reached its high-water mark
     num_kv_event_subscribers_refused: int = 0  # connections closed past max_subscribers
+    kv_disk_hit_tokens: int = 0  # the disk tier (kvdisk/stats.py): prefix hits read back
+    kv_disk_pages_written: int = 0
+    kv_disk_pages_read: int = 0
+    kv_disk_pages_corrupt: int = 0  # damaged or foreign files found (and deleted)
+    kv_disk_pages_dropped: int = 0  # evicted while the writer was behind: not saved
+    kv_disk_bytes_written: int = 0
+    kv_disk_bytes_read: int = 0
 
 
 class RequestInfo(msgspec.Struct, array_like=True, gc=False):

@@ -37,10 +37,12 @@ from radixserve.engine.context_len import resolve_max_model_len
 from radixserve.engine.draft_setup import build_draft_runner, open_draft
 from radixserve.engine.engine_core import EngineCore
 from radixserve.engine.kv_events import KVEventsOutlet, make_publisher
+from radixserve.engine.kv_sizing import fix_tp_budget, kv_pool_blocks
 from radixserve.engine.mtp_setup import mtp_kv_view, with_mtp
 from radixserve.engine.structured_manager import StructuredOutputManager
 from radixserve.engine.tp.group import TensorParallelGroup
 from radixserve.engine.tp.ranks import start_tensor_parallel
+from radixserve.kvdisk.setup import make_disk_tier
 from radixserve.models.half_stored import checkpoint_dtype
 from radixserve.models.cross_encoder_config import cross_encoder_config
 from radixserve.models.loader import (device_and_dtype, load_model, load_model_config,
@@ -49,8 +51,7 @@ from radixserve.models.quantization import resolve_quantization
 from radixserve.models.source import ModelSource
 from radixserve.models.tp_shard import TensorShard
 from radixserve.runner.fault_injection import inject_faults_from_env
-from radixserve.runner.kv_cache import (draft_pool_blocks, num_blocks_for_budget,
-                                        resolve_kv_dtype)
+from radixserve.runner.kv_cache import draft_pool_blocks, resolve_kv_dtype
 from radixserve.runner.model_runner import ModelRunner
 from radixserve.runner.mtp_runner import MtpRunner
 from radixserve.runner.recurrent_state import bytes_per_slot
@@ -85,6 +86,7 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
                          f"{model_config.architecture} (recurrent layers) yet; use "
                          "--speculative ngram, suffix or auto")
     model_config = with_mtp(config, source, model_config, reader)  # --speculative mtp
+    config = fix_tp_budget(config, source, model_config, reader)  # the ranks' one pool size
     tp = start_tensor_parallel(config, source, model_config, reader)
     threads = apply_engine_threads(tp.rank_threads(config.device.threads))  # before the model
     model, quantization = _load_shard(config, source, model_config, reader, tp.shard,
@@ -98,8 +100,9 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
     if device.type == "cpu":
         logger.info("engine: %s", model.kernel_plan.startup_line(kv_dtype, threads))
     kv_events = _kv_events(config)
+    disk = make_disk_tier(config, source.path, runner, quantization, kv_dtype)
     kv = _kv_manager(config, groups, num_blocks, kv_events.sink,
-                     runner.states.num_slots if runner.states is not None else 0)
+                     runner.states.num_slots if runner.states is not None else 0, disk)
     max_len = _fix_context_len(config, model_config, runner, num_blocks)
     draft_blocks = draft_pool_blocks(model.config, num_blocks, groups) if draft else 0
     if model_config.num_mtp_layers:
@@ -166,8 +169,8 @@ def _runner(config: EngineConfig, model_config: ModelConfig, model: torch.nn.Mod
     groups = KVGroups.from_windows([model_config.layer_window(i)
                                     for i in model_config.attention_layers])
     slots = _state_slots(config, model.config, dtype)  # a budget of their own
-    num_blocks = num_blocks_for_budget(model.config.kv_view(), config.cache, kv_dtype, groups,
-                                       draft)
+    num_blocks = kv_pool_blocks(config, model_config, model.config.kv_view(), kv_dtype, groups,
+                                draft)
     runner = ModelRunner(model, model.config, num_blocks, config.cache.block_size, device,
                          dtype, kv_dtype=kv_dtype, groups=groups, num_state_slots=slots)
     return runner, num_blocks, kv_dtype
@@ -233,17 +236,17 @@ def _kv_events(config: EngineConfig) -> KVEventsOutlet:
 
 
 def _kv_manager(config: EngineConfig, groups: KVGroups, num_blocks: int,
-                events=None, num_state_slots: int = 0) -> KVCacheManager:
+                events=None, num_state_slots: int = 0, disk=None) -> KVCacheManager:
     """The scheduler's KV blocks: the pool (with a null block where sliding layers release
     theirs), the prefix cache (reporting to ``events``) or its null object, the manager over
     both; with ``num_state_slots`` (a hybrid model) the recurrent-state pool, whose
-    snapshots the prefix cache keeps."""
+    snapshots the prefix cache keeps; with ``disk`` (kvdisk/) the tier under the cache."""
     block_size = config.cache.block_size
     pool = BlockPool(num_blocks, with_null_block=groups.has_sliding)
     caching = config.cache.enable_prefix_caching
     states = StatePool(num_state_slots) if num_state_slots else None
     snapshots = Snapshots(states) if states is not None else None
-    cache = (RadixCache(pool, block_size, groups, events, snapshots) if caching
+    cache = (RadixCache(pool, block_size, groups, events, snapshots, disk) if caching
              else NoPrefixCache(pool))
     if states is not None:
         return KVCacheManager(pool, cache, block_size, groups,
@@ -251,4 +254,4 @@ def _kv_manager(config: EngineConfig, groups: KVGroups, num_blocks: int,
     if len(groups.groups) > 1 or groups.has_sliding:
         logger.info("KV groups: %s, blocks of %d layers (%d in the pool)",
                     groups.describe(), groups.unit_layers, num_blocks)
-    return KVCacheManager(pool, cache, block_size, groups)
+    return KVCacheManager(pool, cache, block_size, groups, disk=disk)

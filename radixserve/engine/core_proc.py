@@ -34,6 +34,7 @@ import msgspec
 import zmq
 
 from radixserve import startup_trace
+from radixserve.kvdisk.stats import fill_disk_stats
 from radixserve.core.reports import EngineCoreOutput
 from radixserve.cpu.threads import apply_engine_threads
 from radixserve.messages import (
@@ -99,6 +100,7 @@ def engine_stats(engine):
         stats.num_kv_events_dropped = kv_events.num_dropped_events
         stats.num_kv_event_subscribers_behind = kv_events.num_subscribers_behind
         stats.num_kv_event_subscribers_refused = kv_events.num_refused_subscribers
+    fill_disk_stats(stats, getattr(engine.scheduler, "kv", None))
     return stats
 
 
@@ -165,6 +167,9 @@ def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
     except _Orphaned:
         pass
     finally:
+        kv = getattr(getattr(engine, "scheduler", None), "kv", None)  # the mock engine: none
+        if (close_kv := getattr(kv, "close", None)) is not None:
+            close_kv()  # the disk tier (kvdisk/) saves the cached pages
         if (kv_events := getattr(engine, "kv_events", None)) is not None:
             kv_events.close()  # sends what is queued, for at most a second
         out.close(linger=1000)

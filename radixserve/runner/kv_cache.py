@@ -81,13 +81,23 @@ def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype,
             * elem)
 
 
+def bytes_per_token(model: ModelConfig, block_size: int, dtype: torch.dtype,
+                    draft: ModelConfig | None = None) -> float:
+    """One token's K and V over every layer (and the ``draft`` model's, whose pool has as
+    many blocks): what the budget's arithmetic (engine/kv_budget.py) counts in."""
+    per_block = bytes_per_block(model, block_size, dtype)
+    if draft is not None:
+        per_block += bytes_per_block(draft, block_size, dtype)
+    return per_block / block_size
+
+
 def num_blocks_for_budget(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype,
-                          groups: KVGroups | None = None,
+                          budget_bytes: int, groups: KVGroups | None = None,
                           draft: ModelConfig | None = None) -> int:
-    """How many pool blocks (units of ``groups.unit_layers`` layers) fit in
-    ``cache.kv_cache_memory_gb``; ``cache.num_blocks`` if set counts blocks of every layer
-    (the same memory whatever the groups). With a ``draft`` model the budget also holds its
-    pool, of `draft_pool_blocks` blocks (as many as the target's pool has of every layer)."""
+    """How many pool blocks (units of ``groups.unit_layers`` layers) fit in ``budget_bytes``
+    (engine/kv_budget.py); ``cache.num_blocks`` if set counts blocks of every layer (the same
+    memory whatever the groups). With a ``draft`` model the budget also holds its pool, of
+    `draft_pool_blocks` blocks (as many as the target's pool has of every layer)."""
     groups = groups or KVGroups.single(model.num_layers)
     if cache.num_blocks is not None:
         return cache.num_blocks * model.num_layers // groups.unit_layers
@@ -95,10 +105,10 @@ def num_blocks_for_budget(model: ModelConfig, cache: CacheConfig, dtype: torch.d
     if draft is not None:  # per unit: its share of one draft block
         per_block += (bytes_per_block(draft, cache.block_size, dtype) * groups.unit_layers
                       / model.num_layers)
-    num = int(cache.kv_cache_memory_gb * 1024**3 // per_block)
+    num = int(budget_bytes // per_block)
     if num < 1:
-        raise ValueError(f"kv_cache_memory_gb={cache.kv_cache_memory_gb} holds no block "
-                         f"({per_block:.0f} bytes each)")
+        raise ValueError(f"the KV budget ({budget_bytes / 1024**3:.3g} GiB) holds no block "
+                         f"({per_block:.0f} bytes each); free memory or raise --kv-cache-memory-gb")
     return num
 
 

@@ -53,6 +53,22 @@ def external_hash(block_hash: bytes) -> int:
     return int.from_bytes(block_hash, "big") & _LOW_64
 
 
+def chain_hashes(prev: bytes, token_ids: list[int], block_size: int) -> list[bytes]:
+    """vLLM's hashes of the whole pages of ``token_ids`` (cache keys, kv_manager.cache_tokens),
+    chained after the page hashed ``prev`` (the chain's root for a sequence's first page).
+    A LoRA request's keys are offset by its adapter id; its pages hash their plain tokens with
+    the id as extra key, as vLLM's with the adapter's."""
+    lora_id = (token_ids[0] // LORA_KEY_SHIFT or None) if token_ids else None
+    if lora_id is not None:
+        token_ids = [t % LORA_KEY_SHIFT for t in token_ids]
+    extra = None if lora_id is None else (lora_id,)
+    hashes = []
+    for i in range(0, len(token_ids) - block_size + 1, block_size):
+        prev = vllm_sha256((prev, tuple(token_ids[i:i + block_size]), extra))
+        hashes.append(prev)
+    return hashes
+
+
 @dataclass(slots=True)
 class BlockStored:
     """Full pages entered the cache. ``block_hashes``/``parent_block_hash`` are 64-bit
@@ -132,17 +148,10 @@ class KVEventLog:
     def stored(self, parent: bytes | None, token_ids: list[int]) -> list[bytes]:
         bs = self.block_size
         assert len(token_ids) % bs == 0 and token_ids, f"{len(token_ids)} tokens, pages of {bs}"
-        # a LoRA request's cache keys are offset by its adapter id (kv_manager.cache_tokens);
-        # its pages hash with the id as extra key, as vLLM's with the adapter's
+        hashes = chain_hashes(parent or self.root_hash, token_ids, bs)
         lora_id = token_ids[0] // LORA_KEY_SHIFT or None
         if lora_id is not None:
             token_ids = [t % LORA_KEY_SHIFT for t in token_ids]
-        extra = None if lora_id is None else (lora_id,)
-        prev = parent or self.root_hash
-        hashes = []
-        for i in range(0, len(token_ids), bs):
-            prev = vllm_sha256((prev, tuple(token_ids[i:i + bs]), extra))
-            hashes.append(prev)
         self._events.append(BlockStored(
             [external_hash(h) for h in hashes],
             None if parent is None else external_hash(parent), list(token_ids), bs, lora_id))

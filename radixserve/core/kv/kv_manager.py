@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from radixserve.core.kv.block_pool import BlockPool
+from radixserve.core.kv.disk_hooks import DiskTier, NoDiskTier
 from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.prefix_cache import PrefixCache
 from radixserve.core.kv.recurrent_states import NoRecurrentStates, RecurrentStates, SeqState
@@ -38,16 +39,20 @@ class KVCacheManager:
     when none is free), ``state_plan`` says what the runner does with them each step, and the
     prefix cache keeps snapshots of them where pages are cached.
 
+    With a disk tier (disk_hooks.py, one full-attention group) a match continues on disk:
+    the pages found there get blocks, their rows copied in, and enter the tree as cached.
+
     NOTE: a request's tables always cover at least its ``num_computed_tokens``; the
     prefix-cache handle of a running request stays locked until ``free``.
     """
 
     def __init__(self, block_pool: BlockPool, prefix_cache: PrefixCache, block_size: int,
                  groups: KVGroups | None = None,
-                 states: RecurrentStates | None = None) -> None:
+                 states: RecurrentStates | None = None, disk: DiskTier | None = None) -> None:
         """``groups``: the model's KV groups; default one group of one id a page (no
         release). With a sliding group the pool needs its null block. ``states``: a hybrid
-        model's recurrent-state slots (default: none)."""
+        model's recurrent-state slots (default: none). ``disk``: where matches continue
+        (default: nowhere; the prefix cache saves to the same tier)."""
         self.block_pool = block_pool
         self.prefix_cache = prefix_cache
         self.block_size = block_size
@@ -59,6 +64,8 @@ class KVCacheManager:
         self._m0 = self.groups.groups[0].units_per_page
         self._single = len(self.groups.groups) == 1
         self.states = states or NoRecurrentStates()
+        self.disk = disk or NoDiskTier()
+        self.num_disk_hit_tokens = 0  # of num_hit_tokens, those read back from the disk tier
         self._resume: dict[str, int | None] = {}  # a hit's snapshot slot, until allocation
         self._pinned: dict[str, object] = {}  # a hit's snapshot node, until its first step
         self._handles: dict[str, object] = {}
@@ -115,7 +122,7 @@ class KVCacheManager:
             request.window_block_ids = [list(t) for t in match.window_block_ids]
         for table in self.tables(request):
             self.block_pool.share(self._owned(table))
-        return match.num_tokens
+        return self._restore(request, match.num_tokens)
 
     def cached_len(self, request: Request) -> int:
         """The prompt tokens ``match_and_lock`` would find cached now (no side effect)."""
@@ -266,6 +273,41 @@ class KVCacheManager:
                 self.prefix_cache.forget(self._handles.get(request.request_id), g, own,
                                          released[(own - k) * m:],
                                          (request.num_prompt_tokens - 1) // bs)
+
+    def _restore(self, request: Request, num_cached: int) -> int:
+        """Continue a locked match of ``num_cached`` tokens with the pages the disk tier
+        holds (as many as the pool can give blocks to); return the tokens now cached.
+
+            pages: [ matched in the tree | found on disk ... | not found, computed ]
+                                         ^ num_cached // block_size
+        """
+        tokens = cache_tokens(request, -1)
+        pages = self.disk.lookup(tokens, num_cached // self.block_size)
+        num = min(len(pages), self.block_pool.num_free_blocks
+                  + self.prefix_cache.num_evictable_blocks)
+        if num <= 0:
+            return num_cached
+        short = num - self.block_pool.num_free_blocks
+        if short > 0:
+            self.prefix_cache.evict(short)
+        blocks = self.block_pool.allocate(num)
+        loaded = self.disk.load(pages[:num], blocks)
+        self.block_pool.free(blocks[loaded:])
+        if not loaded:
+            return num_cached
+        request.block_ids.extend(blocks[:loaded])  # the request's reference (from allocate)
+        end = num_cached + loaded * self.block_size
+        handle = self.prefix_cache.cache_blocks(tokens[:end], request.block_ids)
+        self.prefix_cache.lock(handle)
+        self.prefix_cache.unlock(self._handles[request.request_id])
+        self._handles[request.request_id] = handle
+        self.num_hit_tokens += end - num_cached
+        self.num_disk_hit_tokens += end - num_cached
+        return end
+
+    def close(self) -> None:
+        """The engine stops: the disk tier saves what the prefix cache holds."""
+        self.disk.close(self.prefix_cache)
 
     def _unpin(self, request: Request) -> None:
         handle = self._pinned.pop(request.request_id, None)

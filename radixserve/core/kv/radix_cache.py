@@ -38,6 +38,8 @@ before it), pages eviction drops ``removed``, a ``reset`` ``cleared``. Each node
 pages' hashes in ``hashes`` (empty with the null sink `NoKVEvents`, the default); a sliding
 group's ``forget`` removes nothing, as the first group's page stays cached.
 
+Disk tier (disk_hooks.py): evicted pages are offered to it before their blocks are freed.
+
 Recurrent layers (hybrid models): a match is cut back to the deepest node holding a snapshot
 of the recurrent state at its end (``radix_snapshots.py``: `Snapshots`; the null object
 `NoSnapshots` for attention-only models).
@@ -49,6 +51,7 @@ import itertools
 from collections.abc import Iterator
 
 from radixserve.core.kv.block_pool import BlockPool
+from radixserve.core.kv.disk_hooks import DiskTier, NoDiskTier
 from radixserve.core.kv.kv_events import KVEvents, NoKVEvents
 from radixserve.core.kv.kv_groups import KVGroups
 from radixserve.core.kv.prefix_cache import PrefixMatch
@@ -68,10 +71,11 @@ class RadixCache:
 
     def __init__(self, block_pool: BlockPool, block_size: int,
                  groups: KVGroups | None = None, events: KVEvents | None = None,
-                 snapshots: Snapshots | None = None) -> None:
+                 snapshots: Snapshots | None = None, disk: DiskTier | None = None) -> None:
         """``groups``: the model's KV groups (default: one group, one id a page);
         ``events``: where stored and removed pages are reported (default: nowhere);
-        ``snapshots``: a hybrid model's recurrent-state snapshots (default: none needed)."""
+        ``snapshots``: a hybrid model's recurrent-state snapshots (default: none needed);
+        ``disk``: the tier evicted pages are saved to (default: none; one KV group only)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_pool = block_pool
@@ -79,6 +83,8 @@ class RadixCache:
         self.groups = (groups or KVGroups.single(0)).groups
         self.events = events or NoKVEvents()
         self.snapshots = snapshots or NoSnapshots()
+        self.disk = disk or NoDiskTier()
+        assert disk is None or len(self.groups) == 1, "the disk tier takes one KV group"
         self._window = window_policy(self.groups, block_pool, block_size, self._descend,
                                      self._add_units)
         self.root = RadixNode([], [], None, 0, 0, window_blocks=[[] for _ in self.groups[1:]])
@@ -213,6 +219,7 @@ class RadixCache:
         freed, bs = 0, self.block_size
         while freed < num_blocks and (node := self._lru.least_recent()) is not None:
             pages, units = self._window.tail(node, num_blocks - freed)
+            self.disk.evicting(node, units)  # NOTE: before the free: then the rows are intact
             self.block_pool.free(units)
             self._evictable -= len(units)
             node.units -= len(units)

@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from radixserve.frontend.async_llm import FinishedSample, MetricsSink
 from radixserve.frontend.http.admission_metrics import AdmissionMetrics
+from radixserve.kvdisk.stats import disk_metric_families
 
 # our buckets for the families we published before vLLM's names (dashboards use their le)
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -57,6 +58,8 @@ _ENGINE_COUNTERS = (
     ("spec_decode_num_draft_tokens", "Speculative tokens drafted.", "spec_draft_tokens"),
     ("spec_decode_num_accepted_tokens", "Speculative tokens accepted.",
      "spec_accepted_tokens"),
+    ("external_prefix_cache_hits", ("Prefix-cache hits read back from the disk tier "
+                                    "(--kv-disk-cache), in tokens."), "kv_disk_hit_tokens"),
 )
 
 
@@ -98,6 +101,7 @@ class _EngineCollector:
         subscribers.add_metric([self.model, "over_limit"],
                                summed.num_kv_event_subscribers_refused)
         yield subscribers
+        yield from disk_metric_families(self.model, summed)
 
     def _spec_per_position(self, s):
         """Accepted drafts, drafts that reached each position, and the acceptance rate at
