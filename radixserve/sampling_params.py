@@ -60,6 +60,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     limit; 0: none), then the engine writes ``thinking_tags.forced_token_ids`` (the end of
     thinking) and the answer follows within ``max_tokens``. It applies only with
     ``thinking_tags``, which say where the reasoning is.
+    ``return_progress``: the engine reports after each chunk of the prompt how far its prefill
+    is (an output with only ``prompt_progress``: core/prompt_progress.py); for streams.
     """
 
     n: int = 1
@@ -85,6 +87,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     lora_name: str | None = None
     thinking_token_budget: int | None = None
     thinking_tags: ThinkingTags | None = None
+    return_progress: bool = False  # prompt_progress outputs while prefilling (llama-server's)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -133,6 +136,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                f"must be an integer >= 0, got {self.thinking_token_budget!r}")
         _check(self.thinking_tags is None or isinstance(self.thinking_tags, ThinkingTags),
                "thinking_tags", "must be a ThinkingTags")
+        _check(isinstance(self.return_progress, bool), "return_progress",
+               f"must be a boolean, got {self.return_progress!r}")
         if self.logit_bias:
             for token, bias in self.logit_bias.items():
                 _check(_is_int(token) and token >= 0, "logit_bias",

@@ -23,6 +23,7 @@ from radixserve import SamplingParams
     ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
     ({"temperature": float("nan")}, "temperature"),
     ({"max_tokens": True}, "max_tokens"),
+    ({"return_progress": 1}, "return_progress"),
 ])
 def test_bad_values_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"SamplingParams.{field}"):

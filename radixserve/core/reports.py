@@ -12,6 +12,17 @@ from __future__ import annotations
 import msgspec
 
 
+class PromptProgress(msgspec.Struct, array_like=True, gc=False):
+    """How far a request's prompt is prefilled, llama-server's ``prompt_progress``: ``total``
+    prompt tokens, ``cache`` of them taken from the prefix cache, ``processed`` in the KV
+    cache now (the cached ones included), ``time_ms`` since its prefill started."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """New tokens of one request from one step. ``top_logprobs`` rows are [(id, logprob), ...].
 
@@ -21,6 +32,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     ``pooled`` is an embedding request's pooled hidden state (its one, finishing output).
     ``prompt_logprobs`` / ``prompt_top_logprobs``: a request that asked for them gets every
     prompt token's (entry 0 None; core/prompt_logprobs.py) on its first output.
+    ``prompt_progress``: set (and nothing else) on an output of its own after each prefill
+    chunk of a request whose params ask for it (core/prompt_progress.py).
     """
 
     request_id: str
@@ -34,6 +47,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     pooled: list[float] | None = None
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    prompt_progress: PromptProgress | None = None
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, gc=False):

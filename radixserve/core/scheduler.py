@@ -15,6 +15,7 @@ import time
 
 from radixserve.core import pooled
 from radixserve.core.kv.kv_manager import KVCacheManager
+from radixserve.core.prompt_progress import progress_outputs
 from radixserve.core.reports import EngineCoreOutput, SchedulerStats
 from radixserve.core.request import Request, RequestStatus
 from radixserve.core.sched_config import SchedulerConfig
@@ -184,6 +185,7 @@ class Scheduler:
         block_size = self.kv.block_size
         drafts = result.drafts or {}
         computed_before = {}
+        progressed = []  # requests that asked for prompt progress and ran a prompt chunk
         for seq in sched.seqs:
             request = self.requests[seq.request_id]
             if seq.num_draft:  # advanced by what verification kept, below
@@ -192,9 +194,13 @@ class Scheduler:
             request.num_computed_tokens += seq.num_tokens
             if seq.num_tokens > 1 or request.num_computed_tokens % block_size == 0:
                 self.kv.cache_computed(request)  # a prefill chunk done or a block filled
+            if (request.sampling_params.return_progress
+                    and seq.start_pos < request.num_prompt_tokens):
+                progressed.append(request)
         for rid, (lps, tops) in result.prompt_logprobs.items():
             self.requests[rid].prompt_logprobs.add(lps, tops)
-        outputs = self._scored_outputs(sched)  # before any request below finishes
+        outputs = progress_outputs(progressed, time.time()) if progressed else []
+        outputs += self._scored_outputs(sched)  # before any request below finishes
         outputs += self._pooled_outputs(result.pooled)
         for i, rid in enumerate(result.request_ids):
             request = self.requests[rid]

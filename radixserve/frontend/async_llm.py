@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from radixserve.frontend.core_client import EngineCoreClient, EngineDeadError
-from radixserve.core.reports import EngineCoreOutput
+from radixserve.core.reports import EngineCoreOutput, PromptProgress
 from radixserve.frontend.fanout import Fanout
 from radixserve.messages import EngineCoreRequest
 from radixserve.frontend.output_buffer import OutputBuffer
@@ -44,12 +44,19 @@ class EngineStepError(RuntimeError):
 @dataclass(slots=True)
 class StepDelta:
     """One sample's progress since the previous delta (one engine step, or several merged
-    when the consumer fell behind; ``output`` then holds all their tokens)."""
+    when the consumer fell behind; ``output`` then holds all their tokens).
+
+    ``progress`` is set only when the params asked for prompt progress (``return_progress``),
+    on a delta of its own (no text, ``output`` the engine's progress record) sent while the
+    sample's prompt prefills, before its first tokens: the latest of what arrived, and only
+    when it got further than the previous one.
+    """
 
     index: int
     text: str
     state: RequestState
     output: EngineCoreOutput
+    progress: PromptProgress | None = None
 
 
 class QueueTicket:
@@ -163,6 +170,7 @@ class AsyncLLM:
         engines: dict[str, int] = {}  # sample's request id -> the replica running it
         started: dict[str, tuple[float, float | None]] = {}  # -> (first output, queue time)
         last_token_time = None
+        reported: dict[str, int] = {}  # sample's request id -> prompt tokens reported done
         try:
             for req in fanout.requests(self.eos_token_ids, priority, arrival):
                 not_started.add(req.request_id)
@@ -174,6 +182,11 @@ class AsyncLLM:
                     pending = await _take_before(buffer, ticket, arrival)
                 else:
                     pending = await buffer.take()
+                if params.return_progress:
+                    for step in _progress_steps(pending, fanout, reported):
+                        yield step
+                    if not pending:
+                        continue
                 now = time.time()
                 for rid, outs in _by_request(pending).items():
                     if rid in not_started:
@@ -244,6 +257,30 @@ async def _take_before(buffer: OutputBuffer, ticket: QueueTicket, arrival: float
             return await buffer.take()
     except TimeoutError:
         raise ticket.timed_out(time.time() - arrival) from None
+
+
+def _progress_steps(pending: list, fanout: Fanout, reported: dict[str, int]) -> list[StepDelta]:
+    """Take the prompt-progress records out of ``pending`` (in place); a delta for each
+    sample's latest one that got further than what ``reported`` holds (updated)."""
+    latest: dict[str, EngineCoreOutput] = {}
+    kept = []
+    for out in pending:
+        if isinstance(out, EngineCoreOutput) and out.prompt_progress is not None:
+            latest[out.request_id] = out
+        else:
+            kept.append(out)
+    if not latest:
+        return []
+    pending[:] = kept
+    steps = []
+    for rid, out in latest.items():
+        state = fanout.states.get(rid)
+        processed = out.prompt_progress.processed
+        if state is None or state.finished or processed <= reported.get(rid, -1):
+            continue
+        reported[rid] = processed
+        steps.append(StepDelta(state.index, "", state, out, out.prompt_progress))
+    return steps
 
 
 def _by_request(pending: list) -> dict[str, list[EngineCoreOutput]]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from radixserve.frontend.openai.protocol_chat import (
     ChatCompletionRequest,
@@ -271,12 +271,14 @@ class MessagesRequest(CountTokensRequest):
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None  # accepted, one tier here
     ignore_eos: bool = False  # radixserve's extension (as vLLM's on chat): for benchmarks
+    # llama-server's option: prompt progress in `ping` events while streaming (serving.py)
+    return_progress: StrictBool = False
 
     def _sampling(self) -> dict[str, Any]:
         return dict(max_tokens=self.max_tokens, stop=list(self.stop_sequences or []),
                     temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                     user=self.metadata.user_id if self.metadata else None, stream=self.stream,
-                    ignore_eos=self.ignore_eos)
+                    ignore_eos=self.ignore_eos, return_progress=self.return_progress)
 
 
 class AnthropicErrorDetail(BaseModel):

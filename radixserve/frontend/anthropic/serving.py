@@ -17,6 +17,7 @@ import msgspec
 
 from radixserve.frontend.async_llm import NO_TICKET, EngineRequestError, QueueTicket
 from radixserve.frontend.output_processor import RequestState
+from radixserve.frontend.prompt_progress import progress_fields
 from radixserve.frontend.anthropic.blocks import (
     MESSAGE_STOP, PING, BlockAssembler, event, stop_reason, usage)
 from radixserve.frontend.http.errors import error_headers, error_response, send_json
@@ -96,6 +97,14 @@ class MessagesServer:
                 "model": self.ctx.model_name, "content": content, "stop_reason": reason,
                 "stop_sequence": sequence, "usage": usage_}
 
+    def _start(self, message_id: str, num_prompt: int, num_cached: int) -> str:
+        """``message_start`` (its usage: the prompt, split by the prefix-cache hit) and a
+        ``ping``."""
+        start_usage = {"input_tokens": num_prompt - num_cached, "cache_creation_input_tokens": 0,
+                       "cache_read_input_tokens": num_cached, "output_tokens": 0}
+        return event("message_start", {"message": self._message(
+            message_id, [], None, None, start_usage)}) + PING
+
     async def full(self, ids, params, parsers: ChatParsers, arrival: float,
                    ticket: QueueTicket = NO_TICKET) -> bytes:
         message_id = random_id("msg_")
@@ -116,7 +125,9 @@ class MessagesServer:
                      ticket: QueueTicket = NO_TICKET) -> AsyncIterator[str]:
         """The event stream, one write per engine step. ``message_start`` waits for the first
         step, so its usage knows the prefix-cache hit; ``message_delta`` carries the final
-        usage and the stop reason."""
+        usage and the stop reason. With ``return_progress``, each prompt progress report is
+        a ``ping`` event holding ``prompt_progress`` (pings may come anywhere after
+        ``message_start``, and SDKs skip them); the first one sends ``message_start``."""
         message_id = random_id("msg_")
         stream = parsers.stream()
         blocks = BlockAssembler()
@@ -125,11 +136,17 @@ class MessagesServer:
             async for step in steps:
                 state = step.state
                 out: list[str] = []
+                if step.progress is not None:
+                    if not started:
+                        started = True
+                        out.append(self._start(message_id, step.progress.total,
+                                               step.progress.cache))
+                    yield "".join(out) + event("ping", {
+                        "prompt_progress": progress_fields(step.progress)})
+                    continue
                 if not started:
                     started = True
-                    start_usage = dict(usage(len(ids), state), output_tokens=0)
-                    out += [event("message_start", {"message": self._message(
-                        message_id, [], None, None, start_usage)}), PING]
+                    out.append(self._start(message_id, len(ids), state.num_cached_tokens))
                 deltas = stream.feed(step.text)
                 if state.finished:
                     deltas += stream.finish()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
 from pydantic import BaseModel
@@ -35,18 +35,21 @@ _AS_GET = {"HEAD": "GET"}  # a GET route answers HEAD too
 @dataclass(slots=True)
 class Call:
     """One request as a handler sees it: the ASGI ``scope`` and ``receive``, the whole body
-    (POST; empty otherwise), the path's ``{name}`` parameters, and ``admitted``, where the
-    handler puts the admission tickets to release when the response ends."""
+    (POST; empty otherwise), the path's ``{name}`` parameters, ``admitted``, where the
+    handler puts the admission tickets to release when the response ends, and ``headers``,
+    those it adds to its 200 answer (a body or a stream)."""
 
     scope: dict
     receive: Callable
     body: bytes
     admitted: list
     path_params: dict[str, str]
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
     def with_body(self, body: bytes) -> Call:
         """The same request carrying ``body`` (a route that translates into another API's)."""
-        return Call(self.scope, self.receive, body, self.admitted, self.path_params)
+        return Call(self.scope, self.receive, body, self.admitted, self.path_params,
+                    self.headers)
 
     @property
     def query(self) -> dict[str, str]:
@@ -144,7 +147,8 @@ class Router:
         try:
             try:
                 body = await read_body(receive) if method == "POST" else b""
-                answer = await route.handler(Call(scope, receive, body, admitted, params))
+                call = Call(scope, receive, body, admitted, params)
+                answer = await route.handler(call)
             except Exception as exc:  # noqa: BLE001 - every error is answered with a body
                 return await route.wire.send_error(send, exc)
             except asyncio.CancelledError:
@@ -152,11 +156,12 @@ class Router:
                     raise
                 return await route.wire.send_error(send, ServerDraining())
             if type(answer) is bytes:
-                return await send_json(send, 200, answer)
+                return await send_json(send, 200, answer, call.headers)
             if hasattr(answer, "__anext__"):
                 wire = route.wire
-                return await send_stream(answer, receive, send, wire.stream_headers,
-                                         wire.error_chunk, wire.tail, wire.ends, self.drain)
+                headers = wire.stream_headers + call.headers
+                return await send_stream(answer, receive, send, headers, wire.error_chunk,
+                                         wire.tail, wire.ends, self.drain)
             return await answer(scope, receive, send)
         finally:
             self.drain.leave(task)

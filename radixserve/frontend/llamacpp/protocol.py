@@ -12,6 +12,8 @@ n_predict -1: until the context is full; seed -1: random). What they mean here:
   merges candidates sharing a prefix) is not applied;
 * ``t_max_prompt_ms`` (unimplemented in llama.cpp too), ``cache_prompt`` (the prefix cache is
   always on) and ``id_slot`` (no slots here) change nothing;
+* ``return_progress`` (with ``stream``): an object with empty content and a
+  ``prompt_progress`` after each chunk of the prompt, as llama.cpp sends them;
 * ``n_probs`` and per-request ``lora`` ids are refused: use /v1/completions for logprobs and a
   LoRA adapter's name.
 
@@ -74,6 +76,7 @@ class InfillRequest(BaseModel):
     lora: list[dict[str, Any]] | None = None
     return_tokens: bool = False
     response_fields: list[str] | None = None
+    return_progress: bool = False  # streamed: prompt_progress objects while it prefills
 
     @field_validator("samplers")
     @classmethod
@@ -111,7 +114,8 @@ class InfillRequest(BaseModel):
             min_p=self.min_p, seed=seed, stop=list(self.stop),
             repetition_penalty=self.repeat_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, ignore_eos=self.ignore_eos,
-            max_tokens=None if self.n_predict < 0 else self.n_predict)
+            max_tokens=None if self.n_predict < 0 else self.n_predict,
+            return_progress=self.stream and self.return_progress)
 
 
 class InfillErrorInfo(BaseModel):

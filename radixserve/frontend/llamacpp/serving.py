@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from radixserve.core.reports import PromptProgress
 from radixserve.frontend.async_llm import QueueTicket
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.llamacpp.protocol import InfillRequest
 from radixserve.frontend.openai.protocol import random_id
 from radixserve.frontend.openai.serving import ServingContext
+from radixserve.frontend.prompt_progress import progress_fields
 from radixserve.tokenizer.fim_prompt import InfillBudget, fim_prompt_ids
 
 _ENCODE = msgspec.json.encode
@@ -135,6 +137,10 @@ class Infill:
                 "id_slot": -1, "tokens_predicted": len(self.token_ids),
                 "tokens_evaluated": len(self.prompt_ids)}
 
+    def progress(self, progress: PromptProgress) -> dict:
+        """llama-server's progress object: an empty partial with ``prompt_progress``."""
+        return self.partial("", []) | {"prompt_progress": progress_fields(progress)}
+
     def final(self, ctx: ServingContext, streamed: bool) -> dict:
         """The last object: the whole text (empty when ``streamed``: the pieces carried it),
         counts, settings and timings, cut to ``response_fields`` when the request names
@@ -184,6 +190,9 @@ async def run_infill(ctx: ServingContext, infill: Infill, params, ticket: QueueT
                                 infill.arrival, ticket)
     async with contextlib.aclosing(steps) as deltas:
         async for step in deltas:
+            if step.progress is not None:  # only asked for when streamed
+                yield b"data: " + _ENCODE(infill.progress(step.progress)) + b"\n\n"
+                continue
             new_ids = list(step.output.new_token_ids)
             text, is_cut = infill.add(step.text, new_ids)
             if streamed and (text or (new_ids and not step.state.finished)):

@@ -91,6 +91,12 @@ class _Generating(OllamaRequest):
     think: bool | Literal["low", "medium", "high"] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    # true: a prompt longer than the context loses its oldest turns (its start, raw), as
+    # Ollama does; else it is an error (frontend/truncation.py)
+    truncate: bool | None = None
+    # radixserve's (llama-server's option): streamed, a line with `prompt_progress` (and empty
+    # content) after each chunk of the prompt; off by default, as Ollama clients do not know it
+    return_progress: bool = False
 
     @field_validator("logprobs")
     @classmethod
@@ -107,6 +113,10 @@ class _Generating(OllamaRequest):
         # gives prompt_eval_duration and eval_duration
         fields["stream"] = True
         fields["stream_options"] = {"include_usage": True}
+        if self.truncate:
+            fields["truncate_prompt_tokens"] = -1  # what the context leaves
+        if self.return_progress and self.stream is not False:
+            fields["return_progress"] = True
         if self.format == "json":
             fields["response_format"] = {"type": "json_object"}
         elif isinstance(self.format, dict):

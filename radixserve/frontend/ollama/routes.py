@@ -257,7 +257,7 @@ class OllamaRoutes:
 # the OpenAI request fields an error may name -> the Ollama fields they came from
 _OLLAMA_FIELD = {"response_format": "format", "max_tokens": "options.num_predict",
                  "repetition_penalty": "options.repeat_penalty", "stop": "options.stop",
-                 "chat_template_kwargs": "think"}
+                 "chat_template_kwargs": "think", "truncate_prompt_tokens": "truncate"}
 
 
 def _ollama_named(exc: Exception) -> Exception:

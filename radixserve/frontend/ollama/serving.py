@@ -125,7 +125,9 @@ def whole(shape: Shape, answer: bytes) -> bytes:
 
 async def stream(shape: Shape, chunks: AsyncIterator[str]) -> AsyncIterator[bytes]:
     """An OpenAI SSE stream (``stream_options.include_usage`` set) as Ollama NDJSON lines;
-    tool calls (streamed as argument pieces) go out whole in one line before the last."""
+    tool calls (streamed as argument pieces) go out whole in one line before the last. A
+    progress chunk (``return_progress``) becomes a line with empty content and its
+    ``prompt_progress``."""
     reason, usage, first = None, None, None
     texts: list[str] = []  # /api/generate's answer, for its context
     calls: dict[int, dict] = {}
@@ -143,6 +145,9 @@ async def stream(shape: Shape, chunks: AsyncIterator[str]) -> AsyncIterator[byte
                 raise OllamaStreamError(data["error"].get("message", "error"))
             if data.get("usage"):
                 usage = data["usage"]
+            if "prompt_progress" in data:  # asked for (return_progress): no text
+                lines.append(shape.part() | {"prompt_progress": data["prompt_progress"]})
+                continue
             for choice in data.get("choices") or ():
                 reason = choice.get("finish_reason") or reason
                 if "delta" in choice:  # a chat stream

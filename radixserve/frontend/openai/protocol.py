@@ -53,6 +53,15 @@ def or_default(value, default):
     return default if value is None else value
 
 
+@classmethod
+def truncate_count(cls, value):
+    """``truncate_prompt_tokens``' validator: a count of tokens to keep, or -1."""
+    if value == 0:
+        raise ValueError("truncate_prompt_tokens must be >= 1 (the most prompt tokens to "
+                         "keep) or -1 (what the context leaves), got 0")
+    return value
+
+
 # ----------------------------------------------------------------------------- bases
 
 
@@ -95,6 +104,13 @@ class SamplingRequest(RouterFields, OpenAIRequest):
     lora: str | None = None  # a loaded LoRA adapter's name (also: model NAME or BASE:NAME)
     # seconds the request may wait for its first token (capped by --request-timeout)
     timeout: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # llama-server's: a stream sends `prompt_progress` chunks while the prompt prefills
+    return_progress: bool = False
+    # cut a prompt longer than this many tokens (-1: what the context leaves), not a 400:
+    # frontend/truncation.py
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+
+    _truncate_not_0 = field_validator("truncate_prompt_tokens")(truncate_count)
 
     @field_validator("stream_options")
     @classmethod
@@ -140,6 +156,7 @@ class SamplingRequest(RouterFields, OpenAIRequest):
             ignore_eos=self.ignore_eos, logprobs=logprobs, logit_bias=self._logit_bias(),
             skip_special_tokens=self.skip_special_tokens,
             structured_outputs=structured_params(self.response_format, self.structured_outputs),
+            return_progress=bool(self.stream) and self.return_progress,
         )
 
     def _logit_bias(self) -> dict[int, float] | None:
@@ -236,6 +253,9 @@ class PromptLogprob(OpenAIResponse):
 
 class PromptTokensDetails(OpenAIResponse):
     cached_tokens: int = 0
+    # what truncation cut (frontend/truncation.py); absent when nothing was cut
+    truncated_tokens: int | None = None
+    dropped_messages: int | None = None
 
 
 class UsageInfo(OpenAIResponse):

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from radixserve.frontend.http.protocol_base import OpenAIRequest, OpenAIResponse
-from radixserve.frontend.openai.protocol import check_text_or_tokens
+from radixserve.frontend.openai.protocol import check_text_or_tokens, truncate_count
 
 
 class EmbeddingRequest(OpenAIRequest):
@@ -22,6 +22,10 @@ class EmbeddingRequest(OpenAIRequest):
     user: str | None = None  # accepted and ignored
     priority: int = 0
     timeout: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # vLLM's: each input keeps its last N tokens (-1: the context), not a 400
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+
+    _truncate_not_0 = field_validator("truncate_prompt_tokens")(truncate_count)
 
     @field_validator("input", mode="before")
     @classmethod

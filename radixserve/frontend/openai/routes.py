@@ -35,10 +35,11 @@ from radixserve.frontend.openai.protocol_rerank import (RerankRequest, RerankRes
                                                         ScoreRequest, ScoreResponse)
 from radixserve.frontend.openai.response_size import encode_body
 from radixserve.frontend.openai.serving import ServingContext
-from radixserve.frontend.openai.serving_chat import ChatServer, render_messages
+from radixserve.frontend.openai.serving_chat import ChatServer, chat_prompt_ids, render_messages
 from radixserve.frontend.openai.serving_completion import CompletionServer, request_size
 from radixserve.frontend.openai.serving_embedding import EmbeddingServer
 from radixserve.frontend.openai.serving_rerank import RerankServer
+from radixserve.frontend.truncation import say_truncated
 
 
 def _anthropic(call: Call) -> bool:
@@ -107,7 +108,8 @@ class OpenAIRoutes:
         arrival = time.time()
         body = parse_body(CompletionRequest, call.body)
         self.gate.precheck(*request_size(self.ctx, body))  # before tokenizing
-        prompts, params = await self.completions.prepare(body)
+        prompts, params, cut = await self.completions.prepare(body)
+        say_truncated(call.headers, cut)
         await self.ctx.check_structured(structured_param(body), params)
         size = self.completions.response_bytes(body, prompts, params,
                                                self.ctx.max_response_bytes, bool(body.stream))
@@ -116,8 +118,8 @@ class OpenAIRoutes:
                                  body.timeout)
         call.admitted.append(ticket)
         if body.stream:
-            return self.completions.stream(body, prompts, params, arrival, ticket)
-        work = self.completions.full(body, prompts, params, arrival, ticket)
+            return self.completions.stream(body, prompts, params, arrival, ticket, cut)
+        work = self.completions.full(body, prompts, params, arrival, ticket, cut)
         return await encode_body(await until_disconnect(call.receive, work), size)
 
     async def chat_completion(self, call: Call):
@@ -125,6 +127,7 @@ class OpenAIRoutes:
         body = parse_body(ChatCompletionRequest, call.body)
         self.gate.precheck(body.n or 1, 0)
         ids, params, parsers = await self.chat.prepare(body)
+        say_truncated(call.headers, parsers.truncation)
         await self.ctx.check_structured(structured_param(body), [params])
         size = self.chat.response_bytes(params, self.ctx.max_response_bytes, bool(body.stream))
         self.ctx.check_alive()
@@ -137,7 +140,7 @@ class OpenAIRoutes:
 
     async def embed(self, call: Call):
         body = parse_body(EmbeddingRequest, call.body)
-        work = self.embeddings.openai(body, self.admitter(call.admitted))
+        work = self.embeddings.openai(body, self.admitter(call.admitted), call.headers)
         return (await until_disconnect(call.receive, work)).model_dump_json().encode()
 
     async def rerank(self, call: Call):
@@ -161,16 +164,17 @@ class OpenAIRoutes:
         return admit
 
     async def render(self, call: Call):
-        """The chat template and tokenization alone (no engine)."""
+        """The chat template and tokenization alone (no engine), cut as the request asks."""
         body = parse_body(ChatCompletionRequest, call.body)
         self.ctx.check_model(body.model)
-        text, ids = await self.ctx.prep.chat_prompt(lambda: render_messages(self.ctx, body))
+        text, ids, cut = await chat_prompt_ids(self.ctx, body)
+        say_truncated(call.headers, cut)
         return msgspec.json.encode(rendered_prompt(self.ctx.model_name, text, ids))
 
     async def render_completion(self, call: Call):
         """The completion's prompts tokenized alone (no engine): one entry per prompt."""
         body = parse_body(CompletionRequest, call.body)
-        prompts, _ = await self.completions.prepare(body)
+        prompts, _, _ = await self.completions.prepare(body)
         return msgspec.json.encode([rendered_prompt(self.ctx.model_name, text, ids)
                                     for text, ids in prompts])
 

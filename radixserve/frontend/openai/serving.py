@@ -19,6 +19,7 @@ from radixserve.frontend.parsers import ReasoningParser, ToolCallDelta, ToolCall
 from radixserve.frontend.pooling import EmbeddingSetup
 from radixserve.frontend.reasoning_budget import BudgetPolicy
 from radixserve.frontend.rerank import Reranker
+from radixserve.frontend.truncation import Truncation
 from radixserve.sampling_params import SamplingParams
 from radixserve.frontend.http.protocol_base import OpenAIError, ParamError
 from radixserve.frontend.openai.protocol import SamplingRequest
@@ -208,10 +209,12 @@ class ChatParsers:
     the request's rendered prompt (`ReasoningParser.for_prompt`: whether the template opened
     the block) and the tool-call parser its tools call for (a `ToolCallParser` or one of its
     shape: lenient, forced). None turns that parsing off. Stateless, shared by the request's
-    samples; `stream` gives one sample its streaming state."""
+    samples; `stream` gives one sample its streaming state. ``truncation``: what was cut from
+    the request's prompt to fit (frontend/truncation.py), which its answer reports."""
 
     reasoning: ReasoningParser | None = None
     tools: ToolCallParser | None = None
+    truncation: Truncation | None = None
 
     def stream(self) -> ChoiceStream:
         return ChoiceStream(self.reasoning, self.tools)

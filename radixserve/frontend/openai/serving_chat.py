@@ -17,7 +17,7 @@ from radixserve.frontend.async_llm import NO_TICKET, QueueTicket
 from radixserve.frontend.fanout import gate_on_reasoning
 from radixserve.frontend.http.asgi_io import SSE_DONE
 from radixserve.frontend.http.protocol_base import OpenAIError
-from radixserve.frontend.openai.protocol import PromptTokensDetails, UsageInfo, random_id
+from radixserve.frontend.openai.protocol import UsageInfo, random_id
 from radixserve.frontend.openai.protocol_chat import (ChatCompletionChoice, ChatCompletionMessage,
                                                       ChatCompletionRequest,
                                                       ChatCompletionResponse,
@@ -30,19 +30,24 @@ from radixserve.frontend.openai.response_size import (chat_terms, check_response
 from radixserve.frontend.openai.serving import (TEXT_MARK, ChatParsers, ChunkTemplate,
                                                 ServingContext, sse, token_bytes)
 from radixserve.frontend.output_processor import RequestState
+from radixserve.frontend.prompt_progress import chat_progress_event
 from radixserve.frontend.parsers import ForcedToolParser, required_tools_schema
 from radixserve.frontend.parsers.hermes import FORMAT as HERMES
 from radixserve.frontend.parsers.lenient_json import LenientToolParser
 from radixserve.frontend.parsers.tool_grammar import auto_tools_grammar
+from radixserve.frontend.truncation import (Truncation, fit_chat, log_truncation, prompt_limit,
+                                            truncated_details)
 from radixserve.structured.backend import GrammarError
 from radixserve.structured.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
 
-def render_messages(ctx: ServingContext, body) -> str:
-    """The chat template applied to a chat request (or a tokenize request in chat form)."""
-    messages = [_message_dict(m) for m in body.messages]
+def render_messages(ctx: ServingContext, body, kept: list[int] | None = None) -> str:
+    """The chat template applied to a chat request (or a tokenize request in chat form);
+    ``kept``: the indices of the messages to render (None: all of them)."""
+    chosen = body.messages if kept is None else [body.messages[i] for i in kept]
+    messages = [_message_dict(m) for m in chosen]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     kwargs = dict(body.chat_template_kwargs or {})
     if getattr(body, "reasoning_effort", None) is not None:
@@ -116,8 +121,7 @@ class ChatServer:
             raise OpenAIError("tool calling needs a tool-call parser: start the server with "
                               "--tool-call-parser hermes (or force a call with tool_choice)",
                               param="tools")
-        ctx.prep.check_messages(body.messages)
-        text, ids = await ctx.prep.chat_prompt(lambda: render_messages(ctx, body))
+        text, ids, cut = await chat_prompt_ids(ctx, body)
         params = ctx.sampling_params(body, len(ids))
         tool_parser = ctx.tool_parser if use_tools else None
         if forced is not None:
@@ -137,7 +141,8 @@ class ChatServer:
         params = gate_on_reasoning(params, reasoning, text, ctx.tokenizer)
         params = ctx.reasoning_budget.apply(params, body.thinking_token_budget,
                                             body.reasoning_effort, reasoning, text, ctx.tokenizer)
-        return ids, params, ChatParsers(reasoning, tool_parser)
+        log_truncation("chat", cut, len(ids))
+        return ids, params, ChatParsers(reasoning, tool_parser, cut)
 
     async def _auto_tools(self, body: ChatCompletionRequest) -> StructuredOutputsParams | None:
         """The grammar of a ``tool_choice: "auto"`` answer in the Hermes format (text, or
@@ -193,7 +198,8 @@ class ChatServer:
                 index=index, message=message, finish_reason=finish, stop_reason=state.stop_reason,
                 logprobs=_logprobs(state, 0) if state.logprobs is not None else None))
         return ChatCompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
-                                      usage=_usage(len(ids), list(finals.values())))
+                                      usage=_usage(len(ids), list(finals.values()),
+                                                   parsers.truncation))
 
     async def stream(self, body: ChatCompletionRequest, ids, params, parsers: ChatParsers,
                      arrival: float, ticket: QueueTicket = NO_TICKET) -> AsyncIterator[str]:
@@ -230,6 +236,10 @@ class ChatServer:
             self.ctx.engine.generate(ids, params, request_id, body.priority, arrival, ticket)
         ) as steps:
             async for step in steps:
+                if step.progress is not None:
+                    yield chat_progress_event(request_id, created, model, step.index,
+                                              step.progress)
+                    continue
                 state = states[step.index] = step.state
                 if step.index not in streams:
                     streams[step.index] = parsers.stream()
@@ -258,16 +268,35 @@ class ChatServer:
         if include_usage:
             tail += sse(ChatCompletionStreamResponse(
                 id=request_id, created=created, model=model, choices=[],
-                usage=_usage(len(ids), list(states.values()))))
+                usage=_usage(len(ids), list(states.values()), parsers.truncation)))
         yield tail + SSE_DONE  # one write ends the response
 
 
-def _usage(num_prompt: int, states: list[RequestState]) -> UsageInfo:
+def _usage(num_prompt: int, states: list[RequestState], cut: Truncation | None) -> UsageInfo:
     num_completion = sum(len(s.token_ids) for s in states)
     cached = max((s.num_cached_tokens for s in states), default=0)
     return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
                      total_tokens=num_prompt + num_completion,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+                     prompt_tokens_details=truncated_details(cached, cut))
+
+
+async def chat_prompt_ids(ctx: ServingContext,
+                          body) -> tuple[str, list[int], Truncation | None]:
+    """(the rendered prompt, its ids, what truncation cut): the whole chat, after the length
+    check, or (``truncate_prompt_tokens`` set) the chat with its oldest turns left out until
+    it fits the request's limit (frontend/truncation.py). Off the event loop."""
+    limit = prompt_limit(body.truncate_prompt_tokens, ctx.max_model_len,
+                         body.requested_max_tokens())
+    if limit is None:
+        ctx.prep.check_messages(body.messages)
+        text, ids = await ctx.prep.chat_prompt(lambda: render_messages(ctx, body))
+        return text, ids, None
+
+    def render(kept: list[int]) -> tuple[str, list[int]]:
+        text = render_messages(ctx, body, kept)
+        return text, ctx.tokenizer.encode_prompt(text)
+
+    return await ctx.prep.run(fit_chat, body.messages, render, limit, ctx.max_model_len)
 
 
 def _logprobs(state: RequestState, start: int) -> ChatLogprobs:

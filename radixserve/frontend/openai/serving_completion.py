@@ -10,24 +10,26 @@ from collections.abc import AsyncIterator
 
 from radixserve.frontend.async_llm import NO_TICKET, QueueTicket, StepDelta
 from radixserve.frontend.output_processor import RequestState
+from radixserve.frontend.prompt_progress import completion_progress_event
 from radixserve.frontend.http.asgi_io import SSE_DONE
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.openai.protocol import (CompletionLogprobs, CompletionRequest,
                                                  CompletionResponse, CompletionResponseChoice,
                                                  CompletionStreamResponse, PromptLogprob,
-                                                 PromptTokensDetails,
                                                  UsageInfo, random_id)
 from radixserve.frontend.openai.response_size import (check_response_size, completion_terms,
                                                      off_loop_if_large)
 from radixserve.frontend.openai.serving import TEXT_MARK, ChunkTemplate, ServingContext, merge, sse
+from radixserve.frontend.truncation import (Truncation, keep_last, log_truncation, prompt_limit,
+                                            truncated_details)
 from radixserve.tokenizer.fim_prompt import fim_prompt_ids
 
 
 _MAX_GATHERED = 8  # a request with more text prompts than this is encoded on its own
 
 
-async def _prompts(ctx: ServingContext,
-                   body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+async def _prompts(ctx: ServingContext, body: CompletionRequest,
+                   is_cut: bool) -> list[tuple[str | None, list[int]]]:
     prompt = body.prompt
     if isinstance(prompt, str):
         prompt = [prompt]
@@ -38,8 +40,9 @@ async def _prompts(ctx: ServingContext,
                           f"{ctx.max_prompts_per_request} per request "
                           "(--max-prompts-per-request)", param="prompt")
     strings = [p for p in prompt if isinstance(p, str)]
-    for text in strings:  # before any tokenizing: a prompt too long by its length alone
-        ctx.prep.check_length(len(text), "prompt")
+    if not is_cut:  # before any tokenizing: a prompt too long by its length alone
+        for text in strings:
+            ctx.prep.check_length(len(text), "prompt")
     if body.suffix is not None:
         return await ctx.prep.run(_fim_prompts, ctx, strings, body.suffix)
     if len(strings) > _MAX_GATHERED:  # one batch on a worker thread, not a task per prompt
@@ -68,9 +71,17 @@ class CompletionServer:
         self.ctx = ctx
 
     async def prepare(self, body: CompletionRequest):
-        """Validate and tokenize; OpenAIError / ValueError before anything is queued."""
+        """(prompts, params, what truncation cut): validate and tokenize; OpenAIError /
+        ValueError before anything is queued. With ``truncate_prompt_tokens`` each prompt
+        keeps its last tokens (frontend/truncation.py)."""
         self.ctx.check_model(body.model)
-        prompts = await _prompts(self.ctx, body)
+        limit = prompt_limit(body.truncate_prompt_tokens, self.ctx.max_model_len,
+                             body.requested_max_tokens())
+        if limit is not None and body.suffix is not None:
+            raise OpenAIError("truncate_prompt_tokens cannot cut a fill-in-the-middle prompt "
+                              "(suffix)", param="truncate_prompt_tokens")
+        prompts = await _prompts(self.ctx, body, limit is not None)
+        prompts, cut = _cut(self.ctx, prompts, limit)
         for _, ids in prompts:
             if ids and (min(ids) < 0 or max(ids) >= self.ctx.tokenizer.vocab_size):
                 raise OpenAIError("prompt token ids are out of the vocabulary", param="prompt")
@@ -79,7 +90,8 @@ class CompletionServer:
             params.append(self.ctx.sampling_params(body, len(ids), "prompt"))
             if i % 64 == 63:
                 await asyncio.sleep(0)  # a long prompt list must not hold the loop
-        return prompts, params
+        log_truncation("completion", cut, sum(len(ids) for _, ids in prompts))
+        return prompts, params, cut
 
     def _streams(self, body, prompts, params, request_id, arrival, ticket):
         """Every sample's deltas, ``index`` being its choice index (prompt-major)."""
@@ -101,7 +113,8 @@ class CompletionServer:
             body.logprobs, body.prompt_logprobs, stream), limit)
 
     async def full(self, body: CompletionRequest, prompts, params, arrival: float,
-                   ticket: QueueTicket = NO_TICKET) -> CompletionResponse:
+                   ticket: QueueTicket = NO_TICKET,
+                   cut: Truncation | None = None) -> CompletionResponse:
         request_id = random_id("cmpl-")
         finals: dict[int, tuple[RequestState, int]] = {}
         async with contextlib.aclosing(
@@ -110,11 +123,13 @@ class CompletionServer:
             async for step in steps:
                 if step.state.finished:
                     finals[step.index] = (step.state, step.index // params[0].n)
-        build = functools.partial(self._response, body, prompts, params, request_id, finals)
+        build = functools.partial(self._response, body, prompts, params, request_id, finals,
+                                  cut)
         return await off_loop_if_large(self.response_bytes(body, prompts, params), build)
 
     def _response(self, body: CompletionRequest, prompts, params, request_id: str,
-                  finals: dict[int, tuple[RequestState, int]]) -> CompletionResponse:
+                  finals: dict[int, tuple[RequestState, int]],
+                  cut: Truncation | None) -> CompletionResponse:
         """The whole answer from the finished samples (may run on a worker thread: it only
         reads them)."""
         choices = []
@@ -130,12 +145,13 @@ class CompletionServer:
                 index=index, text=echo + text, finish_reason=state.finish_reason,
                 stop_reason=state.stop_reason, logprobs=logprobs,
                 prompt_logprobs=_prompt_logprobs(body, state)))
-        usage = _usage(prompts, params, [s for s, _ in finals.values()])
+        usage = _usage(prompts, params, [s for s, _ in finals.values()], cut)
         return CompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
                                   usage=usage)
 
     async def stream(self, body: CompletionRequest, prompts, params, arrival: float,
-                     ticket: QueueTicket = NO_TICKET) -> AsyncIterator[str]:
+                     ticket: QueueTicket = NO_TICKET,
+                     cut: Truncation | None = None) -> AsyncIterator[str]:
         request_id = random_id("cmpl-")
         created = int(time.time())
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -150,6 +166,10 @@ class CompletionServer:
         ) as steps:
             async for step in steps:
                 index, state = step.index, step.state
+                if step.progress is not None:
+                    yield completion_progress_event(request_id, created, self.ctx.model_name,
+                                                    index, step.progress)
+                    continue
                 states[index] = state
                 text, first = step.text, index not in sent_echo
                 sent_echo.add(index)
@@ -191,7 +211,7 @@ class CompletionServer:
                 else:
                     tail = event
         if include_usage:
-            usage = _usage(prompts, params, list(states.values()))
+            usage = _usage(prompts, params, list(states.values()), cut)
             tail += sse(CompletionStreamResponse(id=request_id, created=created,
                                                  model=self.ctx.model_name, choices=[],
                                                  usage=usage))
@@ -212,11 +232,14 @@ def request_size(ctx: ServingContext, body: CompletionRequest) -> tuple[int, int
     prompt = body.prompt
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
+    is_cut = body.truncate_prompt_tokens is not None  # cut, not refused: frontend/truncation
     for p in prompt:
-        if isinstance(p, str):
+        if isinstance(p, str) and not is_cut:
             ctx.prep.check_length(len(p), "prompt")
     min_tokens = sum(ctx.prep.min_tokens(len(p)) if isinstance(p, str) else len(p)
                      for p in prompt)
+    if is_cut:
+        min_tokens = min(min_tokens, len(prompt) * ctx.max_model_len)
     n = body.n or 1
     return len(prompt) * n, min_tokens  # n samples share their prompt's prefill
 
@@ -226,13 +249,27 @@ def _echo_text(ctx: ServingContext, prompt: tuple[str | None, list[int]]) -> str
     return text if text is not None else ctx.tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def _usage(prompts, params, states: list[RequestState]) -> UsageInfo:
+def _usage(prompts, params, states: list[RequestState], cut: Truncation | None) -> UsageInfo:
     num_prompt = sum(len(ids) for _, ids in prompts)
     num_completion = sum(len(s.token_ids) for s in states)
     cached = sum(s.num_cached_tokens for s in states if s.index == 0)
     return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
                      total_tokens=num_prompt + num_completion,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+                     prompt_tokens_details=truncated_details(cached, cut))
+
+
+def _cut(ctx: ServingContext, prompts: list[tuple[str | None, list[int]]], limit: int | None
+         ) -> tuple[list[tuple[str | None, list[int]]], Truncation | None]:
+    """Each prompt cut to its last ``limit`` tokens (None: as they are), a cut one losing
+    its text (an echo then shows the tokens kept); and what was cut, in all."""
+    if limit is None:
+        return prompts, None
+    out, cuts = [], []
+    for text, ids in prompts:
+        kept, cut = keep_last(ids, limit, ctx.tokenizer.bos_prefix)
+        out.append((text if cut is None else None, kept))
+        cuts.append(cut)
+    return out, Truncation.total(cuts)
 
 
 def _with_prompt(state: RequestState, logprobs: CompletionLogprobs) -> CompletionLogprobs:

@@ -24,6 +24,8 @@ from radixserve.frontend.openai.protocol_embedding import (
 )
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.openai.serving import ServingContext
+from radixserve.frontend.truncation import (Truncation, keep_last, log_truncation, prompt_limit,
+                                            say_truncated)
 
 
 class EmbeddingServer:
@@ -60,6 +62,21 @@ class EmbeddingServer:
                 raise OpenAIError(f"token ids must be in [0, {vocab})", param=param)
         return ids
 
+    async def token_inputs(self, body: EmbeddingRequest, headers: list) -> list[list[int]]:
+        """Each input's ids, cut to ``truncate_prompt_tokens`` when the request sets it."""
+        ctx = self.ctx
+        limit = prompt_limit(body.truncate_prompt_tokens, ctx.max_model_len, 0)
+        if limit is None:
+            return await self.tokenize(*body.inputs())
+        texts, ids = body.inputs()
+        if texts is not None:
+            ids = await ctx.prep.encode_batch(texts)
+        kept = [keep_last(one, limit, ctx.tokenizer.bos_prefix) for one in ids]
+        cut = Truncation.total([one_cut for _, one_cut in kept])
+        log_truncation("embeddings", cut, sum(len(one) for one, _ in kept))
+        say_truncated(headers, cut)
+        return await self.tokenize(None, [one for one, _ in kept])  # the remaining checks
+
     async def embed(self, ids: list[list[int]], pooling: PoolingParams,
                     dimensions: int | None, priority: int = 0, arrival: float | None = None,
                     ticket: QueueTicket = NO_TICKET) -> list[np.ndarray]:
@@ -74,13 +91,16 @@ class EmbeddingServer:
                               f"got {dimensions}", param="dimensions")
         return [finish_vector(out.pooled, dimensions) for out in outs]
 
-    async def openai(self, body: EmbeddingRequest, admit) -> EmbeddingResponse:
+    async def openai(self, body: EmbeddingRequest, admit,
+                     headers: list | None = None) -> EmbeddingResponse:
         """``POST /v1/embeddings``; ``admit(num_seqs, num_tokens, timeout)`` reserves room
-        in the server's queue and returns the request's ticket."""
+        in the server's queue and returns the request's ticket. With
+        ``truncate_prompt_tokens`` each input keeps its last tokens; the header saying so
+        goes in ``headers``."""
         arrival = time.time()
         self.ctx.check_model(body.model)
         pooling = self.check_served()
-        ids = await self.tokenize(*body.inputs())
+        ids = await self.token_inputs(body, headers if headers is not None else [])
         self.ctx.check_alive()
         ticket = admit(len(ids), sum(map(len, ids)), body.timeout)
         vectors = await self.embed(ids, pooling, body.dimensions, body.priority, arrival,

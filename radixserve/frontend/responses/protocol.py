@@ -172,7 +172,8 @@ class ResponsesRequest(OpenAIRequest):
     store: bool | None = True
     stream: bool | None = False
     previous_response_id: str | None = None
-    truncation: Literal["disabled"] | None = None
+    # "auto": the oldest turns go when the input does not fit (frontend/truncation.py)
+    truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None  # accepted; nothing extra to include
     background: Annotated[Literal[False], BeforeValidator(_false_only)] | None = None
     user: str | None = None  # accepted and ignored, as the next four
@@ -184,6 +185,7 @@ class ResponsesRequest(OpenAIRequest):
     seed: int | None = None
     ignore_eos: bool = False
     priority: int = 0
+    return_progress: bool = False  # llama-server's: streamed prompt progress (serving.py)
 
     @field_validator("metadata")
     @classmethod

@@ -16,6 +16,7 @@ from radixserve.frontend.http.router import Call, Route
 from radixserve.frontend.openai.routes import OpenAIRoutes
 from radixserve.frontend.responses.protocol import InputItemsQuery, ResponsesRequest
 from radixserve.frontend.responses.serving import ResponsesServer
+from radixserve.frontend.truncation import say_truncated
 
 
 class ResponsesRoutes:
@@ -42,6 +43,7 @@ class ResponsesRoutes:
         body = parse_body(ResponsesRequest, call.body)
         self.gate.precheck(1, 0)
         plan = await self.responses.prepare(body)
+        say_truncated(call.headers, plan.parsers.truncation)
         await self.ctx.check_structured(format_param(body), [plan.params])
         self.ctx.check_alive()
         ticket = self.gate.admit(1, len(plan.ids), None)

@@ -5,8 +5,10 @@ then the new input), turns it into a chat request (`chat_request`) and
 hands that to `ChatServer.prepare`: the same template, tokenization, SamplingParams, forced
 tool calls and structured-output constraint as ``/v1/chat/completions``. The engine's text
 then goes through the chat parsers into Responses items (`OutputBuilder`), streamed as typed
-events or returned whole. A response with ``store`` (the default) is kept in the
-`ResponseStore` once it has finished.
+events or returned whole. A stream with ``return_progress`` (llama-server's option) gets a
+``response.in_progress`` event with ``prompt_progress`` after each chunk of the prompt, as
+llama-server sends it (frontend/prompt_progress.py). A response with ``store`` (the default)
+is kept in the `ResponseStore` once it has finished.
 
 A request's conversation is: the ``instructions`` (a system message, not carried over by
 ``previous_response_id``, as OpenAI documents), then the stored chain's items (each earlier
@@ -30,6 +32,7 @@ from pydantic import ValidationError
 from radixserve.frontend.async_llm import NO_TICKET, EngineRequestError, EngineStepError
 from radixserve.frontend.core_client import EngineDeadError
 from radixserve.frontend.output_processor import RequestState
+from radixserve.frontend.prompt_progress import progress_fields
 from radixserve.sampling_params import SamplingParams
 from radixserve.frontend.openai.protocol import random_id
 from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
@@ -39,6 +42,7 @@ from radixserve.frontend.responses.output import OutputBuilder
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.openai.serving import ChatParsers, ServingContext
 from radixserve.frontend.openai.serving_chat import ChatServer
+from radixserve.frontend.truncation import truncated_details
 
 
 @dataclass
@@ -72,6 +76,7 @@ class ResponsesServer:
         items = stored_items(body.input_items())
         chat_body = chat_request(body, chat_messages(body.instructions, history + items))
         ids, params, parsers = await self.chat.prepare(chat_body)
+        params.return_progress = bool(body.stream) and body.return_progress
         return ResponsePlan(body, items, ids, params, parsers, random_id("resp_"),
                             int(time.time()))
 
@@ -120,7 +125,7 @@ class ResponsesServer:
             "store": body.store is not False, "temperature": params.temperature,
             "text": {"format": fmt}, "tool_choice": _tool_choice(body),
             "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
-            "top_p": params.top_p, "truncation": "disabled", "usage": None,
+            "top_p": params.top_p, "truncation": body.truncation or "disabled", "usage": None,
             "user": body.user, "metadata": body.metadata or {},
         }
         if state is not None and status != "in_progress":
@@ -134,7 +139,8 @@ class ResponsesServer:
                             ) if reasoning else 0
         num_out = len(state.token_ids)
         return {"input_tokens": len(plan.ids),
-                "input_tokens_details": {"cached_tokens": state.num_cached_tokens},
+                "input_tokens_details": truncated_details(state.num_cached_tokens,
+                                                          plan.parsers.truncation).model_dump(),
                 "output_tokens": num_out,
                 "output_tokens_details": {"reasoning_tokens": min(num_reasoning, num_out)},
                 "total_tokens": len(plan.ids) + num_out}
@@ -183,6 +189,11 @@ class ResponseEvents:
         try:
             async with contextlib.aclosing(server._generate(plan, arrival, ticket)) as steps:
                 async for step in steps:
+                    if step.progress is not None:  # llama-server's shape for it
+                        yield seq.event({"type": "response.in_progress", "response":
+                                         server._response(plan, builder, None, "in_progress"),
+                                         "prompt_progress": progress_fields(step.progress)})
+                        continue
                     self.state = step.state
                     events = builder.feed(step.text)
                     if events:
@@ -286,6 +297,7 @@ def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletion
         "top_k": body.top_k, "seed": body.seed, "ignore_eos": body.ignore_eos,
         "priority": body.priority, "parallel_tool_calls": body.parallel_tool_calls,
         "reasoning_effort": body.reasoning and body.reasoning.effort,
+        "truncate_prompt_tokens": -1 if body.truncation == "auto" else None,
     }
     if body.tools:
         fields["tools"] = [{"type": "function", "function": t.model_dump(

@@ -203,7 +203,7 @@ function buildRequest() {
     }
   }
   return { model, messages, stream: true, stream_options: { include_usage: true },
-           ...settings.requestFields() };
+           return_progress: true, ...settings.requestFields() };
 }
 
 function applyDelta(msg, delta) {
@@ -243,6 +243,11 @@ async function generate() {
   let chunks = 0;
   try {
     await stream("/v1/chat/completions", body, (ev) => {
+      if (ev.prompt_progress) {  // a prefill report, no text: shown until the first token
+        if (first === null) msg.stats.prefill = ev.prompt_progress;
+        updateStreaming();
+        return;
+      }
       if (ev.usage) {
         msg.stats.prompt_tokens = ev.usage.prompt_tokens;
         msg.stats.completion_tokens = ev.usage.completion_tokens;
@@ -251,7 +256,11 @@ async function generate() {
       for (const choice of ev.choices || []) {
         const d = choice.delta || {};
         if (d.content || d.reasoning_content || d.tool_calls) {
-          if (first === null) { first = performance.now(); msg.stats.ttft_ms = first - sent; }
+          if (first === null) {
+            first = performance.now();
+            msg.stats.ttft_ms = first - sent;
+            delete msg.stats.prefill;
+          }
           chunks++;
           if (!ev.usage && msg.stats.estimated !== false) {
             msg.stats.completion_tokens = chunks;  // the usage chunk at the end has the count
@@ -271,6 +280,7 @@ async function generate() {
       if (e.status === 401) askForKey(loadModel, "The key was refused: " + e.message);
     }
   }
+  delete msg.stats.prefill;  // a reply that ended before its first token
   const end = performance.now();
   const n = msg.stats.completion_tokens || 0;
   if (first !== null && n > 1 && end > first) msg.stats.tok_s = (n - 1) / ((end - first) / 1000);

@@ -28,6 +28,9 @@ function button(label, action, index) {
 export function statsLine(stats) {
   if (!stats) return "";
   const parts = [];
+  // while the prompt prefills (the server's prompt_progress), before the first token
+  const p = stats.prefill;
+  if (p) parts.push(`prefill ${p.processed.toLocaleString()} / ${p.total.toLocaleString()}`);
   if (stats.prompt_tokens !== undefined) parts.push(`${stats.prompt_tokens} prompt`);
   if (stats.completion_tokens !== undefined) {
     parts.push(`${stats.estimated ? "~" : ""}${stats.completion_tokens} tokens`);
