@@ -13,6 +13,9 @@ os.environ.setdefault("RADIXSERVE_CACHE_DIR", __import__("tempfile").mkdtemp(pre
 # every engine the tests start (servers' too) keeps the fixed 1 GiB pool, not a share of the
 # machine's memory (engine/kv_budget.py); tests of that default remove it
 os.environ.setdefault("RADIXSERVE_KV_CACHE_MEMORY_GB", "1")
+# servers the tests start keep no disk tier unless a test gives one (kvdisk/args.py): one test's
+# pages saved at its server's exit would be another's cache hits
+os.environ.setdefault("RADIXSERVE_KV_DISK_CACHE", "off")
 
 from pathlib import Path  # noqa: E402
 

@@ -39,13 +39,19 @@ def default_folder() -> str:
     return str(cache_dir() / "kv")
 
 
+ENV = "RADIXSERVE_KV_DISK_CACHE"  # serve's default instead of the cache folder's kv/: a folder, or "off"
+
+
 def kv_disk_kwargs(args: argparse.Namespace, is_serve: bool) -> dict:
-    """``engine_config``'s ``kv_disk_cache`` and ``kv_disk_cache_gb`` from the flags."""
+    """``engine_config``'s ``kv_disk_cache`` and ``kv_disk_cache_gb`` from the flags; serve's
+    default folder is ``$RADIXSERVE_KV_DISK_CACHE`` when set ("off": none; the test suite sets
+    it so servers it starts share no pages), else `default_folder`."""
     if getattr(args, "no_kv_disk_cache", False):
         return {"kv_disk_cache": None}
     folder = getattr(args, "kv_disk_cache", None)
     if folder is None and is_serve:
-        folder = default_folder()
+        env = os.environ.get(ENV, "").strip()
+        folder = None if env.lower() == "off" else env or default_folder()
     return {"kv_disk_cache": os.path.expanduser(folder) if folder else None,
             "kv_disk_cache_gb": getattr(args, "kv_disk_cache_gb", None)}
 

@@ -27,12 +27,18 @@ def engine_only_kwargs(*argv: str) -> dict:
 
 def test_serve_default_is_the_cache_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("RADIXSERVE_KV_DISK_CACHE", raising=False)  # the suite's "off"
     kw = serve_kwargs()
     assert kw["kv_disk_cache"] == os.path.join(str(tmp_path), "kv")
     assert kw["kv_disk_cache_gb"] is None
     kw = serve_kwargs("--kv-disk-cache", "~/x", "--kv-disk-cache-gb", "2.5")
     assert (kw["kv_disk_cache"], kw["kv_disk_cache_gb"]) == (os.path.expanduser("~/x"), 2.5)
     assert serve_kwargs("--no-kv-disk-cache", "--kv-disk-cache", "/x")["kv_disk_cache"] is None
+    monkeypatch.setenv("RADIXSERVE_KV_DISK_CACHE", "off")
+    assert serve_kwargs()["kv_disk_cache"] is None
+    assert serve_kwargs("--kv-disk-cache", "/x")["kv_disk_cache"] == "/x"  # the flag wins
+    monkeypatch.setenv("RADIXSERVE_KV_DISK_CACHE", str(tmp_path / "elsewhere"))
+    assert serve_kwargs()["kv_disk_cache"] == str(tmp_path / "elsewhere")
 
 
 def test_other_commands_are_off_unless_given():
