@@ -173,9 +173,10 @@ class Scheduler:
             seqs.append(self._scheduled_seq(request, num_new))
             budget -= num_new
 
-        if not preempted:
-            budget -= self.spec.add_drafts(seqs, self.requests, budget, self.kv,
-                                           self.max_model_len)
+        # no drafts in a step that preempted (memory is short), but a drafter that runs
+        # after every step (a draft model, the MTP block) still plans its work
+        budget -= self.spec.add_drafts(seqs, self.requests, 0 if preempted else budget,
+                                       self.kv, self.max_model_len)
         num_batched = self.config.max_num_batched_tokens - budget
         return SchedulerOutput(seqs, num_batched, preempted)
 
