@@ -52,6 +52,7 @@ from radixserve.frontend.http.host_check import host_policy, startup_warning
 from radixserve.frontend.http.limits import serve_limits
 from radixserve.frontend.http.lora_routes import lora_updates
 from radixserve.frontend.http.metrics import ServerMetrics
+from radixserve.frontend.next_turn import NextTurnWarmer
 from radixserve.frontend.openai.serving import ServingContext
 from radixserve.frontend.parsers import get_tool_parser
 from radixserve.frontend.parsers.detect import reasoning_parser_for, resolve_tool_format
@@ -236,6 +237,7 @@ async def _serve(args, builds, tables, name, embedding, prestarted=None) -> int:
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, name, args.max_n, tool_parser, reasoning,
                              tool_call_grammar=not args.no_tool_call_grammar,
+                             next_turn=NextTurnWarmer(not args.no_warm_next_turn),
                              grammar_validator=validator,
                              structured_strict=args.structured_strict == "true",
                              max_prompts_per_request=args.max_prompts_per_request,
@@ -244,6 +246,7 @@ async def _serve(args, builds, tables, name, embedding, prestarted=None) -> int:
                              loras=dict(args.lora),  # --lora NAME=PATH
                              reasoning_budget=budget_policy(args, reasoning),
                              max_response_bytes=max_response_bytes(args))
+        metrics.registry.register(ctx.next_turn.collector(name))
         limits = serve_limits(args)
         hosts = host_policy(args)
         app = build_app(ctx, metrics, args.api_key, limits, hosts, args.lora_updates)

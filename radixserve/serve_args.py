@@ -68,6 +68,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="leave tool_choice auto answers free; by default, in the hermes "
                              "format, they are text or text then well-formed calls of the "
                              "request's tools (frontend/parsers/tool_grammar.py)")
+    parser.add_argument("--no-warm-next-turn", action="store_true",
+                        help="do not prefill the next chat turn's prefix after an answer with "
+                             "reasoning whose template drops it from the history (Qwen3, "
+                             "DeepSeek-R1, QwQ): by default that prefix is prefilled at the "
+                             "lowest priority so the next turn finds it cached "
+                             "(frontend/next_turn.py)")
     parser.add_argument("--reasoning-parser", default=None,
                         choices=[AUTO, *REASONING_PARSERS],
                         help="split the reasoning out of the output into reasoning_content "

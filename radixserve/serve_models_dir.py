@@ -20,6 +20,7 @@ import tempfile
 
 from radixserve.frontend.models_dir.catalog import ModelEntry, NotAModel
 from radixserve.frontend.models_dir.served import ServedModel
+from radixserve.frontend.next_turn import NextTurnWarmer
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
         engine = AsyncLLM(client, tokenizer, ready.max_model_len, metrics)
         ctx = ServingContext(engine, entry.name, args.max_n, tool_parser, reasoning,
                              tool_call_grammar=not args.no_tool_call_grammar,
+                             next_turn=NextTurnWarmer(not args.no_warm_next_turn),
                              grammar_validator=validator,
                              structured_strict=args.structured_strict == "true",
                              max_prompts_per_request=args.max_prompts_per_request,
@@ -148,6 +150,7 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
                              reasoning_budget=budget_policy(args, reasoning),
                              **({} if response_store is None else
                                 {"response_store": response_store}))
+        metrics.registry.register(ctx.next_turn.collector(entry.name))
         app = build_app(ctx, metrics, None, serve_limits(args))
     except BaseException:
         await supervisor.close(timeout=5)

@@ -46,8 +46,8 @@ class AnthropicRoutes:
         ticket = self.gate.admit(1, len(ids))
         call.admitted.append(ticket)
         if body.stream:
-            return self.messages.stream(ids, params, parsers, arrival, ticket)
-        work = self.messages.full(ids, params, parsers, arrival, ticket)
+            return self.messages.stream(ids, params, parsers, arrival, ticket, body)
+        work = self.messages.full(ids, params, parsers, arrival, ticket, body)
         return await until_disconnect(call.receive, work)
 
     async def count_tokens(self, call: Call):

@@ -22,7 +22,8 @@ from radixserve.frontend.anthropic.blocks import (
     MESSAGE_STOP, PING, BlockAssembler, event, stop_reason, usage)
 from radixserve.frontend.http.errors import error_headers, error_response, send_json
 from radixserve.frontend.openai.protocol import random_id
-from radixserve.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
+from radixserve.frontend.anthropic.protocol import CountTokensRequest, Message, MessagesRequest
+from radixserve.frontend.next_turn import Answer
 from radixserve.frontend.openai.serving import ChatParsers, ServingContext
 from radixserve.frontend.openai.serving_chat import ChatServer, render_messages
 from radixserve.frontend.reasoning_budget import can_budget
@@ -105,8 +106,22 @@ class MessagesServer:
         return event("message_start", {"message": self._message(
             message_id, [], None, None, start_usage)}) + PING
 
+    def warm_next_turn(self, body: MessagesRequest | None, state: RequestState,
+                       blocks: list[dict]) -> None:
+        """The chat route's next-turn warm-up (frontend/next_turn.py) for the answer's
+        content blocks, as the next request converts them when the client sends them back."""
+        if body is None or not blocks:
+            return
+        try:
+            [message] = Message(role="assistant", content=blocks).chat_messages()
+        except ValueError:  # blocks no client could send back: nothing to warm
+            return
+        self.chat.warm_next_turn(body.to_chat(), state, Answer(
+            message.reasoning_content, message.content, message.tool_calls or []))
+
     async def full(self, ids, params, parsers: ChatParsers, arrival: float,
-                   ticket: QueueTicket = NO_TICKET) -> bytes:
+                   ticket: QueueTicket = NO_TICKET, body: MessagesRequest | None = None
+                   ) -> bytes:
         message_id = random_id("msg_")
         state: RequestState | None = None
         async with self._generate(ids, params, message_id, arrival, ticket) as steps:
@@ -118,11 +133,13 @@ class MessagesServer:
             blocks.add(delta)
         blocks.close()
         reason, sequence = stop_reason(state, blocks.has_tool_calls)
+        self.warm_next_turn(body, state, blocks.blocks)
         return msgspec.json.encode(self._message(message_id, blocks.blocks, reason, sequence,
                                                  usage(len(ids), state)))
 
     async def stream(self, ids, params, parsers: ChatParsers, arrival: float,
-                     ticket: QueueTicket = NO_TICKET) -> AsyncIterator[str]:
+                     ticket: QueueTicket = NO_TICKET, body: MessagesRequest | None = None
+                     ) -> AsyncIterator[str]:
         """The event stream, one write per engine step. ``message_start`` waits for the first
         step, so its usage knows the prefix-cache hit; ``message_delta`` carries the final
         usage and the stop reason. With ``return_progress``, each prompt progress report is
@@ -154,6 +171,7 @@ class MessagesServer:
                     out += blocks.add(delta)
                 if state.finished:
                     out += blocks.close()
+                    self.warm_next_turn(body, state, blocks.blocks)
                     reason, sequence = stop_reason(state, blocks.has_tool_calls)
                     out += [event("message_delta", {
                         "delta": {"stop_reason": reason, "stop_sequence": sequence},

@@ -15,6 +15,7 @@ import msgspec
 from radixserve.frontend.async_llm import AsyncLLM
 from radixserve.frontend.batch_encoder import BatchEncoder
 from radixserve.frontend.core_client import EngineDeadError
+from radixserve.frontend.next_turn import NextTurnWarmer
 from radixserve.frontend.parsers import ReasoningParser, ToolCallDelta, ToolCallParser
 from radixserve.frontend.pooling import EmbeddingSetup
 from radixserve.frontend.reasoning_budget import BudgetPolicy
@@ -50,6 +51,8 @@ class ServingContext:
     max_response_bytes: int | None = DEFAULT_MAX_RESPONSE_MB * MB
     # reasoning budgets: --reasoning-budget, its message, --reasoning-effort-budgets
     reasoning_budget: BudgetPolicy = field(default_factory=BudgetPolicy)
+    # the next turn's prefix prefilled after a reasoning answer (--no-warm-next-turn: off)
+    next_turn: NextTurnWarmer = field(default_factory=NextTurnWarmer)
 
     @property
     def tokenizer(self):

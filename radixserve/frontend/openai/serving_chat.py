@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from radixserve.frontend.async_llm import NO_TICKET, QueueTicket
 from radixserve.frontend.fanout import gate_on_reasoning
+from radixserve.frontend.next_turn import Answer, AnswerTape
 from radixserve.frontend.http.asgi_io import SSE_DONE
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.openai.protocol import UsageInfo, random_id
@@ -91,6 +92,8 @@ def _message_dict(m) -> dict:
     # (it writes that text as the call's analysis instead)
     if m.reasoning_content is not None and not (m.tool_calls and m.text()):
         d["thinking"] = m.reasoning_content
+    if m.reasoning_content is not None:  # Qwen3's, GLM's, ...: kept within a tool loop
+        d["reasoning_content"] = m.reasoning_content
     if m.tool_call_id is not None:
         d["tool_call_id"] = m.tool_call_id
     return d
@@ -173,7 +176,19 @@ class ChatServer:
                 if step.state.finished:
                     finals[step.index] = step.state
         build = functools.partial(self._response, ids, parsers, request_id, finals)
-        return await off_loop_if_large(self.response_bytes(params), build)
+        response = await off_loop_if_large(self.response_bytes(params), build)
+        if params.n == 1:
+            message = response.choices[0].message
+            self.warm_next_turn(body, finals[0], Answer(message.reasoning_content,
+                                                        message.content,
+                                                        message.tool_calls or []))
+        return response
+
+    def warm_next_turn(self, body, state: RequestState, answer: Answer) -> None:
+        """Prefill the next turn's prefix when the template drops ``answer``'s reasoning
+        from the history (frontend/next_turn.py); returns at once."""
+        self.ctx.next_turn.after(self.ctx, functools.partial(render_messages, self.ctx), body,
+                                 state, answer)
 
     def response_bytes(self, params, limit: int | None = None, stream: bool = False) -> int:
         """The answer's estimated bytes (`response_size`); 400 naming the parameters and
@@ -232,6 +247,7 @@ class ChatServer:
         states: dict[int, RequestState] = {}
         unfinished = params.n
         tail = ""  # the last choice's finish chunk, sent with the end of the stream
+        tape = AnswerTape() if params.n == 1 else None  # the answer, for `warm_next_turn`
         async with contextlib.aclosing(
             self.ctx.engine.generate(ids, params, request_id, body.priority, arrival, ticket)
         ) as steps:
@@ -252,6 +268,8 @@ class ChatServer:
                     logprobs = _logprobs(state,
                                          len(state.token_ids) - len(step.output.new_token_ids))
                 for delta in deltas:
+                    if tape is not None:
+                        tape.add(delta)
                     yield chunk(step.index, delta, logprobs=logprobs)
                     logprobs = None
                 if logprobs is not None:
@@ -265,6 +283,8 @@ class ChatServer:
                         yield event
                     else:
                         tail = event
+        if tape is not None and states:
+            self.warm_next_turn(body, states[0], tape.answer())
         if include_usage:
             tail += sse(ChatCompletionStreamResponse(
                 id=request_id, created=created, model=model, choices=[],

@@ -35,7 +35,8 @@ from radixserve.frontend.output_processor import RequestState
 from radixserve.frontend.prompt_progress import progress_fields
 from radixserve.sampling_params import SamplingParams
 from radixserve.frontend.openai.protocol import random_id
-from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
+from radixserve.frontend.next_turn import Answer
+from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest, ChatMessage
 from radixserve.frontend.responses.protocol import FunctionChoice, MessageItem, ResponsesRequest
 from radixserve.frontend.responses.store import BrokenChain
 from radixserve.frontend.responses.output import OutputBuilder
@@ -56,6 +57,7 @@ class ResponsePlan:
     parsers: ChatParsers
     response_id: str
     created_at: int
+    chat: ChatCompletionRequest | None = None  # the chat request it runs as
 
 
 class ResponsesServer:
@@ -78,7 +80,7 @@ class ResponsesServer:
         ids, params, parsers = await self.chat.prepare(chat_body)
         params.return_progress = bool(body.stream) and body.return_progress
         return ResponsePlan(body, items, ids, params, parsers, random_id("resp_"),
-                            int(time.time()))
+                            int(time.time()), chat_body)
 
     async def full(self, plan: ResponsePlan, arrival: float, ticket=NO_TICKET) -> bytes:
         state = None
@@ -90,6 +92,7 @@ class ResponsesServer:
         builder.finish(_status(state))
         response = self._response(plan, builder, state, _status(state))
         await self._store(plan, response)
+        self._warm_next_turn(plan, response, state)
         return msgspec.json.encode(response)
 
     def stream(self, plan: ResponsePlan, arrival: float, ticket=NO_TICKET) -> ResponseEvents:
@@ -105,6 +108,19 @@ class ResponsesServer:
         if plan.body.store is not False and \
                 not await self.ctx.response_store.put(response, plan.input_items):
             response["store"] = False  # the write failed (logged): the answer still goes
+
+    def _warm_next_turn(self, plan: ResponsePlan, response: dict, state: RequestState) -> None:
+        """The chat route's next-turn warm-up (frontend/next_turn.py), for the answer as the
+        next request converts it: its output items, sent back or read from the store."""
+        answer = chat_messages(None, response["output"])
+        if len(answer) != 1 or answer[0]["role"] != "assistant":
+            return
+        try:
+            message = ChatMessage.model_validate(answer[0])
+        except ValueError:  # items no client could send back: nothing to warm
+            return
+        self.chat.warm_next_turn(plan.chat, state, Answer(
+            message.reasoning_content, message.content, message.tool_calls or []))
 
     def _response(self, plan: ResponsePlan, builder: OutputBuilder,
                   state: RequestState | None, status: str) -> dict:
@@ -205,6 +221,7 @@ class ResponseEvents:
         events = builder.finish(status)
         response = server._response(plan, builder, self.state, status)
         await server._store(plan, response)
+        server._warm_next_turn(plan, response, self.state)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         yield "".join(map(seq.event, events)) + seq.event({"type": kind, "response": response})
 
