@@ -158,3 +158,22 @@ def test_an_argument_named_like_an_attribute_reads_as_the_argument() -> None:
     template = ("{% for m in messages %}{% for c in m.tool_calls or [] %}"
                 "{{ c.function.arguments.text }}{% endfor %}{% endfor %}")
     assert render_chat_template(template, _history('{"text": "hello"}')) == "hello"
+
+
+def test_a_tool_call_without_content_renders_on_templates_that_read_it():
+    """OpenAI clients send an assistant tool call with ``content: null``; Qwen3's template reads
+    every assistant message's content as text (``'</think>' in message.content``) and fails on
+    a missing one, so such a message renders with empty content (llama.cpp does the same); a
+    template that handles the missing key renders as before."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "content": "ok", "tool_call_id": "c1"}]
+    empty = [history[0], {**history[1], "content": ""}, history[2]]
+    qwen3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+    out = render_chat_template(qwen3, history, add_generation_prompt=True)
+    assert out == render_chat_template(qwen3, empty, add_generation_prompt=True)
+    assert '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>' in out
+    lenient = ("{% for m in messages %}[{{ m.content is defined }}"
+               "{% for c in m.tool_calls or [] %} {{ c.function.name }}{% endfor %}]{% endfor %}")
+    assert render_chat_template(lenient, history) == "[True][False f][True]"

@@ -214,10 +214,28 @@ def render_chat_template(
             raise TypeError(f"chat messages must be mappings, got {type(message).__name__}")
     messages, tools = adapt_tools(source, messages, tools)
     context = {**(special_tokens or {}), **kwargs}
-    return compile_chat_template(source).render(
-        messages=_normalize_messages(messages),
-        tools=tools,
-        documents=None if documents is None else [dict(doc) for doc in documents],
-        add_generation_prompt=add_generation_prompt,
-        **context,
-    )
+    template = compile_chat_template(source)
+    normalized = _normalize_messages(messages)
+    docs = None if documents is None else [dict(doc) for doc in documents]
+    try:
+        return template.render(messages=normalized, tools=tools, documents=docs,
+                               add_generation_prompt=add_generation_prompt, **context)
+    except (jinja2.UndefinedError, TypeError):
+        # a template that reads every message's content as text (Qwen3's: `'</think>' in
+        # message.content`) fails on a tool-call message without one, which OpenAI clients
+        # send (content null): render those with empty content, as llama.cpp does for
+        # templates that need it; any other failure is the template's own
+        filled = _with_empty_content(normalized)
+        if filled is None:
+            raise
+        return template.render(messages=filled, tools=tools, documents=docs,
+                               add_generation_prompt=add_generation_prompt, **context)
+
+
+def _with_empty_content(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``messages`` with ``content: ""`` where an assistant message has none; None when
+    every message has content (nothing to fill)."""
+    if all("content" in m for m in messages):
+        return None
+    return [m if "content" in m or m.get("role") != "assistant" else {**m, "content": ""}
+            for m in messages]
