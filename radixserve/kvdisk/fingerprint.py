@@ -2,7 +2,7 @@
 page is only ever read back by an engine that would have computed the same bytes. Its hex
 names the store's folder (store.py). Torch-free: the engine passes the resolved values in.
 
-What goes in: the model files' identity (absolute path, size and mtime of the GGUF, or of a
+What goes in: the model files' identity (resolved path, size and mtime of the GGUF, or of a
 folder's config.json and weight files: a re-downloaded or edited model is another model),
 the quantization mode, the model's and the pool's element types, the pages' tokens
 (block size), the pool row's geometry (layers, KV heads, row width), the tensor-parallel size,
@@ -42,14 +42,16 @@ class ModelIdentity:
 
     def fingerprint(self) -> bytes:
         """32 bytes: sha256 over these fields, the files' identity and `FORMAT`."""
-        fields = {**asdict(self), "files": files_identity(self.model_path), "format": FORMAT}
+        fields = {**asdict(self), "model_path": os.path.realpath(self.model_path),
+                  "files": files_identity(self.model_path), "format": FORMAT}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).digest()
 
 
 def files_identity(path: str) -> list[tuple[str, int, int]]:
     """``(path, size, mtime_ns)`` of the model file, or of a folder's config and weight
-    files (sorted), their paths absolute."""
-    path = os.path.abspath(path)
+    files (sorted), their paths resolved: a model reached through a symlink (a --models-dir
+    folder of links, the Hugging Face cache's snapshots) is the model it links to."""
+    path = os.path.realpath(path)
     if os.path.isfile(path):
         paths = [path]
     else:
@@ -58,5 +60,5 @@ def files_identity(path: str) -> list[tuple[str, int, int]]:
     out = []
     for p in paths:
         st = os.stat(p)
-        out.append((p, st.st_size, st.st_mtime_ns))
+        out.append((os.path.realpath(p), st.st_size, st.st_mtime_ns))
     return out

@@ -147,3 +147,24 @@ def test_a_refused_write_is_a_miss_not_an_error(tmp_path):
     assert store.stats.num_write_errors == 2 and store.stats.num_pages_written == 0
     assert store.get(key(1)) is None
     assert store.put(key(2 << 248), payload(2))  # another folder
+
+
+def test_a_model_through_a_symlink_is_the_same_model(tmp_path):
+    """A --models-dir folder of links, or the Hugging Face cache's snapshots: the fingerprint
+    follows the link, so pages saved by ``serve --model FILE`` are found through it; an edited
+    file is another model."""
+    from dataclasses import replace
+
+    from radixserve.kvdisk.fingerprint import ModelIdentity
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"weights")
+    (tmp_path / "dir").mkdir()
+    link = tmp_path / "dir" / "alias.gguf"
+    link.symlink_to(model)
+    ident = ModelIdentity(str(model), "gguf", "float32", "float16", 16, 2, 2, 64, 1, "cpu",
+                          "amx")
+    before = ident.fingerprint()
+    assert replace(ident, model_path=str(link)).fingerprint() == before
+    model.write_bytes(b"other weights")
+    assert replace(ident, model_path=str(link)).fingerprint() != before
