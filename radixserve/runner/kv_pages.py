@@ -22,7 +22,7 @@ class KVPages:
         planes = []
         for k, v in kv_caches:
             planes.append(k)
-            if v.data_ptr() != k.data_ptr():
+            if not v.is_set_to(k):  # MLA: V is K's tensor (one plane)
                 planes.append(v)
         self.planes = planes
         self.plane_bytes = [t[0].numel() * t.element_size() for t in planes]

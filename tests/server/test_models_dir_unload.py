@@ -8,6 +8,7 @@ and the model does unload."""
 from __future__ import annotations
 
 import concurrent.futures
+from collections import Counter
 import json
 import os
 import time
@@ -80,7 +81,10 @@ def test_swaps_leak_no_fd_folder_or_memory(two_models, tmp_path):
         for i in range(2, 12):
             swap(i)
         # b loaded again (as at the baseline), under its 12th load's folder
-        assert settled(lambda: fds(pid), base_fds) == base_fds
+        after = settled(lambda: fds(pid), base_fds)
+        # nothing the swaps opened stays open (a connection still closing at the baseline
+        # may be gone by now: fewer is no leak)
+        assert not Counter(after) - Counter(base_fds), (after, base_fds)
         assert [p.replace("b-12", "X") for p in tree(str(tmp))] == base_tree
         grown = rss_mb(pid) - base_rss
         assert grown < 60, f"API process grew {grown:.0f} MB over 10 swaps"
