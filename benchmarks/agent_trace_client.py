@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,9 +14,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hybrid_chat import Reply
+from hybrid_chat import send as hybrid_send
 from real_size import start
-
-from radixserve.bench.apis import sse_event
 
 
 @dataclass(slots=True)
@@ -50,17 +48,9 @@ class AgentReply(Reply):
 
 def send(base_url: str, body: dict) -> AgentReply:
     """POST ``body`` to the chat route and read its stream. RuntimeError on an HTTP error."""
-    reply = AgentReply()
     # a fresh connection per request: llama-server closes a streamed response's connection
     with httpx.Client(timeout=httpx.Timeout(3600.0, connect=30.0)) as client:
-        began = time.perf_counter()
-        with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as resp:
-            if resp.status_code != 200:
-                raise RuntimeError(f"HTTP {resp.status_code}: {resp.read().decode()[:300]}")
-            for line in resp.iter_lines():
-                event = sse_event(line.encode())
-                if isinstance(event, dict):
-                    reply.read(event, time.perf_counter() - began)
+        reply = hybrid_send(client, base_url, body, AgentReply())
     if reply.ttft_s is None:
         raise RuntimeError(f"the stream carried no answer: {body['messages'][-1]}")
     return reply

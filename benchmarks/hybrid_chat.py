@@ -123,9 +123,10 @@ def request_body(model: str | None, messages: list[dict], max_tokens: int) -> di
     return {"model": model, **body} if model else body
 
 
-def send(client: httpx.Client, base_url: str, body: dict) -> Reply:
-    """POST ``body`` to the chat route and read its stream. RuntimeError on an HTTP error."""
-    reply = Reply()
+def send(client: httpx.Client, base_url: str, body: dict, reply: Reply | None = None) -> Reply:
+    """POST ``body`` to the chat route and read its stream into ``reply`` (a new `Reply` by
+    default). RuntimeError on an HTTP error."""
+    reply = Reply() if reply is None else reply
     start_t = time.perf_counter()
     with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as resp:
         if resp.status_code != 200:

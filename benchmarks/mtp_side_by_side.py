@@ -84,74 +84,19 @@ def run(name, cmd, env=None):
         proc.wait()
 
 
-lib = {"LD_LIBRARY_PATH": B}
-common = [
-    "--model",
-    F,
-    "--served-model-name",
-    "m",
-    "--port",
-    "PORT",
-    "--threads",
-    "2",
-    "--kv-cache-memory-gb",
-    "1",
-    "--max-model-len",
-    "4096",
-    "--no-kv-disk-cache",
-]
+LIB = {"LD_LIBRARY_PATH": B}
+RS_ARGS = ["--model", F, "--served-model-name", "m", "--port", "PORT", "--threads", "2",
+           "--kv-cache-memory-gb", "1", "--max-model-len", "4096", "--no-kv-disk-cache"]
+LL_ARGS = ["-m", F, "--port", "PORT", "-t", "2", "-c", "4096", "--no-repack"]
+MODES = {  # name -> (command, environment)
+    "rs-off": ([RS, "serve", *RS_ARGS, "--speculative", "off"], None),
+    "rs-mtp": ([RS, "serve", *RS_ARGS, "--speculative", "mtp"], None),
+    "rs-mtp-k1": ([RS, "serve", *RS_ARGS, "--speculative", "mtp", "--num-speculative-tokens",
+                   "1", "--no-speculative-adaptive"], None),
+    "ll-off": ([f"{B}/llama-server", *LL_ARGS], LIB),
+    "ll-mtp": ([f"{B}/llama-server", *LL_ARGS, "--spec-type", "draft-mtp"], LIB),
+}
 for mode in sys.argv[2:] or ["rs-off", "rs-mtp", "ll-off", "ll-mtp"]:
-    if mode == "rs-off":
-        run(mode, [RS, "serve", *common, "--speculative", "off"])
-    if mode == "rs-mtp":
-        run(mode, [RS, "serve", *common, "--speculative", "mtp"])
-    if mode == "rs-mtp-k1":
-        run(
-            mode,
-            [
-                RS,
-                "serve",
-                *common,
-                "--speculative",
-                "mtp",
-                "--num-speculative-tokens",
-                "1",
-                "--no-speculative-adaptive",
-            ],
-        )
-    if mode == "ll-off":
-        run(
-            mode,
-            [
-                f"{B}/llama-server",
-                "-m",
-                F,
-                "--port",
-                "PORT",
-                "-t",
-                "2",
-                "-c",
-                "4096",
-                "--no-repack",
-            ],
-            lib,
-        )
-    if mode == "ll-mtp":
-        run(
-            mode,
-            [
-                f"{B}/llama-server",
-                "-m",
-                F,
-                "--port",
-                "PORT",
-                "-t",
-                "2",
-                "-c",
-                "4096",
-                "--no-repack",
-                "--spec-type",
-                "draft-mtp",
-            ],
-            lib,
-        )
+    if mode not in MODES:
+        raise SystemExit(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
+    run(mode, *MODES[mode])
