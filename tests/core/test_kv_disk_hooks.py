@@ -4,6 +4,8 @@ which enter the tree as cached, and every block is accounted for."""
 
 from __future__ import annotations
 
+from radix_paths import path_tokens
+
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.kv.radix_cache import RadixCache
@@ -11,15 +13,6 @@ from radixserve.core.request import Request
 from radixserve.sampling_params import SamplingParams
 
 BS = 2
-
-
-def path_tokens(node) -> list[int]:
-    """The tokens from the root to the end of ``node``'s key."""
-    keys = []
-    while node.parent is not None:
-        keys.append(node.key)
-        node = node.parent
-    return [t for key in reversed(keys) for t in key]
 
 
 class FakeTier:

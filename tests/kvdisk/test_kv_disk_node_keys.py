@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+from radix_paths import path_tokens
+
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_events import chain_hashes
 from radixserve.core.kv.radix_cache import RadixCache
@@ -12,14 +14,6 @@ from radixserve.core.kv.radix_node import iter_nodes
 from radixserve.kvdisk.tier import ROOT_HASH, NodeKeys
 
 BS = 2
-
-
-def path_tokens(node) -> list[int]:
-    keys = []
-    while node.parent is not None:
-        keys.append(node.key)
-        node = node.parent
-    return [t for key in reversed(keys) for t in key]
 
 
 def expected(node) -> list[bytes]:
