@@ -245,12 +245,12 @@ def _kv_manager(config: EngineConfig, groups: KVGroups, num_blocks: int,
     pool = BlockPool(num_blocks, with_null_block=groups.has_sliding)
     caching = config.cache.enable_prefix_caching
     states = StatePool(num_state_slots) if num_state_slots else None
-    snapshots = Snapshots(states) if states is not None else None
+    snapshots = Snapshots(states, disk) if states is not None else None
     cache = (RadixCache(pool, block_size, groups, events, snapshots, disk) if caching
              else NoPrefixCache(pool))
     if states is not None:
         return KVCacheManager(pool, cache, block_size, groups,
-                              RecurrentStates(states, cache, block_size, caching))
+                              RecurrentStates(states, cache, block_size, caching), disk)
     if len(groups.groups) > 1 or groups.has_sliding:
         logger.info("KV groups: %s, blocks of %d layers (%d in the pool)",
                     groups.describe(), groups.unit_layers, num_blocks)

@@ -15,6 +15,7 @@ from radixserve.kvdisk.store import DiskPageStore
 from radixserve.kvdisk.tier import KVDiskTier
 from radixserve.models.loader import device_and_dtype
 from radixserve.runner.kv_pages import KVPages
+from radixserve.runner.state_pages import StatePages
 
 logger = logging.getLogger(__name__)
 
@@ -22,9 +23,9 @@ def make_disk_tier(config: EngineConfig, model_path: str, runner, quantization: 
                    kv_dtype: torch.dtype) -> KVDiskTier | None:
     """The tier ``config.kv_disk`` asks for over ``runner``'s pool, or None: not asked for,
     or this engine keeps no plain full-attention pages (no prefix cache, sliding-window
-    groups, a hybrid model's recurrent states: their snapshots are not saved yet, tensor
-    parallel: each rank holds a share of each page, a draft model: its own pool would miss
-    the restored pages)."""
+    groups, tensor parallel: each rank holds a share of each page, a draft model or an MTP
+    block: its own KV would miss the restored pages). A hybrid model's recurrent-state
+    snapshots are saved beside its pages."""
     disk = config.kv_disk
     if disk.path is None:
         return None
@@ -43,9 +44,11 @@ def make_disk_tier(config: EngineConfig, model_path: str, runner, quantization: 
               else default_budget_bytes(disk.path))
     store = DiskPageStore(disk.path, identity.fingerprint(), budget)
     pages = KVPages(runner.kv_caches)
-    logger.info("KV disk cache: %s (budget %.1f GiB, pages of %d tokens, %.0f KiB each)",
-                store.folder, budget / GIB, config.cache.block_size, pages.page_bytes / 1024)
-    return KVDiskTier(store, pages, config.cache.block_size)
+    states = StatePages(runner.states) if runner.states is not None else None
+    logger.info("KV disk cache: %s (budget %.1f GiB, pages of %d tokens, %.0f KiB each%s)",
+                store.folder, budget / GIB, config.cache.block_size, pages.page_bytes / 1024,
+                f"; recurrent states of {states.slot_bytes / 2**20:.1f} MiB" if states else "")
+    return KVDiskTier(store, pages, config.cache.block_size, states=states)
 
 
 def _why_off(config: EngineConfig, runner) -> str | None:
@@ -55,8 +58,8 @@ def _why_off(config: EngineConfig, runner) -> str | None:
         return "tensor parallel: each rank holds a share of each page"
     if config.speculative.draft_model is not None:
         return "a draft model's KV pool is not saved with the target's"
-    if runner.states is not None:
-        return "recurrent-state snapshots are not saved to disk yet"
+    if config.speculative.method == "mtp":
+        return "the MTP block's KV layer is not saved with the target's"
     if len(runner.groups.groups) > 1 or runner.groups.has_sliding:
         return "sliding-window KV groups are not saved to disk yet"
     return None

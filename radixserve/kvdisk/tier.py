@@ -12,14 +12,19 @@ the node's path, skips the pages the disk holds, copies the rest out of the pool
 and queues their write on one writer thread. Queued bytes are bounded (``max_pending_bytes``):
 past it an eviction is not saved (counted). A lookup that reaches a page still queued waits
 for the writes (reading it back beats computing it again).
+
+A hybrid model's recurrent-state snapshots go the same way, one file each, keyed by
+``state_key`` of the page they end (its state after that page): saved as the cache lets go of
+them (`evicting_state`) and at shutdown, read back by `lookup_state` / `load_state`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -29,6 +34,7 @@ from radixserve.core.kv.kv_events import LORA_KEY_SHIFT, chain_hashes, vllm_sha2
 from radixserve.core.kv.radix_node import RadixNode, iter_nodes
 from radixserve.kvdisk.store import DiskPageStore
 from radixserve.runner.kv_pages import KVPages
+from radixserve.runner.state_pages import StatePages
 
 logger = logging.getLogger(__name__)
 
@@ -37,20 +43,30 @@ LOAD_BUFFER_BYTES = 32 << 20  # pages are read into this much memory, then copie
 SHUTDOWN_SAVE_S = 5.0  # NOTE: the API process waits 10 s for the engine to exit (core_client)
 
 
+def state_key(page_key: bytes) -> bytes:
+    """The key of the recurrent state after the page keyed ``page_key``."""
+    return hashlib.sha256(b"recurrent state " + page_key).digest()
+
+
 @dataclass(slots=True)
 class TierStats:
     num_pages_queued: int = 0  # handed to the writer (some may turn out on disk already)
     num_pages_dropped: int = 0  # evicted while the writer was too far behind: not saved
     num_pages_restored: int = 0  # read back into the pool
+    num_states_queued: int = 0  # recurrent-state snapshots handed to the writer
+    num_states_restored: int = 0
+    num_bytes_queued: int = 0
 
 
 class KVDiskTier:
     """Saves evicted pages to ``store`` and reads them back (see the module docstring)."""
 
     def __init__(self, store: DiskPageStore, pages: KVPages, block_size: int,
-                 max_pending_bytes: int = 1 << 30) -> None:
+                 max_pending_bytes: int = 1 << 30, states: StatePages | None = None) -> None:
+        """``states``: a hybrid model's state slots (None: no recurrent layers)."""
         self.store = store
         self.pages = pages
+        self.states = states
         self.block_size = block_size
         self.max_pending_bytes = max_pending_bytes
         self.stats = TierStats()
@@ -64,15 +80,26 @@ class KVDiskTier:
         # NOTE: reused: a fresh buffer's first touch, inside readinto, measured 10x its read
         self._buf = np.zeros((max(1, LOAD_BUFFER_BYTES // pages.page_bytes), pages.page_bytes),
                              np.uint8)
+        self._state_buf = np.zeros(states.slot_bytes if states else 0, np.uint8)
 
     # -- DiskTier ----------------------------------------------------------------------------
 
     def evicting(self, node: RadixNode, block_ids: list[int]) -> None:
         if self._closed or not block_ids or node.key[0] >= LORA_KEY_SHIFT:
             return
-        self._save(self._keys.of(node)[-len(block_ids):], block_ids)
+        self.stats.num_pages_queued += self._save(
+            self._keys.of(node)[-len(block_ids):], block_ids, self.pages.page_bytes,
+            self.pages.copy_out)
         if len(block_ids) * self.block_size == len(node.key):
             self._keys.forget(node)  # the whole node goes
+
+    def evicting_state(self, node: RadixNode, slot: int) -> None:
+        if self._closed or self.states is None or node.key[0] >= LORA_KEY_SHIFT:
+            return
+        key = state_key(self._keys.of(node)[-1])
+        queued = self._save([key], [slot], self.states.slot_bytes,
+                            lambda slots: self.states.copy_out(slots[0])[None])
+        self.stats.num_states_queued += queued
 
     def lookup(self, token_ids: list[int], first_page: int) -> list[bytes]:
         num_pages = len(token_ids) // self.block_size
@@ -91,6 +118,24 @@ class KVDiskTier:
                 break
             found.append(key)
         return found
+
+    def lookup_state(self, token_ids: list[int], lo: int, hi: int) -> tuple[int, bytes] | None:
+        if (self.states is None or hi <= lo or not token_ids
+                or token_ids[0] >= LORA_KEY_SHIFT):
+            return None
+        keys = chain_hashes(ROOT_HASH, token_ids[:hi * self.block_size], self.block_size)
+        for k in range(hi, lo, -1):  # the deepest first: a hit resumes as late as it can
+            key = state_key(keys[k - 1])
+            if self._has(key):
+                return k, key
+        return None
+
+    def load_state(self, handle: bytes, slot: int) -> bool:
+        if self.states is None or self.store.get(handle, memoryview(self._state_buf)) is None:
+            return False
+        self.states.copy_in(slot, self._state_buf)
+        self.stats.num_states_restored += 1
+        return True
 
     def load(self, pages: list[bytes], block_ids: list[int]) -> int:
         num = 0
@@ -118,15 +163,19 @@ class KVDiskTier:
         root = getattr(cache, "root", None)
         if root is not None:
             deadline = time.monotonic() + time_limit_s
-            budget, before = self.store.budget_bytes, self.stats.num_pages_queued
+            stats = self.stats
+            before = (stats.num_pages_queued, stats.num_states_queued, stats.num_bytes_queued)
             for node in sorted(_cached_nodes(root), key=lambda n: n.last_access):
-                if (self.stats.num_pages_queued - before) * self.pages.page_bytes >= budget \
-                        or time.monotonic() > deadline:
+                if (stats.num_bytes_queued - before[2] >= self.store.budget_bytes
+                        or time.monotonic() > deadline):
                     break
+                if node.snapshot is not None:  # (first: `evicting` forgets the node's keys)
+                    self.evicting_state(node, node.snapshot)
                 self.evicting(node, node.blocks)
                 self.flush()  # one node at a time: its copy is all that is held
-            logger.info("KV disk cache: %d cached pages saved at shutdown",
-                        self.stats.num_pages_queued - before)
+            logger.info("KV disk cache: %d cached pages and %d recurrent states saved at "
+                        "shutdown", stats.num_pages_queued - before[0],
+                        stats.num_states_queued - before[1])
         self._closed = True
         self.flush()
         self._writer.shutdown(wait=True)
@@ -147,24 +196,28 @@ class KVDiskTier:
             self.flush()
         return self.store.contains(key)
 
-    def _save(self, keys: list[bytes], block_ids: list[int]) -> None:
+    def _save(self, keys: list[bytes], ids: list[int], row_bytes: int,
+              copy_out: Callable[[list[int]], np.ndarray]) -> int:
+        """Queue the write of ``keys``' rows that the disk does not hold: ``copy_out(ids)``,
+        ``[len(ids), row_bytes]`` (pages, or one state slot) copied now; return how many."""
         with self._lock:
-            todo = [(k, b) for k, b in zip(keys, block_ids)
+            todo = [(k, b) for k, b in zip(keys, ids)
                     if k not in self._pending and not self.store.contains(k)]
-            size = len(todo) * self.pages.page_bytes
+            size = len(todo) * row_bytes
             if not todo:
-                return
+                return 0
             if self._pending_bytes + size > self.max_pending_bytes:
                 self.stats.num_pages_dropped += len(todo)
-                return
+                return 0
             self._pending.update(k for k, _ in todo)
             self._pending_bytes += size
-        data = self.pages.copy_out([b for _, b in todo])
-        self.stats.num_pages_queued += len(todo)
+        data = copy_out([b for _, b in todo])
+        self.stats.num_bytes_queued += size
         future = self._writer.submit(self._write, [k for k, _ in todo], data, size)
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()]
             self._futures.append(future)
+        return len(todo)
 
     def _write(self, keys: list[bytes], rows: np.ndarray, size: int) -> None:
         """On the writer thread."""

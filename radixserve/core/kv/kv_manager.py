@@ -40,7 +40,8 @@ class KVCacheManager:
     prefix cache keeps snapshots of them where pages are cached.
 
     With a disk tier (disk_hooks.py, one full-attention group) a match continues on disk:
-    the pages found there get blocks, their rows copied in, and enter the tree as cached.
+    the pages found there get blocks, their rows copied in, and enter the tree as cached; a
+    hybrid model's, up to the deepest page whose recurrent state the disk holds.
 
     NOTE: a request's tables always cover at least its ``num_computed_tokens``; the
     prefix-cache handle of a running request stays locked until ``free``.
@@ -64,6 +65,7 @@ class KVCacheManager:
         self._m0 = self.groups.groups[0].units_per_page
         self._single = len(self.groups.groups) == 1
         self.states = states or NoRecurrentStates()
+        self._hybrid = isinstance(self.states, RecurrentStates)
         self.disk = disk or NoDiskTier()
         self.num_disk_hit_tokens = 0  # of num_hit_tokens, those read back from the disk tier
         self._resume: dict[str, int | None] = {}  # a hit's snapshot slot, until allocation
@@ -122,6 +124,8 @@ class KVCacheManager:
             request.window_block_ids = [list(t) for t in match.window_block_ids]
         for table in self.tables(request):
             self.block_pool.share(self._owned(table))
+        if self._hybrid:
+            return self._restore_state(request, match)
         return self._restore(request, match.num_tokens)
 
     def cached_len(self, request: Request) -> int:
@@ -303,6 +307,58 @@ class KVCacheManager:
         self._handles[request.request_id] = handle
         self.num_hit_tokens += end - num_cached
         self.num_disk_hit_tokens += end - num_cached
+        return end
+
+    def _restore_state(self, request: Request, match) -> int:
+        """A hybrid model's match continued up to the deepest page end ``k`` whose recurrent
+        state the disk tier holds, past the usable hit ``lo``: over the pages the tree
+        matched without a snapshot (``match.past_block_ids``), then those the disk holds.
+        The state goes into a spare slot that the tree keeps as its snapshot at ``k``, and
+        the request resumes from it; return the tokens now cached. Nothing changes when no
+        state is found, or a page or the state fails to load.
+
+            pages: [ usable hit | the tree's, no snapshot | on the disk ... | computed ]
+                                ^ lo                                 ^ k (state on disk)
+        """
+        bs, rid = self.block_size, request.request_id
+        tokens, lo = cache_tokens(request, -1), match.num_tokens // bs
+        tree_end = lo + len(match.past_block_ids)
+        disk_pages = self.disk.lookup(tokens, tree_end)
+        found = self.disk.lookup_state(tokens, lo, tree_end + len(disk_pages))
+        if found is None:
+            return match.num_tokens
+        k, state = found
+        num = max(0, k - tree_end)  # pages to read from the disk
+        if num > self.block_pool.num_free_blocks + self.prefix_cache.num_evictable_blocks:
+            return match.num_tokens
+        slot = self.states.spare_slot()
+        if slot is None:
+            return match.num_tokens
+        shared = match.past_block_ids[:k - lo]
+        self.block_pool.share(shared)  # (before evicting: the tree's copies are unlocked)
+        request.block_ids.extend(shared)
+        if num:
+            self.prefix_cache.evict(num - self.block_pool.num_free_blocks)
+            blocks = self.block_pool.allocate(num)
+            request.block_ids.extend(blocks)
+        if (num and self.disk.load(disk_pages[:num], request.block_ids[-num:]) < num
+                or not self.disk.load_state(state, slot)):
+            self.block_pool.free(request.block_ids[lo:])
+            del request.block_ids[lo:]
+            self.states.pool.free(slot)
+            return match.num_tokens
+        end = k * bs
+        handle = self.prefix_cache.cache_blocks(tokens[:end], request.block_ids)
+        self.prefix_cache.lock(handle)
+        self.prefix_cache.unlock(self._handles[rid])
+        self._handles[rid] = handle
+        attached = self.prefix_cache.attach_snapshot(handle, slot, end)
+        assert attached, "the tree held a snapshot past the usable hit"
+        self._unpin(request)
+        self.prefix_cache.pin_snapshot(handle, True)  # kept until its copy ran
+        self._pinned[rid], self._resume[rid] = handle, slot
+        self.num_hit_tokens += end - match.num_tokens
+        self.num_disk_hit_tokens += end - match.num_tokens
         return end
 
     def close(self) -> None:

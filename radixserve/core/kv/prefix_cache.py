@@ -16,13 +16,16 @@ class PrefixMatch:
     ``window_block_ids``: the tables of the KV groups after the first (kv_groups.py), the
     pages a sliding group no longer needs holding the null block. ``snapshot``: for a hybrid
     model, the state-pool slot holding its recurrent state after ``num_tokens`` (None with no
-    hit; core/kv/radix_snapshots.py)."""
+    hit; core/kv/radix_snapshots.py). ``past_block_ids``: the first group's blocks of the
+    pages the tree matched past a hybrid's usable hit (no snapshot at their ends), neither
+    locked nor shared: a recurrent state from the disk tier may make them usable."""
 
     block_ids: list[int]
     num_tokens: int
     handle: Any = None
     window_block_ids: list[list[int]] = field(default_factory=list)
     snapshot: int | None = None  # the recurrent-state slot to resume from (hybrid models)
+    past_block_ids: list[int] = field(default_factory=list)
 
 
 class PrefixCache(Protocol):

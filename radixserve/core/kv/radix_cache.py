@@ -108,8 +108,10 @@ class RadixCache:
         n = self._window.hit_limit(token_ids, len(token_ids) - len(token_ids) % self.block_size)
         node, num_tokens = self._walk(token_ids, n, tables)
         node, usable = self.snapshots.hit(node, num_tokens)
+        past: list[int] = []
         if usable < num_tokens:  # a hybrid model resumes at its deepest snapshot
             pages, num_tokens = usable // self.block_size, usable
+            past = tables[0][pages * self.groups[0].units_per_page:]
             for group, table in zip(self.groups, tables):
                 del table[pages * group.units_per_page:]
         self.num_queries_tokens += len(token_ids)
@@ -119,7 +121,7 @@ class RadixCache:
             hit.hits += 1
             hit = hit.parent
         self._window.null_unneeded(tables, num_tokens)
-        return PrefixMatch(tables[0], num_tokens, node, tables[1:], node.snapshot)
+        return PrefixMatch(tables[0], num_tokens, node, tables[1:], node.snapshot, past)
 
     def cached_len(self, token_ids: list[int]) -> int:
         """Tokens of ``token_ids`` that ``match_prefix`` would find now, without its side
@@ -219,6 +221,8 @@ class RadixCache:
         freed, bs = 0, self.block_size
         while freed < num_blocks and (node := self._lru.least_recent()) is not None:
             pages, units = self._window.tail(node, num_blocks - freed)
+            if pages:  # its end goes (NOTE: first: the disk keys the snapshot by that end)
+                self.snapshots.dropped(node)
             self.disk.evicting(node, units)  # NOTE: before the free: then the rows are intact
             self.block_pool.free(units)
             self._evictable -= len(units)
@@ -229,7 +233,6 @@ class RadixCache:
                     del table[len(table) - pages * group.units_per_page:]
                 del node.key[-pages * bs:]
                 node.end -= pages * bs
-                self.snapshots.dropped(node)  # its end moved
                 if node.hashes and pages:
                     self.events.removed(node.hashes[-pages:])
                     del node.hashes[-pages:]

@@ -16,7 +16,8 @@ runs dry, the least recently used snapshot goes (its node and KV stay, still a p
 snapshots) — any but those *pinned*: a hit's snapshot until the step that copies it ran (a
 request's own earlier chunk snapshots may go, though its lock keeps their pages); a node that
 loses its KV (evicted, or its tail pages cut) frees its snapshot with it. A node split keeps its snapshot on the lower half, which keeps the
-end the snapshot belongs to.
+end the snapshot belongs to. A snapshot that goes is first offered to the disk tier
+(``disk``: core/kv/disk_hooks.py), unless the whole cache is reset.
 
 The null object, `NoSnapshots`, is the policy of a model without recurrent layers: a hit ends
 wherever the pages match.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from radixserve.core.kv.disk_hooks import DiskTier, NoDiskTier
 from radixserve.core.kv.radix_node import RadixNode
 from radixserve.core.kv.state_pool import StatePool
 
@@ -69,8 +71,9 @@ class Snapshots:
 
     keeps = True
 
-    def __init__(self, pool: StatePool) -> None:
+    def __init__(self, pool: StatePool, disk: DiskTier | None = None) -> None:
         self.pool = pool
+        self.disk = disk or NoDiskTier()
         self._lru: OrderedDict[RadixNode, None] = OrderedDict()
         self._pins: dict[RadixNode, int] = {}
 
@@ -130,14 +133,18 @@ class Snapshots:
 
     def clear(self) -> None:
         for node in list(self._lru):
-            self._drop(node)
+            self._drop(node, save=False)
 
     def check(self, nodes: list[RadixNode]) -> None:
         holders = [n for n in nodes if n.snapshot is not None]
         assert len(holders) == len(self._lru) and all(n in self._lru for n in holders), (
             f"{len(holders)} nodes hold snapshots, {len(self._lru)} are listed")
 
-    def _drop(self, node: RadixNode) -> None:
+    def _drop(self, node: RadixNode, save: bool = True) -> None:
+        """Free ``node``'s snapshot; ``save``: offer it to the disk tier first (its node
+        still ends where the state belongs)."""
         del self._lru[node]
+        if save:
+            self.disk.evicting_state(node, node.snapshot)
         self.pool.free(node.snapshot)
         node.snapshot = None

@@ -199,6 +199,12 @@ class RecurrentStates:
             if slot is not None:
                 self.pool.free(slot)
 
+    def spare_slot(self) -> int | None:
+        """A slot for a snapshot read back from the disk tier (the caller hands it to the
+        cache or frees it), evicting the cache's unpinned snapshots if none is free; None
+        if none can be had."""
+        return self._allocate(evict=True)
+
     def _allocate(self, evict: bool) -> int | None:
         slot = self.pool.allocate()
         while slot is None and evict and self.cache.evict_snapshot():
