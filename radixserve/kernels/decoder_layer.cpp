@@ -29,8 +29,9 @@ int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t 
                        const float* v_new, int64_t ldv, const int64_t* slots, void* k_pool,
                        void* v_pool, int64_t kv_dtype, const int64_t* table,
                        int64_t table_stride, const int64_t* row_seq, const int64_t* row_len,
-                       int64_t T, int64_t H, int64_t KVH, int64_t d, int64_t bs, float scale,
-                       int64_t window, float softcap, const float* sinks, float* out);
+                       const int64_t* row_pos, int64_t T, int64_t H, int64_t KVH, int64_t d,
+                       int64_t bs, float scale, int64_t window, float softcap,
+                       const float* sinks, float* out);
 void rs_rms_norm(const float* x, int64_t ldx, const float* w, int64_t M, int64_t K, float eps,
                  float* out, int64_t ldo);
 void rs_add_rms_norm(const float* x, float* residual, const float* w, int64_t M, int64_t K,
@@ -137,8 +138,8 @@ int rs_decoder_attention(const Layer* L, const Step* s, int first) {
             L->sin);
   if (rs_paged_attention(q, qkv_width, k, qkv_width, v, qkv_width, s->slots, L->k_pool,
                          L->v_pool, L->kv_dtype, s->table, s->table_stride, s->row_seq,
-                         s->row_len, M, L->heads, L->kv_heads, hd, L->block_size, L->scale,
-                         L->window, L->softcap, nullptr, s->att))
+                         s->row_len, s->positions, M, L->heads, L->kv_heads, hd, L->block_size,
+                         L->scale, L->window, L->softcap, nullptr, s->att))
     return 2;
   return linear(L->o, s->att, M, s->x);
 }

@@ -235,7 +235,7 @@ bool rs_amx_enabled() { return g_amx; }
 extern "C" {
 
 // Returns the version of this file's interface; the loader checks it.
-int rs_abi_version() { return 19; }
+int rs_abi_version() { return 20; }
 
 // The instruction-set level this library was built for (simd.h).
 const char* rs_level() { return simd::kLevel; }

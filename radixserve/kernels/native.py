@@ -30,13 +30,14 @@ from radixserve.kernels import levels as _levels
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 19  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap;
+ABI_VERSION = 20  # 9: F16 / BF16 parts in rs_block_linear; 10: + attention window, softcap;
 # 11: + rs_decoder_attention, rs_decoder_mlp (the layer in two halves, for tensor parallel);
 # 12: Gemma and q/k norms in the native decoder layer; 13: rs_block_pack (the repack at load);
 # 14: rs_lora_shrink, rs_lora_expand; 15: rs_held_kquants; 16: the tile formats (Q2_K, Q3_K,
 # IQ*, MXFP4, TQ*: tile_linear.cpp) and rs_tile_grids; 17: rs_causal_conv, rs_gated_delta_rule
 # (delta_rule.cpp); 18: rs_causal_conv's bias and activation, rs_ssd_scan and rs_gated_rms_norm
-# (ssd_scan.cpp); 19: rs_paged_attention's sinks (gpt-oss)
+# (ssd_scan.cpp); 19: rs_paged_attention's sinks (gpt-oss); 20: its row positions (a row's
+# window counted back from its position, its limit past it: Gemma 3's image rows)
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -53,7 +54,7 @@ _SIGNATURES = {
     "rs_block_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _I64, _P, _I64]),
     "rs_block_pack": (ctypes.c_int, [_I64, _P, _I64, _I64, _P]),
     "rs_paged_attention": (ctypes.c_int, [_P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P,
-                                          _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
+                                          _I64, _P, _P, _P, _I64, _I64, _I64, _I64, _I64,
                                           ctypes.c_float, _I64, ctypes.c_float, _P, _P]),
     "rs_rms_norm": (None, [_P, _I64, _P, _I64, _I64, ctypes.c_float, _P, _I64]),
     "rs_add_rms_norm": (None, [_P, _P, _P, _I64, _I64, ctypes.c_float, _P]),

@@ -205,7 +205,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: t
                     softcap: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of float32 q [T, H, d] over the pool, after writing k / v [T, KVH, d] at
     ``meta.slot_mapping`` (rs_paged_attention) → [T, H, d]. ``meta``: the backend's
-    ``NativeAttentionMetadata`` (int64 slots, block table, row sequence and length);
+    ``NativeAttentionMetadata`` (int64 slots, block table, row sequence, length, position);
     ``sinks``: float32 [H], each head's sink logit in its softmax denominator (gpt-oss)."""
     kernel = "rs_paged_attention"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -217,9 +217,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: t
                             f"{t.dtype}")
     rows, heads, dim = q.shape
     for name, t in (("slot_mapping", meta.slot_mapping), ("row_seq", meta.row_seq),
-                    ("row_len", meta.row_len)):
-        _check(kernel, name, t, _I64T, 1)
-        _same(kernel, f"{name}'s length", t.shape[0], rows)
+                    ("row_len", meta.row_len), ("row_pos", meta.row_pos)):
+        if t is not None:  # (row_pos: None where each row's limit is its position + 1)
+            _check(kernel, name, t, _I64T, 1)
+            _same(kernel, f"{name}'s length", t.shape[0], rows)
     _check(kernel, "block_table", meta.block_table, _I64T, 2)
     _same(kernel, "k's and v's rows", (k.shape[0], v.shape[0]), (rows, rows))
     if sinks is not None:
@@ -230,7 +231,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: t
             q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
             meta.slot_mapping.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
             KV_DTYPE_CODES[k_pool.dtype], meta.block_table.data_ptr(), meta.block_table.shape[1],
-            meta.row_seq.data_ptr(), meta.row_len.data_ptr(), rows, heads, k_pool.shape[2], dim,
+            meta.row_seq.data_ptr(), meta.row_len.data_ptr(),
+            None if meta.row_pos is None else meta.row_pos.data_ptr(), rows, heads,
+            k_pool.shape[2], dim,
             meta.block_size, scale, window or 0, softcap or 0.0,
             None if sinks is None else sinks.data_ptr(), out.data_ptr()):
         raise RuntimeError("native paged attention failed (shape or memory)")

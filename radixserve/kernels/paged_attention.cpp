@@ -447,9 +447,9 @@ template <typename KV>
 int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk,
                     const float* v_new, int64_t ldv, const int64_t* slots, KV* k_pool,
                     KV* v_pool, const int64_t* table, int64_t table_stride,
-                    const int64_t* row_seq, const int64_t* row_len, int64_t T, int64_t H,
-                    int64_t KVH, int64_t d, int64_t bs, float scale, int64_t window,
-                    float softcap, const float* sinks, float* out) {
+                    const int64_t* row_seq, const int64_t* row_len, const int64_t* row_pos,
+                    int64_t T, int64_t H, int64_t KVH, int64_t d, int64_t bs, float scale,
+                    int64_t window, float softcap, const float* sinks, float* out) {
   const int64_t G = H / KVH;
   if (G * KVH != H || G > kMaxGroup || d > kMaxDim || d < 1) return 1;
   const int64_t dp = d + kRowExtra<KV>, width = KVH * dp;  // a pool row's pitch, a token's
@@ -459,9 +459,13 @@ int paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t ldk
   }
   const int64_t chunk = (kChunkTokens / bs > 0 ? kChunkTokens / bs : 1) * bs;
   // Row t attends to the tokens [lo(t), row_len[t]): all of them, or with a sliding window
-  // the last `window` (transformers' mask: key j for the query at p when p - window < j <= p).
+  // those after p - window, p its position (transformers' mask: key j for the query at p when
+  // p - window < j <= p). row_pos null: p = row_len - 1 (causal rows); a row whose limit goes
+  // past its position (Gemma 3's image rows see their whole image) still counts its window
+  // back from its position (transformers' AND of the window and OR(causal, image)).
   auto lo = [&](int64_t t) {
-    return window > 0 && row_len[t] > window ? row_len[t] - window : (int64_t)0;
+    const int64_t end = row_pos ? row_pos[t] + 1 : row_len[t];
+    return window > 0 && end > window ? end - window : (int64_t)0;
   };
   auto span_of = [&](int64_t t) { return row_len[t] - lo(t); };
   auto chunks_of = [&](int64_t t) { return (span_of(t) + chunk - 1) / chunk; };
@@ -591,7 +595,8 @@ extern "C" {
 // First stores the step's new K/V rows (k_new/v_new [T, KVH * d], row strides ldk/ldv) at their
 // pool slots [T], then attends. q [T, H * d] (row stride ldq), out [T, H, d] contiguous; pools
 // [num_blocks, bs, KVH, d] (int8: d + 4); table [S, table_stride] int64 block ids; row_seq [T]
-// int64 (< S), row_len [T] int64 (>= 1). H / KVH <= 16, d <= 256. kv_dtype: the pools'
+// int64 (< S), row_len [T] int64 (>= 1), row_pos [T] int64 each row's position (null: row_len
+// - 1; a window counts back from it). H / KVH <= 16, d <= 256. kv_dtype: the pools'
 // elements, 0 float32, 1 float16, 2 bfloat16 (new rows rounded to nearest even when stored),
 // 3 int8 with a scale per head row (the header). window > 0: each row attends to its last
 // `window` tokens only (a sliding-window layer), 0: to all; softcap > 0: scores become
@@ -602,13 +607,14 @@ int rs_paged_attention(const float* q, int64_t ldq, const float* k_new, int64_t 
                        const float* v_new, int64_t ldv, const int64_t* slots, void* k_pool,
                        void* v_pool, int64_t kv_dtype, const int64_t* table,
                        int64_t table_stride, const int64_t* row_seq, const int64_t* row_len,
-                       int64_t T, int64_t H, int64_t KVH, int64_t d, int64_t bs, float scale,
-                       int64_t window, float softcap, const float* sinks, float* out) {
+                       const int64_t* row_pos, int64_t T, int64_t H, int64_t KVH, int64_t d,
+                       int64_t bs, float scale, int64_t window, float softcap,
+                       const float* sinks, float* out) {
   auto run = [&](auto* kind) {  // the pools as elements of kind's type
     using KV = std::remove_pointer_t<decltype(kind)>;
     return paged_attention(q, ldq, k_new, ldk, v_new, ldv, slots, (KV*)k_pool, (KV*)v_pool,
-                           table, table_stride, row_seq, row_len, T, H, KVH, d, bs, scale, window,
-                           softcap, sinks, out);
+                           table, table_stride, row_seq, row_len, row_pos, T, H, KVH, d, bs,
+                           scale, window, softcap, sinks, out);
   };
   switch (kv_dtype) {
     case 0: return run((float*)nullptr);

@@ -28,6 +28,9 @@ class NativeAttentionMetadata:
     row_seq: torch.Tensor  # [T] int64 the sequence of each query row
     row_len: torch.Tensor  # [T] int64 tokens each row attends to (its position + 1)
     block_size: int
+    # [T] int64 each row's position, set where a row's limit goes past it (Gemma 3's image
+    # rows see their whole image: runner/image_embeds.py); None: row_len - 1
+    row_pos: torch.Tensor | None = None
 
 
 class NativeCpuPagedAttention:
