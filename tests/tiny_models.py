@@ -167,26 +167,28 @@ def _tokenizer_json() -> str:
     return _train_tokenizer().to_str()
 
 
-def make_tokenizer():
-    """A fresh `PreTrainedTokenizerFast` for the tiny tokenizer (ChatML template, eos im_end)."""
-    from tokenizers import Tokenizer
+def make_tokenizer(extra_specials: tuple[str, ...] = (), **overrides):
+    """A fresh `PreTrainedTokenizerFast` for the tiny tokenizer (ChatML template, eos im_end).
+
+    `extra_specials`: more special tokens, appended after the tiny ones (ids 384 on, in order);
+    `overrides`: `PreTrainedTokenizerFast` arguments replacing the defaults (e.g. `bos_token`,
+    `eos_token`, `chat_template`, `extra_special_tokens`)."""
+    from tokenizers import AddedToken, Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_tokenizer_json()),
-        bos_token=None,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        unk_token=None,
-        chat_template=CHATML_TEMPLATE,
-        model_max_length=512,
-        clean_up_tokenization_spaces=False,
-    )
+    tokenizer = Tokenizer.from_str(_tokenizer_json())
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in extra_specials])
+    kwargs = {"bos_token": None, "eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN,
+              "unk_token": None, "chat_template": CHATML_TEMPLATE, "model_max_length": 512,
+              "clean_up_tokenization_spaces": False}
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **{**kwargs, **overrides})
 
 
-def save_tokenizer(out_dir: str | Path):
-    """Write tokenizer.json and tokenizer_config.json (with the chat template in it)."""
-    tokenizer = make_tokenizer()
+def save_tokenizer(out_dir: str | Path, extra_specials: tuple[str, ...] = (), **overrides):
+    """Write tokenizer.json and tokenizer_config.json (with the chat template in it);
+    `extra_specials` and `overrides` as for `make_tokenizer`."""
+    tokenizer = make_tokenizer(extra_specials, **overrides)
     # The chat template goes into tokenizer_config.json (the classic layout most hub repos have),
     # not into a separate chat_template.jinja.
     tokenizer.save_pretrained(str(out_dir), save_jinja_files=False)

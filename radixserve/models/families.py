@@ -18,7 +18,7 @@ from radixserve.models.deepseek2_config import (DEEPSEEK2_ARCHITECTURES, deepsee
                                                 deepseek2_hf_name)
 from radixserve.models.deepseek2_gguf import deepseek2_gguf_config, deepseek2_gguf_name
 from radixserve.models.gemma_config import (GEMMA_ARCHITECTURES, gemma_gguf_config,
-                                            gemma_hf_config, gemma_hf_name)
+                                            gemma_hf_config, gemma_hf_name, gemma_text_name)
 from radixserve.models.gemma4_config import (GEMMA4_ARCHITECTURES,
                                              gemma4_hf_config, gemma4_hf_name)
 from radixserve.models.gemma4_gguf import gemma4_gguf_config, gemma4_gguf_name
@@ -90,7 +90,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(OLMO_ARCHITECTURES, olmo_hf_config, olmo_gguf_config, gguf_name=olmo_hf_name),
     Family(MISTRAL3_ARCHITECTURES, mistral3_hf_config, mistral3_gguf_config,
            hf_name=mistral3_hf_name),
-    Family(GEMMA_ARCHITECTURES, gemma_hf_config, gemma_gguf_config, gguf_name=gemma_hf_name),
+    Family(GEMMA_ARCHITECTURES, gemma_hf_config, gemma_gguf_config, hf_name=gemma_text_name,
+           gguf_name=gemma_hf_name),
     Family(GEMMA4_ARCHITECTURES, gemma4_hf_config, gemma4_gguf_config, hf_name=gemma4_hf_name,
            gguf_name=gemma4_gguf_name),
     Family(QWEN35_ARCHITECTURES, qwen35_hf_config, qwen35_gguf_config, hf_name=qwen35_hf_name,

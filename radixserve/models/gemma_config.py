@@ -8,15 +8,31 @@ derives (Gemma 2: every other layer from the first; Gemma 3: ``sliding_window_pa
 llama.cpp hard-codes (the same two). The query scale follows llama.cpp for GGUF files
 (``head_dim ** -0.5``, the 27B models ``(hidden / heads) ** -0.5``), which is what their
 config.json's ``query_pre_attn_scalar`` says.
+
+A ``Gemma3ForConditionalGeneration`` folder (every Gemma 3 release of 4B and up) runs its
+``text_config`` here; its config.json names only what differs from transformers'
+``Gemma3TextConfig`` defaults (``_GEMMA3_TEXT_DEFAULTS``), and its vision tower and projector
+(``vision_tower.*``, ``multi_modal_projector.*``) are left to the vision side: ``gemma_text_name``
+skips them, so they are never read.
 """
 
 from __future__ import annotations
 
 from radixserve.model_config import GemmaParams, ModelConfig
 
-GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+_GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", *_GEMMA3)
 _SUPPORTED_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
 _SLIDING, _FULL = "sliding_attention", "full_attention"
+# transformers' Gemma3TextConfig defaults, which a release's text_config leaves out (gemma-3-4b-it
+# names only its widths, layer and head counts, rope scaling and window)
+_GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256,
+    "sliding_window": 4096, "tie_word_embeddings": True}
+_GEMMA3_THETA, _GEMMA3_LOCAL_THETA = 1_000_000.0, 10_000.0
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 
 
 def is_gemma(architecture: str) -> bool:
@@ -24,7 +40,11 @@ def is_gemma(architecture: str) -> bool:
 
 
 def gemma_hf_config(cfg: dict, arch: str) -> ModelConfig:
-    """The ModelConfig of a Gemma 2 / 3 config.json (transformers 4 or 5 layout)."""
+    """The ModelConfig of a Gemma 2 / 3 config.json (transformers 4 or 5 layout); for a
+    ``Gemma3ForConditionalGeneration`` one, of its text model. ValueError for what does not
+    run here."""
+    if arch in _GEMMA3:
+        cfg = _gemma3_text_config(cfg, arch)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in _SUPPORTED_ACTIVATIONS:
         raise ValueError(f"unsupported Gemma activation {act!r}; supported: "
@@ -36,16 +56,7 @@ def gemma_hf_config(cfg: dict, arch: str) -> ModelConfig:
     if unknown or len(layer_types) != num_layers:
         raise ValueError(f"unsupported Gemma layer_types {sorted(unknown) or layer_types}; "
                          f"supported: {num_layers} of {[_SLIDING, _FULL]}")
-    rope = cfg.get("rope_parameters") or {}
-    if _FULL in rope or _SLIDING in rope:  # transformers 5, Gemma 3: one dict per layer type
-        global_rope, local_rope = rope.get(_FULL) or {}, rope.get(_SLIDING) or {}
-    else:
-        global_rope = dict(rope, **(cfg.get("rope_scaling") or {}))
-        local_rope = {"rope_theta": cfg.get("rope_local_base_freq")}
-    theta = cfg.get("rope_theta") or global_rope.get("rope_theta") or 10000.0
-    local_theta = (local_rope.get("rope_theta") or cfg.get("rope_local_base_freq")
-                   or (10000.0 if arch == "Gemma3ForCausalLM" else theta))
-    rope_type = global_rope.get("rope_type", global_rope.get("type", "default"))
+    theta, local_theta, rope_scaling = _rope(cfg, arch)
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     return ModelConfig(
@@ -59,11 +70,11 @@ def gemma_hf_config(cfg: dict, arch: str) -> ModelConfig:
         intermediate_size=cfg["intermediate_size"],
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_theta=theta,
-        rope_scaling=None if rope_type == "default" else dict(global_rope, rope_type=rope_type),
+        rope_scaling=rope_scaling,
         max_position_embeddings=cfg.get("max_position_embeddings", 8192),
         tie_word_embeddings=cfg.get("tie_word_embeddings", True),
         attention_bias=cfg.get("attention_bias", False),
-        qk_norm=arch == "Gemma3ForCausalLM",
+        qk_norm=arch in _GEMMA3,
         sliding_window=cfg.get("sliding_window"),
         sliding_layers=tuple(t == _SLIDING for t in layer_types),
         gemma=GemmaParams(
@@ -72,6 +83,53 @@ def gemma_hf_config(cfg: dict, arch: str) -> ModelConfig:
             attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
             final_logit_softcapping=cfg.get("final_logit_softcapping")),
     )
+
+
+def _rope(cfg: dict, arch: str) -> tuple[float, float, dict | None]:
+    """(global layers' base, sliding layers' base, the global layers' rope scaling or None)
+    from either transformers layout; the scaling without its base (that is ``rope_theta``)."""
+    rope = cfg.get("rope_parameters") or {}
+    if _FULL in rope or _SLIDING in rope:  # transformers 5, Gemma 3: one dict per layer type
+        global_rope, local_rope = rope.get(_FULL) or {}, rope.get(_SLIDING) or {}
+    else:
+        global_rope = dict(rope, **(cfg.get("rope_scaling") or {}))
+        local_rope = {"rope_theta": cfg.get("rope_local_base_freq")}
+    theta = (global_rope.get("rope_theta") or cfg.get("rope_theta")
+             or (_GEMMA3_THETA if arch in _GEMMA3 else 10000.0))
+    local_theta = (local_rope.get("rope_theta") or cfg.get("rope_local_base_freq")
+                   or (_GEMMA3_LOCAL_THETA if arch in _GEMMA3 else theta))
+    rope_type = global_rope.get("rope_type", global_rope.get("type", "default"))
+    if rope_type == "default":
+        return theta, local_theta, None
+    scaling = {k: v for k, v in global_rope.items() if k not in ("rope_theta", "type")}
+    return theta, local_theta, dict(scaling, rope_type=rope_type)
+
+
+def _gemma3_text_config(cfg: dict, arch: str) -> dict:
+    """The Gemma 3 text model's config.json fields, transformers' defaults filled in (a
+    ConditionalGeneration folder: its ``text_config``). ValueError for a text model that is
+    not a causal ``gemma3_text`` decoder."""
+    if arch == "Gemma3ForConditionalGeneration":
+        cfg = cfg.get("text_config") or {}
+        kind = cfg.get("model_type", "gemma3_text")
+        if kind != "gemma3_text":
+            raise ValueError(f"unsupported Gemma 3 text model {kind!r}; supported: "
+                             "['gemma3_text']")
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("Gemma 3 with bidirectional attention over all tokens (an embedding "
+                         "model) is not a causal decoder; not supported")
+    return {**_GEMMA3_TEXT_DEFAULTS, **cfg}
+
+
+def gemma_text_name(name: str) -> str | None:
+    """A folder's tensor name → the text model's: a ConditionalGeneration folder's
+    ``language_model.model.*`` / ``language_model.lm_head.*`` (transformers 4.5x) and
+    ``model.language_model.*`` (5.x) lose ``language_model.``; its vision tower and projector
+    → None (skipped, not read). A text-only folder's names pass as they are."""
+    bare = name.removeprefix("model.")
+    if bare.startswith(_VISION_PREFIXES):
+        return None
+    return name.replace("language_model.", "", 1)
 
 
 def _pattern(arch: str, num_layers: int, every: int | None) -> list[str]:
@@ -115,7 +173,8 @@ def gemma_gguf_config(reader, field, gguf_arch: str, arch: str) -> ModelConfig:
         sliding_window=get("attention.sliding_window"),
         sliding_layers=tuple(t == _SLIDING for t in _pattern(arch, num_layers, None)),
         gemma=GemmaParams(
-            rope_local_theta=10000.0 if gguf_arch == "gemma3" else theta,
+            rope_local_theta=(get("rope.freq_base_swa", _GEMMA3_LOCAL_THETA)
+                              if gguf_arch == "gemma3" else theta),
             query_pre_attn_scalar=float(hidden // heads if big else head_dim),
             attn_logit_softcapping=get("attn_logit_softcapping"),
             final_logit_softcapping=get("final_logit_softcapping")),

@@ -84,8 +84,9 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
         reader = reader or open_gguf(source.path)
         weights, total = _gguf_weights(reader, config), len(reader.tensors)
     else:
-        weights, total = _safetensors_weights(source.path), None
-        if (family := family_of(config.architecture)) is not None:
+        family = family_of(config.architecture)
+        weights, total = _safetensors_weights(source.path, family and family.hf_name), None
+        if family is not None:
             weights = family.hf_weights(weights)
     bar = tqdm(weights, total=total, desc=f"loading {source.name}", unit="tensor",
                disable=not show_progress, leave=False, delay=1.0)
@@ -102,9 +103,6 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
 def _hf_config(cfg: dict) -> ModelConfig:
     archs = cfg.get("architectures") or ["?"]
     arch = archs[0]
-    if arch == "Gemma3ForConditionalGeneration":
-        raise ValueError("Gemma3ForConditionalGeneration (vision + text) checkpoints are not "
-                         "supported; use a text-only Gemma3ForCausalLM folder or a gemma3 GGUF")
     if (family := family_of(arch)) is not None:
         return family.hf_config(cfg, arch)
     get_model_class(arch)  # ValueError naming the supported ones
@@ -130,13 +128,16 @@ def _hf_config(cfg: dict) -> ModelConfig:
     )
 
 
-def _safetensors_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _safetensors_weights(path: str, rename=None) -> Iterator[tuple[str, torch.Tensor]]:
+    """The folder's tensors as stored; those ``rename`` (a family's ``hf_name``) maps to None
+    (a vision tower's) are left unread."""
     from safetensors import safe_open
 
     for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                if rename is None or rename(name) is not None:
+                    yield name, f.get_tensor(name)
 
 
 # -- GGUF -----------------------------------------------------------------------------------

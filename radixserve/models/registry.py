@@ -11,6 +11,7 @@ _GRANITE = ("radixserve.models.granite", "GraniteForCausalLM")
 _MODELS = {
     "Gemma2ForCausalLM": _GEMMA,
     "Gemma3ForCausalLM": _GEMMA,
+    "Gemma3ForConditionalGeneration": _GEMMA,  # its text model (the vision tower: models/vision/)
     "Gemma4ForCausalLM": ("radixserve.models.gemma4", "Gemma4ForCausalLM"),  # shared KV, PLE
     "Gemma4ForConditionalGeneration": ("radixserve.models.gemma4", "Gemma4ForCausalLM"),
     "LlamaForCausalLM": _LLAMA,

@@ -221,8 +221,9 @@ def _with_config(src, dst, **changes):
 
 
 @pytest.mark.parametrize("changes,match", [
-    ({"architectures": ["Gemma3ForConditionalGeneration"]},
-     "Gemma3ForConditionalGeneration.*not supported.*Gemma3ForCausalLM"),
+    ({"architectures": ["Gemma3ForConditionalGeneration"],
+      "text_config": {"model_type": "gemma3n_text"}},
+     "unsupported Gemma 3 text model 'gemma3n_text'.*gemma3_text"),
     ({"architectures": ["GemmaForCausalLM"]},
      "unsupported model architecture 'GemmaForCausalLM'.*Gemma2ForCausalLM.*Gemma3ForCausalLM"),
     ({"layer_types": ["sliding_attention", "chunked_attention"] + ["full_attention"] * 4},
