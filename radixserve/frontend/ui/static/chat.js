@@ -1,7 +1,9 @@
 // The playground: conversations (store.js), settings (settings.js), and streamed chat over
-// the server's own /v1/chat/completions.
+// the server's own /v1/chat/completions; images (attachments.js) when the model takes them.
 
 import { curlFor, getJSON, stream, withKey, askForKey } from "./api.js";
+import { Attachments, takesImages, zoomOnClick } from "./attachments.js";
+import { contentOf, elideImages, lostImageAt } from "./images.js";
 import { editBox, renderMessage } from "./message_view.js";
 import { Settings } from "./settings.js";
 import { Store } from "./store.js";
@@ -9,7 +11,12 @@ import { Store } from "./store.js";
 const $ = (sel) => document.querySelector(sel);
 const store = new Store();
 const settings = new Settings($("#settings-form"), $("#settings-error"));
+const attachments = new Attachments({
+  button: $("#attach"), input: $("#attach-file"), list: $("#attach-list"),
+  notice: $("#attach-notice"), prompt: $("#prompt"), zone: $("#chat") });
+zoomOnClick($("#chat"), $("#image-dialog"));
 let model = null;
+let cards = [];  // /v1/models' entries: the picked one says whether images may be attached
 let current = store.conversations[0] || store.create();
 let running = null;  // {controller, message} while a reply streams
 let editing = null;  // index of the user message being edited
@@ -169,16 +176,21 @@ $("#messages").addEventListener("click", (ev) => {
   switch (b.dataset.action) {
     case "edit": editing = i; renderMessages(); break;
     case "cancel-edit": editing = null; renderMessages(); break;
+    case "drop-image": b.closest(".thumb").remove(); break;
     case "resend": {
-      const text = $(`#messages .msg[data-index="${i}"] textarea`).value.trim();
-      if (!text) return;
+      const box = $(`#messages .msg[data-index="${i}"]`);
+      const text = box.querySelector("textarea").value.trim();
+      const images = [...box.querySelectorAll(".thumb[data-image]")]
+        .map((t) => msg.images[Number(t.dataset.image)]);
+      const msgs = [...current.messages.slice(0, i), userTurn(text, images)];
+      if ((!text && !images.length) || !sendable(msgs)) return;
       editing = null;
-      current.messages = current.messages.slice(0, i);
-      current.messages.push({ role: "user", content: text });
+      current.messages = msgs;
       generate();
       break;
     }
     case "regenerate":
+      if (!sendable(current.messages.slice(0, i))) return;
       current.messages = current.messages.slice(0, i);
       generate();
       break;
@@ -199,7 +211,7 @@ function buildRequest() {
       if (m.tool_calls && m.tool_calls.length) out.tool_calls = m.tool_calls;
       messages.push(out);
     } else {
-      messages.push({ role: m.role, content: m.content });
+      messages.push({ role: m.role, content: contentOf(m) });
     }
   }
   return { model, messages, stream: true, stream_options: { include_usage: true },
@@ -219,6 +231,16 @@ function applyDelta(msg, delta) {
   }
 }
 
+// Whether `msgs` may be sent: not when an image of theirs was not kept (store.js), which
+// the notice says.
+function sendable(msgs) {
+  const lost = lostImageAt(msgs);
+  if (lost < 0) return true;
+  attachments.notify(`Message ${lost + 1}'s image was not kept by this browser (storage full):` +
+                     " edit that message to remove it, or start a new chat", true);
+  return false;
+}
+
 async function generate() {
   let body;
   try { body = buildRequest(); } catch (e) {
@@ -228,11 +250,12 @@ async function generate() {
     return;
   }
   const conv = current;
-  const msg = { role: "assistant", content: "", reasoning: "", request: body, stats: {} };
+  const msg = { role: "assistant", content: "", reasoning: "", request: elideImages(body),
+                stats: {} };
   conv.messages.push(msg);
   if (conv.title === "New chat") {
     const first = conv.messages.find((m) => m.role === "user");
-    if (first) conv.title = first.content.slice(0, 48);
+    if (first) conv.title = first.content.slice(0, 48) || "Image";
   }
   const controller = new AbortController();
   running = { controller, message: msg };
@@ -276,7 +299,8 @@ async function generate() {
     if (e.name === "AbortError") {
       msg.stats.finish_reason = "stopped";
     } else {
-      msg.error = e.message;
+      // the server's answer as it gave it (a 400: the image it refused, and why)
+      msg.error = typeof e.status === "number" ? `${e.status}: ${e.message}` : e.message;
       if (e.status === 401) askForKey(loadModel, "The key was refused: " + e.message);
     }
   }
@@ -286,20 +310,31 @@ async function generate() {
   if (first !== null && n > 1 && end > first) msg.stats.tok_s = (n - 1) / ((end - first) / 1000);
   running = null;
   store.touch(conv);
+  if (store.imagesDropped) {
+    attachments.notify("This browser's storage is full: the conversations' images are kept " +
+                       "until the page is reloaded (Export keeps them)", true);
+  }
   if (conv === current) renderAll();
+  if (cards.length > 1) refreshCards().catch(() => {});  // a model's capabilities once loaded
 }
 
 function stop() {
   if (running) running.controller.abort();
 }
 
-function send() {
+function userTurn(text, images) {
+  return images.length ? { role: "user", content: text, images } : { role: "user", content: text };
+}
+
+async function send() {
+  if (running) return;
+  await attachments.ready();  // an image still being read goes with this turn
   const ta = $("#prompt");
   const text = ta.value.trim();
-  if (!text || running) return;
+  if ((!text && !attachments.pending.length) || running || !sendable(current.messages)) return;
   ta.value = "";
   editing = null;
-  current.messages.push({ role: "user", content: text });
+  current.messages.push(userTurn(text, attachments.take()));
   generate();
 }
 
@@ -339,12 +374,14 @@ const MODEL_KEY = "radixserve.model"; // the picked model; the engine view follo
 
 async function loadModel() {
   const list = await getJSON("/v1/models");
+  cards = list.data;
   const ids = list.data.map((m) => m.id);
   const loaded = list.data.find((m) => m.status && m.status.value === "loaded");
   const saved = localStorage.getItem(MODEL_KEY);
   model = ids.includes(saved) ? saved : (loaded ? loaded.id : ids[0]);
   $("#model-name").textContent = ids.length > 1 ? "" : model;
   if (ids.length > 1) pickFrom(list.data);
+  pickedModel();
   return model;
 }
 
@@ -360,8 +397,19 @@ function pickFrom(cards) {
   pick.onchange = () => {
     model = pick.value;
     localStorage.setItem(MODEL_KEY, model);
+    pickedModel();
     renderMessages();
   };
+}
+
+// --models-dir: a model's card says "vision" only once it is loaded (by the first request).
+async function refreshCards() {
+  cards = (await getJSON("/v1/models")).data;
+  pickedModel();
+}
+
+function pickedModel() {
+  attachments.setModel(model, takesImages(cards.find((c) => c.id === model)));
 }
 
 renderAll();

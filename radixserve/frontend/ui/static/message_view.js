@@ -1,6 +1,8 @@
 // One chat message as DOM: markdown body (safe: markdown.js), reasoning as a collapsible
-// block, tool calls as cards, the per-message numbers, and the action buttons.
+// block, tool calls as cards, a user turn's images as thumbnails, the per-message numbers, and
+// the action buttons.
 
+import { thumbnail } from "./images.js";
 import { renderMarkdown } from "./markdown.js";
 
 function el(tag, cls, text) {
@@ -64,6 +66,11 @@ export function renderMessage(msg, index, { streaming = false, isLast = false } 
     d.append(body);
     box.append(d);
   }
+  if (msg.images && msg.images.length) {
+    const thumbs = el("div", "thumbs");
+    thumbs.append(...msg.images.map((im) => thumbnail(im)));
+    box.append(thumbs);
+  }
   const body = el("div", "msg-body");
   if (msg.role === "user") body.textContent = answer;  // what the user typed, as typed
   else body.append(renderMarkdown(answer));
@@ -99,9 +106,18 @@ function toolCard(call) {
   return card;
 }
 
+// The edit form of a user turn: its text, and its images each with a remove button (the
+// thumbnails left in the box when Send is pressed are the ones kept: data-image indexes
+// msg.images).
 export function editBox(msg, index) {
   const box = el("div", "msg user editing");
   box.dataset.index = index;
+  if (msg.images && msg.images.length) {
+    const thumbs = el("div", "thumbs");
+    thumbs.append(...msg.images.map((im, j) =>
+      thumbnail(im, { action: "drop-image", index, image: j })));
+    box.append(thumbs);
+  }
   const ta = el("textarea", "edit-text");
   ta.value = msg.content;
   ta.rows = Math.min(12, Math.max(2, msg.content.split("\n").length));

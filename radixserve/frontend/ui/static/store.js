@@ -1,6 +1,8 @@
 // Conversations and settings in localStorage (this browser only), and their JSON export /
-// import. A conversation: {id, title, created, updated, messages: [{role, content,
-// reasoning?, tool_calls?, stats?, error?, request?}]}.
+// import. A conversation: {id, title, created, updated, messages: [{role, content, images?,
+// reasoning?, tool_calls?, stats?, error?, request?}]} (images: see images.js).
+
+import { isImageDataUrl } from "./images.js";
 
 const CONVS = "radixserve.conversations";
 const SETTINGS = "radixserve.settings";
@@ -39,8 +41,19 @@ export class Store {
     this.conversations = read(CONVS, []).filter(isConversation);
   }
 
+  // NOTE: images are what fills the few MB a browser gives a page. When the whole does not
+  // fit, it is saved without the images' data (the text is kept; `imagesDropped` is set and
+  // the images stay in memory until a reload).
   save() {
-    localStorage.setItem(CONVS, JSON.stringify(this.conversations));
+    try {
+      localStorage.setItem(CONVS, JSON.stringify(this.conversations));
+      this.imagesDropped = false;
+    } catch (e) {
+      if (e.name !== "QuotaExceededError") throw e;
+      const noImages = (k, v) => (k === "url" && isImageDataUrl(v) ? undefined : v);
+      localStorage.setItem(CONVS, JSON.stringify(this.conversations, noImages));
+      this.imagesDropped = true;
+    }
   }
 
   get(id) {
@@ -84,7 +97,7 @@ export class Store {
     const list = Array.isArray(data) ? data : data && data.conversations;
     if (!Array.isArray(list)) throw new Error(`expected {"kind": "${EXPORT_KIND}", "conversations": [...]}`);
     const good = list.filter(isConversation);
-    if (good.length !== list.length) throw new Error(`${list.length - good.length} entries are not conversations (id, title, messages[])`);
+    if (good.length !== list.length) throw new Error(`${list.length - good.length} entries are not conversations (id, title, messages[]; images as data:image URIs)`);
     for (const c of good) {
       if (this.get(c.id)) c.id = newId();
       c.updated = c.updated || Date.now();
@@ -99,5 +112,13 @@ export class Store {
 function isConversation(c) {
   return c && typeof c.id === "string" && typeof c.title === "string" &&
     Array.isArray(c.messages) &&
-    c.messages.every((m) => m && typeof m.role === "string" && typeof (m.content ?? "") === "string");
+    c.messages.every((m) => m && typeof m.role === "string" &&
+      typeof (m.content ?? "") === "string" && (m.images === undefined || isImages(m.images)));
+}
+
+// A turn's images: each a data:image URI (or none: not kept, see save()); never a URL that a
+// thumbnail would fetch.
+function isImages(images) {
+  return Array.isArray(images) && images.every((im) => im && typeof im === "object" &&
+    (im.url === undefined || isImageDataUrl(im.url)));
 }
