@@ -30,6 +30,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--offline", action="store_true",
                    help="never ask the hub: an hf.co/ --model must be pulled already (as "
                         "HF_HUB_OFFLINE=1)")
+    g.add_argument("--mmproj", default=None, metavar="FILE",
+                   help="a vision model's image encoder: llama.cpp's mmproj GGUF for a text "
+                        "GGUF (default: the one *mmproj*.gguf beside the model, if any; an HF "
+                        "folder carries its own vision tower)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument("--kv-cache-memory-gb", type=positive_or_auto, default=None,
                    metavar="GIB|auto",
@@ -168,7 +172,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                   speculative_adaptive=not args.no_speculative_adaptive,
                   tensor_parallel_size=args.tensor_parallel_size, tp_all_reduce=args.tp_all_reduce,
                   draft_model=args.draft_model, kv_events_config=args.kv_events_config,
-                  lora_modules=dict(args.lora), max_loras=args.max_loras)
+                  lora_modules=dict(args.lora), max_loras=args.max_loras,
+                  mmproj=args.mmproj)
     if hasattr(args, "data_parallel_size"):  # serve: LLM(...) takes no such argument
         kwargs["num_local_engines"] = local_engines(args)
     kwargs.update(kv_disk_kwargs(args, is_serve=hasattr(args, "data_parallel_size")))

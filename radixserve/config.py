@@ -316,6 +316,9 @@ class EngineConfig:
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     kv_disk: KVDiskConfig = field(default_factory=KVDiskConfig)
+    # a vision model's image encoder: llama.cpp's mmproj GGUF beside a text GGUF (None: a
+    # `*mmproj*.gguf` in the model's folder, or a folder's own vision tower, if any)
+    mmproj: str | None = None
 
     def __post_init__(self) -> None:
         if self.lora.adapters and self.parallel.tensor_parallel_size > 1:
@@ -344,7 +347,8 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
                   lora_modules: dict[str, str] | None = None,
                   max_loras: int = 4, num_local_engines: int = 1,
                   kv_disk_cache: str | None = None,
-                  kv_disk_cache_gb: float | None = None) -> EngineConfig:
+                  kv_disk_cache_gb: float | None = None,
+                  mmproj: str | None = None) -> EngineConfig:
     """The EngineConfig for the flat engine options the CLI and ``LLM(...)`` take."""
     return EngineConfig(
         model=model,
@@ -360,4 +364,4 @@ def engine_config(model: str | None = None, *, block_size: int = 16,
         parallel=ParallelConfig(tensor_parallel_size, tp_all_reduce),
         kv_events=KVEventsConfig.parse(kv_events_config, data_parallel_rank),
         lora=LoraConfig(tuple((lora_modules or {}).items()), max_loras),
-        kv_disk=KVDiskConfig(kv_disk_cache, kv_disk_cache_gb))
+        kv_disk=KVDiskConfig(kv_disk_cache, kv_disk_cache_gb), mmproj=mmproj)

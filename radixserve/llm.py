@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import msgspec
 
@@ -26,6 +27,14 @@ from radixserve.sampling_params import SamplingParams
 Prompt = str | list[int] | dict
 
 
+class _Item(NamedTuple):
+    """A prompt as the engine takes it: its text (None: given as ids), ids, images."""
+
+    text: str | None
+    ids: list[int]
+    images: list | tuple = ()
+
+
 class LLM:
     """Load a model (None → the embedded SmolLM2-135M-Instruct) and generate offline.
 
@@ -38,6 +47,8 @@ class LLM:
     use: engine/kv_budget.py; ``RADIXSERVE_KV_CACHE_MEMORY_GB`` fixes the default).
     ``kv_disk_cache``: a folder for the prefix cache's disk tier (default None: off; serve
     has it on), within ``kv_disk_cache_gb`` GiB (radixserve/kvdisk/).
+    ``mmproj``: a vision model's image encoder (llama.cpp's mmproj GGUF) for a text GGUF
+    (default: a ``*mmproj*.gguf`` beside it, or a folder's own vision tower).
     ``threads``: torch's CPU threads in this process, which the native kernels share (default:
     the CPUs the process may use, from its affinity mask and cgroup quota).
     ``tensor_parallel_size``: ranks splitting the model (this process is rank 0; the others
@@ -78,7 +89,7 @@ class LLM:
                  reasoning_parser: str | None = None, show_progress: bool = True,
                  lora_modules: dict[str, str] | None = None, max_loras: int = 4,
                  kv_disk_cache: str | None = None,
-                 kv_disk_cache_gb: float | None = None) -> None:
+                 kv_disk_cache_gb: float | None = None, mmproj: str | None = None) -> None:
         if reasoning_parser not in (None, AUTO):
             get_reasoning_parser(reasoning_parser)  # an unknown name fails before the load
         model, draft_model = resolve_model(model), resolve_model(draft_model)
@@ -96,14 +107,28 @@ class LLM:
             tensor_parallel_size=tensor_parallel_size, tp_all_reduce=tp_all_reduce,
             draft_model=draft_model, kv_events_config=kv_events_config,
             lora_modules=lora_modules, max_loras=max_loras, kv_disk_cache=kv_disk_cache,
-            kv_disk_cache_gb=kv_disk_cache_gb)
+            kv_disk_cache_gb=kv_disk_cache_gb, mmproj=mmproj)
         self.source = ModelSource.resolve(model)
         reader = open_gguf(self.source.path) if self.source.kind == "gguf" else None
         self.engine = build_engine_core(self.config, self.source, show_progress, reader,
                                         lambda: self.tokenizer)
         self.tokenizer = load_tokenizer(self.source, reader)
+        self.image_processor = self._image_processor(mmproj)
         self.reasoning_parser = reasoning_parser_for(reasoning_parser, self.tokenizer)[1]
         self._ids = itertools.count()
+
+    def _image_processor(self, mmproj: str | None):
+        """The model's image preprocessing (radixserve/multimodal/) where the engine loaded an
+        image encoder, else None."""
+        if getattr(self.engine.images, "encoder", None) is None:
+            return None
+        from radixserve.models.vision import find_mmproj
+        from radixserve.multimodal.select import image_processor_for
+
+        path = self.source.path
+        if mmproj is None and self.source.kind == "gguf":
+            mmproj = find_mmproj(path)
+        return image_processor_for(path, mmproj, self.tokenizer)
 
     def close(self) -> None:
         """Stop the tensor-parallel ranks this LLM started (nothing to do for one rank) and
@@ -155,7 +180,7 @@ class LLM:
             conv, add_generation_prompt=add_generation_prompt, tools=tools,
             **(chat_template_kwargs or {})) for conv in conversations]
         params = _as_params_list(sampling_params, len(texts))
-        items = [(t, self.tokenizer.encode_prompt(t)) for t in texts]
+        items = [_Item(t, self.tokenizer.encode_prompt(t)) for t in texts]
         return self._run(items, params, [0] * len(items))
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None,
@@ -166,11 +191,11 @@ class LLM:
             raise ValueError("stream() supports n=1 only")
         if chat:
             text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
-            item = (text, self.tokenizer.encode_prompt(text))
+            item = _Item(text, self.tokenizer.encode_prompt(text))
         else:
             item = self._tokenize(prompt)
-        fanout = Fanout(f"stream-{next(self._ids)}", item[1],
-                        self._gate(params, item), self.tokenizer)
+        fanout = Fanout(f"stream-{next(self._ids)}", item.ids,
+                        self._gate(params, item), self.tokenizer, item.images)
         self._submit(fanout, 0)
         try:
             while fanout.unfinished:
@@ -184,10 +209,12 @@ class LLM:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+    def _tokenize(self, prompt: Prompt) -> _Item:
         if isinstance(prompt, dict):
+            if "multi_modal_data" in prompt:
+                return self._with_images(prompt)
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+                return _Item(prompt.get("prompt"), list(prompt["prompt_token_ids"]))
             if "prompt" in prompt:
                 prompt = prompt["prompt"]
             else:
@@ -195,18 +222,36 @@ class LLM:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty")
-            return prompt, self.tokenizer.encode(prompt)
+            return _Item(prompt, self.tokenizer.encode(prompt))
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return None, list(prompt)
+            return _Item(None, list(prompt))
         raise ValueError(f"a prompt must be a string, a list of token ids or a dict, "
                          f"got {type(prompt).__name__}")
 
-    def _gate(self, params: SamplingParams, item: tuple[str | None, list[int]]
-              ) -> SamplingParams:
+    def _with_images(self, prompt: dict) -> _Item:
+        """vLLM's ``{"prompt": text, "multi_modal_data": {"image": image or [images]}}``: the
+        text holds the model's image placeholder (Gemma 3: ``<start_of_image>``) once per
+        PIL image, in order (radixserve/multimodal/prompt.py)."""
+        from radixserve.multimodal.prompt import place_images
+
+        data, text = prompt["multi_modal_data"], prompt.get("prompt")
+        if not isinstance(data, dict) or set(data) - {"image"} or not isinstance(text, str):
+            raise ValueError("multi_modal_data takes {'image': image or [images]} beside a "
+                             "'prompt' string")
+        if self.image_processor is None:
+            raise ValueError("the model takes text only: it has no image encoder (a GGUF "
+                             "needs its mmproj file: LLM(..., mmproj=...))")
+        images = data.get("image", [])
+        images = list(images) if isinstance(images, list | tuple) else [images]
+        text, ids, inputs = place_images(text, images, [None] * len(images),
+                                         self.image_processor, self.tokenizer.encode_prompt)
+        return _Item(text, ids, inputs)
+
+    def _gate(self, params: SamplingParams, item: _Item) -> SamplingParams:
         if self.reasoning_parser is None or (params.structured_outputs is None
                                              and params.thinking_token_budget is None):
             return params  # nothing to gate: spare decoding the prompt
-        text, ids = item
+        text, ids = item.text, item.ids
         if text is None:
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
         parser = self.reasoning_parser.for_prompt(text)
@@ -228,16 +273,17 @@ class LLM:
             self.engine.abort_requests([out.request_id])
         return "" if step is None else step[1]
 
-    def _run(self, items: list[tuple[str | None, list[int]]], params: list[SamplingParams],
+    def _run(self, items: list[_Item], params: list[SamplingParams],
              priority: Sequence[int]) -> list[RequestOutput]:
-        for (_, ids), p in zip(items, params):
-            self.engine.check_request(ids, p)  # all prompts, before any is queued
+        for item, p in zip(items, params):
+            self.engine.check_request(item.ids, p)  # all prompts, before any is queued
+            self.engine.images.check(item.images, len(item.ids))
         fanouts: list[Fanout] = []
         owner: dict[str, Fanout] = {}
         try:
             for item, p, prio in zip(items, params, priority):
-                fanout = Fanout(f"{next(self._ids)}", item[1], self._gate(p, item),
-                                self.tokenizer)
+                fanout = Fanout(f"{next(self._ids)}", item.ids, self._gate(p, item),
+                                self.tokenizer, item.images)
                 fanouts.append(fanout)
                 self._submit(fanout, prio)
                 owner.update(dict.fromkeys(fanout.states, fanout))
@@ -246,7 +292,7 @@ class LLM:
                     self._apply(owner[out.request_id], out)
         finally:
             self.engine.abort_requests([rid for f in fanouts for rid in f.unfinished])
-        return [f.request_output(text) for f, (text, _) in zip(fanouts, items)]
+        return [f.request_output(item.text) for f, item in zip(fanouts, items)]
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:

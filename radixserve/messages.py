@@ -17,6 +17,21 @@ from radixserve.pooling_params import PoolingParams
 from radixserve.sampling_params import SamplingParams
 
 
+class ImageInput(msgspec.Struct, array_like=True):
+    """One image of a prompt, preprocessed in the API process (radixserve/multimodal/): its
+    placeholder tokens are ``prompt_token_ids[offset:offset + length]`` (the model's image
+    token, once per embedding row the vision encoder gives it); ``pixels``: the processor's
+    float32 output, C order, of ``shape`` (Gemma 3: ``[3, 896, 896]``); ``key``: 32 bytes
+    naming it (sha256 over the processor's name and the pixels): the engine caches the
+    encoder's output by it, and the prefix cache tells images apart by it."""
+
+    offset: int
+    length: int
+    key: bytes
+    pixels: bytes
+    shape: list[int]
+
+
 class EngineCoreRequest(msgspec.Struct, kw_only=True):
     request_id: str
     prompt_token_ids: list[int]
@@ -25,6 +40,7 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
     arrival_time: float = 0.0
     priority: int = 0
     pooling_params: PoolingParams | None = None  # set: an embedding (prefill-only) request
+    images: list[ImageInput] = []  # in prompt order, spans not overlapping
 
 
 class LoraReply(msgspec.Struct, array_like=True, gc=False):

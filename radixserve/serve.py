@@ -52,6 +52,8 @@ from radixserve.frontend.http.host_check import host_policy, startup_warning
 from radixserve.frontend.http.limits import serve_limits
 from radixserve.frontend.http.lora_routes import lora_updates
 from radixserve.frontend.http.metrics import ServerMetrics
+from radixserve.frontend.media.policy import media_policy
+from radixserve.multimodal.select import image_processor
 from radixserve.frontend.next_turn import NextTurnWarmer
 from radixserve.frontend.openai.serving import ServingContext
 from radixserve.frontend.parsers import get_tool_parser
@@ -245,6 +247,8 @@ async def _serve(args, builds, tables, name, embedding, prestarted=None) -> int:
                              response_store=store, reranker=reranker,
                              loras=dict(args.lora),  # --lora NAME=PATH
                              reasoning_budget=budget_policy(args, reasoning),
+                             media=media_policy(args),
+                             images=image_processor(_model_path(args), args.mmproj, tokenizer),
                              max_response_bytes=max_response_bytes(args))
         metrics.registry.register(ctx.next_turn.collector(name))
         limits = serve_limits(args)

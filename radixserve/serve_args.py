@@ -12,6 +12,7 @@ from radixserve.cli_args import add_engine_args
 from radixserve.cluster.dp_args import add_dp_args
 from radixserve.frontend.http.host_check import allowed_hosts_arg
 from radixserve.frontend.http.limits import add_limit_args
+from radixserve.frontend.media.policy import add_media_args
 from radixserve.frontend.models_dir.args import add_models_dir_args
 from radixserve.frontend.openai.response_size import DEFAULT_MAX_RESPONSE_MB, MB
 from radixserve.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS
@@ -85,6 +86,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "block: a template that opened it (enable_thinking on) or "
                              "closed it (off)")
     add_reasoning_budget_args(parser)
+    add_media_args(parser)
     parser.add_argument("--max-n", type=positive_int, default=16, help="largest accepted n")
     parser.add_argument("--task", default="auto", choices=["auto", "embed", "rerank"],
                         help="embed: serve /v1/embeddings (pooled final hidden states) even "

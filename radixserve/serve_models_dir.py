@@ -110,8 +110,10 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
     from radixserve.frontend.async_llm import AsyncLLM
     from radixserve.frontend.http.limits import serve_limits
     from radixserve.frontend.http.metrics import ServerMetrics
+    from radixserve.frontend.media.policy import media_policy
     from radixserve.frontend.openai.serving import ServingContext
     from radixserve.frontend.reasoning_budget import budget_policy
+    from radixserve.multimodal.select import image_processor
 
     entry.check()
     tables = asyncio.ensure_future(_frontend_tables(entry, args))  # beside the engine's load
@@ -148,6 +150,8 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
                              embedding=embedding, model_path=entry.path, reranker=reranker,
                              max_response_bytes=single.max_response_bytes(args),
                              reasoning_budget=budget_policy(args, reasoning),
+                             media=media_policy(args),
+                             images=image_processor(entry.path, None, tokenizer),
                              **({} if response_store is None else
                                 {"response_store": response_store}))
         metrics.registry.register(ctx.next_turn.collector(entry.name))
@@ -192,6 +196,6 @@ def _make_build(args, entry: ModelEntry, vocab_size: int | None):
             step_time=args.mock_step_ms / 1000)
     from radixserve.engine.core_proc import build_engine
 
-    kwargs = engine_kwargs(args)
+    kwargs = {**engine_kwargs(args), "mmproj": None}  # each model's own, found beside it
     return lambda threads: functools.partial(build_engine, {**kwargs, "threads": threads},
                                              entry.path)

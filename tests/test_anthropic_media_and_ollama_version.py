@@ -1,5 +1,7 @@
-"""Two client-facing answers: an Anthropic ``image`` (or ``document``) block is refused in
-plain words, and Ollama's ``/api/version`` reports the Ollama API version the routes follow."""
+"""Two client-facing answers: an Anthropic ``document`` block is refused in plain words (an
+``image`` block parses: a text-only model refuses it when served, tests/server/
+test_image_routes_text_only.py), and Ollama's ``/api/version`` reports the Ollama API version
+the routes follow."""
 
 from __future__ import annotations
 
@@ -24,19 +26,33 @@ def _refusal(content) -> tuple[int, dict]:
     return anthropic_error_response(caught.value)
 
 
-@pytest.mark.parametrize("content, kind", [
-    ([{"type": "text", "text": "What is in this picture?"}, IMAGE], "image"),
-    ([IMAGE], "image"),
-    ([{"type": "tool_result", "tool_use_id": "t1", "content": [IMAGE]}], "image"),
-    ([{"type": "document", "source": {"type": "text", "media_type": "text/plain",
-                                      "data": "x"}}], "document"),
+DOCUMENT = {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                          "data": "x"}}
+
+
+@pytest.mark.parametrize("content", [
+    [DOCUMENT],
+    [{"type": "text", "text": "Summarize"}, DOCUMENT],
+    [{"type": "tool_result", "tool_use_id": "t1", "content": [DOCUMENT]}],
 ])
-def test_anthropic_media_blocks_get_a_plain_refusal(content, kind: str) -> None:
+def test_anthropic_document_blocks_get_a_plain_refusal(content) -> None:
     status, body = _refusal(content)
     assert status == 400
     assert body == {"type": "error", "error": {"type": "invalid_request_error", "message": (
-        f"messages.0: {kind} content is not supported by this server: the served model "
-        "takes text only")}}
+        "messages.0: document content is not supported by this server (text and image "
+        "blocks are)")}}
+
+
+@pytest.mark.parametrize("content", [
+    [{"type": "text", "text": "What is in this picture?"}, IMAGE],
+    [IMAGE],
+    [{"type": "tool_result", "tool_use_id": "t1", "content": [IMAGE]}],
+])
+def test_anthropic_image_blocks_parse(content) -> None:
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": content}]}
+    chat = parse_body(MessagesRequest, json.dumps(body).encode()).to_chat()
+    assert [p.image_url.url for p in chat.messages[-1].images()] == [
+        "data:image/png;base64,iVBO"]
 
 
 def test_other_unknown_blocks_are_still_refused_by_name() -> None:

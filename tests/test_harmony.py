@@ -27,7 +27,7 @@ from radixserve.frontend.anthropic.protocol import MessagesRequest
 from radixserve.frontend.ollama.protocol import OllamaChatRequest
 from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
 from radixserve.frontend.openai.serving import ChatParsers
-from radixserve.frontend.openai.serving_chat import render_messages
+from radixserve.frontend.openai.chat_render import render_messages
 from radixserve.frontend.parsers import ToolCall, get_reasoning_parser, get_tool_parser
 from radixserve.frontend.parsers.detect import (
     detect_reasoning_parser,

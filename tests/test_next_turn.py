@@ -38,7 +38,7 @@ from radixserve.frontend.openai.protocol_chat import (
     FunctionCall,
     ToolCall,
 )
-from radixserve.frontend.openai.serving_chat import render_messages
+from radixserve.frontend.openai.chat_render import render_messages
 from radixserve.frontend.parsers import get_reasoning_parser
 from radixserve.frontend.responses.output import OutputBuilder
 from radixserve.frontend.responses.protocol import ResponsesRequest

@@ -21,7 +21,7 @@ from tokenizers.models import WordLevel
 from radixserve.frontend.anthropic.protocol import MessagesRequest
 from radixserve.frontend.ollama.protocol import OllamaChatRequest
 from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
-from radixserve.frontend.openai.serving_chat import render_messages
+from radixserve.frontend.openai.chat_render import render_messages
 from radixserve.frontend.responses.protocol import ResponsesRequest
 from radixserve.frontend.responses.serving import chat_messages, chat_request, stored_items
 from radixserve.tokenizer.chat_template import render_chat_template

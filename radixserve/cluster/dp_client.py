@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Callable
 
 from radixserve.frontend.core_client import EngineCoreClient, EngineDeadError
+from radixserve.image_stats import IMAGE_FIELDS
 from radixserve.kvdisk.stats import KV_DISK_FIELDS
 from radixserve.core.reports import SchedulerStats
 from radixserve.messages import EngineCoreRequest
@@ -171,7 +172,7 @@ def sum_stats(all_stats: list[SchedulerStats]) -> SchedulerStats:
                                             for s in all_stats),
         num_kv_event_subscribers_refused=sum(s.num_kv_event_subscribers_refused
                                              for s in all_stats),
-        **{f: sum(getattr(s, f) for s in all_stats) for f in KV_DISK_FIELDS})
+        **{f: sum(getattr(s, f) for s in all_stats) for f in KV_DISK_FIELDS + IMAGE_FIELDS})
 
 
 def _add_lists(lists: list[list[int]]) -> list[int]:

@@ -73,6 +73,10 @@ class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
     kv_disk_pages_dropped: int = 0  # evicted while the writer was behind: not saved
     kv_disk_bytes_written: int = 0
     kv_disk_bytes_read: int = 0
+    images_encoded: int = 0  # the image encoder (image_stats.py): images it ran on
+    image_encoder_hits: int = 0  # images whose encoder output was kept from an earlier step
+    image_encode_seconds: float = 0.0
+    image_rows: int = 0  # image-token rows computed (not from the prefix cache)
 
 
 class RequestInfo(msgspec.Struct, array_like=True, gc=False):

@@ -65,6 +65,9 @@ class Request:
     lora_id: int | None = None
     # its reasoning budget (core/reasoning_budget.py), from its sampling params
     budget: ThinkingBudget | NoBudget = NO_BUDGET
+    # its prompt's images (messages.ImageInput: spans of image tokens and their pixels, in
+    # prompt order; core/images.py), empty for a text prompt
+    images: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

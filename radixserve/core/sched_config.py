@@ -17,6 +17,9 @@ class SchedulerConfig:
     # False: a waiting prompt is scheduled whole or waits (a cross-encoder's pairs: one
     # bidirectional forward each); max_num_batched_tokens must then hold max_model_len
     chunked_prefill: bool = True
+    # the model attends bidirectionally within an image (Gemma 3): a chunk never ends inside
+    # one (core/images.py `fit_chunk`)
+    whole_images: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "lpm"):

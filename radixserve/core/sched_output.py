@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from radixserve.core.kv.recurrent_states import SeqState
 from radixserve.pooling_params import PoolingParams
@@ -54,6 +55,9 @@ class ScheduledSeq:
     mtp: MtpWork | None = None  # the model's MTP block runs on this step's positions
     lora_id: int | None = None  # the request's LoRA adapter (the runner groups rows by it)
     state: SeqState | None = None  # a hybrid model's recurrent state (core/kv/recurrent_states)
+    # the request's images with rows in this chunk (messages.ImageInput; core/images.py): the
+    # runner splices their encoder output over those rows
+    images: list[Any] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

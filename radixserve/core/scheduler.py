@@ -14,6 +14,7 @@ import logging
 import time
 
 from radixserve.core import pooled
+from radixserve.core.images import fit_chunk, overlapping
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.prompt_progress import progress_outputs
 from radixserve.core.reports import EngineCoreOutput, SchedulerStats
@@ -117,7 +118,9 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(request.num_new_tokens, budget)
+            num_new = self._chunk(request, budget)
+            if num_new == 0:
+                continue  # an image that must go whole waits for a step with room
             while not self.kv.allocate_slots(request, num_new):
                 victim = self._pick_victim(scheduled)
                 self._preempt(victim)
@@ -157,9 +160,9 @@ class Scheduler:
                 request.num_computed_tokens = cached
                 if request.num_preemptions == 0:
                     request.num_cached_tokens = cached
-            num_new = min(request.num_new_tokens, budget)
+            num_new = self._chunk(request, budget)
             is_whole = self.config.chunked_prefill or num_new == request.num_new_tokens
-            if not is_whole or not self.kv.allocate_slots(request, num_new):
+            if not num_new or not is_whole or not self.kv.allocate_slots(request, num_new):
                 self.kv.free(request)
                 request.num_computed_tokens = 0
                 break
@@ -346,6 +349,14 @@ class Scheduler:
 
     # -- internals -------------------------------------------------------------------------
 
+    def _chunk(self, request: Request, budget: int) -> int:
+        """The request's next tokens this step, within ``budget``: a prefill chunk of a model
+        that attends bidirectionally within images ends outside every image (0: wait)."""
+        num_new = min(request.num_new_tokens, budget)
+        if not request.images or not self.config.whole_images or num_new <= 1:
+            return num_new
+        return fit_chunk(request.images, request.num_computed_tokens, num_new, budget)
+
     def _scheduled_seq(self, request: Request, num_new: int) -> ScheduledSeq:
         start = request.num_computed_tokens
         is_last = start + num_new == request.num_tokens
@@ -355,6 +366,8 @@ class Scheduler:
                            is_last_chunk=is_last, window_block_ids=request.window_block_ids,
                            lora_id=request.lora_id,
                            state=self.kv.state_plan(request, num_new))
+        if request.images and start < request.num_prompt_tokens:
+            seq.images = overlapping(request.images, start, start + num_new)
         if request.prompt_logprobs is not None:
             seq.prompt_logprobs = request.prompt_logprobs.work(request.prompt_token_ids, start,
                                                                num_new)

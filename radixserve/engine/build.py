@@ -36,6 +36,7 @@ from radixserve.cpu.threads import apply_engine_threads
 from radixserve.engine.context_len import resolve_max_model_len
 from radixserve.engine.draft_setup import build_draft_runner, open_draft
 from radixserve.engine.engine_core import EngineCore
+from radixserve.engine.vision_setup import attach_image_encoder
 from radixserve.engine.kv_events import KVEventsOutlet, make_publisher
 from radixserve.engine.kv_sizing import fix_tp_budget, kv_pool_blocks
 from radixserve.engine.mtp_setup import mtp_kv_view, with_mtp
@@ -105,6 +106,8 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
                      runner.states.num_slots if runner.states is not None else 0, disk)
     max_len = _fix_context_len(config, model_config, runner, num_blocks)
     draft_blocks = draft_pool_blocks(model.config, num_blocks, groups) if draft else 0
+    config = attach_image_encoder(config, source.path, model, runner,
+                                  device_and_dtype(config.device)[1])
     if model_config.num_mtp_layers:
         runner.drafter = MtpRunner(runner, num_blocks, config.scheduler.max_num_seqs)
     if draft is not None:
@@ -120,6 +123,7 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
     engine_runner = inject_faults_from_env(tp.runner(runner))  # faults: tests only
     engine = EngineCore(scheduler, engine_runner, model_config.vocab_size, config.seed,
                         structured, kv_events, config.lora.max_loras)
+    engine.images = runner.images
     for name, path in config.lora.adapters:  # --lora NAME=PATH
         engine.load_lora(name, path)
     return engine

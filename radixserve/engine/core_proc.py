@@ -34,6 +34,7 @@ import msgspec
 import zmq
 
 from radixserve import startup_trace
+from radixserve.image_stats import fill_image_stats
 from radixserve.kvdisk.stats import fill_disk_stats
 from radixserve.core.reports import EngineCoreOutput
 from radixserve.cpu.threads import apply_engine_threads
@@ -101,6 +102,7 @@ def engine_stats(engine):
         stats.num_kv_event_subscribers_behind = kv_events.num_subscribers_behind
         stats.num_kv_event_subscribers_refused = kv_events.num_refused_subscribers
     fill_disk_stats(stats, getattr(engine.scheduler, "kv", None))
+    fill_image_stats(stats, engine)
     return stats
 
 

@@ -13,6 +13,7 @@ import random
 import time
 from concurrent import futures
 
+from radixserve.core.images import NO_IMAGES
 from radixserve.core.prompt_logprobs import PromptLogprobs
 from radixserve.core.request import Request
 from radixserve.core.scheduler import Scheduler
@@ -43,6 +44,7 @@ class EngineCore:
         self.vocab_size = vocab_size
         self.structured = structured
         self.threads = FixedThreads()  # the server's engine process may set a ThreadGovernor
+        self.images = NO_IMAGES  # a vision model's image encoder (engine/vision_setup.py)
         self._rng = random.Random(seed)
         self.kv_events = kv_events or KVEventsOutlet()
         self.loras = LoraRegistry(runner, max_loras, self._loras_in_use)
@@ -89,6 +91,7 @@ class EngineCore:
         params = req.sampling_params
         self.check_request(req.prompt_token_ids, params)
         num_prompt = len(req.prompt_token_ids)
+        self.images.check(req.images, num_prompt)
         room = self.max_model_len - num_prompt
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         stop_ids = set(params.stop_token_ids)
@@ -97,7 +100,7 @@ class EngineCore:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         request = Request(req.request_id, list(req.prompt_token_ids), params,
                           frozenset(stop_ids), seed, req.arrival_time or time.time(),
-                          req.priority, max_tokens)
+                          req.priority, max_tokens, images=list(req.images))
         if params.structured_outputs is not None:
             request.grammar = self.structured.grammar_for(params.structured_outputs)
         if params.prompt_logprobs is not None:
@@ -117,6 +120,8 @@ class EngineCore:
                              f"{self.max_model_len}")
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             raise ValueError(f"input token ids must be in [0, {self.vocab_size})")
+        if req.images:
+            raise ValueError("images are not taken by the embedding route")
         if req.pooling_params.pooling == "classify":
             raise ValueError("classify pooling needs a cross-encoder model")
         if max(req.pooling_params.logit_token_ids or [0]) >= self.vocab_size:

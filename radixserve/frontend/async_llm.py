@@ -150,8 +150,10 @@ class AsyncLLM:
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str, priority: int = 0,
                        arrival_time: float | None = None,
-                       ticket: QueueTicket = NO_TICKET) -> AsyncIterator[StepDelta]:
+                       ticket: QueueTicket = NO_TICKET,
+                       images: list | tuple = ()) -> AsyncIterator[StepDelta]:
         """Yield each sample's text deltas as engine steps arrive, until all samples finish.
+        ``images``: the prompt's (messages.ImageInput, prompt order).
 
         ``ticket.started`` is called as each sample gets its first output; a sample not started
         by ``ticket.deadline`` aborts the request and raises ``ticket.timed_out(...)``.
@@ -165,7 +167,7 @@ class AsyncLLM:
         """
         arrival = arrival_time or time.time()
         buffer = OutputBuffer()
-        fanout = Fanout(request_id, prompt_token_ids, params, self.tokenizer)
+        fanout = Fanout(request_id, prompt_token_ids, params, self.tokenizer, images)
         not_started: set[str] = set()
         engines: dict[str, int] = {}  # sample's request id -> the replica running it
         started: dict[str, tuple[float, float | None]] = {}  # -> (first output, queue time)

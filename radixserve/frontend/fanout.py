@@ -16,7 +16,7 @@ import msgspec
 from radixserve.frontend.output_processor import RequestState
 from radixserve.frontend.parsers.reasoning import ReasoningParser
 from radixserve.core.reports import EngineCoreOutput
-from radixserve.messages import EngineCoreRequest
+from radixserve.messages import EngineCoreRequest, ImageInput
 from radixserve.outputs import RequestOutput
 from radixserve.sampling_params import SamplingParams
 from radixserve.tokenizer.tokenizer import Tokenizer
@@ -57,12 +57,15 @@ class Fanout:
     submits it, so a submission that raises half-way is aborted too.
     """
 
-    __slots__ = ("request_id", "prompt_token_ids", "params", "tokenizer", "states", "unfinished")
+    __slots__ = ("request_id", "prompt_token_ids", "images", "params", "tokenizer", "states",
+                 "unfinished")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 tokenizer: Tokenizer) -> None:
+                 tokenizer: Tokenizer, images: list[ImageInput] | tuple = ()) -> None:
+        """``images``: the prompt's (radixserve/multimodal/), sent with every sample."""
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
+        self.images = list(images)
         self.params = params
         self.tokenizer = tokenizer
         self.states: dict[str, RequestState] = {}
@@ -79,7 +82,8 @@ class Fanout:
             self.unfinished.add(rid)
             yield EngineCoreRequest(request_id=rid, prompt_token_ids=self.prompt_token_ids,
                                     sampling_params=child, eos_token_ids=eos_token_ids,
-                                    arrival_time=arrival_time, priority=priority)
+                                    arrival_time=arrival_time, priority=priority,
+                                    images=self.images)
 
     def apply(self, rid: str, outs: list[EngineCoreOutput]
               ) -> tuple[RequestState, str, EngineCoreOutput, bool] | None:

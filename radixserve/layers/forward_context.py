@@ -39,6 +39,7 @@ class ForwardContext:
     layer_metadata: list[Any]
     lora: Any = NO_LORA  # the step's per-row LoRA adapters (layers/lora.py)
     states: Any = None  # a hybrid model's recurrent states (runner/recurrent_state.py)
+    images: Any = None  # the step's image rows (runner/image_embeds.py `ImageSplice`), or None
 
 
 _current: ForwardContext | None = None
@@ -58,3 +59,10 @@ def forward_context(ctx: ForwardContext):
 def get_forward_context() -> ForwardContext:
     assert _current is not None, "attention called outside forward_context()"
     return _current
+
+
+def splice_images(x: torch.Tensor) -> torch.Tensor:
+    """A vision model's input embeddings ``x`` [T, hidden] with the step's image rows taken
+    from the image encoder (runner/image_embeds.py); ``x`` as it is on a text-only step."""
+    images = get_forward_context().images
+    return x if images is None else images.apply(x)

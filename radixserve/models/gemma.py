@@ -27,6 +27,7 @@ from torch import nn
 from radixserve.model_config import ModelConfig
 from radixserve.layers.activation import gelu_tanh_and_mul
 from radixserve.layers.embedding import empty_embedding
+from radixserve.layers.forward_context import splice_images
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.models.gemma_config import GGUF_NORM_SUFFIX
@@ -100,7 +101,12 @@ class _Rotaries(nn.Module):
 
 
 class GemmaForCausalLM(LlamaForCausalLM):
-    """Gemma 2 / Gemma 3 (text). Weights use Hugging Face names, as in LlamaForCausalLM."""
+    """Gemma 2 / Gemma 3 (text). Weights use Hugging Face names, as in LlamaForCausalLM.
+    With Gemma 3's vision encoder, image rows attend to their whole image (transformers'
+    ``token_type_ids`` mask; runner/image_embeds.py)."""
+
+    takes_images: ClassVar[bool] = True
+    images_bidirectional: ClassVar[bool] = True
 
     def __init__(self, cfg: ModelConfig) -> None:
         nn.Module.__init__(self)
@@ -130,6 +136,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
         self.rotary.check_positions(positions)
         x = self.embed_tokens(input_ids)
         x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
+        x = splice_images(x)  # Gemma 3's image rows: the projector's output, not scaled
         x, residual = self._stack(positions, x)
         return self.norm(x, residual)[0]
 

@@ -15,6 +15,7 @@ import torch
 
 from radixserve.model_config import ModelConfig
 from radixserve.core.kv.kv_groups import KVGroups
+from radixserve.core.images import NO_IMAGES
 from radixserve.core.sched_output import (
     GrammarBitmask,
     ModelRunnerOutput,
@@ -74,6 +75,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.drafter = NO_DRAFT_RUNNER  # a draft model proposes after each step (draft_runner)
         self.loras = NO_LORAS  # LoRA adapters by id, once one is added (runner/lora_set.py)
+        self.images = NO_IMAGES  # a vision model's image encoder (runner/image_embeds.py)
 
     def add_lora(self, lora_id: int, path: str) -> None:
         """Make the adapter at ``path`` resident as ``lora_id`` (between steps); ValueError /
@@ -165,7 +167,9 @@ class ModelRunner:
         lora = self.loras.batch(seqs, self.device)
         states = (None if self.states is None
                   else self.states.step(seqs, [s.num_tokens for s in seqs]))
-        return ForwardContext(metas[0], self.kv_caches, self.backend, layer_metas, lora, states)
+        images = self.images.step(seqs, metas)
+        return ForwardContext(metas[0], self.kv_caches, self.backend, layer_metas, lora, states,
+                              images)
 
     def _prefill_last(self, seq: ScheduledSeq) -> bool:
         return not self.backend.is_decode_like(seq.num_tokens, seq.start_pos)

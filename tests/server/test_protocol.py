@@ -111,10 +111,10 @@ def test_unsupported_values():
         "suffix cannot be combined with echo", param="suffix")["error"]
     assert rejected(completion, best_of=3)["param"] == "best_of"
     assert completion(n=2, best_of=2).best_of == 2
-    image = {"type": "image_url", "image_url": {"url": "http://x/cat.png"}}
-    error = rejected(chat, messages=[{"role": "user", "content": [image]}])
+    audio = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
+    error = rejected(chat, messages=[{"role": "user", "content": [audio]}])
     assert error["param"] == "messages.0.content"
-    assert "only text content is supported" in error["message"]
+    assert "unsupported content part type 'input_audio'" in error["message"]
     assert rejected(chat, stream_options={"include_usage": True})["param"] == "stream_options"
     assert chat(stream=True, stream_options={"include_usage": True}).stream_options.include_usage
 

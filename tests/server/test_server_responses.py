@@ -173,6 +173,8 @@ def test_get_delete_and_input_items(client):
 
 @pytest.mark.parametrize("body, param", [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input"),  # the served model takes text only
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]},
      "input.0.content"),
     ({"input": [{"type": "web_search_call"}]}, "input.0"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),

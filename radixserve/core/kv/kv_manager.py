@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from radixserve.core.images import with_image_ids
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.disk_hooks import DiskTier, NoDiskTier
 from radixserve.core.kv.kv_groups import KVGroups
@@ -14,11 +15,13 @@ from radixserve.core.kv.kv_events import LORA_KEY_SHIFT  # above every vocabular
 
 def cache_tokens(request: Request, end: int | None = None) -> list[int]:
     """The token ids the prefix cache indexes for ``request``'s first ``end`` tokens (all by
-    default): its own for the base model; for a LoRA request each offset by ``lora_id <<
+    default): its own for the base model (its images' rows by ids from their keys); for a LoRA request each offset by ``lora_id <<
     32``, so its KV (computed with the adapter) is shared only with requests of the same
     adapter: the tree never matches a page across adapters (core/kv/kv_events.py reads the
     adapter back from the offset)."""
     tokens = request.all_token_ids if end is None else request.all_token_ids[:end]
+    if request.images:  # an image's rows by ids made from its key (core/images.py)
+        tokens = with_image_ids(tokens, request.images)
     if request.lora_id is None:
         return tokens
     offset = request.lora_id * LORA_KEY_SHIFT

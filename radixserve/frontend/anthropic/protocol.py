@@ -5,16 +5,18 @@ pipeline (template, tool-call and reasoning parsers, structured output) unchange
 Requests forbid unknown top-level fields, as the OpenAI models do (an unsupported parameter is
 refused by name); content blocks and tools ignore fields they do not use (``cache_control``:
 the prefix cache is automatic; ``citations``, ``caller``...), so a client may send back the
-blocks it received as they are. Content blocks are ``text``, ``tool_use``,
-``tool_result``, ``thinking`` and ``redacted_thinking``; an ``image`` or ``document`` block
-(in a message or a tool result) is refused in plain words (the served model takes text only),
-any other block type by name.
+blocks it received as they are. Content blocks are ``text``, ``image`` (user messages and
+tool results; a ``base64`` or ``url`` source), ``tool_use``, ``tool_result``, ``thinking`` and
+``redacted_thinking``; a ``document`` block is refused in plain words, any other block type by
+name. An image to a model that takes text only is refused when the request is served.
 
 How a conversation becomes chat messages:
 
 * ``system`` (a string or text blocks) is one system message;
 * a user message's ``tool_result`` blocks become ``tool`` messages (``tool_call_id`` set), in
-  order, followed by a user message with its text blocks, if any;
+  order, followed by a user message with its text and image blocks, if any, as chat parts
+  (``image_url``: a base64 source as a data URI); chat takes images in user messages only, so a
+  tool result's images open that user message;
 * an assistant message's text, ``tool_use`` blocks (``tool_calls`` with ``input`` as JSON
   arguments) and ``thinking`` (``reasoning_content``) become one assistant message.
 
@@ -30,6 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from radixserve.frontend.media.chat import data_uri
 from radixserve.frontend.openai.protocol_chat import (
     ChatCompletionRequest,
     ChatMessage,
@@ -62,19 +65,56 @@ class ToolUseBlock(_Block):
     input: dict[str, Any]
 
 
+class Base64Source(_Block):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str = Field(min_length=1)
+
+
+class URLSource(_Block):
+    type: Literal["url"]
+    url: str = Field(min_length=1)
+
+
+class ImageBlock(_Block):
+    type: Literal["image"]
+    source: Annotated[Base64Source | URLSource, Field(discriminator="type")]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_source(cls, data: Any) -> Any:
+        kind = data.get("source", {}).get("type") if isinstance(data, dict) else None
+        if isinstance(kind, str) and kind not in ("base64", "url"):
+            raise ValueError(f"image source type {kind!r} is not supported (base64, url)")
+        return data
+
+    def chat_part(self) -> dict:
+        """The chat request's ``image_url`` part for this image."""
+        source = self.source
+        url = (data_uri(source.data, source.media_type) if source.type == "base64"
+               else source.url)
+        return {"type": "image_url", "image_url": {"url": url}}
+
+
 class ToolResultBlock(_Block):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[TextBlock] | None = None
+    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] | None \
+        = None
     is_error: bool | None = None
 
     def text(self) -> str:
-        """The result as one string; an error result is marked as such for the model."""
+        """The result's text as one string; an error result is marked as such for the model.
+        Its images are `images`."""
         if isinstance(self.content, list):
-            text = "\n".join(block.text for block in self.content)
+            text = "\n".join(block.text for block in self.content if block.type == "text")
         else:
             text = self.content or ""
         return f"Error: {text}" if self.is_error else text
+
+    def images(self) -> list[ImageBlock]:
+        return [b for b in self.content if b.type == "image"] \
+            if isinstance(self.content, list) else []
 
 
 class ThinkingBlock(_Block):
@@ -89,24 +129,18 @@ class RedactedThinkingBlock(_Block):
 
 
 ContentBlock = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+    | RedactedThinkingBlock,
     Field(discriminator="type"),
 ]
 
 
-_NOT_TEXT = ("image", "document")
-
-
-def _media_blocks(content: Any) -> list[str]:
-    """The types of the image and document blocks in raw ``content``, tool results' included."""
-    found: list[str] = []
-    for block in content if isinstance(content, list) else ():
-        if isinstance(block, dict):
-            if block.get("type") in _NOT_TEXT:
-                found.append(block["type"])
-            elif block.get("type") == "tool_result":
-                found += _media_blocks(block.get("content"))
-    return found
+def _has_documents(content: Any) -> bool:
+    """Whether raw ``content`` holds a document block, tool results' included."""
+    return any(isinstance(block, dict) and (
+        block.get("type") == "document"
+        or block.get("type") == "tool_result" and _has_documents(block.get("content")))
+        for block in (content if isinstance(content, list) else ()))
 
 
 class Message(_Strict):
@@ -115,17 +149,16 @@ class Message(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _text_only(cls, data: Any) -> Any:
+    def _no_documents(cls, data: Any) -> Any:
         # NOTE: before validation: else the content union reports every block type it expected
-        found = _media_blocks(data.get("content")) if isinstance(data, dict) else []
-        if found:
-            raise ValueError(f"{found[0]} content is not supported by this server: the served "
-                             "model takes text only")
+        if isinstance(data, dict) and _has_documents(data.get("content")):
+            raise ValueError("document content is not supported by this server (text and "
+                             "image blocks are)")
         return data
 
     @model_validator(mode="after")
     def _blocks_fit_role(self) -> Message:
-        allowed = ({"text", "tool_result"} if self.role == "user"
+        allowed = ({"text", "image", "tool_result"} if self.role == "user"
                    else {"text", "tool_use", "thinking", "redacted_thinking"})
         for block in self.content if isinstance(self.content, list) else ():
             if block.type not in allowed:
@@ -139,9 +172,16 @@ class Message(_Strict):
             return [ChatMessage(role=self.role, content=self.content)]
         texts = [b.text for b in self.content if b.type == "text"]
         if self.role == "user":
+            results = [b for b in self.content if b.type == "tool_result"]
             out = [ChatMessage(role="tool", content=b.text(), tool_call_id=b.tool_use_id)
-                   for b in self.content if b.type == "tool_result"]
-            if texts or not out:
+                   for b in results]
+            images = [image for b in results for image in b.images()]
+            parts = [b.chat_part() if b.type == "image" else {"type": "text", "text": b.text}
+                     for b in self.content if b.type in ("text", "image")]
+            if images or any(part["type"] == "image_url" for part in parts):
+                out.append(ChatMessage(role="user", content=[
+                    *(image.chat_part() for image in images), *parts]))
+            elif texts or not out:
                 out.append(ChatMessage(role="user", content="\n".join(texts)))
             return out
         calls = [ToolCall(id=b.id, function=FunctionCall(

@@ -21,11 +21,13 @@ from radixserve.frontend.prompt_progress import progress_fields
 from radixserve.frontend.anthropic.blocks import (
     MESSAGE_STOP, PING, BlockAssembler, event, stop_reason, usage)
 from radixserve.frontend.http.errors import error_headers, error_response, send_json
+from radixserve.frontend.media.chat import check_takes_images
 from radixserve.frontend.openai.protocol import random_id
 from radixserve.frontend.anthropic.protocol import CountTokensRequest, Message, MessagesRequest
 from radixserve.frontend.next_turn import Answer
 from radixserve.frontend.openai.serving import ChatParsers, ServingContext
-from radixserve.frontend.openai.serving_chat import ChatServer, render_messages
+from radixserve.frontend.openai.chat_render import render_messages
+from radixserve.frontend.openai.serving_chat import ChatServer
 from radixserve.frontend.reasoning_budget import can_budget
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -77,6 +79,7 @@ class MessagesServer:
         tag-based reasoning parser ``thinking.budget_tokens`` is dropped, not refused:
         clients send it with every thinking request, as the switch ``enable_thinking`` reads."""
         chat = body.to_chat()
+        check_takes_images(self.ctx.images is not None, chat.messages)
         if not can_budget(self.ctx.reasoning_parser):
             chat.thinking_token_budget = None
         return await self.chat.prepare(chat)
@@ -85,13 +88,15 @@ class MessagesServer:
         """``{"input_tokens": n}``: the prompt a Messages request with these fields gets."""
         self.ctx.check_model(body.model)
         chat = body.to_chat()
+        check_takes_images(self.ctx.images is not None, chat.messages)
         self.ctx.prep.check_messages(chat.messages)
         _, ids = await self.ctx.prep.chat_prompt(lambda: render_messages(self.ctx, chat))
         return msgspec.json.encode({"input_tokens": len(ids)})
 
-    def _generate(self, ids, params, message_id: str, arrival: float, ticket: QueueTicket):
+    def _generate(self, ids, params, message_id: str, arrival: float, ticket: QueueTicket,
+                  images: list = ()):
         return contextlib.aclosing(
-            self.ctx.engine.generate(ids, params, message_id, 0, arrival, ticket))
+            self.ctx.engine.generate(ids, params, message_id, 0, arrival, ticket, images))
 
     def _message(self, message_id: str, content: list, reason, sequence, usage_: dict) -> dict:
         return {"id": message_id, "type": "message", "role": "assistant",
@@ -124,7 +129,8 @@ class MessagesServer:
                    ) -> bytes:
         message_id = random_id("msg_")
         state: RequestState | None = None
-        async with self._generate(ids, params, message_id, arrival, ticket) as steps:
+        async with self._generate(ids, params, message_id, arrival, ticket,
+                                  parsers.images) as steps:
             async for step in steps:
                 state = step.state
         stream = parsers.stream()
@@ -149,7 +155,8 @@ class MessagesServer:
         stream = parsers.stream()
         blocks = BlockAssembler()
         started = False
-        async with self._generate(ids, params, message_id, arrival, ticket) as steps:
+        async with self._generate(ids, params, message_id, arrival, ticket,
+                                  parsers.images) as steps:
             async for step in steps:
                 state = step.state
                 out: list[str] = []

@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from radixserve.frontend.async_llm import FinishedSample, MetricsSink
 from radixserve.frontend.http.admission_metrics import AdmissionMetrics
+from radixserve.image_stats import image_metric_families
 from radixserve.kvdisk.stats import disk_metric_families
 
 # our buckets for the families we published before vLLM's names (dashboards use their le)
@@ -102,6 +103,7 @@ class _EngineCollector:
                                summed.num_kv_event_subscribers_refused)
         yield subscribers
         yield from disk_metric_families(self.model, summed)
+        yield from image_metric_families(self.model, summed)
 
     def _spec_per_position(self, s):
         """Accepted drafts, drafts that reached each position, and the acceptance rate at

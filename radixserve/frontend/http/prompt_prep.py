@@ -83,4 +83,4 @@ class PromptPrep:
 def _text_len(message) -> int:
     if isinstance(message.content, str):
         return len(message.content)
-    return sum(len(part.text) for part in message.content or ())
+    return sum(len(part.text) for part in message.content or () if part.type == "text")

@@ -52,13 +52,14 @@ class Catalog:
         self.folder = folder
 
     def entries(self) -> dict[str, ModelEntry]:
-        """name -> entry, sorted by name: every ``*.gguf`` file and every sub-folder holding a
-        ``config.json`` (a folder without ``*.safetensors`` is listed too: loading it answers
-        400 saying what is missing)."""
+        """name -> entry, sorted by name: every ``*.gguf`` file (but llama.cpp's image
+        encoders, ``*mmproj*.gguf``: a model beside one takes images) and every sub-folder
+        holding a ``config.json`` (a folder without ``*.safetensors`` is listed too: loading
+        it answers 400 saying what is missing)."""
         found: dict[str, ModelEntry] = {}
         for name in sorted(_listdir(self.folder)):
             path = os.path.join(self.folder, name)
-            if name.endswith(".gguf") and os.path.isfile(path):
+            if name.endswith(".gguf") and os.path.isfile(path) and not _is_mmproj(name):
                 found[name.removesuffix(".gguf")] = ModelEntry(
                     name.removesuffix(".gguf"), path, "gguf", os.path.getsize(path))
             elif os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
@@ -72,6 +73,10 @@ class Catalog:
         (``radixserve pull`` fetches it; a request never downloads)."""
         entries = self.entries()
         return entries.get(name) or entries.get(name.partition(":")[0]) or _pulled(name)
+
+
+def _is_mmproj(name: str) -> bool:
+    return "mmproj" in name.lower()
 
 
 def _pulled(name: str) -> ModelEntry | None:

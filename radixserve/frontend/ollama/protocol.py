@@ -11,6 +11,10 @@ Options that would change the output in a way this engine does not implement (mi
 tfs_z, typical_p, repeat_last_n other than the whole context when a repeat_penalty is set)
 are refused by name. Unset sampling options take the server's defaults (those of
 /v1/chat/completions), not Ollama's Modelfile defaults.
+
+``images`` (base64, on a user message of /api/chat, or with /api/generate's prompt) become the
+chat request's ``image_url`` parts (data URIs), before the message's text; /api/generate takes
+them only through the chat template (not with ``raw``, ``suffix`` or ``context``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radixserve.frontend.http.protocol_base import REQUEST_CONFIG, ParamError
+from radixserve.frontend.media.chat import data_uri
 
 _MAPPED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
            "seed": "seed", "stop": "stop", "repeat_penalty": "repetition_penalty",
@@ -57,19 +62,21 @@ class OllamaMessage(OllamaRequest):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     thinking: str | None = None
-    images: list[Any] | None = None
+    images: list[str] | None = None  # base64, without a data: prefix
     tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None
 
-    @field_validator("images")
-    @classmethod
-    def _no_images(cls, value):
-        if value:
-            raise ValueError("images are not supported: the served model takes text only")
-        return value
+    @model_validator(mode="after")
+    def _images_from_user(self):
+        if self.images and self.role != "user":
+            raise ValueError(f"images are only accepted in user messages, not in "
+                             f"{self.role} messages")
+        return self
 
     def to_openai(self) -> dict:
         msg: dict[str, Any] = {"role": self.role, "content": self.content or ""}
+        if self.images:  # images first, then the text, as Ollama's templates place them
+            msg["content"] = [*image_parts(self.images), {"type": "text", "text": msg["content"]}]
         if self.tool_calls:
             msg["tool_calls"] = [{"id": c.id or f"call_{i}", "type": "function", "function": {
                 "name": c.function.name, "arguments": json.dumps(c.function.arguments)}}
@@ -165,16 +172,25 @@ class OllamaGenerateRequest(_Generating):
     suffix: str | None = None
     template: str | None = None
     context: list[int] | None = None
-    images: list[Any] | None = None
+    images: list[str] | None = None  # base64, without a data: prefix; go with the prompt
 
-    @field_validator("template", "images")
+    @field_validator("template")
     @classmethod
     def _unsupported(cls, value, info):
         if value:
-            hint = {"template": "; the model's own chat template is used (or raw: true)",
-                    "images": ": the served model takes text only"}.get(info.field_name, "")
-            raise ValueError(f"{info.field_name} is not supported{hint}")
+            raise ValueError("template is not supported; the model's own chat template is used "
+                             "(or raw: true)")
         return value
+
+    @model_validator(mode="after")
+    def _images_in_template(self):
+        if self.images:
+            given = [name for name in ("raw", "suffix", "context")
+                     if getattr(self, name) not in (None, False, [])]
+            if given:
+                raise ValueError(f"images cannot be combined with {', '.join(given)}: images "
+                                 "go into the chat template with the prompt")
+        return self
 
     @model_validator(mode="after")
     def _suffix_alone(self):
@@ -189,6 +205,9 @@ class OllamaGenerateRequest(_Generating):
     def to_openai_chat(self) -> dict:
         messages = [{"role": "system", "content": self.system}] if self.system else []
         messages.append({"role": "user", "content": self.prompt or ""})
+        if self.images:
+            messages[-1]["content"] = [*image_parts(self.images),
+                                       {"type": "text", "text": self.prompt or ""}]
         body = {"messages": messages, **self.openai_fields()}
         if (kwargs := self.template_kwargs()) is not None:
             body["chat_template_kwargs"] = kwargs
@@ -237,6 +256,11 @@ class OllamaShowRequest(OllamaRequest):
     model: str | None = None
     name: str | None = None  # older clients
     verbose: bool | None = None
+
+
+def image_parts(images: list[str]) -> list[dict]:
+    """Ollama's base64 images as chat ``image_url`` parts (data URIs)."""
+    return [{"type": "image_url", "image_url": {"url": data_uri(b64)}} for b64 in images]
 
 
 def sampling_fields(options: dict[str, Any]) -> dict:

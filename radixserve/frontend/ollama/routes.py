@@ -24,6 +24,7 @@ from radixserve.frontend.http.body_reader import parse_body
 from radixserve.frontend.http.errors import error_headers, error_response, send_error, send_json
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.http.router import Call, Route, Wire
+from radixserve.frontend.media.chat import TEXT_ONLY
 from radixserve.frontend.ollama.models import OllamaModelInfo, read_model_info
 from radixserve.frontend.ollama.protocol import (OllamaChatRequest, OllamaEmbedRequest,
                                                  OllamaErrorBody, OllamaGenerateRequest,
@@ -31,8 +32,8 @@ from radixserve.frontend.ollama.protocol import (OllamaChatRequest, OllamaEmbedR
 from radixserve.frontend.ollama.serving import (Context, OllamaStreamError, Shape, check_model,
                                                collect, fim_prompt, stream, whole)
 from radixserve.frontend.openai.protocol_chat import ChatCompletionRequest
-from radixserve.frontend.openai.routes import OpenAIRoutes
-from radixserve.frontend.openai.serving_chat import render_messages
+from radixserve.frontend.openai.routes import OpenAIRoutes, capabilities
+from radixserve.frontend.openai.chat_render import render_messages
 from radixserve.frontend.reasoning_budget import THINK_LEVEL_BUDGETS, can_budget
 
 _NDJSON = [(b"content-type", b"application/x-ndjson")]
@@ -142,20 +143,11 @@ class OllamaRoutes:
         if not name:
             raise OpenAIError("model is required")
         check_model(self.model.names(), name)
-        capabilities = ["completion"]
-        if self.ctx.tool_parser is not None:
-            capabilities.append("tools")
-        if self.ctx.reasoning_parser is not None:
-            capabilities.append("thinking")
-        if self.ctx.embedding.pooling is not None:
-            capabilities.append("embedding")
-        if self.ctx.tokenizer.fim is not None:
-            capabilities.append("insert")
         template = getattr(self.ctx.tokenizer, "chat_template", None) or ""
         return _ENCODE({"modelfile": f"FROM {self.model.name}\n", "parameters": "",
                         "template": template if isinstance(template, str) else "",
                         "details": self.model.details(), "model_info": self.model.info,
-                        "capabilities": capabilities,
+                        "capabilities": capabilities(self.ctx),
                         "modified_at": self.model.modified_at})
 
     # -- generation -----------------------------------------------------------------------
@@ -163,6 +155,7 @@ class OllamaRoutes:
     async def _chat(self, call: Call):
         body = parse_body(OllamaChatRequest, call.body, _MISSING)
         check_model(self.model.names(), body.model)
+        self._check_images(any(m.images for m in body.messages))
         shape = Shape(body.model, True, time.time())
         if not body.messages:
             return _ENCODE(shape.loaded())
@@ -173,6 +166,7 @@ class OllamaRoutes:
     async def _generate(self, call: Call):
         body = parse_body(OllamaGenerateRequest, call.body, _MISSING)
         check_model(self.model.names(), body.model)
+        self._check_images(bool(body.images))
         shape = Shape(body.model, False, time.time())
         if not body.prompt:
             return _ENCODE(shape.loaded())
@@ -192,6 +186,10 @@ class OllamaRoutes:
         return await self._through(self.openai.chat_completion, call,
                                    _ENCODE(self._budgeted(body, body.to_openai_chat())), shape,
                                    bool(body.stream))
+
+    def _check_images(self, has_images: bool) -> None:
+        if has_images and self.ctx.images is None:
+            raise OpenAIError(f"images are not supported: {TEXT_ONLY}")
 
     def _budgeted(self, body, chat: dict) -> dict:
         """``chat`` with ``think``'s level as a reasoning budget (`THINK_LEVEL_BUDGETS`) on a

@@ -311,6 +311,8 @@ class ModelCard(OpenAIResponse):
     max_model_len: int | None = None
     root: str | None = None  # a LoRA adapter's path (vLLM's)
     parent: str | None = None  # a LoRA adapter's base model (vLLM's)
+    # what the model does: completion, vision (images in), tools, thinking, embedding, insert
+    capabilities: list[str] | None = None
 
 
 class ModelList(OpenAIResponse):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (ConfigDict, Field, NonNegativeInt, RootModel, ValidationInfo,
                       field_validator, model_validator)
@@ -19,6 +19,29 @@ class TextContentPart(OpenAIRequest):
     text: str
 
 
+class ImageURL(OpenAIRequest):
+    """Where an image is: a ``data:image/...;base64,`` URI, or a ``file://`` / http(s) URL
+    where the server allows them (frontend/media/policy.py). ``detail`` is accepted; the
+    model's processor decides the resolution."""
+
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageContentPart(OpenAIRequest):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+    @field_validator("image_url", mode="before")
+    @classmethod
+    def _bare_url(cls, value):
+        return {"url": value} if isinstance(value, str) else value  # vLLM takes a bare URL
+
+
+ContentPart = Annotated[TextContentPart | ImageContentPart, Field(discriminator="type")]
+CONTENT_PART_TYPES = ("text", "image_url")
+
+
 class FunctionCall(OpenAIRequest):
     name: str
     arguments: str  # JSON text, as the model wrote it
@@ -33,7 +56,8 @@ class ToolCall(OpenAIRequest):
 
 
 class ChatMessage(OpenAIRequest):
-    """One message; content is a string or a list of text parts (other parts are rejected)."""
+    """One message; content is a string or a list of text and (user messages only) image
+    parts; other part types are rejected by name."""
 
     # NOTE: _check_role's rule, for /openapi.json: content and no tool_calls unless assistant
     model_config = ConfigDict(json_schema_extra={
@@ -41,7 +65,7 @@ class ChatMessage(OpenAIRequest):
         "else": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}},
                                                          "tool_calls": {"type": "null"}}}})
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant only
     tool_call_id: str | None = None  # tool messages: the call this answers
@@ -49,12 +73,15 @@ class ChatMessage(OpenAIRequest):
 
     @field_validator("content", mode="before")
     @classmethod
-    def _text_only(cls, value):
+    def _known_parts(cls, value):
+        # NOTE: before validation: else the union reports every part type it expected
         for part in value if isinstance(value, list) else ():
             kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
-            if kind != "text":
-                raise ValueError(f"only text content is supported, got a {kind!r} content part")
-            if isinstance(part, dict) and not isinstance(part.get("text"), str):
+            if kind not in CONTENT_PART_TYPES:
+                raise ValueError(f"unsupported content part type {kind!r} (supported: text, "
+                                 "image_url)")
+            if kind == "text" and isinstance(part, dict) and not isinstance(part.get("text"),
+                                                                             str):
                 raise ValueError("a text content part needs a 'text' string")
         return value
 
@@ -64,13 +91,23 @@ class ChatMessage(OpenAIRequest):
             raise ValueError(f"only assistant messages may have tool_calls, not {self.role}")
         if self.content is None and self.role != "assistant":
             raise ValueError(f"{self.role} messages must have content")
+        if self.role != "user" and self.images():
+            raise ValueError(f"images are only accepted in user messages, not in "
+                             f"{self.role} messages")
         return self
 
     def text(self) -> str | None:
-        """The content as one string: text parts joined by newlines (as vLLM does)."""
+        """The content as one string: text parts joined by newlines (as vLLM does); image
+        parts are left out (`images`)."""
         if isinstance(self.content, list):
-            return "\n".join(part.text for part in self.content)
+            return "\n".join(part.text for part in self.content if part.type == "text")
         return self.content
+
+    def images(self) -> list[ImageContentPart]:
+        """The image parts, in order."""
+        if isinstance(self.content, list):
+            return [part for part in self.content if part.type == "image_url"]
+        return []
 
 
 class FunctionDefinition(OpenAIRequest):

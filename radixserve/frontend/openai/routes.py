@@ -23,6 +23,7 @@ from radixserve.frontend.http.errors import send_error
 from radixserve.frontend.http.protocol_base import OpenAIError
 from radixserve.frontend.http.router import OPENAI, Call, Route
 from radixserve.frontend.http.worker_routes import rendered_prompt
+from radixserve.frontend.media.chat import check_takes_images
 from radixserve.frontend.openai.protocol import (CompletionRequest, CompletionResponse, ModelCard,
                                                  ModelList)
 from radixserve.frontend.openai.protocol_chat import (ChatCompletionRequest,
@@ -35,7 +36,8 @@ from radixserve.frontend.openai.protocol_rerank import (RerankRequest, RerankRes
                                                         ScoreRequest, ScoreResponse)
 from radixserve.frontend.openai.response_size import encode_body
 from radixserve.frontend.openai.serving import ServingContext
-from radixserve.frontend.openai.serving_chat import ChatServer, chat_prompt_ids, render_messages
+from radixserve.frontend.openai.chat_render import render_messages
+from radixserve.frontend.openai.serving_chat import ChatServer, chat_prompt_ids
 from radixserve.frontend.openai.serving_completion import CompletionServer, request_size
 from radixserve.frontend.openai.serving_embedding import EmbeddingServer
 from radixserve.frontend.openai.serving_rerank import RerankServer
@@ -125,6 +127,7 @@ class OpenAIRoutes:
     async def chat_completion(self, call: Call):
         arrival = time.time()
         body = parse_body(ChatCompletionRequest, call.body)
+        check_takes_images(self.ctx.images is not None, body.messages)
         self.gate.precheck(body.n or 1, 0)
         ids, params, parsers = await self.chat.prepare(body)
         say_truncated(call.headers, parsers.truncation)
@@ -167,7 +170,8 @@ class OpenAIRoutes:
         """The chat template and tokenization alone (no engine), cut as the request asks."""
         body = parse_body(ChatCompletionRequest, call.body)
         self.ctx.check_model(body.model)
-        text, ids, cut = await chat_prompt_ids(self.ctx, body)
+        check_takes_images(self.ctx.images is not None, body.messages)
+        text, ids, cut, _ = await chat_prompt_ids(self.ctx, body)
         say_truncated(call.headers, cut)
         return msgspec.json.encode(rendered_prompt(self.ctx.model_name, text, ids))
 
@@ -187,7 +191,8 @@ class OpenAIRoutes:
         adapters = [ModelCard(id=name, root=path, parent=ctx.model_name,
                               max_model_len=ctx.max_model_len)
                     for name, path in sorted(ctx.loras.items())]  # as vLLM lists them
-        return ModelList(data=[ModelCard(id=ctx.model_name, max_model_len=ctx.max_model_len),
+        return ModelList(data=[ModelCard(id=ctx.model_name, max_model_len=ctx.max_model_len,
+                                         capabilities=capabilities(ctx)),
                                *adapters]).model_dump_json().encode()
 
     async def model(self, call: Call):
@@ -197,11 +202,13 @@ class OpenAIRoutes:
         self.ctx.check_model(name)  # 404 (OpenAI's shape, which the anthropic SDK reads too)
         if _anthropic(call):
             return msgspec.json.encode(_anthropic_card(name))
-        return ModelCard(id=name, max_model_len=self.ctx.max_model_len).model_dump_json().encode()
+        return ModelCard(id=name, max_model_len=self.ctx.max_model_len,
+                         capabilities=capabilities(self.ctx)).model_dump_json().encode()
 
     async def tokenize(self, call: Call):
         body = parse_body(TokenizeRequest, call.body)
         self.ctx.check_model(body.model)
+        check_takes_images(self.ctx.images is not None, body.messages or ())
         return await self.ctx.prep.run(_tokenize, self.ctx, body)  # grows with the input
 
     async def tokenizer_info(self, call: Call):
@@ -211,6 +218,19 @@ class OpenAIRoutes:
         body = parse_body(DetokenizeRequest, call.body)
         self.ctx.check_model(body.model)
         return await self.ctx.prep.run(_detokenize, self.ctx, body)
+
+
+def capabilities(ctx: ServingContext) -> list[str]:
+    """What the served model does, as Ollama names it (its /api/show; /v1/models too)."""
+    found = ["completion"]
+    for name, has in (("tools", ctx.tool_parser is not None),
+                      ("thinking", ctx.reasoning_parser is not None),
+                      ("embedding", ctx.embedding.pooling is not None),
+                      ("insert", ctx.tokenizer.fim is not None),
+                      ("vision", ctx.images is not None)):
+        if has:
+            found.append(name)
+    return found
 
 
 def structured_param(body) -> str:

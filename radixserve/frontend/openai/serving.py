@@ -16,6 +16,7 @@ from radixserve.frontend.async_llm import AsyncLLM
 from radixserve.frontend.batch_encoder import BatchEncoder
 from radixserve.frontend.core_client import EngineDeadError
 from radixserve.frontend.next_turn import NextTurnWarmer
+from radixserve.frontend.media.policy import MediaPolicy
 from radixserve.frontend.parsers import ReasoningParser, ToolCallDelta, ToolCallParser
 from radixserve.frontend.pooling import EmbeddingSetup
 from radixserve.frontend.reasoning_budget import BudgetPolicy
@@ -53,6 +54,9 @@ class ServingContext:
     reasoning_budget: BudgetPolicy = field(default_factory=BudgetPolicy)
     # the next turn's prefix prefilled after a reasoning answer (--no-warm-next-turn: off)
     next_turn: NextTurnWarmer = field(default_factory=NextTurnWarmer)
+    # where images may come from and how large (--allowed-media-path, --allow-remote-media...)
+    media: MediaPolicy = field(default_factory=MediaPolicy)
+    images: object | None = None  # the model's image processor; None: it takes text only
 
     @property
     def tokenizer(self):
@@ -213,11 +217,13 @@ class ChatParsers:
     the block) and the tool-call parser its tools call for (a `ToolCallParser` or one of its
     shape: lenient, forced). None turns that parsing off. Stateless, shared by the request's
     samples; `stream` gives one sample its streaming state. ``truncation``: what was cut from
-    the request's prompt to fit (frontend/truncation.py), which its answer reports."""
+    the request's prompt to fit (frontend/truncation.py), which its answer reports;
+    ``images``: the prompt's images, which go to the engine with its ids."""
 
     reasoning: ReasoningParser | None = None
     tools: ToolCallParser | None = None
     truncation: Truncation | None = None
+    images: list = field(default_factory=list)  # the prompt's (messages.ImageInput), to send
 
     def stream(self) -> ChoiceStream:
         return ChoiceStream(self.reasoning, self.tools)

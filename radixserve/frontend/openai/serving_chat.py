@@ -14,10 +14,13 @@ import time
 from collections.abc import AsyncIterator
 
 from radixserve.frontend.async_llm import NO_TICKET, QueueTicket
+from radixserve.frontend.chat_images import render_chat_images
 from radixserve.frontend.fanout import gate_on_reasoning
 from radixserve.frontend.next_turn import Answer, AnswerTape
 from radixserve.frontend.http.asgi_io import SSE_DONE
 from radixserve.frontend.http.protocol_base import OpenAIError
+from radixserve.frontend.media.chat import check_takes_images, load_chat_images
+from radixserve.frontend.openai.chat_render import render_messages
 from radixserve.frontend.openai.protocol import UsageInfo, random_id
 from radixserve.frontend.openai.protocol_chat import (ChatCompletionChoice, ChatCompletionMessage,
                                                       ChatCompletionRequest,
@@ -39,34 +42,10 @@ from radixserve.frontend.parsers.tool_grammar import auto_tools_grammar
 from radixserve.frontend.truncation import (Truncation, fit_chat, log_truncation, prompt_limit,
                                             truncated_details)
 from radixserve.structured.backend import GrammarError
+from radixserve.messages import ImageInput
 from radixserve.structured.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
-
-
-def render_messages(ctx: ServingContext, body, kept: list[int] | None = None) -> str:
-    """The chat template applied to a chat request (or a tokenize request in chat form);
-    ``kept``: the indices of the messages to render (None: all of them)."""
-    chosen = body.messages if kept is None else [body.messages[i] for i in kept]
-    messages = [_message_dict(m) for m in chosen]
-    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    kwargs = dict(body.chat_template_kwargs or {})
-    if getattr(body, "reasoning_effort", None) is not None:
-        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
-    try:
-        text = ctx.tokenizer.apply_chat_template(
-            messages, tools=tools, **kwargs,
-            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message)
-    except ValueError as exc:
-        raise OpenAIError(str(exc), param="messages") from exc
-    except Exception as exc:  # a template's raise_exception or a rendering error
-        raise OpenAIError(f"the chat template failed: {exc}", param="messages") from exc
-    if body.continue_final_message:
-        last = messages[-1].get("content") or ""
-        cut = text.rfind(last)
-        if cut >= 0:
-            text = text[: cut + len(last)]
-    return text
 
 
 def _forced_tools(body: ChatCompletionRequest):
@@ -80,23 +59,6 @@ def _forced_tools(body: ChatCompletionRequest):
         return ForcedToolParser(None), StructuredOutputsParams(json=schema)
     name = choice.function.name
     return ForcedToolParser(name), StructuredOutputsParams(json=tools[name] or {"type": "object"})
-
-
-def _message_dict(m) -> dict:
-    d = {"role": m.role, "content": m.text()}
-    if m.name is not None:
-        d["name"] = m.name
-    if m.tool_calls:
-        d["tool_calls"] = [tc.model_dump() for tc in m.tool_calls]
-    # what gpt-oss's and LFM2.5's templates read; gpt-oss's refuses it beside a call's text
-    # (it writes that text as the call's analysis instead)
-    if m.reasoning_content is not None and not (m.tool_calls and m.text()):
-        d["thinking"] = m.reasoning_content
-    if m.reasoning_content is not None:  # Qwen3's, GLM's, ...: kept within a tool loop
-        d["reasoning_content"] = m.reasoning_content
-    if m.tool_call_id is not None:
-        d["tool_call_id"] = m.tool_call_id
-    return d
 
 
 class ChatServer:
@@ -124,7 +86,7 @@ class ChatServer:
             raise OpenAIError("tool calling needs a tool-call parser: start the server with "
                               "--tool-call-parser hermes (or force a call with tool_choice)",
                               param="tools")
-        text, ids, cut = await chat_prompt_ids(ctx, body)
+        text, ids, cut, images = await chat_prompt_ids(ctx, body)
         params = ctx.sampling_params(body, len(ids))
         tool_parser = ctx.tool_parser if use_tools else None
         if forced is not None:
@@ -145,7 +107,7 @@ class ChatServer:
         params = ctx.reasoning_budget.apply(params, body.thinking_token_budget,
                                             body.reasoning_effort, reasoning, text, ctx.tokenizer)
         log_truncation("chat", cut, len(ids))
-        return ids, params, ChatParsers(reasoning, tool_parser, cut)
+        return ids, params, ChatParsers(reasoning, tool_parser, cut, images)
 
     async def _auto_tools(self, body: ChatCompletionRequest) -> StructuredOutputsParams | None:
         """The grammar of a ``tool_choice: "auto"`` answer in the Hermes format (text, or
@@ -170,7 +132,8 @@ class ChatServer:
         request_id = random_id("chatcmpl-")
         finals: dict[int, RequestState] = {}
         async with contextlib.aclosing(
-            self.ctx.engine.generate(ids, params, request_id, body.priority, arrival, ticket)
+            self.ctx.engine.generate(ids, params, request_id, body.priority, arrival, ticket,
+                                     parsers.images)
         ) as steps:
             async for step in steps:
                 if step.state.finished:
@@ -249,7 +212,8 @@ class ChatServer:
         tail = ""  # the last choice's finish chunk, sent with the end of the stream
         tape = AnswerTape() if params.n == 1 else None  # the answer, for `warm_next_turn`
         async with contextlib.aclosing(
-            self.ctx.engine.generate(ids, params, request_id, body.priority, arrival, ticket)
+            self.ctx.engine.generate(ids, params, request_id, body.priority, arrival, ticket,
+                                     parsers.images)
         ) as steps:
             async for step in steps:
                 if step.progress is not None:
@@ -300,23 +264,45 @@ def _usage(num_prompt: int, states: list[RequestState], cut: Truncation | None) 
                      prompt_tokens_details=truncated_details(cached, cut))
 
 
-async def chat_prompt_ids(ctx: ServingContext,
-                          body) -> tuple[str, list[int], Truncation | None]:
-    """(the rendered prompt, its ids, what truncation cut): the whole chat, after the length
-    check, or (``truncate_prompt_tokens`` set) the chat with its oldest turns left out until
-    it fits the request's limit (frontend/truncation.py). Off the event loop."""
+async def chat_prompt_ids(ctx: ServingContext, body
+                          ) -> tuple[str, list[int], Truncation | None, list[ImageInput]]:
+    """(the rendered prompt, its ids, what truncation cut, its images): the whole chat, after
+    the length check, or (``truncate_prompt_tokens`` set) the chat with its oldest turns left
+    out until it fits the request's limit (frontend/truncation.py). Off the event loop. A chat
+    with images has them loaded (frontend/media/) and placed (frontend/chat_images.py)."""
     limit = prompt_limit(body.truncate_prompt_tokens, ctx.max_model_len,
                          body.requested_max_tokens())
+    if any(m.images() for m in body.messages):
+        return await _chat_with_images(ctx, body, limit)
     if limit is None:
         ctx.prep.check_messages(body.messages)
         text, ids = await ctx.prep.chat_prompt(lambda: render_messages(ctx, body))
-        return text, ids, None
+        return text, ids, None, []
 
     def render(kept: list[int]) -> tuple[str, list[int]]:
         text = render_messages(ctx, body, kept)
         return text, ctx.tokenizer.encode_prompt(text)
 
-    return await ctx.prep.run(fit_chat, body.messages, render, limit, ctx.max_model_len)
+    return (*await ctx.prep.run(fit_chat, body.messages, render, limit, ctx.max_model_len),
+            [])
+
+
+async def _chat_with_images(ctx: ServingContext, body, limit: int | None
+                            ) -> tuple[str, list[int], None, list[ImageInput]]:
+    """`chat_prompt_ids` for a chat whose messages carry images: each loaded within the
+    server's media policy, then the template rendered and the images placed; a 400 for an
+    image the model cannot take, and for truncation (not done with images yet)."""
+    check_takes_images(ctx.images is not None, body.messages)
+    if limit is not None:
+        raise OpenAIError("truncate_prompt_tokens is not supported with images yet",
+                          param="truncate_prompt_tokens")
+    ctx.prep.check_messages(body.messages)
+    images = await load_chat_images(body.messages, ctx.media)
+    try:
+        text, ids, inputs = await ctx.prep.run(render_chat_images, ctx, body, images)
+    except (ValueError, OSError) as exc:  # (a Pillow error on a decoded image: OSError)
+        raise OpenAIError(str(exc), param="messages") from exc
+    return text, ids, None, inputs
 
 
 def _logprobs(state: RequestState, start: int) -> ChatLogprobs:

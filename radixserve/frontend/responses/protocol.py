@@ -26,27 +26,55 @@ class TextPart(OpenAIRequest):
     logprobs: list[Any] | None = None
 
 
+class ImagePart(OpenAIRequest):
+    """``input_image``: ``image_url`` a data URI, or a URL the server may read
+    (frontend/media/policy.py); uploaded files (``file_id``) are not served here."""
+
+    type: Literal["input_image"]
+    image_url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_file_id(cls, data):
+        if isinstance(data, dict) and "file_id" in data:
+            raise ValueError("input_image file_id is not supported (no Files API here): "
+                             "send image_url, a data: URI")
+        return data
+
+
+_PART_TYPES = ("input_text", "output_text", "input_image")
+
+
 class MessageItem(OpenAIRequest):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[TextPart]
+    content: str | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]]
     id: str | None = None
     status: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
-    def _text_only(cls, value):
+    def _known_parts(cls, value):
         for part in value if isinstance(value, list) else ():
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind not in ("input_text", "output_text"):
-                raise ValueError(f"only text content is supported (input_text, output_text), "
-                                 f"got a {kind!r} content part")
+            if kind not in _PART_TYPES:
+                raise ValueError(f"unsupported content part type {kind!r} (supported: "
+                                 f"{', '.join(_PART_TYPES)})")
         return value
+
+    @model_validator(mode="after")
+    def _images_from_user(self):
+        if self.role != "user" and isinstance(self.content, list) and any(
+                part.type == "input_image" for part in self.content):
+            raise ValueError(f"input_image is only accepted in user messages, not in "
+                             f"{self.role} messages")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content if part.type != "input_image")
 
 
 class FunctionCallItem(OpenAIRequest):

@@ -13,7 +13,8 @@ is kept in the `ResponseStore` once it has finished.
 A request's conversation is: the ``instructions`` (a system message, not carried over by
 ``previous_response_id``, as OpenAI documents), then the stored chain's items (each earlier
 response's input and output), then this request's ``input``. Input items map to chat messages:
-a message to a message (text parts joined), consecutive ``function_call`` items to one assistant
+a message to a message (text parts joined; with ``input_image`` parts, chat text and
+``image_url`` parts in order), consecutive ``function_call`` items to one assistant
 message's ``tool_calls``, a ``function_call_output`` to a ``tool`` message; a reasoning item's
 text becomes the next assistant message's ``reasoning_content`` (the template decides whether
 to render it: most drop earlier turns' reasoning; gpt-oss keeps it before a call).
@@ -31,6 +32,7 @@ from pydantic import ValidationError
 
 from radixserve.frontend.async_llm import NO_TICKET, EngineRequestError, EngineStepError
 from radixserve.frontend.core_client import EngineDeadError
+from radixserve.frontend.media.chat import check_takes_images
 from radixserve.frontend.output_processor import RequestState
 from radixserve.frontend.prompt_progress import progress_fields
 from radixserve.sampling_params import SamplingParams
@@ -77,6 +79,7 @@ class ResponsesServer:
                                   code="previous_response_not_found") from None
         items = stored_items(body.input_items())
         chat_body = chat_request(body, chat_messages(body.instructions, history + items))
+        check_takes_images(self.ctx.images is not None, chat_body.messages, "input")
         ids, params, parsers = await self.chat.prepare(chat_body)
         params.return_progress = bool(body.stream) and body.return_progress
         return ResponsePlan(body, items, ids, params, parsers, random_id("resp_"),
@@ -102,7 +105,8 @@ class ResponsesServer:
 
     def _generate(self, plan: ResponsePlan, arrival: float, ticket):
         return self.ctx.engine.generate(plan.ids, plan.params, plan.response_id,
-                                        plan.body.priority, arrival, ticket)
+                                        plan.body.priority, arrival, ticket,
+                                        plan.parsers.images)
 
     async def _store(self, plan: ResponsePlan, response: dict) -> None:
         if plan.body.store is not False and \
@@ -280,7 +284,7 @@ def chat_messages(instructions: str | None, items: list[dict]) -> list[dict]:
         if kind == "reasoning":
             reasoning = _text(item.get("content") or [])
         elif kind == "message":
-            messages.append({"role": item["role"], "content": _text(item["content"])})
+            messages.append({"role": item["role"], "content": _content(item["content"])})
         elif kind == "function_call":
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
@@ -303,6 +307,18 @@ def _text(content) -> str:
     if isinstance(content, str):
         return content
     return "\n".join(part.get("text", "") for part in content)
+
+
+def _content(content) -> str | list[dict]:
+    """A message item's content as chat content: its text, or with ``input_image`` parts
+    the chat parts in order (text and ``image_url``)."""
+    if isinstance(content, str) or all(p.get("type") != "input_image" for p in content):
+        return _text(content)
+    return [{"type": "image_url", "image_url": {"url": part["image_url"],
+                                                **({"detail": part["detail"]}
+                                                   if part.get("detail") else {})}}
+            if part.get("type") == "input_image" else {"type": "text", "text": part["text"]}
+            for part in content]
 
 
 def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:

@@ -1,0 +1,71 @@
+"""A vision model's image encoder, attached to the runner (engine/build.py calls
+`attach_image_encoder`): from a folder's own vision tower or llama.cpp's mmproj GGUF
+(``--mmproj``, else the one ``*mmproj*.gguf`` beside a text GGUF; models/vision/load.py).
+
+The engine refuses images (runner/image_embeds.py `NoImages`) where there is no encoder, and
+refuses to start where there is one it cannot run with this engine (tensor parallel, a text
+model that does not take images, widths that do not match), each with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+
+from radixserve.config import EngineConfig
+from radixserve.runner.image_embeds import ImageEmbeds
+
+logger = logging.getLogger(__name__)
+
+
+def attach_image_encoder(config: EngineConfig, model_path: str, model: torch.nn.Module,
+                         runner, dtype: torch.dtype) -> EngineConfig:
+    """Load the encoder, if the model has one, onto ``runner.images``; return ``config``
+    with the scheduler told to keep images whole where the model attends within them both
+    ways (Gemma 3). ValueError where the pair cannot run."""
+    from radixserve.models.vision.load import find_mmproj, load_vision_encoder
+
+    mmproj = config.mmproj
+    if mmproj is None and model_path.endswith(".gguf"):
+        mmproj = find_mmproj(model_path)
+    try:
+        encoder = load_vision_encoder(model_path, mmproj, runner.device, dtype)
+        if encoder is None:
+            if config.mmproj is not None:
+                raise ValueError(f"{config.mmproj} holds no image encoder radixserve can run")
+            return config
+        return _attach(config, encoder, mmproj or model_path, model, runner)
+    except ValueError as exc:
+        if config.mmproj is not None or mmproj is None:
+            raise  # asked for, or the folder's own tower
+        logger.warning("images: %s found beside the model is not used: %s", mmproj, exc)
+        return config
+
+
+def _attach(config: EngineConfig, encoder, where: str, model: torch.nn.Module,
+            runner) -> EngineConfig:
+    name = type(model).__name__
+    if not getattr(model, "takes_images", False):
+        raise ValueError(f"{name} does not take images yet; the image encoder ({where}) "
+                         "cannot be used with it")
+    if config.parallel.tensor_parallel_size > 1:
+        raise ValueError("images are not supported with --tensor-parallel-size > 1 yet")
+    width = encoder.hidden_size
+    if width != model.config.hidden_size:
+        raise ValueError(f"the image encoder gives rows of {width}; {name}'s hidden size is "
+                         f"{model.config.hidden_size}: the mmproj file is another model's")
+    bidirectional = getattr(model, "images_bidirectional", False)
+    if bidirectional and runner.backend_name != "cpu_native":
+        raise ValueError(f"{name} attends within an image both ways, which needs the native "
+                         f"CPU attention; this engine runs {runner.backend_name}")
+    runner.images = ImageEmbeds(encoder, runner.device, bidirectional,
+                                config.scheduler.max_num_batched_tokens)
+    logger.info("images: %d tokens per image of %s, encoder output cached by image "
+                "(%d MiB)%s", encoder.tokens_per_image, list(encoder.image_shape),
+                runner.images.cache_bytes >> 20,
+                "; image tokens attend to their whole image" if bidirectional else "")
+    if not bidirectional:
+        return config
+    return replace(config, scheduler=replace(config.scheduler, whole_images=True))

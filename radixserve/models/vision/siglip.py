@@ -1,0 +1,149 @@
+"""The SigLIP vision transformer as Gemma 3 uses it (no pooling head): pixels → patch states.
+
+``pixels`` [n, C, H, W] → patches of ``patch_size``² (the conv of the checkpoint as a linear
+over each flattened patch, channel-major like the conv kernel) + learned position embeddings →
+``num_layers`` pre-norm blocks (LayerNorm → multi-head attention with biases, every patch
+seeing every patch → LayerNorm → MLP fc1 / gelu-tanh / fc2) → the post LayerNorm:
+[n, num_patches, hidden]. Weights come from a `VisionWeights` (models/vision/weights.py) by
+their Hugging Face names under ``vision_model.``; the matrices keep their stored type
+(models/vision/stored.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.models.vision.stored import make_linear
+
+
+@dataclass(frozen=True)
+class SiglipConfig:
+    """The tower's shape (Hugging Face ``vision_config`` / GGUF ``clip.vision.*``)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    image_size: int
+    patch_size: int
+    layer_norm_eps: float
+    num_channels: int = 3
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.patches_per_side ** 2
+
+
+class _Parts:
+    """Builds a tower's layers from ``weights`` on ``device`` in ``dtype`` (one load)."""
+
+    def __init__(self, weights, device: torch.device, dtype: torch.dtype) -> None:
+        self.weights, self.device, self.dtype = weights, device, dtype
+
+    def linear(self, name: str, n: int, k: int) -> nn.Module:
+        """The [n, k] layer ``name`` with its bias; ValueError for another shape."""
+        matrix = self.weights.matrix(f"{name}.weight")
+        if (matrix.n, matrix.k) != (n, k):
+            raise ValueError(f"vision weight {name}.weight of shape {(matrix.n, matrix.k)}, "
+                             f"expected {(n, k)}")
+        bias = self.weights.tensor(f"{name}.bias")
+        return make_linear(matrix, bias, self.device, self.dtype)
+
+    def tensor(self, name: str) -> nn.Parameter:
+        t = self.weights.tensor(name)
+        return nn.Parameter(t.to(device=self.device, dtype=self.dtype), requires_grad=False)
+
+    def layer_norm(self, name: str, eps: float) -> nn.LayerNorm:
+        weight = self.tensor(f"{name}.weight")
+        norm = nn.LayerNorm(weight.shape[0], eps=eps, device="meta")
+        norm.weight, norm.bias = weight, self.tensor(f"{name}.bias")
+        return norm
+
+
+class SiglipAttention(nn.Module):
+    def __init__(self, config: SiglipConfig, parts: _Parts, prefix: str) -> None:
+        super().__init__()
+        self.num_heads, dim = config.num_heads, config.hidden_size
+        self.q_proj = parts.linear(f"{prefix}.q_proj", dim, dim)
+        self.k_proj = parts.linear(f"{prefix}.k_proj", dim, dim)
+        self.v_proj = parts.linear(f"{prefix}.v_proj", dim, dim)
+        self.out_proj = parts.linear(f"{prefix}.out_proj", dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [n, P, D] → [n, P, D]; no mask: a patch attends to every patch of its image."""
+        n, num_patches, dim = x.shape
+        flat = x.reshape(n * num_patches, dim)
+
+        def heads(proj: nn.Module) -> torch.Tensor:
+            return proj(flat).view(n, num_patches, self.num_heads, -1).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(heads(self.q_proj), heads(self.k_proj),
+                                             heads(self.v_proj))  # scale: head_dim ** -0.5
+        out = out.transpose(1, 2).reshape(n * num_patches, dim)
+        return self.out_proj(out).view(n, num_patches, dim)
+
+
+class SiglipEncoderLayer(nn.Module):
+    def __init__(self, config: SiglipConfig, parts: _Parts, prefix: str) -> None:
+        super().__init__()
+        eps = config.layer_norm_eps
+        self.layer_norm1 = parts.layer_norm(f"{prefix}.layer_norm1", eps)
+        self.self_attn = SiglipAttention(config, parts, f"{prefix}.self_attn")
+        self.layer_norm2 = parts.layer_norm(f"{prefix}.layer_norm2", eps)
+        dim, inner = config.hidden_size, config.intermediate_size
+        self.fc1 = parts.linear(f"{prefix}.mlp.fc1", inner, dim)
+        self.fc2 = parts.linear(f"{prefix}.mlp.fc2", dim, inner)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.layer_norm1(x))
+        h = self.layer_norm2(x)
+        shape = h.shape
+        h = self.fc2(F.gelu(self.fc1(h.reshape(-1, shape[-1])), approximate="tanh"))
+        return x + h.view(shape)
+
+
+class SiglipVisionTower(nn.Module):
+    """``forward(pixels [n, C, H, W])`` → [n, num_patches, hidden] in the tower's dtype."""
+
+    def __init__(self, config: SiglipConfig, weights, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        parts = _Parts(weights, device, dtype)
+        self.config, self.dtype = config, dtype
+        self.patch_embedding = parts.linear(
+            "embeddings.patch_embedding", config.hidden_size,
+            config.num_channels * config.patch_size ** 2)
+        self.position_embedding = parts.tensor("embeddings.position_embedding.weight")
+        expected = (config.num_patches, config.hidden_size)
+        if tuple(self.position_embedding.shape) != expected:
+            raise ValueError(f"vision position embedding of shape "
+                             f"{tuple(self.position_embedding.shape)}, expected {expected}")
+        self.layers = nn.ModuleList(
+            SiglipEncoderLayer(config, parts, f"encoder.layers.{i}")
+            for i in range(config.num_layers))
+        self.post_layernorm = parts.layer_norm("post_layernorm", config.layer_norm_eps)
+
+    def patches(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[n, C, H, W] → [n, num_patches, C * p * p]: patches in row-major grid order, each
+        flattened as (channel, row, column), the conv kernel's order."""
+        n, c, height, width = pixels.shape
+        p = self.config.patch_size
+        grid = pixels.reshape(n, c, height // p, p, width // p, p)
+        return grid.permute(0, 2, 4, 1, 3, 5).reshape(n, -1, c * p * p)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        patches = self.patches(pixels.to(self.dtype))
+        n, num_patches, k = patches.shape
+        x = self.patch_embedding(patches.reshape(n * num_patches, k)).view(n, num_patches, -1)
+        x = x + self.position_embedding
+        for layer in self.layers:
+            x = layer(x)
+        return self.post_layernorm(x)

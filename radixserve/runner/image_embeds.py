@@ -1,0 +1,160 @@
+"""Images into the forward: the vision encoder's output spliced over the image-token rows.
+
+Each step, the rows of the packed batch that are image tokens (``ScheduledSeq.images``) take
+the encoder's embeddings for those positions of their image instead of the token embedding
+(the model calls `ForwardContext.images.apply` after its embedding). The encoder's output is
+kept per image key, least recently used first, within a memory budget, so a conversation about
+one picture encodes it once (and, the image's KV being in the prefix cache, a later turn
+usually needs neither). The images of a step that are not kept are encoded in one batch.
+
+A model that attends bidirectionally within an image (Gemma 3) gets its image rows' causal
+limit moved to the image's end: the native attention's ``row_len`` (the scheduler has put the
+whole rest of the image in this chunk: core/images.py), its window (a sliding layer) still
+counted back from its own position (``row_pos``): transformers' mask, AND(window, OR(causal,
+the image)).
+
+`core/images.py`'s `NO_IMAGES` is the null object (a text-only model): any image is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from radixserve.core.images import ImageStats
+from radixserve.core.sched_output import ScheduledSeq
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CACHE_BYTES = 512 << 20  # the encoder's outputs kept: ~200 Gemma 3 4B images
+
+
+@dataclass(slots=True)
+class ImageSplice:
+    """A step's image rows: packed ``rows`` take ``embeds`` ([len(rows), hidden])."""
+
+    rows: torch.Tensor
+    embeds: torch.Tensor
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (the step's input embeddings, [T, hidden]) with the image rows replaced."""
+        return x.index_copy_(0, self.rows, self.embeds.to(x.dtype))
+
+
+
+
+class ImageEmbeds:
+    """Over ``encoder`` (``forward(pixels [n, *image_shape]) -> [n, tokens, hidden]``, with
+    ``tokens_per_image`` and ``image_shape``); ``bidirectional``: the model attends within
+    an image both ways; ``max_chunk``: the most tokens a step feeds one sequence."""
+
+    def __init__(self, encoder: torch.nn.Module, device: torch.device, bidirectional: bool,
+                 max_chunk: int, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.encoder = encoder
+        self.device = device
+        self.bidirectional = bidirectional
+        self.max_chunk = max_chunk
+        self.cache_bytes = cache_bytes
+        self.stats = ImageStats()
+        self._kept: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self._kept_bytes = 0
+
+    def check(self, images: list, num_prompt: int) -> None:
+        """ValueError unless ``images`` (messages.ImageInput, prompt order) fit this encoder
+        and a prompt of ``num_prompt`` tokens."""
+        shape, tokens = list(self.encoder.image_shape), self.encoder.tokens_per_image
+        end = 0
+        for i, image in enumerate(images):
+            if list(image.shape) != shape or len(image.pixels) != 4 * math.prod(shape):
+                raise ValueError(f"image {i}: pixels of shape {list(image.shape)} "
+                                 f"({len(image.pixels)} bytes); this model's encoder takes "
+                                 f"float32 {shape}")
+            if image.length != tokens:
+                raise ValueError(f"image {i}: {image.length} image tokens; this model gives "
+                                 f"an image {tokens}")
+            stop = image.offset + image.length
+            if image.offset < end or stop > num_prompt:
+                raise ValueError(f"image {i}: its tokens {image.offset}..{stop} overlap "
+                                 "another image or leave the prompt")
+            if len(image.key) != 32:
+                raise ValueError(f"image {i}: its key must be 32 bytes")
+            if self.bidirectional and image.length > self.max_chunk:
+                raise ValueError(f"an image's {image.length} tokens go in one step; "
+                                 f"--max-num-batched-tokens is {self.max_chunk}")
+            end = stop
+
+    def step(self, seqs: list[ScheduledSeq], metas: list) -> ImageSplice | None:
+        """The splice of ``seqs`` (packed order) this step, None without image rows; with a
+        bidirectional model the image rows' causal limits in ``metas`` (each block table's
+        attention metadata) move to their image's end."""
+        if not any(s.images for s in seqs):
+            return None
+        embeds = self._embeddings([im for s in seqs for im in s.images])
+        rows, parts, limits = [], [], []
+        base = 0
+        for seq in seqs:
+            start, stop = seq.start_pos, seq.start_pos + seq.num_tokens
+            for image in seq.images:
+                lo, hi = max(image.offset, start), min(image.offset + image.length, stop)
+                rows.append(np.arange(base + lo - start, base + hi - start))
+                parts.append(embeds[image.key][lo - image.offset:hi - image.offset])
+                limits.append(np.full(hi - lo, image.offset + image.length))
+            base += seq.num_tokens
+        row_idx = torch.from_numpy(np.concatenate(rows)).to(self.device)
+        if self.bidirectional:  # (a window still counts back from each row's position)
+            limit = torch.from_numpy(np.concatenate(limits)).to(self.device)
+            for meta in metas:
+                meta.row_pos = meta.row_len - 1
+                meta.row_len[row_idx] = limit
+        self.stats.num_image_rows += len(row_idx)
+        return ImageSplice(row_idx, torch.cat(parts))
+
+    def _embeddings(self, images: list) -> dict[bytes, torch.Tensor]:
+        """Each image's encoder output, by key: kept ones, the others encoded now (once)."""
+        found: dict[bytes, torch.Tensor] = {}
+        todo = {}
+        for image in images:
+            if image.key in found or image.key in todo:
+                continue
+            kept = self._kept.get(image.key)
+            if kept is not None:
+                self._kept.move_to_end(image.key)
+                found[image.key] = kept
+                self.stats.num_encoder_hits += 1
+            else:
+                todo[image.key] = image
+        if todo:
+            found.update(self._encode(list(todo.values())))
+        return found
+
+    def _encode(self, images: list) -> dict[bytes, torch.Tensor]:
+        began = time.perf_counter()
+        pixels = torch.stack([
+            torch.from_numpy(np.frombuffer(im.pixels, np.float32).reshape(im.shape).copy())
+            for im in images]).to(self.device)
+        out = self.encoder(pixels)
+        elapsed = time.perf_counter() - began
+        self.stats.num_images_encoded += len(images)
+        self.stats.encode_seconds += elapsed
+        logger.debug("vision encoder: %d image(s) in %.2f s", len(images), elapsed)
+        result = {}
+        for image, emb in zip(images, out):
+            result[image.key] = emb
+            self._keep(image.key, emb)
+        return result
+
+    def _keep(self, key: bytes, emb: torch.Tensor) -> None:
+        size = emb.numel() * emb.element_size()
+        if size > self.cache_bytes:
+            return
+        self._kept[key] = emb
+        self._kept_bytes += size
+        while self._kept_bytes > self.cache_bytes:
+            _, old = self._kept.popitem(last=False)
+            self._kept_bytes -= old.numel() * old.element_size()
