@@ -1,11 +1,13 @@
 """The disk tier (--kv-disk-cache) against recomputing: a prompt's prefill from scratch, then
 its pages evicted to the disk and the same prompt again, read back (restore GB/s: the page
 bytes over the time `KVDiskTier.load` took, files in the page cache and, after
-``posix_fadvise(DONTNEED)`` on each, from the disk itself), on the embedded model. A request
-restored from disk is compared with the same request hitting the radix tree (the last page's
-tokens are computed in both).
+``posix_fadvise(DONTNEED)`` on each, from the disk itself), on the embedded model or
+``--model`` (a hybrid model's recurrent-state snapshot is read back with its pages, timed with
+them). A request restored from disk is compared with the same request hitting the radix tree
+(the last page's tokens are computed in both).
 
-    .venv/bin/python benchmarks/kv_disk_restore.py [--prompt-len 4096] [--dir /tmp/kvd]
+    .venv/bin/python benchmarks/kv_disk_restore.py [--prompt-len 4096] [--dir /tmp/kvd] \
+        [--model /tmp/q08.gguf]
 """
 
 from __future__ import annotations
@@ -32,18 +34,20 @@ def _drop_page_cache(folder: str) -> None:
 
 
 def _timed_load(tier):
-    """Wrap ``tier.load`` to sum its seconds (lookups and hashing not included)."""
+    """Wrap ``tier.load`` and ``tier.load_state`` to sum their seconds (lookups and hashing
+    not included)."""
     spent = [0.0]
-    load = tier.load
 
-    def timed(pages, blocks):
-        t0 = time.perf_counter()
-        try:
-            return load(pages, blocks)
-        finally:
-            spent[0] += time.perf_counter() - t0
+    def timed(method):
+        def run(*args):
+            t0 = time.perf_counter()
+            try:
+                return method(*args)
+            finally:
+                spent[0] += time.perf_counter() - t0
+        return run
 
-    tier.load = timed
+    tier.load, tier.load_state = timed(tier.load), timed(tier.load_state)
     return spent
 
 
@@ -63,7 +67,7 @@ def _round(llm: LLM, prompt: list[int], folder: str, cold: bool) -> dict:
     t0 = time.perf_counter()
     out = llm.generate([{"prompt_token_ids": prompt}], ONE)[0]
     restore = time.perf_counter() - t0
-    del kv.disk.load  # the instance attribute: back to the method
+    del kv.disk.load, kv.disk.load_state  # the instance attributes: back to the methods
     read = kv.disk.store.stats.num_bytes_read - before
     t0 = time.perf_counter()
     llm.generate([{"prompt_token_ids": prompt}], ONE)  # all in the tree now
@@ -82,10 +86,11 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=4096)
     parser.add_argument("--dir", default=None, help="the cache folder (default: a temp one)")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--model", default=None, help="a GGUF (default: the embedded model)")
     args = parser.parse_args()
     folder = args.dir or tempfile.mkdtemp(prefix="kvd-")
     blocks = args.prompt_len // 16 + 8
-    llm = LLM(num_kv_blocks=blocks, max_model_len=blocks * 16, show_progress=False,
+    llm = LLM(args.model, num_kv_blocks=blocks, max_model_len=blocks * 16, show_progress=False,
               kv_disk_cache=folder, kv_disk_cache_gb=4.0, speculative="off")
     prompt = [(37 * i) % 40000 + 100 for i in range(args.prompt_len)]
     print(f"cpu {native.describe().level}; prompt {args.prompt_len} tokens; page "

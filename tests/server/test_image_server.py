@@ -69,6 +69,7 @@ def test_every_api_answers_the_same_about_an_image(server):
     answer = first["choices"][0]["message"]["content"]
     assert first["usage"]["prompt_tokens"] > 16 and answer
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert first["usage"]["prompt_tokens_details"]["image_tokens"] == 16
     again = chat(server, b64)
     assert again["choices"][0]["message"]["content"] == answer
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 16  # past the image

@@ -256,6 +256,7 @@ class PromptTokensDetails(OpenAIResponse):
     # what truncation cut (frontend/truncation.py); absent when nothing was cut
     truncated_tokens: int | None = None
     dropped_messages: int | None = None
+    image_tokens: int | None = None  # the prompt's image tokens (a vision model); absent: none
 
 
 class UsageInfo(OpenAIResponse):

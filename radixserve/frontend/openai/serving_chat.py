@@ -176,8 +176,7 @@ class ChatServer:
                 index=index, message=message, finish_reason=finish, stop_reason=state.stop_reason,
                 logprobs=_logprobs(state, 0) if state.logprobs is not None else None))
         return ChatCompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices,
-                                      usage=_usage(len(ids), list(finals.values()),
-                                                   parsers.truncation))
+                                      usage=_usage(len(ids), list(finals.values()), parsers))
 
     async def stream(self, body: ChatCompletionRequest, ids, params, parsers: ChatParsers,
                      arrival: float, ticket: QueueTicket = NO_TICKET) -> AsyncIterator[str]:
@@ -252,16 +251,18 @@ class ChatServer:
         if include_usage:
             tail += sse(ChatCompletionStreamResponse(
                 id=request_id, created=created, model=model, choices=[],
-                usage=_usage(len(ids), list(states.values()), parsers.truncation)))
+                usage=_usage(len(ids), list(states.values()), parsers)))
         yield tail + SSE_DONE  # one write ends the response
 
 
-def _usage(num_prompt: int, states: list[RequestState], cut: Truncation | None) -> UsageInfo:
+def _usage(num_prompt: int, states: list[RequestState], parsers: ChatParsers) -> UsageInfo:
     num_completion = sum(len(s.token_ids) for s in states)
     cached = max((s.num_cached_tokens for s in states), default=0)
+    details = truncated_details(cached, parsers.truncation)
+    if parsers.images:
+        details.image_tokens = sum(image.length for image in parsers.images)
     return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
-                     total_tokens=num_prompt + num_completion,
-                     prompt_tokens_details=truncated_details(cached, cut))
+                     total_tokens=num_prompt + num_completion, prompt_tokens_details=details)
 
 
 async def chat_prompt_ids(ctx: ServingContext, body
