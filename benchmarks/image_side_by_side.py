@@ -50,7 +50,8 @@ def picture(seed: int) -> str:
 
 def first_token(port: int, messages: list) -> tuple[float, str]:
     """Seconds to the first streamed content, and the whole answer."""
-    body = {"model": "m", "messages": messages, "max_tokens": ANSWER_TOKENS, "temperature": 0,
+    models = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models").read())
+    body = {"model": models["data"][0]["id"], "messages": messages, "max_tokens": ANSWER_TOKENS, "temperature": 0,
             "stream": True, "ignore_eos": True}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
                                  json.dumps(body).encode(), {"Content-Type": "application/json"})
@@ -113,7 +114,10 @@ def run(name: str) -> None:
     finally:
         proc.terminate()
         proc.wait(60)
-        os.unlink(log.name)
+        if os.environ.get("KEEP_LOG"):
+            print(f"log: {log.name}")
+        else:
+            os.unlink(log.name)
 
 
 if __name__ == "__main__":

@@ -212,3 +212,27 @@ def test_missing_or_misshapen_weights_are_value_errors(folders, tmp_path):
     save_file(state, folder / "model.safetensors")
     with pytest.raises(ValueError, match="missing.*mm_soft_emb_norm"):
         load_vision_encoder(str(folder), None, CPU, torch.float32)
+
+
+def test_bfloat16_attention(folders, pixels, monkeypatch):
+    """Where the CPU has AMX the tower's attention runs in bfloat16 (models/vision/
+    attention_dtype.py): the features stay within 1e-2 of the largest (measured ~1e-3), the
+    choice is logged in the encoder's line; an unknown setting is a ValueError."""
+    from radixserve.kernels import native
+    from radixserve.models.vision.attention_dtype import ENV, vision_attention_dtype
+
+    monkeypatch.delenv(ENV, raising=False)
+    auto, _ = vision_attention_dtype(CPU, torch.float32)
+    has_amx = native.load() is not None and native.describe().amx_tiles
+    assert auto == (torch.bfloat16 if has_amx else torch.float32)
+    assert vision_attention_dtype(CPU, torch.bfloat16)[0] == torch.bfloat16
+    monkeypatch.setenv(ENV, "bfloat16")
+    encoder = load_vision_encoder(str(folders["release"]), None, CPU, torch.float32)
+    assert "attention bfloat16" in encoder.describe()
+    got, want = encoder(pixels), _reference(folders["transformers5"], pixels)
+    assert got.dtype == torch.float32
+    scale = want.abs().max()
+    assert 1e-5 * scale < (got - want).abs().max() <= 1e-2 * scale  # bfloat16 did run
+    monkeypatch.setenv(ENV, "float16")
+    with pytest.raises(ValueError, match=ENV):
+        vision_attention_dtype(CPU, torch.float32)

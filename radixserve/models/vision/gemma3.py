@@ -82,5 +82,6 @@ class Gemma3VisionEncoder(nn.Module):
         return (f"gemma3: SigLIP {cfg.num_layers} layers (hidden {cfg.hidden_size}, "
                 f"{cfg.num_patches} patches of {cfg.patch_size}px), {self.tokens_per_image} "
                 f"tokens per {cfg.image_size}px image -> {self.hidden_size}; matrices "
-                f"{', '.join(kinds)}")
+                f"{', '.join(kinds)}; attention {str(self.tower.attention_dtype)[6:]} "
+                f"({self.tower.attention_why})")
 

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixserve.models.vision.stored import make_linear
+from radixserve.models.vision.attention_dtype import vision_attention_dtype
+from radixserve.models.vision.stored import Matrix, make_linear
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,21 @@ class _Parts:
         bias = self.weights.tensor(f"{name}.bias")
         return make_linear(matrix, bias, self.device, self.dtype)
 
+    def fused(self, names: list[str], n: int, k: int) -> nn.Module | None:
+        """One layer for the [n, k] layers ``names`` stacked by rows (one GEMM instead of
+        several: q, k, v), or None where their matrices are stored in different types."""
+        matrices = [self.weights.matrix(f"{name}.weight") for name in names]
+        if len({m.qtype for m in matrices}) != 1:
+            return None
+        for name, m in zip(names, matrices):
+            if (m.n, m.k) != (n, k):
+                raise ValueError(f"vision weight {name}.weight of shape {(m.n, m.k)}, "
+                                 f"expected {(n, k)}")
+        stacked = Matrix(matrices[0].qtype, torch.cat([m.raw for m in matrices]),
+                         n * len(names), k)
+        bias = torch.cat([self.weights.tensor(f"{name}.bias") for name in names])
+        return make_linear(stacked, bias, self.device, self.dtype)
+
     def tensor(self, name: str) -> nn.Parameter:
         t = self.weights.tensor(name)
         return nn.Parameter(t.to(device=self.device, dtype=self.dtype), requires_grad=False)
@@ -72,9 +88,13 @@ class SiglipAttention(nn.Module):
     def __init__(self, config: SiglipConfig, parts: _Parts, prefix: str) -> None:
         super().__init__()
         self.num_heads, dim = config.num_heads, config.hidden_size
-        self.q_proj = parts.linear(f"{prefix}.q_proj", dim, dim)
-        self.k_proj = parts.linear(f"{prefix}.k_proj", dim, dim)
-        self.v_proj = parts.linear(f"{prefix}.v_proj", dim, dim)
+        # the scores' and weighted sums' element type (models/vision/attention_dtype.py)
+        self.compute_dtype: torch.dtype | None = None
+        names = [f"{prefix}.{p}_proj" for p in "qkv"]
+        self.qkv_proj = parts.fused(names, dim, dim)
+        self.q_proj, self.k_proj, self.v_proj = (
+            [None] * 3 if self.qkv_proj is not None else
+            [parts.linear(name, dim, dim) for name in names])
         self.out_proj = parts.linear(f"{prefix}.out_proj", dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,11 +102,19 @@ class SiglipAttention(nn.Module):
         n, num_patches, dim = x.shape
         flat = x.reshape(n * num_patches, dim)
 
-        def heads(proj: nn.Module) -> torch.Tensor:
-            return proj(flat).view(n, num_patches, self.num_heads, -1).transpose(1, 2)
+        def heads(rows: torch.Tensor) -> torch.Tensor:
+            return rows.reshape(n, num_patches, self.num_heads, -1).transpose(1, 2)
 
-        out = F.scaled_dot_product_attention(heads(self.q_proj), heads(self.k_proj),
-                                             heads(self.v_proj))  # scale: head_dim ** -0.5
+        if self.qkv_proj is not None:
+            q, k, v = (heads(t) for t in self.qkv_proj(flat).split(dim, dim=-1))
+        else:
+            q, k, v = (heads(proj(flat)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        cast = self.compute_dtype not in (None, q.dtype)
+        if cast:
+            q, k, v = q.to(self.compute_dtype), k.to(self.compute_dtype), v.to(self.compute_dtype)
+        out = F.scaled_dot_product_attention(q, k, v)  # scale: head_dim ** -0.5
+        if cast:
+            out = out.to(x.dtype)
         out = out.transpose(1, 2).reshape(n * num_patches, dim)
         return self.out_proj(out).view(n, num_patches, dim)
 
@@ -130,6 +158,9 @@ class SiglipVisionTower(nn.Module):
             SiglipEncoderLayer(config, parts, f"encoder.layers.{i}")
             for i in range(config.num_layers))
         self.post_layernorm = parts.layer_norm("post_layernorm", config.layer_norm_eps)
+        self.attention_dtype, self.attention_why = vision_attention_dtype(device, dtype)
+        for layer in self.layers:
+            layer.self_attn.compute_dtype = self.attention_dtype
 
     def patches(self, pixels: torch.Tensor) -> torch.Tensor:
         """[n, C, H, W] → [n, num_patches, C * p * p]: patches in row-major grid order, each
