@@ -113,6 +113,7 @@ class LLM:
         self.engine = build_engine_core(self.config, self.source, show_progress, reader,
                                         lambda: self.tokenizer)
         self.tokenizer = load_tokenizer(self.source, reader)
+        self.engine.idle()  # the structured-output warm-up, in the background
         self.image_processor = self._image_processor(mmproj)
         self.reasoning_parser = reasoning_parser_for(reasoning_parser, self.tokenizer)[1]
         self._ids = itertools.count()

@@ -114,17 +114,17 @@ def serve(args: argparse.Namespace, prestarted: PrestartedEngine | None = None) 
 
 
 def _frontend_tables(load_tokenizer, source, reader=None):
-    """What the API process derives from the model before it serves: the tokenizer with its
-    token -> bytes table and the grammar validator (seconds on a 262k vocabulary; built while
-    the engine process loads the model). ``reader``: the GGUF's open reader, to reuse."""
+    """What the API process derives from the model before it serves, while the engine process
+    loads it: the tokenizer with its token -> bytes table, and the grammar validator (whose
+    tokenizer view, seconds on a 262k vocabulary, it builds once serving and quiet).
+    ``reader``: the GGUF's open reader, to reuse."""
     with startup_trace.span("tokenizer", profile=True):
         tokenizer = load_tokenizer(source, reader)
     with startup_trace.span("detokenizer table", profile=True):
         tokenizer.detokenizer([])  # the token → bytes table now, not on the first request
     if cross_encoder_config(source) is not None:  # it scores pairs: no grammar over its vocab
         return tokenizer, GrammarValidator()
-    with startup_trace.span("grammar validator", profile=True):
-        return tokenizer, grammar_validator(tokenizer)
+    return tokenizer, grammar_validator(tokenizer)  # (its tokenizer view: when quiet)
 
 
 def _tool_parser(requested: str, tokenizer):
@@ -278,7 +278,11 @@ async def _serve(args, builds, tables, name, embedding, prestarted=None) -> int:
               f"reasoning: {reasoning_name or 'none'}; tool calls: {tool_format})",
               file=sys.stderr, flush=True)
         startup_trace.end()
-        await server.serve()
+        warm = asyncio.ensure_future(validator.warm_when_quiet(lambda: client.num_in_flight))
+        try:
+            await server.serve()
+        finally:
+            warm.cancel()
     except RuntimeError as exc:
         print(f"radixserve: error: {exc}", file=sys.stderr)
         return 1

@@ -37,6 +37,10 @@ class DataParallelClient:
         self.pids: Callable[[], list[int | None]] = lambda: [None] * len(replicas)
 
     @property
+    def num_in_flight(self) -> int:
+        return sum(replica.num_in_flight for replica in self.replicas)
+
+    @property
     def dead(self) -> str | None:
         """None while any replica is up; else why they are down (one replica: its reason)."""
         reasons = [c.dead for c in self.replicas]

@@ -119,7 +119,8 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
                                 model_config.vocab_size)
     structured = StructuredOutputManager(backend, config.structured.fast_forward,
                                          config.structured.compile_timeout_s)
-    structured.warm()  # in the background: ready does not wait for it
+    # NOTE: no structured.warm() here: the engine runs it once it is idle (EngineCore.idle),
+    # not beside the first requests (their first token waited 1.1 s more for its 1.8 s of CPU)
     engine_runner = inject_faults_from_env(tp.runner(runner))  # faults: tests only
     engine = EngineCore(scheduler, engine_runner, model_config.vocab_size, config.seed,
                         structured, kv_events, config.lora.max_loras)

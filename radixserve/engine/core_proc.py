@@ -258,8 +258,12 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
                 heartbeat.send(encoder.encode(EngineCoreOutputs(
                     errors, time.time(), engine_stats(engine), answer, resets or None,
                     loras or None)))
-        elif not busy and os.getppid() != parent:
-            return  # orphaned: the API process is gone
+        elif not busy:
+            if os.getppid() != parent:
+                return  # orphaned: the API process is gone
+            idle = getattr(engine, "idle", None)  # (the mock engine has no warm-up)
+            if idle is not None:
+                idle()
         if engine.has_unfinished_requests():
             outputs = engine.step()
             outputs.stats = engine_stats(engine)

@@ -111,6 +111,11 @@ class EngineCoreClient:
         self.progress.reset(time.monotonic())
         self._task = asyncio.get_running_loop().create_task(self._output_loop())
 
+    @property
+    def num_in_flight(self) -> int:
+        """Requests sent and not finished or aborted."""
+        return len(self.queues)
+
     async def add_request(self, request: EngineCoreRequest, queue: OutputBuffer) -> int:
         """Send ``request`` to the engine, its outputs to ``queue``; the engine's index among
         data-parallel replicas (0: this client is one engine)."""
