@@ -39,7 +39,10 @@ def render_chat_images(ctx, body, images: list[Image.Image]
         raise ValueError("the served model takes text only: it cannot read images")
     if len(parts) != len(images):
         raise ValueError(f"{len(images)} images for {len(parts)} image parts")
-    contents = [_template_parts(m) if m.images() else None for m in body.messages]
+    # every message with text, not only those with images: a vision template may iterate a
+    # message's content as parts and print nothing of a plain string (SmolVLM's does)
+    contents = [_template_parts(m) if m.images() or (m.content and not m.tool_calls) else None
+                for m in body.messages]
     text = render_messages(_TemplateView(_PartsTemplate(ctx.tokenizer, contents)), body)
     if processor is None:
         return text, ctx.tokenizer.encode_prompt(text), []
@@ -48,7 +51,10 @@ def render_chat_images(ctx, body, images: list[Image.Image]
 
 
 def _template_parts(message) -> list[dict[str, Any]]:
-    """A message's content as the parts a vision chat template iterates."""
+    """A message's content as the parts a vision chat template iterates (a string: one text
+    part)."""
+    if isinstance(message.content, str):
+        return [{"type": "text", "text": message.content}]
     return [{"type": "text", "text": part.text} if part.type == "text" else {"type": "image"}
             for part in message.content]
 

@@ -46,6 +46,8 @@ from radixserve.models.qwen35_config import (QWEN35_ARCHITECTURES, qwen35_gguf_c
 from radixserve.models.qwen35_gguf import Qwen35Gguf
 from radixserve.models.smollm3_config import (SMOLLM3_ARCHITECTURES, smollm3_gguf_config,
                                               smollm3_hf_config)
+from radixserve.models.smolvlm_config import (SMOLVLM_ARCHITECTURES, smolvlm_hf_config,
+                                              smolvlm_hf_name)
 
 Weights = Iterable[tuple[str, torch.Tensor]]
 
@@ -88,6 +90,7 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family(SMOLLM3_ARCHITECTURES, smollm3_hf_config, smollm3_gguf_config),
     Family(OLMO_ARCHITECTURES, olmo_hf_config, olmo_gguf_config, gguf_name=olmo_hf_name),
+    Family(SMOLVLM_ARCHITECTURES, smolvlm_hf_config, None, hf_name=smolvlm_hf_name),
     Family(MISTRAL3_ARCHITECTURES, mistral3_hf_config, mistral3_gguf_config,
            hf_name=mistral3_hf_name),
     Family(GEMMA_ARCHITECTURES, gemma_hf_config, gemma_gguf_config, hf_name=gemma_text_name,

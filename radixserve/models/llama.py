@@ -19,7 +19,7 @@ from radixserve.layers.embedding import empty_embedding
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.models.native_stack import NativeLayerStack, PythonLayerStack
-from radixserve.layers.forward_context import get_forward_context
+from radixserve.layers.forward_context import get_forward_context, splice_images
 
 
 class Attention(nn.Module):
@@ -103,10 +103,19 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    # takes the step's image rows after the embedding (SmolVLM; runner/image_embeds.py)
+    takes_images: ClassVar[bool] = True
     # fused linear → the checkpoint's matrices stacked in it, in order (vLLM's
     # packed_modules_mapping): load_weights and the 4-bit layers (models/quantization.py) use it
     packed_modules: ClassVar[dict[str, tuple[str, ...]]] = {
         "qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # NOTE: a subclass with a forward of its own takes images only where it says so: its
+        # forward may not splice them
+        if "forward" in cls.__dict__ and "takes_images" not in cls.__dict__:
+            cls.takes_images = False
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -129,7 +138,8 @@ class LlamaForCausalLM(nn.Module):
         if self._stack is None:
             self._stack = NativeLayerStack.build(self)
         self.rotary.check_positions(positions)
-        x, residual = self._stack(positions, self.embed_tokens(input_ids))
+        x = splice_images(self.embed_tokens(input_ids))
+        x, residual = self._stack(positions, x)
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ _MODELS = {
     "Gemma4ForCausalLM": ("radixserve.models.gemma4", "Gemma4ForCausalLM"),  # shared KV, PLE
     "Gemma4ForConditionalGeneration": ("radixserve.models.gemma4", "Gemma4ForCausalLM"),
     "LlamaForCausalLM": _LLAMA,
+    "SmolVLMForConditionalGeneration": _LLAMA,  # its text model (the vision tower: models/vision/)
     "MistralForCausalLM": _LLAMA,
     "Qwen2ForCausalLM": _LLAMA,
     "Qwen3ForCausalLM": _LLAMA,

@@ -5,6 +5,10 @@ channels first) and says what text stands for the image in the prompt. The chat 
 ``placeholder`` once per image; `expand` gives the text that replaces it, whose tokens hold
 ``num_tokens`` consecutive ``image_token_id``s (the rows the vision encoder fills). Processors
 are torch-free: they run in the API process.
+
+A family that cuts an image into several encoder inputs (SmolVLM's tiles) is a
+`TilingImageProcessor`: ``process_tiles`` gives the tiles and the text for the whole image at
+once, each tile its own run of image tokens in that text (one `messages.ImageInput` per tile).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 
-__all__ = ["ImageProcessor", "ProcessedImage", "image_key", "special_token_id"]
+__all__ = ["ImageProcessor", "ImageTiles", "ProcessedImage", "TilingImageProcessor",
+           "image_key", "special_token_id"]
 
 
 def image_key(name: str, pixels: np.ndarray) -> bytes:
@@ -72,4 +77,30 @@ class ImageProcessor(Protocol):
     def expand(self, p: ProcessedImage) -> str:
         """The prompt text replacing one ``placeholder``: tokenized, it holds exactly
         ``p.num_tokens`` consecutive ``image_token_id``s and no others."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ImageTiles:
+    """One image cut into encoder inputs: ``tiles`` in prompt order; ``text`` replaces the
+    image's placeholder and, tokenized, holds one run of ``tiles[i].num_tokens`` image tokens
+    per tile, in the same order, separated by other tokens."""
+
+    tiles: tuple[ProcessedImage, ...]
+    text: str
+
+
+class TilingImageProcessor(Protocol):
+    """A family whose image is several encoder inputs of one fixed shape (SmolVLM's tiles).
+
+    Implementations are immutable and safe to call from several threads at once.
+    """
+
+    name: str
+    placeholder: str
+    image_token_id: int
+
+    def process_tiles(self, image: Image.Image, detail: str | None = None) -> ImageTiles:
+        """``image``'s tiles and prompt text (`ImageTiles`); ``image`` is not mutated.
+        ValueError for an image it cannot convert."""
         ...

@@ -8,7 +8,8 @@ span::
 
     ids: [ ...text... | boi | img img ... img | eoi | ...text... | boi | img ... img | eoi ]
                              ^offset, length = num_tokens ^
-Torch-free (the API process, and the offline `LLM`).
+A `TilingImageProcessor` (SmolVLM) writes several runs for one image, one per tile, and each
+tile becomes its own `ImageInput`. Torch-free (the API process, and the offline `LLM`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ import numpy as np
 from PIL import Image
 
 from radixserve.messages import ImageInput
-from radixserve.multimodal.processor import ImageProcessor
+from radixserve.multimodal.processor import ImageProcessor, ImageTiles, TilingImageProcessor
 
 __all__ = ["place_images"]
 
 
 def place_images(text: str, images: list[Image.Image], details: list[str | None],
-                 processor: ImageProcessor, encode) -> tuple[str, list[int], list[ImageInput]]:
-    """(the expanded prompt text, its token ids, one `ImageInput` per image in prompt order).
+                 processor: ImageProcessor | TilingImageProcessor,
+                 encode) -> tuple[str, list[int], list[ImageInput]]:
+    """(the expanded prompt text, its token ids, one `ImageInput` per image in prompt order;
+    per tile, in prompt order, for a `TilingImageProcessor`).
 
     ``text`` holds ``processor.placeholder`` once per image of ``images`` (``details``: each
     one's OpenAI ``detail``, or None); ``encode``: the served tokenizer's prompt encoding.
@@ -37,9 +40,9 @@ def place_images(text: str, images: list[Image.Image], details: list[str | None]
         raise ValueError(f"the prompt holds {processor.placeholder} {len(pieces) - 1} times "
                          f"for {len(images)} images (is it typed in the text, or does the "
                          f"chat template leave images out?)")
-    processed = [processor.process(image, detail) for image, detail in zip(images, details)]
-    prompt = pieces[0] + "".join(processor.expand(p) + piece
-                                 for p, piece in zip(processed, pieces[1:]))
+    cut = [_tiles(processor, image, detail) for image, detail in zip(images, details)]
+    prompt = pieces[0] + "".join(c.text + piece for c, piece in zip(cut, pieces[1:]))
+    processed = [tile for c in cut for tile in c.tiles]
     ids = encode(prompt)
     spans = _runs(ids, processor.image_token_id)
     if [length for _, length in spans] != [p.num_tokens for p in processed]:
@@ -49,6 +52,15 @@ def place_images(text: str, images: list[Image.Image], details: list[str | None]
         ImageInput(offset=offset, length=length, key=p.key, pixels=p.pixels.tobytes(),
                    shape=list(p.pixels.shape))
         for (offset, length), p in zip(spans, processed)]
+
+
+def _tiles(processor: ImageProcessor | TilingImageProcessor, image: Image.Image,
+           detail: str | None) -> ImageTiles:
+    """``image`` as encoder inputs and prompt text: a one-input processor's as one tile."""
+    if hasattr(processor, "process_tiles"):
+        return processor.process_tiles(image, detail)
+    p = processor.process(image, detail)
+    return ImageTiles((p,), processor.expand(p))
 
 
 def _runs(ids: list[int], token_id: int) -> list[tuple[int, int]]:

@@ -15,21 +15,24 @@ from typing import Any
 
 from radixserve.gguf_reader import open_gguf
 from radixserve.multimodal.mmproj_path import find_mmproj
-from radixserve.multimodal.processor import ImageProcessor
+from radixserve.multimodal.processor import ImageProcessor, TilingImageProcessor
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["image_processor_for", "mmproj_metadata"]
 
 # config.json model_type -> family module (Gemma 3's text-only 1B is "gemma3_text": no images)
-_HF_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3"}
+_HF_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3",
+                "smolvlm": "radixserve.multimodal.smolvlm"}
 # an mmproj's clip.projector_type (llama.cpp's PROJECTOR_TYPE_*) -> family module
-_MMPROJ_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3"}
-_ARCHITECTURES = {"Gemma3ForConditionalGeneration": "gemma3"}  # where model_type is missing
+_MMPROJ_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3",
+                    "idefics3": "radixserve.multimodal.smolvlm"}
+_ARCHITECTURES = {"Gemma3ForConditionalGeneration": "gemma3",  # where model_type is missing
+                  "SmolVLMForConditionalGeneration": "smolvlm"}
 
 
 def image_processor_for(model_path: str, mmproj: str | None,
-                        tokenizer) -> ImageProcessor | None:
+                        tokenizer) -> ImageProcessor | TilingImageProcessor | None:
     """The processor for images to this model, None for a text-only one.
 
     ``mmproj`` (llama.cpp's vision GGUF beside a text GGUF) wins when given; else a Hugging
@@ -69,7 +72,7 @@ def mmproj_metadata(path: str) -> dict[str, Any]:
 
 
 def image_processor(model_path: str | None, mmproj: str | None,
-                    tokenizer) -> ImageProcessor | None:
+                    tokenizer) -> ImageProcessor | TilingImageProcessor | None:
     """`image_processor_for` as a server starts it: ``mmproj`` as given (``--mmproj``), else
     the one beside a GGUF model (multimodal/mmproj_path.py), as the engine finds it. One found
     that does not fit the model is not used (a WARNING; the engine leaves it out too)."""

@@ -23,9 +23,11 @@ from radixserve.models.vision.weights import GgufWeights, HfWeights
 logger = logging.getLogger(__name__)
 
 # ``clip.projector_type`` / a folder's architecture → "module:function" (lazy imports)
-GGUF_PROJECTORS = {"gemma3": "radixserve.models.vision.load:_gemma3_from_gguf"}
+GGUF_PROJECTORS = {"gemma3": "radixserve.models.vision.load:_gemma3_from_gguf",
+                   "idefics3": "radixserve.models.vision.smolvlm_load:smolvlm_from_gguf"}
 HF_ARCHITECTURES = {
-    "Gemma3ForConditionalGeneration": "radixserve.models.vision.load:_gemma3_from_hf"}
+    "Gemma3ForConditionalGeneration": "radixserve.models.vision.load:_gemma3_from_hf",
+    "SmolVLMForConditionalGeneration": "radixserve.models.vision.smolvlm_load:smolvlm_from_hf"}
 
 
 def load_vision_encoder(model_path: str, mmproj: str | None, device: torch.device,

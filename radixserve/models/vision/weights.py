@@ -2,7 +2,8 @@
 
 Both sources answer the same names: the tower's under SigLIP's ``vision_model`` (for example
 ``encoder.layers.0.self_attn.q_proj.weight``) and the projector's under
-``multi_modal_projector.`` (for example ``multi_modal_projector.mm_input_projection_weight``).
+``multi_modal_projector.`` (for example ``multi_modal_projector.mm_input_projection_weight``) or
+SmolVLM's ``connector.`` (``connector.modality_projection.proj.weight``).
 ``matrix(name)`` gives a weight as stored (models/vision/stored.py's `Matrix`), ``tensor(name)``
 a float32 copy, ``has(name)`` whether it exists. A missing name is a ValueError naming it.
 """
@@ -20,9 +21,9 @@ from radixserve.models.vision.stored import Matrix
 
 # where a folder keeps the tower: releases (transformers 4.x) first, then transformers 5 saves
 _TOWER_PREFIXES = ("vision_tower.vision_model.", "model.vision_tower.vision_model.",
-                   "vision_tower.", "model.vision_tower.")
-_PROJECTOR_PREFIXES = ("", "model.")  # before "multi_modal_projector."
-_PROJECTOR = "multi_modal_projector."
+                   "vision_tower.", "model.vision_tower.", "model.vision_model.")  # last: SmolVLM
+_PROJECTOR_PREFIXES = ("", "model.")  # before "multi_modal_projector." / "connector."
+_PROJECTOR = ("multi_modal_projector.", "connector.")  # Gemma 3's, SmolVLM's
 
 
 class HfWeights:
@@ -85,7 +86,8 @@ _LAYER_NAMES = {"layer_norm1": "ln1", "layer_norm2": "ln2", "self_attn.q_proj": 
 _NAMES = {"embeddings.patch_embedding": "v.patch_embd",
           "embeddings.position_embedding": "v.position_embd", "post_layernorm": "v.post_ln",
           "multi_modal_projector.mm_soft_emb_norm": "mm.soft_emb_norm",
-          "multi_modal_projector.mm_input_projection_weight": "mm.input_projection.weight"}
+          "multi_modal_projector.mm_input_projection_weight": "mm.input_projection.weight",
+          "connector.modality_projection.proj": "mm.model.fc"}
 # llama.cpp's converter stores Gemma's ``1 + w`` norm multiplier: given back as w
 _PLUS_ONE = ("mm.soft_emb_norm.weight",)
 
