@@ -104,3 +104,21 @@ def test_the_gguf_with_its_mmproj_answers_as_transformers(folder, reference, tmp
     llm = LLM(str(model), block_size=4, show_progress=False, speculative="off")  # found
     assert same(ask(llm, text, 1)[0], want[1])
     llm.close()
+
+
+def test_batched_equals_alone(folder, reference, tmp_path):
+    """Two pictures and a text prompt in one batch (the Q8_0 file, as stored: native linears
+    whose rows do not depend on the batch) answer exactly as each alone."""
+    text, _ = reference
+    model = gemma3_vlm_text_gguf(folder, tmp_path / "gemma3-tiny-Q8_0.gguf", "Q8_0")
+    gemma3_mmproj_gguf(folder, tmp_path / "mmproj-gemma3-tiny-f16.gguf", "f16")
+    llm = LLM(str(model), block_size=4, show_progress=False, speculative="off",
+              enable_prefix_caching=False)
+    prompts = [{"prompt": text, "multi_modal_data": {"image": picture(seed)}} for seed in (1, 2)]
+    prompts.append({"prompt": "<start_of_turn>user\\nHello there<end_of_turn>\\n"})
+    alone = [llm.generate(p, GREEDY)[0].outputs[0] for p in prompts]
+    together = [out.outputs[0] for out in llm.generate(prompts, GREEDY)]
+    for a, b in zip(alone, together):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    assert alone[0].logprobs != alone[1].logprobs  # each picture is its own
+    llm.close()
