@@ -122,3 +122,29 @@ def test_batched_equals_alone(folder, reference, tmp_path):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
     assert alone[0].logprobs != alone[1].logprobs  # each picture is its own
     llm.close()
+
+
+def test_preempted_equals_alone(folder, reference, tmp_path):
+    """Both requests preempted mid-answer (recomputed from their prompts, the images spliced
+    again from the encoder's cache) answer exactly as each alone."""
+    text, _ = reference
+    model = gemma3_vlm_text_gguf(folder, tmp_path / "gemma3-tiny-Q8_0.gguf", "Q8_0")
+    gemma3_mmproj_gguf(folder, tmp_path / "mmproj-gemma3-tiny-f16.gguf", "f16")
+    llm = LLM(str(model), block_size=4, show_progress=False, speculative="off",
+              enable_prefix_caching=False)
+    prompts = [{"prompt": text, "multi_modal_data": {"image": picture(seed)}} for seed in (1, 2)]
+    alone = [llm.generate(p, GREEDY)[0].outputs[0] for p in prompts]
+    step, steps = llm.engine.step, []
+
+    def preempting():
+        steps.append(None)
+        if len(steps) == 4:  # both are decoding
+            assert len(llm.engine.scheduler.preempt_running()) == 2
+        return step()
+
+    llm.engine.step = preempting
+    together = [out.outputs[0] for out in llm.generate(prompts, GREEDY)]
+    for a, b in zip(alone, together):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    assert llm.engine.images.stats.num_encoder_hits == 4  # before and after: never re-encoded
+    llm.close()
