@@ -139,6 +139,7 @@ def report(model: str | None, quantization: str = "auto",
         lines.append(f"  {layer}: {how}")
     lines.append(f"  KV cache: {str(kv_dtype).removeprefix('torch.')} (--kv-cache-dtype auto)")
     lines += recurrent_state_lines(config)
+    lines += image_lines(source.path)
     widened = resolved == "none" and stored in (torch.float16, torch.bfloat16)
     lines += kv_pool_lines(config, kv_dtype, estimated_weight_bytes(source.kind, source.path,
                                                                     widened))
@@ -180,6 +181,39 @@ def recurrent_state_lines(config) -> list[str]:
             f"{per_slot / 2**20:.1f} MiB a slot (a running request holds one, with the prefix "
             "cache a boundary copy, and the cache keeps snapshots); the pool: "
             "--state-cache-memory-gb, by default 10% of the memory available after the weights"]
+
+
+def image_lines(path: str) -> list[str]:
+    """Where a vision model's image encoder would come from (engine/vision_setup.py: the
+    mmproj beside a GGUF, or a folder's own tower; metadata only) and its attention's type."""
+    import json
+    import os
+
+    import torch
+
+    from radixserve.gguf_reader import open_gguf
+    from radixserve.models.vision.attention_dtype import vision_attention_dtype
+    from radixserve.models.vision.load import GGUF_PROJECTORS, HF_ARCHITECTURES
+    from radixserve.multimodal.mmproj_path import find_mmproj
+
+    mmproj = find_mmproj(path)
+    if mmproj is not None:
+        field = open_gguf(mmproj).fields.get("clip.projector_type")
+        kind = None if field is None else field.contents()
+        where = f"{os.path.basename(mmproj)} beside the model (projector {kind}" + (
+            ")" if kind in GGUF_PROJECTORS else ": not supported yet, not used)")
+    else:
+        config = os.path.join(path, "config.json")
+        if not os.path.isfile(config):
+            return []
+        with open(config, encoding="utf-8") as f:
+            archs = json.load(f).get("architectures") or []
+        known = [a for a in archs if a in HF_ARCHITECTURES]
+        if not known:
+            return []
+        where = f"the folder's vision tower ({known[0]})"
+    dtype, why = vision_attention_dtype(torch.device("cpu"), torch.float32)
+    return [f"  images: {where}; vision attention {str(dtype).removeprefix('torch.')} ({why})"]
 
 
 def kv_pool_lines(config, kv_dtype, weights: int, available: int | None = None) -> list[str]:

@@ -82,3 +82,21 @@ def test_a_hybrid_model_reports_its_recurrent_state_slot(tmp_path):
     per_slot = 3 * (3 * 128 * 4 + 4 * 16 * 16 * 4) / 2**20
     assert f"recurrent states: 3 LinearAttnParams layers, {per_slot:.1f} MiB a slot" in text
     assert "recurrent states" not in report(None)
+
+
+def test_a_vision_model_reports_its_image_encoder(tmp_path):
+    """A GGUF with llama.cpp's mmproj beside it: where the image encoder comes from and the
+    vision attention's type (tests pin float32: conftest.py); a text model has no such line."""
+    from tiny_gemma3_mmproj import gemma3_mmproj_gguf
+    from tiny_gemma3_vlm import gemma3_vlm_text_gguf, make_gemma3_vlm_hf
+
+    folder = make_gemma3_vlm_hf(tmp_path / "hf", seed=3)
+    model = gemma3_vlm_text_gguf(folder, tmp_path / "m.gguf", "Q8_0")
+    assert "images:" not in report(str(model))
+    gemma3_mmproj_gguf(folder, tmp_path / "mmproj-m-f16.gguf", "f16")
+    text = report(str(model))
+    assert ("images: mmproj-m-f16.gguf beside the model (projector gemma3); vision attention "
+            "float32 (RADIXSERVE_VISION_ATTENTION=float32)") in text
+    assert "images: the folder's vision tower (Gemma3ForConditionalGeneration)" in \
+        report(str(folder))
+    assert "images:" not in report(None)
