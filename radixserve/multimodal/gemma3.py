@@ -14,7 +14,6 @@ writes becomes ``"\\n\\n<start_of_image>" + "<image_soft_token>" * mm_tokens_per
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 from PIL import Image
 
 from radixserve.multimodal.processor import ProcessedImage, special_token_id
+from radixserve.multimodal.settings import preprocessor_settings, triple
 from radixserve.multimodal.transforms import check_resample, rescale_normalize, to_rgb
 
 __all__ = ["Gemma3ImageProcessor", "from_hf_folder", "from_mmproj"]
@@ -67,28 +67,6 @@ class Gemma3ImageProcessor:
         return f"\n\n{BOI_TOKEN}{IMAGE_TOKEN * p.num_tokens}{EOI_TOKEN}\n\n"
 
 
-def _triple(values: Any, key: str) -> tuple[float, float, float]:
-    """An image_mean / image_std: one number or three."""
-    if isinstance(values, int | float) and not isinstance(values, bool):
-        return (float(values),) * 3
-    if (isinstance(values, list | tuple) and len(values) == 3
-            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)):
-        return tuple(float(v) for v in values)
-    raise ValueError(f"{key} must be one number or three, got {values!r}")
-
-
-def _preprocessor(folder: Path) -> dict[str, Any]:
-    """The image processor's settings: preprocessor_config.json (the releases), else the
-    ``image_processor`` of processor_config.json (what transformers 5 saves), else {}."""
-    path = folder / "preprocessor_config.json"
-    if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
-    path = folder / "processor_config.json"
-    if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8")).get("image_processor", {})
-    return {}
-
-
 def _check_steps(cfg: Mapping[str, Any]) -> None:
     """Refuse settings this processor does not do (null means the default: on, pan-and-scan
     off)."""
@@ -121,7 +99,7 @@ def _image_token(tokenizer, config_id: int | None) -> int:
 def from_hf_folder(folder: Path, config: Mapping[str, Any], tokenizer) -> Gemma3ImageProcessor:
     """From a Gemma3ForConditionalGeneration folder: its preprocessor config (release values
     where a key is absent), config.json's ``mm_tokens_per_image`` and image token."""
-    cfg = _preprocessor(folder)
+    cfg = preprocessor_settings(folder)
     _check_steps(cfg)
     num_tokens = config.get("mm_tokens_per_image") or DEFAULT_TOKENS_PER_IMAGE
     token_id = config.get("image_token_index", config.get("image_token_id"))
@@ -131,8 +109,8 @@ def from_hf_folder(folder: Path, config: Mapping[str, Any], tokenizer) -> Gemma3
         size=_size(cfg),
         resample=check_resample(cfg.get("resample", Image.Resampling.BILINEAR)),
         rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
-        image_mean=_triple(cfg.get("image_mean", 0.5), "image_mean"),
-        image_std=_triple(cfg.get("image_std", 0.5), "image_std"))
+        image_mean=triple(cfg.get("image_mean", 0.5), "image_mean"),
+        image_std=triple(cfg.get("image_std", 0.5), "image_std"))
 
 
 def from_mmproj(meta: Mapping[str, Any], tokenizer) -> Gemma3ImageProcessor:
@@ -154,5 +132,5 @@ def from_mmproj(meta: Mapping[str, Any], tokenizer) -> Gemma3ImageProcessor:
         image_token_id=_image_token(tokenizer, None),
         num_image_tokens=per_side * per_side,
         size=(image_size, image_size),
-        image_mean=_triple(meta.get("clip.vision.image_mean"), "clip.vision.image_mean"),
-        image_std=_triple(meta.get("clip.vision.image_std"), "clip.vision.image_std"))
+        image_mean=triple(meta.get("clip.vision.image_mean"), "clip.vision.image_mean"),
+        image_std=triple(meta.get("clip.vision.image_std"), "clip.vision.image_std"))
