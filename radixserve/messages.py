@@ -23,13 +23,17 @@ class ImageInput(msgspec.Struct, array_like=True):
     token, once per embedding row the vision encoder gives it); ``pixels``: the processor's
     float32 output, C order, of ``shape`` (Gemma 3: ``[3, 896, 896]``); ``key``: 32 bytes
     naming it (sha256 over the processor's name and the pixels): the engine caches the
-    encoder's output by it, and the prefix cache tells images apart by it."""
+    encoder's output by it, and the prefix cache tells images apart by it. ``grid``: for a
+    model with mRoPE positions (Qwen VL), the image's token grid ``[t, h, w]`` (``t * h * w
+    == length``; its rows in that order), which places each row in time, height and width;
+    ``[]`` for the others."""
 
     offset: int
     length: int
     key: bytes
     pixels: bytes
     shape: list[int]
+    grid: list[int] = []
 
 
 class EngineCoreRequest(msgspec.Struct, kw_only=True):

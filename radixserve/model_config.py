@@ -72,6 +72,19 @@ class MoeConfig:
 
 
 @dataclass(frozen=True)
+class MRopeParams:
+    """Multimodal rope (Qwen2-VL and later): each rotary frequency turns by one of a token's
+    three positions (time, height, width), ``sections`` frequencies each (they sum to
+    rotary_dim / 2): in order (Qwen2-VL, Qwen2.5-VL: t t .. h h .. w w ..) or, where
+    ``interleaved`` (Qwen3-VL, Qwen3.5), t h w t h w .. while each stream's count lasts, t
+    after. A text token's three positions are equal: plain rope; an image's rows differ
+    (core/images.py places them)."""
+
+    sections: tuple[int, ...]
+    interleaved: bool = False
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Shape of a Llama-family decoder, read from config.json or GGUF metadata."""
 
@@ -116,6 +129,7 @@ class ModelConfig:
     # numbered after the decoder's, each attending over a KV layer of its own beside the pool's
     # (runner/mtp_runner.py); 0: the checkpoint's MTP block, if any, is not loaded
     num_mtp_layers: int = 0
+    mrope: MRopeParams | None = None  # Qwen VL's multimodal rope (None: positions are 1-D)
 
     def layer_window(self, layer_idx: int) -> int | None:
         """The sliding window of layer ``layer_idx``, None for full attention."""

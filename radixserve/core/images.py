@@ -11,6 +11,11 @@ A model that attends bidirectionally within an image (Gemma 3) needs each image'
 in one step, after everything before it: `fit_chunk` ends a prefill chunk before an image or
 after its end, never inside it (a prefix hit may still end inside one: those rows' KV was
 computed with the whole image, and the rest of it goes in one chunk).
+
+A model with mRoPE positions (Qwen VL) places an image's rows on its token grid (``grid``
+``[t, h, w]``): they take ``max(h, w)`` positions instead of ``length``, so every token after
+the image sits ``length - max(h, w)`` positions before its index (`rope_shift`; the runner
+places the image rows themselves: runner/mrope_rows.py).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class ImageSpan(Protocol):
     offset: int
     length: int
     key: bytes
+    grid: list[int]
 
 
 def cache_ids(key: bytes, length: int) -> list[int]:
@@ -47,6 +53,18 @@ def with_image_ids(tokens: list[int], images: list[Any]) -> list[int]:
         end = min(image.offset + image.length, len(tokens))
         out[image.offset:end] = cache_ids(image.key, image.length)[:end - image.offset]
     return out
+
+
+def rope_advance(image: Any) -> int:
+    """The positions an image takes in the prompt: ``max(h, w)`` of an mRoPE grid (a still
+    image is one frame), else its ``length``."""
+    return max(image.grid[1:]) if image.grid else image.length
+
+
+def rope_shift(images: list[Any], pos: int) -> int:
+    """A text token's rope position less its index ``pos`` (<= 0): the images wholly before
+    ``pos`` each give back ``length - rope_advance``; 0 without mRoPE grids."""
+    return sum(rope_advance(im) - im.length for im in images if im.offset + im.length <= pos)
 
 
 def overlapping(images: list[Any], start: int, end: int) -> list[Any]:
@@ -89,6 +107,9 @@ class NoImages:
         if images:
             raise ValueError("the served model takes text only: it has no image encoder "
                              "(a vision model's GGUF needs its mmproj file: --mmproj)")
+
+    def positions(self, seqs: list, positions: Any) -> Any:
+        return positions
 
     def step(self, seqs: list, metas: list) -> None:
         return None

@@ -58,6 +58,9 @@ class ScheduledSeq:
     # the request's images with rows in this chunk (messages.ImageInput; core/images.py): the
     # runner splices their encoder output over those rows
     images: list[Any] = field(default_factory=list)
+    # an mRoPE model's (Qwen VL) rope position of the token at ``start_pos`` less
+    # ``start_pos``, unless inside an image (core/images.py `rope_shift`); 0 otherwise
+    rope_shift: int = 0
 
     @property
     def num_tokens(self) -> int:

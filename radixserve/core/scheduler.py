@@ -14,7 +14,7 @@ import logging
 import time
 
 from radixserve.core import pooled
-from radixserve.core.images import fit_chunk, overlapping
+from radixserve.core.images import fit_chunk, overlapping, rope_shift
 from radixserve.core.kv.kv_manager import KVCacheManager
 from radixserve.core.prompt_progress import progress_outputs
 from radixserve.core.reports import EngineCoreOutput, SchedulerStats
@@ -366,8 +366,10 @@ class Scheduler:
                            is_last_chunk=is_last, window_block_ids=request.window_block_ids,
                            lora_id=request.lora_id,
                            state=self.kv.state_plan(request, num_new))
-        if request.images and start < request.num_prompt_tokens:
-            seq.images = overlapping(request.images, start, start + num_new)
+        if request.images:
+            if start < request.num_prompt_tokens:
+                seq.images = overlapping(request.images, start, start + num_new)
+            seq.rope_shift = rope_shift(request.images, start)
         if request.prompt_logprobs is not None:
             seq.prompt_logprobs = request.prompt_logprobs.work(request.prompt_token_ids, start,
                                                                num_new)

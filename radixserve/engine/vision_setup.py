@@ -15,7 +15,9 @@ from dataclasses import replace
 import torch
 
 from radixserve.config import EngineConfig
+from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.runner.image_embeds import ImageEmbeds
+from radixserve.runner.mrope_rows import MRopeRows
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,21 @@ def attach_image_encoder(config: EngineConfig, model_path: str, model: torch.nn.
         return config
 
 
+def _mrope_rows(model: torch.nn.Module, max_rows: int) -> MRopeRows | None:
+    """The model's mRoPE placement (Qwen VL), None where its positions are 1-D. ValueError
+    where mRoPE meets a sliding window (the native attention counts a window back from the
+    rope position)."""
+    params = model.config.mrope
+    if params is None:
+        return None
+    if model.config.sliding_window is not None:
+        raise ValueError("images with mRoPE positions and a sliding window are not supported")
+    rotaries = [m for m in model.modules() if isinstance(m, RotaryEmbedding)]
+    if not rotaries:
+        raise ValueError(f"{type(model).__name__} has mRoPE sections but no rotary tables")
+    return MRopeRows(params, rotaries, max_rows)
+
+
 def _attach(config: EngineConfig, encoder, where: str, model: torch.nn.Module,
             runner) -> EngineConfig:
     name = type(model).__name__
@@ -60,12 +77,13 @@ def _attach(config: EngineConfig, encoder, where: str, model: torch.nn.Module,
     if bidirectional and runner.backend_name != "cpu_native":
         raise ValueError(f"{name} attends within an image both ways, which needs the native "
                          f"CPU attention; this engine runs {runner.backend_name}")
-    runner.images = ImageEmbeds(encoder, runner.device, bidirectional,
-                                config.scheduler.max_num_batched_tokens)
-    logger.info("images: %d tokens per image of %s, encoder output cached by image "
-                "(%d MiB)%s", encoder.tokens_per_image, list(encoder.image_shape),
+    budget = config.scheduler.max_num_batched_tokens
+    rope = _mrope_rows(model, budget)
+    runner.images = ImageEmbeds(encoder, runner.device, bidirectional, budget, rope=rope)
+    logger.info("images: encoder output cached by image (%d MiB)%s%s",
                 runner.images.cache_bytes >> 20,
-                "; image tokens attend to their whole image" if bidirectional else "")
+                "; image tokens attend to their whole image" if bidirectional else "",
+                "; image rows placed by mRoPE" if rope is not None else "")
     if not bidirectional:
         return config
     return replace(config, scheduler=replace(config.scheduler, whole_images=True))

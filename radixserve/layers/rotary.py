@@ -7,6 +7,11 @@ yarn / longrope folded in; a position's row never changes once the context lengt
 rope_scaling.py on dynamic NTK and longrope). Where the model's ``KernelPlan`` says so
 (``native``: float32 q/k on CPU, full-head rotation, the kernels loaded), q and k are rotated in
 place in one call (``kernels/layer_ops.cpp``), bit-identical to the torch ops.
+
+A model with mRoPE (Qwen VL) turns an image row's frequencies by three positions at once; its
+rows' cos/sin are composed per step into ``extra_rows`` spare rows after the context's
+(`reserve_rows`, `write_rows`: runner/mrope_rows.py), and those rows' positions name them, so
+every path that indexes the tables by position (the native layer included) applies it as is.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class RotaryEmbedding(nn.Module):
         self.context_len = rope_window(max_positions, scaling)
         self.register_buffer("_cos", torch.empty(0), persistent=False)
         self.register_buffer("_sin", torch.empty(0), persistent=False)
+        self.extra_rows = 0  # spare rows after the context's (`reserve_rows`)
         self.native = False  # set by the model's KernelPlan (models/native_stack.py)
 
     @property
@@ -58,11 +64,26 @@ class RotaryEmbedding(nn.Module):
         self.context_len = context_len
         self.reset_tables()
 
+    def reserve_rows(self, num_rows: int) -> None:
+        """Keep ``num_rows`` spare rows after the context's (`write_rows`); call before the
+        first forward (the tables are made anew)."""
+        self.extra_rows = num_rows
+        self.reset_tables()
+
+    def write_rows(self, cos: torch.Tensor, sin: torch.Tensor) -> int:
+        """Put ``cos`` and ``sin`` ([n, rotary_dim] float32, n <= ``extra_rows``) in the spare
+        rows; the first one's index (a position naming it) is returned."""
+        n, first = cos.shape[0], self.context_len
+        assert n <= self.extra_rows, "more composed rows than were reserved"
+        self.cos[first:first + n] = cos
+        self.sin[first:first + n] = sin
+        return first
+
     def check_positions(self, positions: torch.Tensor) -> None:
         """ValueError for a position past the tables (the native kernels would read past
         them); the model checks each step's positions once, before its layers."""
         last = int(positions.max()) if positions.numel() else -1
-        if last >= self.context_len:
+        if last >= self.context_len + self.extra_rows:
             raise ValueError(f"position {last} is past the rope tables' context "
                              f"({self.context_len} positions)")
 
@@ -80,6 +101,9 @@ class RotaryEmbedding(nn.Module):
         cos, sin = emb.cos(), emb.sin()
         if attention != 1.0:  # yarn / longrope: transformers scales cos and sin in float32
             cos, sin = cos * attention, sin * attention
+        if self.extra_rows:
+            spare = torch.zeros(self.extra_rows, cos.shape[1])
+            cos, sin = torch.cat((cos, spare)), torch.cat((sin, spare))
         self._cos, self._sin = cos.to(self._cos.device), sin.to(self._sin.device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,

@@ -46,16 +46,20 @@ def special_token_id(tokenizer, token: str) -> int:
 @dataclass(frozen=True, slots=True)
 class ProcessedImage:
     """One image, ready for the encoder: ``pixels`` float32, C order (Gemma 3: [3, H, W]);
-    ``num_tokens``: the image tokens `ImageProcessor.expand` writes for it; ``key``: `image_key`."""
+    ``num_tokens``: the image tokens `ImageProcessor.expand` writes for it; ``key``: `image_key`;
+    ``grid``: the token grid ``(t, h, w)`` of a model with mRoPE positions (Qwen VL;
+    ``t * h * w == num_tokens``), ``()`` for the others (`messages.ImageInput.grid`)."""
 
     pixels: np.ndarray
     num_tokens: int
     key: bytes
+    grid: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, name: str, pixels: np.ndarray, num_tokens: int) -> ProcessedImage:
+    def of(cls, name: str, pixels: np.ndarray, num_tokens: int,
+           grid: tuple[int, ...] = ()) -> ProcessedImage:
         pixels = np.ascontiguousarray(pixels, dtype=np.float32)
-        return cls(pixels, num_tokens, image_key(name, pixels))
+        return cls(pixels, num_tokens, image_key(name, pixels), tuple(grid))
 
 
 class ImageProcessor(Protocol):

@@ -50,7 +50,7 @@ def place_images(text: str, images: list[Image.Image], details: list[str | None]
                          f"{len(images)} images (is the image token typed in the text?)")
     return prompt, ids, [
         ImageInput(offset=offset, length=length, key=p.key, pixels=p.pixels.tobytes(),
-                   shape=list(p.pixels.shape))
+                   shape=list(p.pixels.shape), grid=list(p.grid))
         for (offset, length), p in zip(spans, processed)]
 
 

@@ -13,6 +13,9 @@ whole rest of the image in this chunk: core/images.py), its window (a sliding la
 counted back from its own position (``row_pos``): transformers' mask, AND(window, OR(causal,
 the image)).
 
+A model with mRoPE (Qwen VL) also places its rows by position (``rope``: runner/mrope_rows.py):
+`positions` gives the rope positions of a step's rows.
+
 `core/images.py`'s `NO_IMAGES` is the null object (a text-only model): any image is refused.
 """
 
@@ -29,6 +32,7 @@ import torch
 
 from radixserve.core.images import ImageStats
 from radixserve.core.sched_output import ScheduledSeq
+from radixserve.runner.mrope_rows import MRopeRows
 
 logger = logging.getLogger(__name__)
 
@@ -50,16 +54,18 @@ class ImageSplice:
 
 
 class ImageEmbeds:
-    """Over ``encoder`` (``forward(pixels [n, *image_shape]) -> [n, tokens, hidden]``, with
-    ``tokens_per_image`` and ``image_shape``); ``bidirectional``: the model attends within
-    an image both ways; ``max_chunk``: the most tokens a step feeds one sequence."""
+    """Over ``encoder`` (a models/vision `VisionEncoder`); ``bidirectional``: the model attends
+    within an image both ways; ``max_chunk``: the most tokens a step feeds one sequence;
+    ``rope``: the model's `MRopeRows` (None: 1-D positions)."""
 
     def __init__(self, encoder: torch.nn.Module, device: torch.device, bidirectional: bool,
-                 max_chunk: int, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+                 max_chunk: int, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 rope: MRopeRows | None = None) -> None:
         self.encoder = encoder
         self.device = device
         self.bidirectional = bidirectional
         self.max_chunk = max_chunk
+        self.rope = rope
         self.cache_bytes = cache_bytes
         self.stats = ImageStats()
         self._kept: OrderedDict[bytes, torch.Tensor] = OrderedDict()
@@ -68,13 +74,19 @@ class ImageEmbeds:
     def check(self, images: list, num_prompt: int) -> None:
         """ValueError unless ``images`` (messages.ImageInput, prompt order) fit this encoder
         and a prompt of ``num_prompt`` tokens."""
-        shape, tokens = list(self.encoder.image_shape), self.encoder.tokens_per_image
         end = 0
         for i, image in enumerate(images):
-            if list(image.shape) != shape or len(image.pixels) != 4 * math.prod(shape):
-                raise ValueError(f"image {i}: pixels of shape {list(image.shape)} "
-                                 f"({len(image.pixels)} bytes); this model's encoder takes "
-                                 f"float32 {shape}")
+            try:
+                tokens = self.encoder.tokens_for(list(image.shape), list(image.grid))
+            except ValueError as exc:
+                raise ValueError(f"image {i}: {exc}") from None
+            if len(image.pixels) != 4 * math.prod(image.shape):
+                raise ValueError(f"image {i}: {len(image.pixels)} bytes of pixels for float32 "
+                                 f"{list(image.shape)}")
+            if (self.rope is not None) != bool(image.grid):
+                raise ValueError(f"image {i}: " + ("this model places image rows by their "
+                                 "grid; the image has none" if not image.grid else
+                                 "a grid for a model without mRoPE positions"))
             if image.length != tokens:
                 raise ValueError(f"image {i}: {image.length} image tokens; this model gives "
                                  f"an image {tokens}")
@@ -88,6 +100,10 @@ class ImageEmbeds:
                 raise ValueError(f"an image's {image.length} tokens go in one step; "
                                  f"--max-num-batched-tokens is {self.max_chunk}")
             end = stop
+
+    def positions(self, seqs: list[ScheduledSeq], positions: np.ndarray) -> np.ndarray:
+        """The rope positions of the packed rows of ``seqs`` (their indices ``positions``)."""
+        return positions if self.rope is None else self.rope.positions(seqs, positions)
 
     def step(self, seqs: list[ScheduledSeq], metas: list) -> ImageSplice | None:
         """The splice of ``seqs`` (packed order) this step, None without image rows; with a
@@ -134,19 +150,23 @@ class ImageEmbeds:
         return found
 
     def _encode(self, images: list) -> dict[bytes, torch.Tensor]:
+        """Encode ``images``, one batch per input shape."""
         began = time.perf_counter()
-        pixels = torch.stack([
-            torch.from_numpy(np.frombuffer(im.pixels, np.float32).reshape(im.shape).copy())
-            for im in images]).to(self.device)
-        out = self.encoder(pixels)
+        by_shape: dict[tuple, list] = {}
+        for image in images:
+            by_shape.setdefault(tuple(image.shape), []).append(image)
+        result = {}
+        for group in by_shape.values():
+            pixels = torch.stack([
+                torch.from_numpy(np.frombuffer(im.pixels, np.float32).reshape(im.shape).copy())
+                for im in group]).to(self.device)
+            for image, emb in zip(group, self.encoder(pixels)):
+                result[image.key] = emb
+                self._keep(image.key, emb)
         elapsed = time.perf_counter() - began
         self.stats.num_images_encoded += len(images)
         self.stats.encode_seconds += elapsed
         logger.debug("vision encoder: %d image(s) in %.2f s", len(images), elapsed)
-        result = {}
-        for image, emb in zip(images, out):
-            result[image.key] = emb
-            self._keep(image.key, emb)
         return result
 
     def _keep(self, key: bytes, emb: torch.Tensor) -> None:

@@ -222,6 +222,7 @@ class ModelRunner:
                 block_table=torch.from_numpy(table).to(dev), context_lens=context_lens,
                 q_lens=q_list, start_pos=start_list, block_size=bs,
                 dtype=self.kv_caches[0][0].dtype))
+        positions = self.images.positions(seqs, positions)  # mRoPE: rope positions
         input_ids, positions, sample_idx = (torch.from_numpy(a).to(dev)
                                             for a in (input_ids, positions, sample_idx))
         return input_ids, positions, metas, sample_idx

@@ -7,8 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixserve.core.images import (IMAGE_ID_BASE, cache_ids, fit_chunk, overlapping,
-                                    with_image_ids)
+from radixserve.core.images import (
+    IMAGE_ID_BASE,
+    cache_ids,
+    fit_chunk,
+    overlapping,
+    rope_advance,
+    rope_shift,
+    with_image_ids,
+)
 from radixserve.core.kv.block_pool import BlockPool
 from radixserve.core.kv.kv_events import LORA_KEY_SHIFT
 from radixserve.core.kv.kv_manager import KVCacheManager, cache_tokens
@@ -26,6 +33,7 @@ class Image:
     offset: int
     length: int
     key: bytes
+    grid: tuple = ()  # a Qwen VL image's token grid (mRoPE positions)
 
 
 def prompt_with(images: list[Image], n: int) -> list[int]:
@@ -85,6 +93,24 @@ def test_the_scheduler_keeps_images_whole_and_hands_each_chunk_its_images():
         chunks.append((seq.start_pos, seq.num_tokens, len(seq.images)))
         s.requests["r"].num_computed_tokens += seq.num_tokens
     assert chunks[:3] == [(0, 6, 0), (6, 10, 1), (16, 4, 0)]  # never ends inside it
+
+
+def test_each_chunk_says_how_far_mrope_images_before_it_shift_its_text():
+    # a 2 x 4 token grid takes max(2, 4) = 4 positions for its 8 rows: text after it sits
+    # 4 before its index; a 1 x 3 grid's 3 rows take 3 (no shift)
+    ims = [Image(2, 8, b"a" * 32, (1, 2, 4)), Image(12, 3, b"b" * 32, (1, 1, 3))]
+    s = scheduler(False, 5)
+    s.add_request(request("r", prompt_with(ims, 20), ims))
+    shifts = []
+    while (out := s.schedule()).seqs:
+        seq = out.seqs[0]
+        shifts.append((seq.start_pos, seq.rope_shift, len(seq.images)))
+        s.requests["r"].num_computed_tokens += seq.num_tokens
+        if seq.start_pos + seq.num_tokens >= 20:
+            break
+    assert shifts == [(0, 0, 1), (5, 0, 1), (10, -4, 1), (15, -4, 0)]
+    assert rope_shift(ims, 25) == -4 and rope_advance(ims[0]) == 4
+    assert rope_shift([Image(2, 8, b"a" * 32)], 25) == 0  # no grid: 1-D positions
 
 
 def test_causal_models_split_images_anywhere():

@@ -1,8 +1,9 @@
 """Vision encoders (engine process, torch): images' pixels → the text model's embeddings.
 
-The engine needs only `VisionEncoder`: ``forward(pixels [n, *image_shape] float32)`` →
-[n, tokens_per_image, text hidden] float32, the rows that replace an image's placeholder
-tokens. models/vision/load.py finds and builds one (``find_mmproj``,
+The engine needs only `VisionEncoder`: ``forward(pixels [n, *shape] float32)`` →
+[n, tokens, text hidden] float32, the rows that replace an image's placeholder tokens, for
+``n`` images of one input shape; ``tokens_for`` says which shapes it takes and how many rows
+each gives (one fixed shape for Gemma 3 and SmolVLM's tiles, a grid of patches for Qwen VL). models/vision/load.py finds and builds one (``find_mmproj``,
 ``load_vision_encoder``); a family adds a module (Gemma 3: gemma3.py on siglip.py) and an entry
 in load.py's tables.
 """
@@ -13,12 +14,18 @@ from typing import Protocol
 
 import torch
 
+from radixserve.models.vision.fixed_shape import FixedShape
 from radixserve.models.vision.load import find_mmproj, load_vision_encoder
 
 
 class VisionEncoder(Protocol):
-    tokens_per_image: int  # the placeholder tokens one image takes
-    image_shape: list[int]  # [C, H, W] of the processor's output
+    hidden_size: int  # the text model's width its rows have
+
+    def tokens_for(self, shape: list[int], grid: list[int]) -> int:
+        """The rows an image of input ``shape`` (the processor's pixels) and token ``grid``
+        (`messages.ImageInput.grid`: ``[t, h, w]`` for a model with mRoPE positions, ``[]``
+        otherwise) gives; ValueError for one this encoder cannot take."""
+        ...
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor: ...
 
@@ -27,4 +34,4 @@ class VisionEncoder(Protocol):
         ...
 
 
-__all__ = ["VisionEncoder", "find_mmproj", "load_vision_encoder"]
+__all__ = ["FixedShape", "VisionEncoder", "find_mmproj", "load_vision_encoder"]

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.layers.block_linear import BlockLinear
+from radixserve.models.vision.fixed_shape import FixedShape
 from radixserve.models.vision.siglip import SiglipConfig, SiglipVisionTower
 from radixserve.models.vision.stored import describe_linear, make_linear
 
@@ -53,7 +54,7 @@ class Gemma3Projector(nn.Module):
         return self.input_projection(x).view(n, self.tokens_per_side ** 2, -1).float()
 
 
-class Gemma3VisionEncoder(nn.Module):
+class Gemma3VisionEncoder(FixedShape, nn.Module):
     """``forward(pixels [n, 3, H, W] float32)`` → [n, tokens_per_image, text_hidden] float32.
     ``image_shape`` is the [C, H, W] the processor must give, ``hidden_size`` the text model's
     (the caller checks they match); models/vision/load.py builds it."""

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from radixserve.layers.block_linear import BlockLinear
+from radixserve.models.vision.fixed_shape import FixedShape
 from radixserve.models.vision.siglip import SiglipConfig, SiglipVisionTower
 from radixserve.models.vision.stored import describe_linear, make_linear
 
@@ -67,7 +68,7 @@ class SmolVLMConnector(nn.Module):
         return self.projection(rows.reshape(n * tokens, width)).view(n, tokens, -1).float()
 
 
-class SmolVLMVisionEncoder(nn.Module):
+class SmolVLMVisionEncoder(FixedShape, nn.Module):
     """``forward(tiles [n, 3, S, S] float32)`` → [n, tokens_per_image, text_hidden] float32.
     ``image_shape`` is one tile's [C, S, S], ``hidden_size`` the text model's (the caller checks
     they match); models/vision/load.py builds it."""
