@@ -7,6 +7,7 @@ tokenizer)`` and ``from_mmproj(metadata, tokenizer)``, named below by the config
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -23,12 +24,21 @@ __all__ = ["image_processor_for", "mmproj_metadata"]
 
 # config.json model_type -> family module (Gemma 3's text-only 1B is "gemma3_text": no images)
 _HF_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3",
-                "smolvlm": "radixserve.multimodal.smolvlm"}
+                "smolvlm": "radixserve.multimodal.smolvlm",
+                "qwen2_5_vl": "radixserve.multimodal.qwen_vl_settings",
+                "qwen3_5": "radixserve.multimodal.qwen_vl_settings",
+                "qwen3_5_moe": "radixserve.multimodal.qwen_vl_settings"}
 # an mmproj's clip.projector_type (llama.cpp's PROJECTOR_TYPE_*) -> family module
 _MMPROJ_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3",
-                    "idefics3": "radixserve.multimodal.smolvlm"}
+                    "idefics3": "radixserve.multimodal.smolvlm",
+                    "qwen2.5vl_merger": "radixserve.multimodal.qwen_vl_settings",
+                    # Qwen3.5's (its converter reuses Qwen3-VL's type; deepstack: refused)
+                    "qwen3vl_merger": "radixserve.multimodal.qwen_vl_settings"}
 _ARCHITECTURES = {"Gemma3ForConditionalGeneration": "gemma3",  # where model_type is missing
-                  "SmolVLMForConditionalGeneration": "smolvlm"}
+                  "SmolVLMForConditionalGeneration": "smolvlm",
+                  "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+                  "Qwen3_5ForConditionalGeneration": "qwen3_5",
+                  "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe"}
 
 
 def image_processor_for(model_path: str, mmproj: str | None,
@@ -71,20 +81,31 @@ def mmproj_metadata(path: str) -> dict[str, Any]:
             if key.startswith(("general.", "clip."))}
 
 
-def image_processor(model_path: str | None, mmproj: str | None,
-                    tokenizer) -> ImageProcessor | TilingImageProcessor | None:
+def image_processor(model_path: str | None, mmproj: str | None, tokenizer,
+                    max_tokens: int | None = None) -> ImageProcessor | TilingImageProcessor | None:
     """`image_processor_for` as a server starts it: ``mmproj`` as given (``--mmproj``), else
     the one beside a GGUF model (multimodal/mmproj_path.py), as the engine finds it. One found
-    that does not fit the model is not used (a WARNING; the engine leaves it out too)."""
+    that does not fit the model is not used (a WARNING; the engine leaves it out too).
+    ``max_tokens`` (``--image-max-tokens``): the most tokens an image may take where the family
+    sizes images to their content (Qwen VL: larger ones are downscaled); a family of one fixed
+    size (Gemma 3, SmolVLM's tiles) keeps its own."""
     if not model_path:
         return None
     if mmproj is not None:
-        return image_processor_for(model_path, mmproj, tokenizer)
+        return with_max_tokens(image_processor_for(model_path, mmproj, tokenizer), max_tokens)
     found = find_mmproj(model_path)
     try:
-        return image_processor_for(model_path, found, tokenizer)
+        return with_max_tokens(image_processor_for(model_path, found, tokenizer), max_tokens)
     except ValueError as exc:
         if found is None:
             raise
         logger.warning("images: %s found beside the model is not used: %s", found, exc)
         return None
+
+
+def with_max_tokens(processor, max_tokens: int | None):
+    """``processor`` capped at ``max_tokens`` an image where it has such a cap (a dataclass
+    field ``max_tokens``: Qwen VL's); as it is otherwise."""
+    if processor is None or max_tokens is None or not hasattr(processor, "max_tokens"):
+        return processor
+    return dataclasses.replace(processor, max_tokens=max_tokens)

@@ -124,7 +124,7 @@ def test_text_only_models_take_no_images(vlm, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"projector": "qwen2.5vl_merger"}, "projector type 'qwen2.5vl_merger' is not supported"),
+    ({"projector": "qwen2vl_merger"}, "projector type 'qwen2vl_merger' is not supported"),
     ({"projector": None}, "not an mmproj GGUF"),
     ({"image_size": 60}, "not a multiple"),
 ])
