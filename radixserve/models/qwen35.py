@@ -184,6 +184,9 @@ class Qwen35ForCausalLM(LlamaForCausalLM):
         "Gated DeltaNet and gated attention have no native layer call; their linears still "
         "run native kernels")
     linear_attn_cls: ClassVar[type[GatedDeltaNet]] = GatedDeltaNet  # Qwen3-Next's: fused inputs
+    # Qwen3.5's vision tower's rows replace the image tokens' embeddings: the forward is
+    # LlamaForCausalLM's, which splices them right after the embedding (splice_images)
+    takes_images: ClassVar[bool] = True
 
     def __init__(self, cfg: ModelConfig) -> None:
         nn.Module.__init__(self)

@@ -21,7 +21,14 @@ block): their ``text_config`` is read and only the text model runs.
 
 from __future__ import annotations
 
-from radixserve.model_config import FULL, LINEAR, LinearAttnParams, ModelConfig, MoeConfig
+from radixserve.model_config import (
+    FULL,
+    LINEAR,
+    LinearAttnParams,
+    ModelConfig,
+    MoeConfig,
+    MRopeParams,
+)
 from radixserve.models.moe import moe_from_gguf
 
 QWEN35_ARCHITECTURE = "Qwen3_5ForCausalLM"  # what runs, whichever folder it came from
@@ -36,6 +43,8 @@ _TEXT_DEFAULTS = {  # transformers' Qwen3_5TextConfig defaults, for fields a fil
     # Qwen3_5MoeTextConfig's (35B-A3B's)
     "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
     "shared_expert_intermediate_size": 512}
+# transformers' and llama.cpp's mrope_section where a config has none (time, height, width)
+_DEFAULT_MROPE_SECTION = (11, 11, 10)
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads")
 
@@ -72,7 +81,9 @@ def qwen35_hf_config(cfg: dict, arch: str) -> ModelConfig:
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     # NOTE: mrope sections (``mrope_section``, ``mrope_interleaved``) are fine: for text the
     # three position streams (time, height, width) are the same token index, so interleaved
-    # mRoPE rotates every frequency by that index: plain RoPE over the rotary dims.
+    # mRoPE rotates every frequency by that index: plain RoPE over the rotary dims; image rows
+    # take their grid positions (ModelConfig.mrope; transformers interleaves whatever
+    # ``mrope_interleaved`` says)
     if rope_type != "default":
         raise ValueError(f"unsupported Qwen3.5 rope type {rope_type!r}; supported: ['default']")
     head_dim = get("head_dim")
@@ -98,7 +109,17 @@ def qwen35_hf_config(cfg: dict, arch: str) -> ModelConfig:
         linear_attn=_linear_params(layer_types, num_layers, get),
         attn_output_gate=True,
         moe=moe,
+        mrope=qwen35_mrope(rope.get("mrope_section") or _DEFAULT_MROPE_SECTION),
     )
+
+
+def qwen35_mrope(sections) -> MRopeParams:
+    """Qwen3.5's interleaved mRoPE over ``sections`` (config.json's ``mrope_section``, a GGUF's
+    ``rope.dimension_sections``), trailing zero sections dropped: both files give one value."""
+    sections = [int(s) for s in sections]
+    while sections and sections[-1] == 0:
+        sections.pop()
+    return MRopeParams(tuple(sections), interleaved=True)
 
 
 def _hf_moe(get) -> MoeConfig:
@@ -204,6 +225,8 @@ def qwen35_gguf_config(reader, field, gguf_arch: str, arch: str) -> ModelConfig:
         ),
         attn_output_gate=True,
         moe=moe,
+        mrope=(qwen35_mrope(get("rope.dimension_sections", _DEFAULT_MROPE_SECTION))
+               if gguf_arch in ("qwen35", "qwen35moe") else None),
     )
 
 

@@ -18,6 +18,7 @@ _MODELS = {
     "SmolVLMForConditionalGeneration": _LLAMA,  # its text model (the vision tower: models/vision/)
     "MistralForCausalLM": _LLAMA,
     "Qwen2ForCausalLM": _LLAMA,
+    "Qwen2_5_VLForConditionalGeneration": _LLAMA,  # Qwen2 + mRoPE (the tower: models/vision/)
     "Qwen3ForCausalLM": _LLAMA,
     "Qwen2MoeForCausalLM": _MOE,  # a shared expert beside the routed ones
     "Qwen3MoeForCausalLM": _MOE,
@@ -47,6 +48,7 @@ _MODELS = {
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                       "olmo2": "Olmo2ForCausalLM", "mistral3": "Mistral3ForConditionalGeneration",
                       "qwen2": "Qwen2ForCausalLM",
+                      "qwen2vl": "Qwen2_5_VLForConditionalGeneration",
                       "qwen2moe": "Qwen2MoeForCausalLM", "qwen3": "Qwen3ForCausalLM",
                       "qwen3moe": "Qwen3MoeForCausalLM",
                       "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",

@@ -3,8 +3,8 @@
 ``find_mmproj`` finds llama.cpp's projector file beside a GGUF model; ``load_vision_encoder``
 builds the encoder from an mmproj GGUF (``clip.projector_type``) or from a Hugging Face folder
 (config.json's ``architectures``). A family is one entry in each table below and a module
-with a ``build_*`` function; the rest of the engine sees only the `VisionEncoder` protocol
-(models/vision/__init__.py).
+with its builders (a folder's take its config.json and path, an mmproj's the GGUF reader);
+the rest of the engine sees only the `VisionEncoder` protocol (models/vision/__init__.py).
 """
 
 from __future__ import annotations
@@ -17,17 +17,27 @@ import os
 import torch
 
 from radixserve.models.vision.siglip import SiglipConfig
-from radixserve.multimodal.mmproj_path import find_mmproj  # noqa: F401 (re-exported)
 from radixserve.models.vision.weights import GgufWeights, HfWeights
+from radixserve.multimodal.mmproj_path import find_mmproj  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 
 # ``clip.projector_type`` / a folder's architecture → "module:function" (lazy imports)
 GGUF_PROJECTORS = {"gemma3": "radixserve.models.vision.load:_gemma3_from_gguf",
-                   "idefics3": "radixserve.models.vision.smolvlm_load:smolvlm_from_gguf"}
+                   "idefics3": "radixserve.models.vision.smolvlm_load:smolvlm_from_gguf",
+                   "qwen2.5vl_merger":
+                       "radixserve.models.vision.qwen2_5_vl_load:qwen25_vl_from_gguf",
+                   "qwen3vl_merger":
+                       "radixserve.models.vision.qwen3_vl_load:qwen35_vision_from_gguf"}
 HF_ARCHITECTURES = {
     "Gemma3ForConditionalGeneration": "radixserve.models.vision.load:_gemma3_from_hf",
-    "SmolVLMForConditionalGeneration": "radixserve.models.vision.smolvlm_load:smolvlm_from_hf"}
+    "SmolVLMForConditionalGeneration": "radixserve.models.vision.smolvlm_load:smolvlm_from_hf",
+    "Qwen2_5_VLForConditionalGeneration":
+        "radixserve.models.vision.qwen2_5_vl_load:qwen25_vl_from_hf",
+    "Qwen3_5ForConditionalGeneration":
+        "radixserve.models.vision.qwen3_vl_load:qwen35_vision_from_hf",
+    "Qwen3_5MoeForConditionalGeneration":
+        "radixserve.models.vision.qwen3_vl_load:qwen35_vision_from_hf"}
 
 
 def load_vision_encoder(model_path: str, mmproj: str | None, device: torch.device,
@@ -85,7 +95,7 @@ def _from_folder(folder: str, device: torch.device, dtype: torch.dtype):
         logger.warning("the vision tower of %s (%s) is not supported yet; serving text only "
                        "(supported: %s)", folder, archs, sorted(HF_ARCHITECTURES))
         return None
-    return _resolve(HF_ARCHITECTURES[known[0]])(config, HfWeights(folder), device, dtype)
+    return _resolve(HF_ARCHITECTURES[known[0]])(config, folder, device, dtype)
 
 
 def _field(reader, key: str, default=None):
@@ -95,7 +105,7 @@ def _field(reader, key: str, default=None):
 
 # -- Gemma 3 ----------------------------------------------------------------------------------
 
-def _gemma3_from_hf(config: dict, weights: HfWeights, device: torch.device, dtype: torch.dtype):
+def _gemma3_from_hf(config: dict, folder: str, device: torch.device, dtype: torch.dtype):
     from radixserve.models.vision.gemma3 import Gemma3VisionEncoder
 
     v = config["vision_config"]
@@ -104,8 +114,8 @@ def _gemma3_from_hf(config: dict, weights: HfWeights, device: torch.device, dtyp
         num_layers=v.get("num_hidden_layers", 12), num_heads=v.get("num_attention_heads", 12),
         image_size=v.get("image_size", 224), patch_size=v.get("patch_size", 16),
         layer_norm_eps=v.get("layer_norm_eps", 1e-6), num_channels=v.get("num_channels", 3))
-    return Gemma3VisionEncoder(siglip, config.get("mm_tokens_per_image", 256), weights, device,
-                               dtype)
+    return Gemma3VisionEncoder(siglip, config.get("mm_tokens_per_image", 256), HfWeights(folder),
+                               device, dtype)
 
 
 def _gemma3_from_gguf(reader, device: torch.device, dtype: torch.dtype):

@@ -21,10 +21,9 @@ _VISION_DEFAULTS = {"hidden_size": 1152, "intermediate_size": 3072, "num_hidden_
                     "layer_norm_eps": 1e-6, "num_channels": 3}
 
 
-def smolvlm_from_hf(config: dict, weights: HfWeights, device: torch.device,
-                    dtype: torch.dtype):
-    """The encoder of a SmolVLM folder (``config``: its config.json). ValueError for missing
-    or misshapen weights."""
+def smolvlm_from_hf(config: dict, folder: str, device: torch.device, dtype: torch.dtype):
+    """The encoder of the SmolVLM ``folder`` (``config``: its config.json). ValueError for
+    missing or misshapen weights."""
     from radixserve.models.vision.smolvlm import SmolVLMVisionEncoder
 
     v = {**_VISION_DEFAULTS, **config["vision_config"]}
@@ -33,8 +32,8 @@ def smolvlm_from_hf(config: dict, weights: HfWeights, device: torch.device,
         num_layers=v["num_hidden_layers"], num_heads=v["num_attention_heads"],
         image_size=v["image_size"], patch_size=v["patch_size"],
         layer_norm_eps=v["layer_norm_eps"], num_channels=v["num_channels"])
-    return SmolVLMVisionEncoder(siglip, int(config.get("scale_factor", 2)), weights, device,
-                                dtype)
+    return SmolVLMVisionEncoder(siglip, int(config.get("scale_factor", 2)), HfWeights(folder),
+                                device, dtype)
 
 
 def smolvlm_from_gguf(reader, device: torch.device, dtype: torch.dtype):

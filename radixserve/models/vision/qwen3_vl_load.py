@@ -1,0 +1,206 @@
+"""Qwen3.5's vision encoder from a Hugging Face folder or a ``qwen3vl_merger`` mmproj GGUF: the
+builders models/vision/load.py's tables name (``Qwen3_5ForConditionalGeneration``,
+``Qwen3_5MoeForConditionalGeneration``, ``clip.projector_type`` qwen3vl_merger).
+
+A folder keeps the tower as ``model.visual.*`` (the releases and transformers 5's saves; older
+layouts ``visual.*``) and its shape in ``vision_config`` (transformers' ``Qwen3_5VisionConfig``
+defaults fill what it leaves out). llama.cpp's converter (conversion/qwen3vl.py) writes the
+shape as ``clip.vision.*`` keys (the position table's side as ``image_size / patch_size``, the
+LayerNorms' eps as ``attention.layer_norm_epsilon``), renames the tensors (gguf-py's MMPROJ
+map: ``v.blk.N.attn_qkv``, ``mm.0`` / ``mm.2`` for the merger's fc1 / fc2, ``v.post_ln`` for
+its norm) and cuts the Conv3d kernel into its two frames: ``v.patch_embd.weight`` and
+``.weight.1`` ([hidden, C, P, P] each; only 2 frames are supported there). Matrices are F16 or
+``ftype``, the patch kernel F16 or F32, the position table and 1-D tensors F32.
+Qwen3-VL's own checkpoints (deepstack mergers) are not taken.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+
+import torch
+from gguf import GGMLQuantizationType
+from safetensors import safe_open
+from torch import nn
+
+from radixserve.layers.gguf_quant import dequantize
+from radixserve.models.vision.qwen3_vl import Qwen3VLConfig, Qwen3VLVisionEncoder
+from radixserve.models.vision.stored import Matrix, make_linear
+
+# transformers' Qwen3_5VisionConfig defaults
+_VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh",
+                    "intermediate_size": 4304, "num_heads": 16, "in_channels": 3,
+                    "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                    "out_hidden_size": 3584, "num_position_embeddings": 2304}
+_FOLDER_PREFIXES = ("model.visual.", "visual.")
+_GGUF_LAYER = {"norm1": "ln1", "norm2": "ln2", "attn.qkv": "attn_qkv", "attn.proj": "attn_out",
+               "mlp.linear_fc1": "ffn_up", "mlp.linear_fc2": "ffn_down"}
+_GGUF_TOP = {"pos_embed": "v.position_embd", "merger.norm": "v.post_ln",
+             "merger.linear_fc1": "mm.0", "merger.linear_fc2": "mm.2",
+             "patch_embed.proj": "v.patch_embd"}
+_T = GGMLQuantizationType
+_WORDS = {_T.F32: torch.int32, _T.F16: torch.int16, _T.BF16: torch.int16}  # one element
+
+logger = logging.getLogger(__name__)
+
+
+class _Parts:
+    """The tower's layers from a weights source (``matrix(name)``, ``tensor(name)`` by
+    transformers' names under ``visual.``) on ``device`` in ``dtype``."""
+
+    def __init__(self, source, device: torch.device, dtype: torch.dtype) -> None:
+        self.source, self.device, self.dtype = source, device, dtype
+
+    def linear(self, name: str, n: int, k: int) -> nn.Module:
+        matrix = self.source.matrix(f"{name}.weight")
+        if (matrix.n, matrix.k) != (n, k):
+            raise ValueError(f"vision weight {name}.weight of shape {(matrix.n, matrix.k)}, "
+                             f"expected {(n, k)}")
+        return make_linear(matrix, self.source.tensor(f"{name}.bias"), self.device, self.dtype)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self.source.tensor(name).to(device=self.device, dtype=self.dtype)
+
+    def layer_norm(self, name: str, eps: float) -> nn.LayerNorm:
+        weight = self.tensor(f"{name}.weight")
+        norm = nn.LayerNorm(weight.shape[0], eps=eps, device="meta")
+        norm.weight = nn.Parameter(weight, requires_grad=False)
+        norm.bias = nn.Parameter(self.tensor(f"{name}.bias"), requires_grad=False)
+        return norm
+
+
+class _FolderWeights:
+    """The ``visual.`` tensors of a safetensors folder; ``has_tower`` False where it has none
+    (a text-only copy of a release)."""
+
+    def __init__(self, folder: str) -> None:
+        files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+        if not files:
+            raise ValueError(f"no .safetensors file in {folder}")
+        self._files = {}
+        for path in files:
+            handle = safe_open(path, framework="pt")
+            self._files.update({key: handle for key in handle.keys()})  # noqa: SIM118
+        found = [p for p in _FOLDER_PREFIXES if f"{p}pos_embed.weight" in self._files]
+        self.has_tower = bool(found)
+        self._prefix = found[0] if found else _FOLDER_PREFIXES[0]
+
+    def _get(self, name: str) -> torch.Tensor:
+        key = self._prefix + name
+        if key not in self._files:
+            raise ValueError(f"vision weight missing from the checkpoint: {key!r}")
+        return self._files[key].get_tensor(key)
+
+    def matrix(self, name: str) -> Matrix:
+        return Matrix.from_tensor(self._get(name))
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self._get(name).float()
+
+
+def _gguf_name(name: str) -> str:
+    """llama.cpp's mmproj name of a ``visual.`` tensor (gguf-py's MMPROJ map)."""
+    if name.startswith("blocks."):
+        _, layer, rest = name.split(".", 2)
+        base, _, suffix = rest.rpartition(".")
+        if base in _GGUF_LAYER:
+            return f"v.blk.{layer}.{_GGUF_LAYER[base]}.{suffix}"
+    base, _, suffix = name.rpartition(".")
+    if base in _GGUF_TOP:
+        return f"{_GGUF_TOP[base]}.{suffix}"
+    raise ValueError(f"no mmproj tensor for {name!r}")
+
+
+class _GgufWeights:
+    """The tensors of a ``qwen3vl_merger`` mmproj by transformers' names; the patch kernel's
+    two frames put back together as the Conv3d's [hidden, C * 2 * P * P]."""
+
+    def __init__(self, reader, in_channels: int) -> None:
+        self._tensors = {t.name: t for t in reader.tensors}
+        self._in_channels = in_channels
+
+    def _get(self, gguf_name: str):
+        if gguf_name not in self._tensors:
+            raise ValueError(f"mmproj tensor missing: {gguf_name!r}")
+        return self._tensors[gguf_name]
+
+    def matrix(self, name: str) -> Matrix:
+        if name != "patch_embed.proj.weight":
+            return Matrix.from_gguf(self._get(_gguf_name(name)))
+        frames = [Matrix.from_gguf(self._get(f"v.patch_embd.weight{s}")) for s in ("", ".1")]
+        return _interleave_frames(frames, self._in_channels)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        t = self._get(_gguf_name(name))
+        return dequantize(t.data, t.tensor_type, tuple(int(d) for d in reversed(t.shape)))
+
+
+def _interleave_frames(frames: list[Matrix], channels: int) -> Matrix:
+    """The Conv3d kernel rows (C, T, P, P) from one [n, C * P * P] matrix per frame; float
+    types keep their bits, others become float32."""
+    n, k = frames[0].n, frames[0].k
+    if any((m.n, m.k) != (n, k) for m in frames) or k % channels:
+        raise ValueError("the mmproj's two patch-kernel frames differ in shape")
+    qtype = frames[0].qtype
+    if all(m.qtype == qtype for m in frames) and qtype in _WORDS:
+        word = _WORDS[qtype]
+        parts = [m.raw.contiguous().view(word).view(n, channels, 1, -1) for m in frames]
+        rows = torch.cat(parts, dim=2).reshape(n, -1)
+        return Matrix(qtype, rows.view(torch.uint8), n, rows.shape[1])
+    parts = [m.floats().view(n, channels, 1, -1) for m in frames]
+    rows = torch.cat(parts, dim=2).reshape(n, -1).contiguous()
+    return Matrix.from_tensor(rows)
+
+
+def qwen35_vision_from_hf(config: dict, folder: str, device: torch.device,
+                          dtype: torch.dtype):
+    """The encoder of the Qwen3.5 ``folder`` (``config``: its config.json); None, with a
+    warning, where its weights hold no tower (the text model is served alone). ValueError for
+    missing or misshapen weights or a Qwen3-VL tower with deepstack mergers."""
+    v = {**_VISION_DEFAULTS, **config["vision_config"]}
+    if v.get("deepstack_visual_indexes"):
+        raise ValueError("a vision tower with deepstack mergers (Qwen3-VL) is not supported")
+    rope = v.get("rope_parameters") or {}
+    vision = Qwen3VLConfig(
+        hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
+        num_layers=v["depth"], num_heads=v["num_heads"], patch_size=v["patch_size"],
+        temporal_patch_size=v["temporal_patch_size"], merge_size=v["spatial_merge_size"],
+        num_position_embeddings=v["num_position_embeddings"],
+        out_hidden_size=v["out_hidden_size"], in_channels=v["in_channels"],
+        rope_theta=float(rope.get("rope_theta", 10000.0)), hidden_act=v["hidden_act"])
+    weights = _FolderWeights(folder)
+    if not weights.has_tower:
+        logger.warning("%s names a vision tower but its weights hold none (no "
+                       "model.visual.*): serving text only", folder)
+        return None
+    return Qwen3VLVisionEncoder(vision, _Parts(weights, device, dtype), device, dtype)
+
+
+def qwen35_vision_from_gguf(reader, device: torch.device, dtype: torch.dtype):
+    """The encoder of a ``qwen3vl_merger`` mmproj GGUF (``reader``: radixserve.gguf_reader's).
+    ValueError for missing metadata or tensors, or deepstack layers (Qwen3-VL)."""
+    def get(key: str, default=None):
+        field = reader.fields.get(key)
+        if field is not None:
+            return field.contents()
+        if default is None:
+            raise ValueError(f"mmproj metadata missing: {key}")
+        return default
+
+    if any(get("clip.vision.is_deepstack_layers", [False])):
+        raise ValueError("an mmproj with deepstack layers (Qwen3-VL) is not supported")
+    patch = get("clip.vision.patch_size")
+    side = get("clip.vision.image_size") // patch
+    vision = Qwen3VLConfig(
+        hidden_size=get("clip.vision.embedding_length"),
+        intermediate_size=get("clip.vision.feed_forward_length"),
+        num_layers=get("clip.vision.block_count"),
+        num_heads=get("clip.vision.attention.head_count"), patch_size=patch,
+        temporal_patch_size=2, merge_size=get("clip.vision.spatial_merge_size", 2),
+        num_position_embeddings=side * side,
+        out_hidden_size=get("clip.vision.projection_dim"),
+        layer_norm_eps=get("clip.vision.attention.layer_norm_epsilon", 1e-6))
+    source = _GgufWeights(reader, vision.in_channels)
+    return Qwen3VLVisionEncoder(vision, _Parts(source, device, dtype), device, dtype)
