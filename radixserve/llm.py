@@ -48,7 +48,9 @@ class LLM:
     ``kv_disk_cache``: a folder for the prefix cache's disk tier (default None: off; serve
     has it on), within ``kv_disk_cache_gb`` GiB (radixserve/kvdisk/).
     ``mmproj``: a vision model's image encoder (llama.cpp's mmproj GGUF) for a text GGUF
-    (default: a ``*mmproj*.gguf`` beside it, or a folder's own vision tower).
+    (default: a ``*mmproj*.gguf`` beside it, or a folder's own vision tower);
+    ``image_max_tokens``: the most tokens an image may take where the model sizes images to
+    their content (Qwen VL: larger ones are downscaled; default: the model's own limits).
     ``threads``: torch's CPU threads in this process, which the native kernels share (default:
     the CPUs the process may use, from its affinity mask and cgroup quota).
     ``tensor_parallel_size``: ranks splitting the model (this process is rank 0; the others
@@ -89,7 +91,8 @@ class LLM:
                  reasoning_parser: str | None = None, show_progress: bool = True,
                  lora_modules: dict[str, str] | None = None, max_loras: int = 4,
                  kv_disk_cache: str | None = None,
-                 kv_disk_cache_gb: float | None = None, mmproj: str | None = None) -> None:
+                 kv_disk_cache_gb: float | None = None, mmproj: str | None = None,
+                 image_max_tokens: int | None = None) -> None:
         if reasoning_parser not in (None, AUTO):
             get_reasoning_parser(reasoning_parser)  # an unknown name fails before the load
         model, draft_model = resolve_model(model), resolve_model(draft_model)
@@ -114,22 +117,22 @@ class LLM:
                                         lambda: self.tokenizer)
         self.tokenizer = load_tokenizer(self.source, reader)
         self.engine.idle()  # the structured-output warm-up, in the background
-        self.image_processor = self._image_processor(mmproj)
+        self.image_processor = self._image_processor(mmproj, image_max_tokens)
         self.reasoning_parser = reasoning_parser_for(reasoning_parser, self.tokenizer)[1]
         self._ids = itertools.count()
 
-    def _image_processor(self, mmproj: str | None):
+    def _image_processor(self, mmproj: str | None, max_tokens: int | None):
         """The model's image preprocessing (radixserve/multimodal/) where the engine loaded an
         image encoder, else None."""
         if getattr(self.engine.images, "encoder", None) is None:
             return None
         from radixserve.models.vision import find_mmproj
-        from radixserve.multimodal.select import image_processor_for
+        from radixserve.multimodal.select import image_processor_for, with_max_tokens
 
         path = self.source.path
         if mmproj is None and self.source.kind == "gguf":
             mmproj = find_mmproj(path)
-        return image_processor_for(path, mmproj, self.tokenizer)
+        return with_max_tokens(image_processor_for(path, mmproj, self.tokenizer), max_tokens)
 
     def close(self) -> None:
         """Stop the tensor-parallel ranks this LLM started (nothing to do for one rank) and

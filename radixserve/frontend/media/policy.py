@@ -70,6 +70,12 @@ def add_media_args(parser: argparse.ArgumentParser) -> None:
                         metavar="SECONDS",
                         help="most time one remote image may take to download, redirects "
                              "included (default 10)")
+    parser.add_argument("--image-max-tokens", type=positive_int, default=None, metavar="N",
+                        help="most prompt tokens one image may take where the model sizes "
+                             "images to their content (Qwen2.5-VL, Qwen3.5): larger images are "
+                             "downscaled to fit (never below the model's minimum). Default: the "
+                             "model's own limits (up to 16,384 tokens); fixed-size families "
+                             "(Gemma 3, SmolVLM's tiles) keep theirs")
     parser.add_argument("--max-images-per-request", type=positive_int,
                         default=DEFAULT_MAX_IMAGES, metavar="N",
                         help="most images one request may carry (default 8)")
