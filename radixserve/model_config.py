@@ -199,7 +199,8 @@ class Gemma4Params:
     ``double_wide_layers``: the layers whose MLP is twice ``intermediate_size`` wide;
     ``k_eq_v_layers``: the layers whose values are their key projection; ``num_experts`` > 0
     (26B-A4B): every layer adds ``top_k_experts`` routed GeGLU experts of
-    ``moe_intermediate_size`` beside its dense MLP (models/gemma4_moe.py)."""
+    ``moe_intermediate_size`` beside its dense MLP (models/gemma4_moe.py); the last two say
+    how image rows run (models/gemma4.py)."""
 
     rope_local_theta: float
     global_rope_theta: float
@@ -213,6 +214,10 @@ class Gemma4Params:
     num_experts: int = 0
     top_k_experts: int = 0
     moe_intermediate_size: int = 0
+    pad_token_id: int = 0  # image rows read the per-layer table at the pad token's row
+    # the sliding layers attend within an image both ways (``use_bidirectional_attention``
+    # "vision": the larger releases); the global layers stay causal
+    vision_bidirectional: bool = False
 
     def global_rope_scaling(self, head_dim: int) -> dict:
         """The global layers' rope as layers/rope_scaling.py's ``freq_factors`` kind: the

@@ -29,9 +29,12 @@ _COMMON = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
 DEFAULTS = {
     "e2b": {"hidden_size_per_layer_input": 8, "num_kv_shared_layers": 2,
             "use_double_wide_mlp": True},
+    # (the larger releases' sliding layers see a whole image: text alone stays causal)
     "31b": {"hidden_size_per_layer_input": 0, "attention_k_eq_v": True,
-            "num_global_key_value_heads": 1, "tie_word_embeddings": False},
+            "num_global_key_value_heads": 1, "tie_word_embeddings": False,
+            "use_bidirectional_attention": "vision"},
     "26b": {"hidden_size_per_layer_input": 0, "attention_k_eq_v": True,
+            "use_bidirectional_attention": "vision",
             "num_global_key_value_heads": 1, "enable_moe_block": True, "num_experts": 4,
             "top_k_experts": 2, "moe_intermediate_size": 32},
 }

@@ -46,6 +46,16 @@ def attach_image_encoder(config: EngineConfig, model_path: str, model: torch.nn.
         return config
 
 
+def _both_ways(model: torch.nn.Module) -> frozenset[int]:
+    """The pool layers that attend within an image both ways: the model's
+    ``images_bidirectional`` (True: all of them (Gemma 3); a tuple: those (Gemma 4's sliding
+    layers, where the checkpoint says so); False or absent: none)."""
+    both = getattr(model, "images_bidirectional", False)
+    if both is True:
+        return frozenset(range(len(model.config.attention_layers)))
+    return frozenset(both or ())
+
+
 def _mrope_rows(model: torch.nn.Module, max_rows: int) -> MRopeRows | None:
     """The model's mRoPE placement (Qwen VL), None where its positions are 1-D. ValueError
     where mRoPE meets a sliding window (the native attention counts a window back from the
@@ -73,7 +83,7 @@ def _attach(config: EngineConfig, encoder, where: str, model: torch.nn.Module,
     if width != model.config.hidden_size:
         raise ValueError(f"the image encoder gives rows of {width}; {name}'s hidden size is "
                          f"{model.config.hidden_size}: the mmproj file is another model's")
-    bidirectional = getattr(model, "images_bidirectional", False)
+    bidirectional = _both_ways(model)
     if bidirectional and runner.backend_name != "cpu_native":
         raise ValueError(f"{name} attends within an image both ways, which needs the native "
                          f"CPU attention; this engine runs {runner.backend_name}")

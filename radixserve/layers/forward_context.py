@@ -66,3 +66,9 @@ def splice_images(x: torch.Tensor) -> torch.Tensor:
     from the image encoder (runner/image_embeds.py); ``x`` as it is on a text-only step."""
     images = get_forward_context().images
     return x if images is None else images.apply(x)
+
+
+def image_rows() -> torch.Tensor | None:
+    """The step's image rows (packed indices), None on a text-only step."""
+    images = get_forward_context().images
+    return None if images is None else images.rows

@@ -15,12 +15,14 @@ over 256 dims run the torch backend: runner/kv_cache.py ``torch_for_wide_heads``
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from radixserve.layers.embedding import empty_embedding
+from radixserve.layers.forward_context import image_rows, splice_images
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.model_config import ModelConfig
@@ -79,6 +81,7 @@ class Gemma4ForCausalLM(nn.Module):
     """Gemma 4 (text). Weights use Hugging Face names (``model.`` prefix optional)."""
 
     layers_in_python = "Gemma 4's layers (per-layer inputs, shared KV) run in Python"
+    takes_images: ClassVar[bool] = True  # the image encoder's rows replace image tokens
     hf_expert_parts = staticmethod(gemma4_expert_parts)  # 16-bit-stored folders' 3-D experts
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -105,12 +108,28 @@ class Gemma4ForCausalLM(nn.Module):
                         else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.kernel_plan = None
 
+    @property
+    def images_bidirectional(self) -> tuple[int, ...]:
+        """The pool layers whose attention sees a whole image from each of its rows: the
+        sliding ones where the checkpoint says so (``use_bidirectional_attention`` "vision";
+        transformers keeps the global layers causal), else none."""
+        cfg = self.config
+        if not cfg.gemma4.vision_bidirectional:
+            return ()
+        return tuple(p for p, layer in enumerate(cfg.attention_layers)
+                     if cfg.layer_window(layer) is not None)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Packed batch [T] → final hidden states [T, hidden]."""
         self.rotary.check_positions(positions)
         x = self.embed_tokens(input_ids)
-        x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
-        per_layer = per_layer_inputs(self, input_ids, x) if self.has_per_layer else None
+        x = splice_images(x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype))
+        per_layer = None
+        if self.has_per_layer:  # image rows read the pad token's row of the per-layer table
+            rows = image_rows()
+            ids = (input_ids if rows is None
+                   else input_ids.index_fill(0, rows, self.config.gemma4.pad_token_id))
+            per_layer = per_layer_inputs(self, ids, x)
         shared: SharedKV = {}
         for i, layer in enumerate(self.layers):
             x = layer(positions, x, None if per_layer is None else per_layer[:, i], shared)

@@ -99,7 +99,9 @@ def gemma4_hf_config(cfg: dict, arch: str) -> ModelConfig:
                                 if k_eq_v and t == _FULL),
             num_experts=num_experts,
             top_k_experts=top_k if num_experts else 0,
-            moe_intermediate_size=(text.get("moe_intermediate_size") or 0) if num_experts else 0),
+            moe_intermediate_size=(text.get("moe_intermediate_size") or 0) if num_experts else 0,
+            pad_token_id=text.get("pad_token_id") or 0,
+            vision_bidirectional=text.get("use_bidirectional_attention") == "vision"),
     )
 
 

@@ -138,7 +138,12 @@ def gemma4_gguf_config(reader, field, gguf_arch: str, arch: str) -> ModelConfig:
             k_eq_v_layers=tuple(i for i, s in enumerate(sliding) if not s and sources[i] == i
                                 and f"blk.{i}.attn_v.weight" not in tensors),
             num_experts=num_experts, top_k_experts=top_k if num_experts else 0,
-            moe_intermediate_size=get("expert_feed_forward_length", 0) if num_experts else 0),
+            moe_intermediate_size=get("expert_feed_forward_length", 0) if num_experts else 0,
+            pad_token_id=_padding_id(reader),
+            # NOTE: a GGUF does not carry use_bidirectional_attention: the releases with
+            # per-layer inputs (E2B, E4B) have it off, the others "vision" (llama.cpp's mtmd
+            # tells them apart by width, E2B 1536 and E4B 2560 causal)
+            vision_bidirectional=not per_layer_dim),
     )
 
 
@@ -177,3 +182,8 @@ def _global_rope(rope_freqs, head_dim: int) -> tuple[float, float]:
                          "pairs and 1e30 (no rotation) on the rest")
     factor = float(factors[0]) if num_rotated else 1.0
     return 2 * num_rotated / head_dim, factor
+
+
+def _padding_id(reader) -> int:
+    field = reader.fields.get("tokenizer.ggml.padding_token_id")
+    return 0 if field is None else int(field.contents())

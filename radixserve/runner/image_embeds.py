@@ -21,6 +21,7 @@ A model with mRoPE (Qwen VL) also places its rows by position (``rope``: runner/
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -54,11 +55,13 @@ class ImageSplice:
 
 
 class ImageEmbeds:
-    """Over ``encoder`` (a models/vision `VisionEncoder`); ``bidirectional``: the model attends
-    within an image both ways; ``max_chunk``: the most tokens a step feeds one sequence;
+    """Over ``encoder`` (a models/vision `VisionEncoder`); ``bidirectional``: the pool layers
+    (`ForwardContext.layer_metadata` indices) that attend within an image both ways (empty: a
+    causal model); ``max_chunk``: the most tokens a step feeds one sequence;
     ``rope``: the model's `MRopeRows` (None: 1-D positions)."""
 
-    def __init__(self, encoder: torch.nn.Module, device: torch.device, bidirectional: bool,
+    def __init__(self, encoder: torch.nn.Module, device: torch.device,
+                 bidirectional: frozenset[int],
                  max_chunk: int, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  rope: MRopeRows | None = None) -> None:
         self.encoder = encoder
@@ -105,10 +108,12 @@ class ImageEmbeds:
         """The rope positions of the packed rows of ``seqs`` (their indices ``positions``)."""
         return positions if self.rope is None else self.rope.positions(seqs, positions)
 
-    def step(self, seqs: list[ScheduledSeq], metas: list) -> ImageSplice | None:
-        """The splice of ``seqs`` (packed order) this step, None without image rows; with a
-        bidirectional model the image rows' causal limits in ``metas`` (each block table's
-        attention metadata) move to their image's end."""
+    def step(self, seqs: list[ScheduledSeq], layer_metas: list) -> ImageSplice | None:
+        """The splice of ``seqs`` (packed order) this step, None without image rows. Where
+        the model attends both ways within an image, the image rows' causal limits move to
+        their image's end in the metadata of those layers (``layer_metas``: each pool layer's,
+        `ForwardContext.layer_metadata`): in place where only such layers use it, else in a
+        copy those layers get (Gemma 4: its sliding layers only)."""
         if not any(s.images for s in seqs):
             return None
         embeds = self._embeddings([im for s in seqs for im in s.images])
@@ -123,13 +128,27 @@ class ImageEmbeds:
                 limits.append(np.full(hi - lo, image.offset + image.length))
             base += seq.num_tokens
         row_idx = torch.from_numpy(np.concatenate(rows)).to(self.device)
-        if self.bidirectional:  # (a window still counts back from each row's position)
+        if self.bidirectional:
             limit = torch.from_numpy(np.concatenate(limits)).to(self.device)
-            for meta in metas:
-                meta.row_pos = meta.row_len - 1
-                meta.row_len[row_idx] = limit
+            self._see_whole_images(layer_metas, row_idx, limit)
         self.stats.num_image_rows += len(row_idx)
         return ImageSplice(row_idx, torch.cat(parts))
+
+    def _see_whole_images(self, layer_metas: list, rows: torch.Tensor,
+                          limit: torch.Tensor) -> None:
+        both_ways = self.bidirectional
+        shared = {id(m) for i, m in enumerate(layer_metas) if i not in both_ways}
+        moved: dict[int, object] = {}
+        for i in sorted(both_ways):
+            meta = layer_metas[i]
+            if id(meta) not in moved:
+                seen = copy.copy(meta) if id(meta) in shared else meta
+                # (a window still counts back from each row's own position)
+                seen.row_pos = meta.row_len - 1
+                seen.row_len = meta.row_len.clone() if seen is not meta else meta.row_len
+                seen.row_len[rows] = limit
+                moved[id(meta)] = seen
+            layer_metas[i] = moved[id(meta)]
 
     def _embeddings(self, images: list) -> dict[bytes, torch.Tensor]:
         """Each image's encoder output, by key: kept ones, the others encoded now (once)."""

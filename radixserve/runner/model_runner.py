@@ -167,7 +167,7 @@ class ModelRunner:
         lora = self.loras.batch(seqs, self.device)
         states = (None if self.states is None
                   else self.states.step(seqs, [s.num_tokens for s in seqs]))
-        images = self.images.step(seqs, metas)
+        images = self.images.step(seqs, layer_metas)
         return ForwardContext(metas[0], self.kv_caches, self.backend, layer_metas, lora, states,
                               images)
 

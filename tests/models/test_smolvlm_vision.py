@@ -292,7 +292,7 @@ def test_text_model_splices_each_tile_as_transformers_merges_it(folder, referenc
     ids = _tile_prompt(tokenizer, 3)
     runner = runner_for(folder)
     encoder = load_vision_encoder(str(folder), None, CPU, torch.float32)
-    runner.images = ImageEmbeds(encoder, CPU, bidirectional=False, max_chunk=512)
+    runner.images = ImageEmbeds(encoder, CPU, bidirectional=frozenset(), max_chunk=512)
     starts = [i for i, t in enumerate(ids) if t == image_id and ids[i - 1] != image_id]
     images = [ImageInput(offset=s, length=tiny.TOKENS_PER_TILE,
                          key=hashlib.sha256(tiles[j].numpy().tobytes()).digest(),
