@@ -118,3 +118,4 @@ class EngineReady(msgspec.Struct):
     block_size: int = 0
     error: str | None = None
     loras: dict[str, str] = {}  # the LoRA adapters it loaded at start (--lora): name → path
+    takes_images: bool = False  # an image encoder is attached (engine/vision_setup.py)

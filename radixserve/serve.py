@@ -248,8 +248,9 @@ async def _serve(args, builds, tables, name, embedding, prestarted=None) -> int:
                              loras=dict(args.lora),  # --lora NAME=PATH
                              reasoning_budget=budget_policy(args, reasoning),
                              media=media_policy(args),
-                             images=image_processor(_model_path(args), args.mmproj, tokenizer,
-                                                    args.image_max_tokens),
+                             images=(image_processor(_model_path(args), args.mmproj, tokenizer,
+                                                     args.image_max_tokens)
+                                     if ready.takes_images else None),
                              max_response_bytes=max_response_bytes(args))
         metrics.registry.register(ctx.next_turn.collector(name))
         limits = serve_limits(args)

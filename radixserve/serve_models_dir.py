@@ -151,8 +151,9 @@ async def start_served_model(entry: ModelEntry, args, folder: str, estimate_byte
                              max_response_bytes=single.max_response_bytes(args),
                              reasoning_budget=budget_policy(args, reasoning),
                              media=media_policy(args),
-                             images=image_processor(entry.path, None, tokenizer,
-                                                    args.image_max_tokens),
+                             images=(image_processor(entry.path, None, tokenizer,
+                                                     args.image_max_tokens)
+                                     if ready.takes_images else None),
                              **({} if response_store is None else
                                 {"response_store": response_store}))
         metrics.registry.register(ctx.next_turn.collector(entry.name))

@@ -61,7 +61,8 @@ class ReplicaSet:
                                          self.loras)
         self.client.pids = lambda: [s.pid for s in self.supervisors]
         return EngineReady(min(r.max_model_len for r in results), ready.vocab_size,
-                           sum(r.num_kv_blocks for r in results), ready.block_size)
+                           sum(r.num_kv_blocks for r in results), ready.block_size,
+                           takes_images=all(r.takes_images for r in results))
 
     def watch(self, on_fatal: Callable[[str], None],
               on_restart: Callable[[], None] = lambda: None) -> None:

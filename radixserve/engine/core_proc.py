@@ -162,7 +162,7 @@ def run_engine_core(build_engine, input_addr: str, output_addr: str) -> None:
     held = {} if loras is None else {name: e.path for name, e in loras.entries.items()}
     out.send(encoder.encode(EngineReady(engine.max_model_len, engine.vocab_size,
                                         stats.num_kv_blocks, engine.scheduler.kv.block_size,
-                                        loras=held)))
+                                        loras=held, takes_images=_takes_images(engine))))
     startup_trace.end()
     try:
         _loop(engine, inp, out, encoder, parent)
@@ -268,3 +268,8 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
             outputs = engine.step()
             outputs.stats = engine_stats(engine)
             heartbeat.send(encoder.encode(outputs))
+
+
+def _takes_images(engine) -> bool:
+    """Whether the engine attached an image encoder (the API then takes images)."""
+    return getattr(getattr(engine, "images", None), "encoder", None) is not None

@@ -2,9 +2,10 @@
 `attach_image_encoder`): from a folder's own vision tower or llama.cpp's mmproj GGUF
 (``--mmproj``, else the one ``*mmproj*.gguf`` beside a text GGUF; models/vision/load.py).
 
-The engine refuses images (runner/image_embeds.py `NoImages`) where there is no encoder, and
-refuses to start where there is one it cannot run with this engine (tensor parallel, a text
-model that does not take images, widths that do not match), each with a clear error.
+The engine refuses images (runner/image_embeds.py `NoImages`) where there is no encoder or one
+it cannot run with this engine (tensor parallel, a text model that does not take images, widths
+that do not match, bidirectional image attention on the torch attention backend): a WARNING
+says why and the text serves; an mmproj given with ``--mmproj`` stops the start instead.
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ def attach_image_encoder(config: EngineConfig, model_path: str, model: torch.nn.
             return config
         return _attach(config, encoder, mmproj or model_path, model, runner)
     except ValueError as exc:
-        if config.mmproj is not None or mmproj is None:
-            raise  # asked for, or the folder's own tower
-        logger.warning("images: %s found beside the model is not used: %s", mmproj, exc)
+        if config.mmproj is not None:
+            raise  # asked for
+        # the mmproj found beside a GGUF, or the folder's own tower: the text still serves
+        logger.warning("images are off: %s (%s) cannot be used: %s", mmproj or "the vision tower",
+                       model_path, exc)
         return config
 
 

@@ -148,3 +148,28 @@ def test_preempted_equals_alone(folder, reference, tmp_path):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
     assert llm.engine.images.stats.num_encoder_hits == 4  # before and after: never re-encoded
     llm.close()
+
+
+def test_a_tower_this_engine_cannot_run_leaves_the_text_serving(folder, tmp_path, caplog):
+    """Gemma 3 attends within an image both ways, which the torch attention cannot: its own
+    tower is then left out with a WARNING (the text serves, images are refused); an mmproj
+    asked for with --mmproj stops the start."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from radixserve.core.images import NO_IMAGES
+    from radixserve.engine.vision_setup import attach_image_encoder
+
+    llm = LLM(str(folder), block_size=4, show_progress=False, speculative="off")
+    model = llm.engine.runner.model
+    runner = SimpleNamespace(device=torch.device("cpu"), backend_name="torch", images=NO_IMAGES)
+    config = replace(llm.config, mmproj=None)
+    with caplog.at_level("WARNING", logger="radixserve.engine.vision_setup"):
+        assert attach_image_encoder(config, str(folder), model, runner, torch.float32) is config
+    assert runner.images is NO_IMAGES and "images are off" in caplog.text
+    assert "both ways" in caplog.text
+    mmproj = gemma3_mmproj_gguf(folder, tmp_path / "mmproj-f32.gguf", "f32")
+    with pytest.raises(ValueError, match="both ways"):
+        attach_image_encoder(replace(config, mmproj=str(mmproj)), str(folder), model, runner,
+                             torch.float32)
+    llm.close()
