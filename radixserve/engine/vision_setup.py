@@ -4,7 +4,7 @@
 
 The engine refuses images (runner/image_embeds.py `NoImages`) where there is no encoder or one
 it cannot run with this engine (tensor parallel, a text model that does not take images, widths
-that do not match, bidirectional image attention on the torch attention backend): a WARNING
+that do not match): a WARNING
 says why and the text serves; an mmproj given with ``--mmproj`` stops the start instead.
 """
 
@@ -87,9 +87,6 @@ def _attach(config: EngineConfig, encoder, where: str, model: torch.nn.Module,
         raise ValueError(f"the image encoder gives rows of {width}; {name}'s hidden size is "
                          f"{model.config.hidden_size}: the mmproj file is another model's")
     bidirectional = _both_ways(model)
-    if bidirectional and runner.backend_name != "cpu_native":
-        raise ValueError(f"{name} attends within an image both ways, which needs the native "
-                         f"CPU attention; this engine runs {runner.backend_name}")
     budget = config.scheduler.max_num_batched_tokens
     rope = _mrope_rows(model, budget)
     runner.images = ImageEmbeds(encoder, runner.device, bidirectional, budget, rope=rope)

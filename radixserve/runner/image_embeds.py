@@ -143,10 +143,7 @@ class ImageEmbeds:
             meta = layer_metas[i]
             if id(meta) not in moved:
                 seen = copy.copy(meta) if id(meta) in shared else meta
-                # (a window still counts back from each row's own position)
-                seen.row_pos = meta.row_len - 1
-                seen.row_len = meta.row_len.clone() if seen is not meta else meta.row_len
-                seen.row_len[rows] = limit
+                seen.see_whole_images(rows, limit)  # (new tensors: the copy's own)
                 moved[id(meta)] = seen
             layer_metas[i] = moved[id(meta)]
 

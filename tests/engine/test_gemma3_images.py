@@ -97,6 +97,22 @@ def test_chunked_prefill_keeps_each_image_whole(folder, reference):
     llm.close()
 
 
+@pytest.mark.parametrize("budget", [2048, 20])
+def test_the_torch_attention_sees_whole_images_too(folder, reference, monkeypatch, budget):
+    """The torch backend (heads over 256 dims, no native kernels) takes the image rows'
+    limits too: whole prompts, and chunks (the image's rows from the pool's context)."""
+    import radixserve.runner.model_runner as model_runner
+
+    monkeypatch.setattr(model_runner, "resolve_attn_backend", lambda *a, **k: "torch")
+    text, want = reference
+    llm = LLM(str(folder), block_size=4, show_progress=False, speculative="off",
+              max_num_batched_tokens=budget, enable_prefix_caching=budget == 2048,
+              kv_cache_dtype="float32")
+    assert llm.engine.runner.backend_name == "torch"
+    assert same(ask(llm, text, 1)[0], want[1]) and same(ask(llm, text, 2)[0], want[2])
+    llm.close()
+
+
 def test_the_gguf_with_its_mmproj_answers_as_transformers(folder, reference, tmp_path):
     text, want = reference
     model = gemma3_vlm_text_gguf(folder, tmp_path / "gemma3-tiny-F32.gguf", "F32")
@@ -151,9 +167,9 @@ def test_preempted_equals_alone(folder, reference, tmp_path):
 
 
 def test_a_tower_this_engine_cannot_run_leaves_the_text_serving(folder, tmp_path, caplog):
-    """Gemma 3 attends within an image both ways, which the torch attention cannot: its own
-    tower is then left out with a WARNING (the text serves, images are refused); an mmproj
-    asked for with --mmproj stops the start."""
+    """Images with tensor parallel are not supported yet: the folder's own tower is then left
+    out with a WARNING (the text serves, images are refused); an mmproj asked for with
+    --mmproj stops the start."""
     from dataclasses import replace
     from types import SimpleNamespace
 
@@ -162,14 +178,15 @@ def test_a_tower_this_engine_cannot_run_leaves_the_text_serving(folder, tmp_path
 
     llm = LLM(str(folder), block_size=4, show_progress=False, speculative="off")
     model = llm.engine.runner.model
-    runner = SimpleNamespace(device=torch.device("cpu"), backend_name="torch", images=NO_IMAGES)
-    config = replace(llm.config, mmproj=None)
+    runner = SimpleNamespace(device=torch.device("cpu"), images=NO_IMAGES)
+    config = replace(llm.config, mmproj=None,
+                     parallel=replace(llm.config.parallel, tensor_parallel_size=2))
     with caplog.at_level("WARNING", logger="radixserve.engine.vision_setup"):
         assert attach_image_encoder(config, str(folder), model, runner, torch.float32) is config
     assert runner.images is NO_IMAGES and "images are off" in caplog.text
-    assert "both ways" in caplog.text
+    assert "tensor-parallel" in caplog.text
     mmproj = gemma3_mmproj_gguf(folder, tmp_path / "mmproj-f32.gguf", "f32")
-    with pytest.raises(ValueError, match="both ways"):
+    with pytest.raises(ValueError, match="tensor-parallel"):
         attach_image_encoder(replace(config, mmproj=str(mmproj)), str(folder), model, runner,
                              torch.float32)
     llm.close()

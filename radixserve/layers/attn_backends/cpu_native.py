@@ -32,6 +32,15 @@ class NativeAttentionMetadata:
     # rows see their whole image: runner/image_embeds.py); None: row_len - 1
     row_pos: torch.Tensor | None = None
 
+    def see_whole_images(self, rows: torch.Tensor, limit: torch.Tensor) -> None:
+        """Packed ``rows`` attend up to ``limit`` (exclusive) instead of their own position:
+        an image's rows see all of it (a window still counts back from each row's position).
+        New tensors: a shallow copy of this metadata keeps the old limits."""
+        self.row_pos = self.row_len - 1 if self.row_pos is None else self.row_pos
+        row_len = self.row_len.clone()
+        row_len[rows] = limit
+        self.row_len = row_len
+
 
 class NativeCpuPagedAttention:
     name = "cpu_native"

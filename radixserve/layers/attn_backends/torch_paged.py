@@ -63,6 +63,23 @@ class TorchAttentionMetadata:
     prefills: list[PrefillChunk]
     decode_table: torch.Tensor | None = None  # [B, nb] each decode row's blocks, shared ones too
     decode_lens: torch.Tensor | None = None  # [B] each decode row's context length
+    # [T] where each row's keys end (exclusive) where some row's pass its position + 1 (an
+    # image's rows that see all of it: `see_whole_images`); None: causal rows
+    row_limit: torch.Tensor | None = None
+
+    def see_whole_images(self, rows: torch.Tensor, limit: torch.Tensor) -> None:
+        """Packed ``rows`` attend up to ``limit`` (exclusive) instead of their own position
+        (a window still counts back from each row's position); a new tensor, so a shallow
+        copy of this metadata keeps the causal rows."""
+        if self.row_limit is None:
+            ends = [torch.arange(p.start_pos + 1, p.start_pos + p.q_len + 1)
+                    for p in self.prefills]
+            if self.num_decodes:
+                ends.insert(0, self.decode_lens.cpu())
+            self.row_limit = torch.cat(ends).to(self.slot_mapping.device)
+        row_limit = self.row_limit.clone()
+        row_limit[rows] = limit
+        self.row_limit = row_limit
 
 
 class TorchPagedAttention:
@@ -115,7 +132,8 @@ class TorchPagedAttention:
         out = torch.empty_like(q)
         if meta.num_decodes:
             b = meta.num_decodes
-            if window is not None or softcap is not None or sinks is not None:
+            if (window is not None or softcap is not None or sinks is not None
+                    or meta.row_limit is not None):
                 blocks, bias = windowed_decode_inputs(meta, window, q.dtype)
                 out[:b] = _decode(q[:b], flat_k, flat_v, meta.block_size, blocks, bias, scale,
                                   softcap, sinks)
@@ -127,7 +145,7 @@ class TorchPagedAttention:
                                           meta.shared_blocks, meta.decode_blocks,
                                           meta.decode_bias, scale)
         attend_prefills(q, k, v, flat_k, flat_v, meta.prefills, meta.block_size, scale, out,
-                        window, softcap, sinks)
+                        window, softcap, sinks, meta.row_limit)
         return out
 
 
@@ -137,7 +155,8 @@ def windowed_decode_inputs(meta: TorchAttentionMetadata, window: int | None,
     keys a row attends to (within ``window`` of its position, if any), else -inf."""
     table, lens = meta.decode_table, meta.decode_lens
     keys = torch.arange(table.shape[1] * meta.block_size, device=table.device)
-    invalid = keys >= lens[:, None]
+    ends = lens if meta.row_limit is None else meta.row_limit[:lens.shape[0]]
+    invalid = keys >= ends[:, None]
     if window is not None:
         invalid |= keys < (lens - window)[:, None]
     bias = torch.zeros(invalid.shape, dtype=dtype, device=table.device).masked_fill_(
@@ -191,8 +210,10 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: tuple[torch.Tensor, tor
 def attend_prefills(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flat_k: torch.Tensor,
                     flat_v: torch.Tensor, prefills: list[PrefillChunk], block_size: int,
                     scale: float, out: torch.Tensor, window: int | None = None,
-                    softcap: float | None = None, sinks: torch.Tensor | None = None) -> None:
-    """Prefill chunks, one at a time, into their rows of ``out``."""
+                    softcap: float | None = None, sinks: torch.Tensor | None = None,
+                    row_limit: torch.Tensor | None = None) -> None:
+    """Prefill chunks, one at a time, into their rows of ``out`` (``row_limit``: see
+    `TorchAttentionMetadata`)."""
     num_kv_heads, head_dim = flat_k.shape[1:]
     for p in prefills:
         rows = slice(p.q_start, p.q_start + p.q_len)
@@ -206,7 +227,11 @@ def attend_prefills(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flat_k: t
             vs = vs.view(-1, num_kv_heads, head_dim)[:ctx_len]
             mask = p.mask
         ks, vs = ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0)
-        if window is None and softcap is None and sinks is None:
+        if row_limit is not None:
+            ends = row_limit[rows]
+            o = _masked_attention(qs, ks, vs, _chunk_mask(p, ks.shape[2], window, q.device, ends),
+                                  scale, softcap, sinks)
+        elif window is None and softcap is None and sinks is None:
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None,
                                                scale=scale, enable_gqa=True)
         else:
@@ -216,12 +241,12 @@ def attend_prefills(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flat_k: t
 
 
 def _chunk_mask(p: PrefillChunk, ctx_len: int, window: int | None,
-                device: torch.device) -> torch.Tensor:
+                device: torch.device, ends: torch.Tensor | None = None) -> torch.Tensor:
     """[q_len, ctx_len] bool: query i (at position start_pos + i) sees key j where
-    pos - window < j <= pos (no lower bound without a window)."""
+    pos - window < j <= pos (no lower bound without a window), or j < ends[i] where given."""
     q_pos = torch.arange(p.start_pos, p.start_pos + p.q_len, device=device)[:, None]
     keys = torch.arange(ctx_len, device=device)[None, :]
-    mask = keys <= q_pos
+    mask = keys <= q_pos if ends is None else keys < ends[:, None]
     if window is not None:
         mask &= keys > q_pos - window
     return mask
