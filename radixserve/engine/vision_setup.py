@@ -80,6 +80,11 @@ def _attach(config: EngineConfig, encoder, where: str, model: torch.nn.Module,
     if not getattr(model, "takes_images", False):
         raise ValueError(f"{name} does not take images yet; the image encoder ({where}) "
                          "cannot be used with it")
+    deepstack = getattr(encoder, "deepstack_layers", 0)
+    if deepstack and (not getattr(model, "takes_deepstack", False)
+                      or deepstack > model.config.num_layers):
+        raise ValueError(f"the image encoder ({where}) adds rows to {deepstack} decoder layers' "
+                         f"outputs (deepstack), which {name} does not take")
     if config.parallel.tensor_parallel_size > 1:
         raise ValueError("images are not supported with --tensor-parallel-size > 1 yet")
     width = encoder.hidden_size

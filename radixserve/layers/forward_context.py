@@ -72,3 +72,10 @@ def image_rows() -> torch.Tensor | None:
     """The step's image rows (packed indices), None on a text-only step."""
     images = get_forward_context().images
     return None if images is None else images.rows
+
+
+def deepstack_hook():
+    """``after_layer(i, x)`` of a step whose image rows add to the first layers' outputs
+    (Qwen3-VL's deepstack: runner/image_embeds.py `ImageSplice`), else None."""
+    images = get_forward_context().images
+    return images.after_layer if images is not None and images.deepstack else None

@@ -103,8 +103,10 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    # takes the step's image rows after the embedding (SmolVLM; runner/image_embeds.py)
+    # takes the step's image rows after the embedding (SmolVLM; runner/image_embeds.py), and
+    # adds deepstack rows to the first layers' outputs (Qwen3-VL: its layer stacks do)
     takes_images: ClassVar[bool] = True
+    takes_deepstack: ClassVar[bool] = True
     # fused linear → the checkpoint's matrices stacked in it, in order (vLLM's
     # packed_modules_mapping): load_weights and the 4-bit layers (models/quantization.py) use it
     packed_modules: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -116,6 +118,8 @@ class LlamaForCausalLM(nn.Module):
         # forward may not splice them
         if "forward" in cls.__dict__ and "takes_images" not in cls.__dict__:
             cls.takes_images = False
+        if "forward" in cls.__dict__ and "takes_deepstack" not in cls.__dict__:
+            cls.takes_deepstack = False
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -36,7 +36,7 @@ from radixserve.layers.moe import SparseMoeBlock
 from radixserve.layers.norm import RMSNorm
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.layers.row_parallel import RowParallelLinear
-from radixserve.layers.forward_context import get_forward_context
+from radixserve.layers.forward_context import deepstack_hook, get_forward_context
 
 logger = logging.getLogger(__name__)
 
@@ -153,8 +153,11 @@ class PythonLayerStack:
     def __call__(self, positions: torch.Tensor, x: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         residual = None
-        for layer in self.layers:
+        deepstack = deepstack_hook()
+        for i, layer in enumerate(self.layers):
             x, residual = layer(positions, x, residual)
+            if deepstack is not None:
+                deepstack(i, x)
             layer_done()
         return x, residual
 
@@ -188,6 +191,7 @@ class NativeLayerStack:
         assert isinstance(meta, NativeAttentionMetadata), "the plan runs cpu_native attention"
         layers = self._layer_structs(ctx.kv_caches, meta.block_size)
         step = ops.DecoderStep(x, positions, meta, self._widths)
+        deepstack = deepstack_hook()
         if x.shape[0]:
             current = meta
             for i, layer in enumerate(layers):
@@ -198,6 +202,8 @@ class NativeLayerStack:
                 if self._comm is None:
                     if step.layer(layer, i == 0):
                         raise RuntimeError(f"native decoder layer {i} failed (memory or shapes)")
+                    if deepstack is not None:  # (x: the layer's output, before the residual)
+                        deepstack(i, x)
                     layer_done()
                     continue
                 # a tensor-parallel rank: sum x over the ranks after each half

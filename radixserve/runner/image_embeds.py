@@ -42,16 +42,26 @@ DEFAULT_CACHE_BYTES = 512 << 20  # the encoder's outputs kept: ~200 Gemma 3 4B i
 
 @dataclass(slots=True)
 class ImageSplice:
-    """A step's image rows: packed ``rows`` take ``embeds`` ([len(rows), hidden])."""
+    """A step's image rows: packed ``rows`` take ``embeds`` ([len(rows), hidden]); with
+    ``deepstack`` > 0 (Qwen3-VL) ``embeds`` is [len(rows), hidden * (1 + deepstack)]: the
+    input rows, then one block of rows added to the hidden states after each of the first
+    ``deepstack`` decoder layers (llama.cpp's layout of the encoder's output)."""
 
     rows: torch.Tensor
     embeds: torch.Tensor
+    deepstack: int = 0
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (the step's input embeddings, [T, hidden]) with the image rows replaced."""
-        return x.index_copy_(0, self.rows, self.embeds.to(x.dtype))
+        return x.index_copy_(0, self.rows, self.embeds[:, :x.shape[1]].to(x.dtype))
 
-
+    def after_layer(self, layer: int, x: torch.Tensor) -> None:
+        """Add decoder layer ``layer``'s deepstack rows to ``x`` (the layer's output still to
+        be added to the residual stream: [T, hidden]) in place; nothing past the last."""
+        if layer < self.deepstack:
+            width = x.shape[1]
+            block = self.embeds[:, width * (layer + 1):width * (layer + 2)]
+            x.index_add_(0, self.rows, block.to(x.dtype))
 
 
 class ImageEmbeds:
@@ -69,6 +79,8 @@ class ImageEmbeds:
         self.bidirectional = bidirectional
         self.max_chunk = max_chunk
         self.rope = rope
+        # Qwen3-VL: the encoder's rows carry blocks for the first decoder layers' outputs
+        self.deepstack = getattr(encoder, "deepstack_layers", 0)
         self.cache_bytes = cache_bytes
         self.stats = ImageStats()
         self._kept: OrderedDict[bytes, torch.Tensor] = OrderedDict()
@@ -132,7 +144,7 @@ class ImageEmbeds:
             limit = torch.from_numpy(np.concatenate(limits)).to(self.device)
             self._see_whole_images(layer_metas, row_idx, limit)
         self.stats.num_image_rows += len(row_idx)
-        return ImageSplice(row_idx, torch.cat(parts))
+        return ImageSplice(row_idx, torch.cat(parts), self.deepstack)
 
     def _see_whole_images(self, layer_metas: list, rows: torch.Tensor,
                           limit: torch.Tensor) -> None:
