@@ -27,18 +27,23 @@ _HF_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3",
                 "smolvlm": "radixserve.multimodal.smolvlm",
                 "qwen2_5_vl": "radixserve.multimodal.qwen_vl_settings",
                 "qwen3_5": "radixserve.multimodal.qwen_vl_settings",
-                "qwen3_5_moe": "radixserve.multimodal.qwen_vl_settings"}
+                "qwen3_5_moe": "radixserve.multimodal.qwen_vl_settings",
+                # Gemma 4's text-only checkpoints are "gemma4_text": no images
+                "gemma4": "radixserve.multimodal.gemma4"}
 # an mmproj's clip.projector_type (llama.cpp's PROJECTOR_TYPE_*) -> family module
 _MMPROJ_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3",
                     "idefics3": "radixserve.multimodal.smolvlm",
                     "qwen2.5vl_merger": "radixserve.multimodal.qwen_vl_settings",
                     # Qwen3.5's (its converter reuses Qwen3-VL's type; deepstack: refused)
-                    "qwen3vl_merger": "radixserve.multimodal.qwen_vl_settings"}
+                    "qwen3vl_merger": "radixserve.multimodal.qwen_vl_settings",
+                    # Gemma 4's (E2B / E4B files hold the audio projector "gemma4a" beside it)
+                    "gemma4v": "radixserve.multimodal.gemma4"}
 _ARCHITECTURES = {"Gemma3ForConditionalGeneration": "gemma3",  # where model_type is missing
                   "SmolVLMForConditionalGeneration": "smolvlm",
                   "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
                   "Qwen3_5ForConditionalGeneration": "qwen3_5",
-                  "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe"}
+                  "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+                  "Gemma4ForConditionalGeneration": "gemma4"}
 
 
 def image_processor_for(model_path: str, mmproj: str | None,
@@ -53,6 +58,10 @@ def image_processor_for(model_path: str, mmproj: str | None,
     if mmproj is not None:
         meta = mmproj_metadata(mmproj)
         kind = meta.get("clip.projector_type") or meta.get("clip.vision.projector_type")
+        if kind is None and meta.get("clip.audio.projector_type") is not None:
+            raise ValueError(f"{mmproj} is an audio-only mmproj (projector type "
+                             f"{meta['clip.audio.projector_type']!r}): radixserve reads images "
+                             f"only; give the model's vision mmproj")
         if kind is None:
             raise ValueError(f"{mmproj} is not an mmproj GGUF (no clip.projector_type)")
         if kind not in _MMPROJ_FAMILIES:

@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 # ``clip.projector_type`` / a folder's architecture → "module:function" (lazy imports)
 GGUF_PROJECTORS = {"gemma3": "radixserve.models.vision.load:_gemma3_from_gguf",
+                   "gemma4v": "radixserve.models.vision.gemma4_load:gemma4_vision_from_gguf",
                    "idefics3": "radixserve.models.vision.smolvlm_load:smolvlm_from_gguf",
                    "qwen2.5vl_merger":
                        "radixserve.models.vision.qwen2_5_vl_load:qwen25_vl_from_gguf",
@@ -31,6 +32,8 @@ GGUF_PROJECTORS = {"gemma3": "radixserve.models.vision.load:_gemma3_from_gguf",
                        "radixserve.models.vision.qwen3_vl_load:qwen35_vision_from_gguf"}
 HF_ARCHITECTURES = {
     "Gemma3ForConditionalGeneration": "radixserve.models.vision.load:_gemma3_from_hf",
+    "Gemma4ForConditionalGeneration":
+        "radixserve.models.vision.gemma4_load:gemma4_vision_from_hf",
     "SmolVLMForConditionalGeneration": "radixserve.models.vision.smolvlm_load:smolvlm_from_hf",
     "Qwen2_5_VLForConditionalGeneration":
         "radixserve.models.vision.qwen2_5_vl_load:qwen25_vl_from_hf",
