@@ -40,6 +40,8 @@ from radixserve.models.olmo2_config import (OLMO_ARCHITECTURES, olmo_gguf_config
                                             olmo_hf_config, olmo_hf_name)
 from radixserve.models.qwen2_vl_config import (QWEN2_VL_ARCHITECTURES, qwen2_vl_gguf_config,
                                                qwen2_vl_hf_config, qwen2_vl_hf_name)
+from radixserve.models.qwen3_vl_config import (QWEN3_VL_ARCHITECTURES, qwen3_vl_gguf_config,
+                                               qwen3_vl_hf_config)
 from radixserve.models.qwen3next_config import (QWEN3NEXT_ARCHITECTURES, qwen3next_hf_config,
                                                 qwen3next_hf_name)
 from radixserve.models.qwen3next_gguf import Qwen3NextGguf
@@ -94,6 +96,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(OLMO_ARCHITECTURES, olmo_hf_config, olmo_gguf_config, gguf_name=olmo_hf_name),
     Family(SMOLVLM_ARCHITECTURES, smolvlm_hf_config, None, hf_name=smolvlm_hf_name),
     Family(QWEN2_VL_ARCHITECTURES, qwen2_vl_hf_config, qwen2_vl_gguf_config,
+           hf_name=qwen2_vl_hf_name),
+    Family(QWEN3_VL_ARCHITECTURES, qwen3_vl_hf_config, qwen3_vl_gguf_config,
            hf_name=qwen2_vl_hf_name),
     Family(MISTRAL3_ARCHITECTURES, mistral3_hf_config, mistral3_gguf_config,
            hf_name=mistral3_hf_name),

@@ -20,6 +20,7 @@ _MODELS = {
     "Qwen2ForCausalLM": _LLAMA,
     "Qwen2_5_VLForConditionalGeneration": _LLAMA,  # Qwen2 + mRoPE (the tower: models/vision/)
     "Qwen3ForCausalLM": _LLAMA,
+    "Qwen3VLForConditionalGeneration": _LLAMA,  # Qwen3 + mRoPE (the tower: models/vision/)
     "Qwen2MoeForCausalLM": _MOE,  # a shared expert beside the routed ones
     "Qwen3MoeForCausalLM": _MOE,
     "MixtralForCausalLM": _MOE,
@@ -50,6 +51,7 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm3": "SmolLM3ForCausalL
                       "qwen2": "Qwen2ForCausalLM",
                       "qwen2vl": "Qwen2_5_VLForConditionalGeneration",
                       "qwen2moe": "Qwen2MoeForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                      "qwen3vl": "Qwen3VLForConditionalGeneration",
                       "qwen3moe": "Qwen3MoeForCausalLM",
                       "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
                       "gemma3": "Gemma3ForCausalLM", "gemma4": "Gemma4ForCausalLM",

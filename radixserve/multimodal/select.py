@@ -26,6 +26,7 @@ __all__ = ["image_processor_for", "mmproj_metadata"]
 _HF_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3",
                 "smolvlm": "radixserve.multimodal.smolvlm",
                 "qwen2_5_vl": "radixserve.multimodal.qwen_vl_settings",
+                "qwen3_vl": "radixserve.multimodal.qwen_vl_settings",
                 "qwen3_5": "radixserve.multimodal.qwen_vl_settings",
                 "qwen3_5_moe": "radixserve.multimodal.qwen_vl_settings",
                 # Gemma 4's text-only checkpoints are "gemma4_text": no images
@@ -34,13 +35,14 @@ _HF_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3",
 _MMPROJ_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3",
                     "idefics3": "radixserve.multimodal.smolvlm",
                     "qwen2.5vl_merger": "radixserve.multimodal.qwen_vl_settings",
-                    # Qwen3.5's (its converter reuses Qwen3-VL's type; deepstack: refused)
+                    # Qwen3-VL's (deepstack layers) and Qwen3.5's (none)
                     "qwen3vl_merger": "radixserve.multimodal.qwen_vl_settings",
                     # Gemma 4's (E2B / E4B files hold the audio projector "gemma4a" beside it)
                     "gemma4v": "radixserve.multimodal.gemma4"}
 _ARCHITECTURES = {"Gemma3ForConditionalGeneration": "gemma3",  # where model_type is missing
                   "SmolVLMForConditionalGeneration": "smolvlm",
                   "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+                  "Qwen3VLForConditionalGeneration": "qwen3_vl",
                   "Qwen3_5ForConditionalGeneration": "qwen3_5",
                   "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
                   "Gemma4ForConditionalGeneration": "gemma4"}

@@ -161,7 +161,7 @@ def test_text_only_models_have_no_encoder(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "config.json").write_text(
-        '{"architectures": ["Qwen3VLForConditionalGeneration"], "vision_config": {}}')
+        '{"architectures": ["Qwen3VLMoeForConditionalGeneration"], "vision_config": {}}')
     assert load_vision_encoder(str(other), None, CPU, torch.float32) is None  # text only
 
 

@@ -244,7 +244,8 @@ def test_mmproj_settings(tmp_path):
     assert image_processor_for("m.gguf", three, tok).merge_size == 3
     qwen3_vl = _mmproj(tmp_path / "d.gguf", "qwen3vl_merger", patch=16,
                        deepstack=[True, False, True, False])
-    with pytest.raises(ValueError, match="Qwen3-VL mmproj"):
-        image_processor_for("m.gguf", qwen3_vl, tok)
+    r = image_processor_for("m.gguf", qwen3_vl, tok)  # deepstack layers: Qwen3-VL's
+    assert (r.family, r.patch_size, r.merge_size, r.min_pixels, r.max_pixels) == (
+        "qwen3-vl", 16, 2, 65536, 16777216)
     with pytest.raises(ValueError, match="'qwen2vl_merger' is not supported"):
         image_processor_for("m.gguf", _mmproj(tmp_path / "e.gguf", "qwen2vl_merger"), tok)

@@ -20,6 +20,9 @@ from radixserve.models.vision.load import find_mmproj, load_vision_encoder
 
 class VisionEncoder(Protocol):
     hidden_size: int  # the text model's width its rows have
+    # Qwen3-VL: each row also carries one block of hidden_size for each of the first
+    # ``deepstack_layers`` decoder layers' outputs (rows [tokens, hidden * (1 + k)]); 0 others
+    deepstack_layers: int
 
     def tokens_for(self, shape: list[int], grid: list[int]) -> int:
         """The rows an image of input ``shape`` (the processor's pixels) and token ``grid``

@@ -9,6 +9,7 @@ class FixedShape:
 
     image_shape: list[int]
     tokens_per_image: int
+    deepstack_layers = 0  # `VisionEncoder`: no rows beside the main ones (Qwen3-VL has some)
 
     def tokens_for(self, shape: list[int], grid: list[int]) -> int:
         if list(shape) != list(self.image_shape) or grid:

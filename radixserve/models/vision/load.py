@@ -29,7 +29,7 @@ GGUF_PROJECTORS = {"gemma3": "radixserve.models.vision.load:_gemma3_from_gguf",
                    "qwen2.5vl_merger":
                        "radixserve.models.vision.qwen2_5_vl_load:qwen25_vl_from_gguf",
                    "qwen3vl_merger":
-                       "radixserve.models.vision.qwen3_vl_load:qwen35_vision_from_gguf"}
+                       "radixserve.models.vision.qwen3_vl_load:qwen3_vl_from_gguf"}
 HF_ARCHITECTURES = {
     "Gemma3ForConditionalGeneration": "radixserve.models.vision.load:_gemma3_from_hf",
     "Gemma4ForConditionalGeneration":
@@ -37,6 +37,8 @@ HF_ARCHITECTURES = {
     "SmolVLMForConditionalGeneration": "radixserve.models.vision.smolvlm_load:smolvlm_from_hf",
     "Qwen2_5_VLForConditionalGeneration":
         "radixserve.models.vision.qwen2_5_vl_load:qwen25_vl_from_hf",
+    "Qwen3VLForConditionalGeneration":
+        "radixserve.models.vision.qwen3_vl_load:qwen3_vl_vision_from_hf",
     "Qwen3_5ForConditionalGeneration":
         "radixserve.models.vision.qwen3_vl_load:qwen35_vision_from_hf",
     "Qwen3_5MoeForConditionalGeneration":

@@ -136,6 +136,8 @@ class Qwen25VisionEncoder(nn.Module):
     hidden] float32, rows in token order (t, then row, then column of the merged grid);
     models/vision/qwen2_5_vl_load.py builds it from a folder or an mmproj."""
 
+    deepstack_layers = 0  # `VisionEncoder`: no rows beside the main ones (Qwen3-VL has some)
+
     def __init__(self, cfg: Qwen25VisionConfig, weights, device: torch.device,
                  dtype: torch.dtype) -> None:
         super().__init__()

@@ -1,5 +1,5 @@
-"""Qwen3.5's vision encoder (transformers' ``Qwen3_5VisionModel``, a Qwen3-VL ViT without
-deepstack): a grid of patches → the text model's image rows.
+"""The Qwen3-VL ViT (transformers' ``Qwen3VLVisionModel``; Qwen3.5's ``Qwen3_5VisionModel`` is
+the same without deepstack): a grid of patches → the text model's image rows.
 
 An image is the processor's pixels ``[t, h, w, C * T * P * P]`` (multimodal/qwen_vl.py: the
 ``t * h * w`` patch rows of transformers' ``pixel_values`` in its order, each frame's rows
@@ -14,7 +14,13 @@ grouped by merge window: ``merge`` x ``merge`` neighbours consecutive). Then, pe
   column; every patch of a frame attends to every other) → proj; LayerNorm → fc1 / GELU-tanh
   / fc2;
 - the merger: LayerNorm, each merge window's ``merge²`` rows side by side, fc1, GELU, fc2 to
-  the text width: ``t * h * w / merge²`` rows.
+  the text width: ``t * h * w / merge²`` rows;
+- Qwen3-VL's deepstack: after each block named in ``deepstack_indexes`` a merger of its own
+  (the windows side by side first, then its LayerNorm: "postshuffle") makes ``k`` more sets of
+  rows of the text width, which the text model adds to its hidden states at the image's
+  positions after its decoder layers 0 .. k-1. They travel beside the main rows: ``forward``
+  gives ``[n, tokens, text hidden * (1 + k)]``, the main merger's first (llama.cpp's mmproj
+  layout).
 
 Matrices keep their stored type (models/vision/stored.py); the attention runs in the type
 models/vision/attention_dtype.py picks. qwen3_vl_load.py builds it from a folder or an mmproj.
@@ -52,6 +58,7 @@ class Qwen3VLConfig:
     rope_theta: float = 10000.0
     layer_norm_eps: float = 1e-6
     hidden_act: str = "gelu_pytorch_tanh"
+    deepstack_indexes: tuple[int, ...] = ()  # Qwen3-VL: blocks whose output a merger takes
 
     @property
     def patch_dim(self) -> int:
@@ -120,11 +127,37 @@ class Qwen3VLBlock(nn.Module):
         return x + h.view(x.shape)
 
 
+class Qwen3VLMerger(nn.Module):
+    """LayerNorm, each merge window's ``merge²`` rows side by side, fc1, GELU, fc2: [rows, D]
+    → [rows / merge², text hidden]. ``postshuffle`` (the deepstack mergers): the LayerNorm
+    over the side-by-side rows instead of over each row."""
+
+    def __init__(self, config: Qwen3VLConfig, parts, prefix: str, postshuffle: bool) -> None:
+        super().__init__()
+        self.merged = config.hidden_size * config.merge_size ** 2
+        self.postshuffle = postshuffle
+        self.norm = parts.layer_norm(f"{prefix}.norm", config.layer_norm_eps)
+        width = self.merged if postshuffle else config.hidden_size
+        if self.norm.weight.shape[0] != width:
+            raise ValueError(f"vision weight {prefix}.norm.weight of width "
+                             f"{self.norm.weight.shape[0]}, expected {width}")
+        self.fc1 = parts.linear(f"{prefix}.linear_fc1", self.merged, self.merged)
+        self.fc2 = parts.linear(f"{prefix}.linear_fc2", config.out_hidden_size, self.merged)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.postshuffle:
+            merged = self.norm(x.reshape(-1, self.merged))
+        else:
+            merged = self.norm(x).reshape(-1, self.merged)
+        return self.fc2(F.gelu(self.fc1(merged)))
+
+
 class Qwen3VLVisionEncoder(nn.Module):
     """``forward(pixels [n, t, h, w, patch_dim] float32)`` → [n, t * h * w / merge², text
-    hidden] float32 for ``n`` images of one shape (`VisionEncoder`, models/vision/__init__.py);
-    ``parts`` gives the weights by transformers' names under ``visual.``
-    (qwen3_vl_load.py)."""
+    hidden * (1 + deepstack_layers)] float32 for ``n`` images of one shape (`VisionEncoder`,
+    models/vision/__init__.py; the main rows first, then each deepstack merger's in
+    ``deepstack_indexes`` order); ``hidden_size`` is the text width. ``parts`` gives the weights
+    by transformers' names under ``visual.`` (qwen3_vl_load.py)."""
 
     def __init__(self, config: Qwen3VLConfig, parts, device: torch.device,
                  dtype: torch.dtype) -> None:
@@ -135,8 +168,13 @@ class Qwen3VLVisionEncoder(nn.Module):
         if config.grid_side ** 2 != config.num_position_embeddings:
             raise ValueError(f"{config.num_position_embeddings} position embeddings are not "
                              f"a square grid")
+        indexes = config.deepstack_indexes
+        if len(set(indexes)) != len(indexes) or not all(0 <= i < config.num_layers
+                                                        for i in indexes):
+            raise ValueError(f"deepstack layers {list(indexes)} are not distinct blocks of "
+                             f"the {config.num_layers}")
         self.config, self.dtype, self.device = config, dtype, device
-        dim, merged = config.hidden_size, config.hidden_size * config.merge_size ** 2
+        dim = config.hidden_size
         self.patch_embed = parts.linear("patch_embed.proj", dim, config.patch_dim)
         self.pos_embed = parts.tensor("pos_embed.weight")
         if tuple(self.pos_embed.shape) != (config.num_position_embeddings, dim):
@@ -145,10 +183,12 @@ class Qwen3VLVisionEncoder(nn.Module):
                              f"{(config.num_position_embeddings, dim)}")
         self.blocks = nn.ModuleList(Qwen3VLBlock(config, parts, f"blocks.{i}")
                                     for i in range(config.num_layers))
-        self.merger_norm = parts.layer_norm("merger.norm", config.layer_norm_eps)
-        self.merger_fc1 = parts.linear("merger.linear_fc1", merged, merged)
-        self.merger_fc2 = parts.linear("merger.linear_fc2", config.out_hidden_size, merged)
+        self.merger = Qwen3VLMerger(config, parts, "merger", postshuffle=False)
+        self.deepstack_mergers = nn.ModuleList(
+            Qwen3VLMerger(config, parts, f"deepstack_merger_list.{i}", postshuffle=True)
+            for i in range(len(indexes)))
         self.hidden_size = config.out_hidden_size
+        self.deepstack_layers = len(indexes)
         head_dim = dim // config.num_heads
         quarter = torch.arange(0, head_dim // 2, 2, dtype=torch.float) / (head_dim // 2)
         self.inv_freq = 1.0 / (config.rope_theta ** quarter)  # head_dim / 4 frequencies
@@ -195,11 +235,14 @@ class Qwen3VLVisionEncoder(nn.Module):
         pos, cos, sin = self._positions(h, w)
         rows = pixels.to(device=self.device, dtype=self.dtype).reshape(-1, dim)
         x = self.patch_embed(rows).view(n * t, h * w, -1) + pos.to(self.dtype)
-        for block in self.blocks:
+        deepstack = []
+        for index, block in enumerate(self.blocks):
             x = block(x, cos, sin)
-        merged = self.merger_norm(x).reshape(n * t * h * w // self.config.merge_size ** 2, -1)
-        out = self.merger_fc2(F.gelu(self.merger_fc1(merged)))
-        return out.view(n, -1, self.hidden_size).float()
+            if index in self.config.deepstack_indexes:
+                merger = self.deepstack_mergers[self.config.deepstack_indexes.index(index)]
+                deepstack.append(merger(x))
+        out = torch.cat([self.merger(x), *deepstack], dim=-1)
+        return out.view(n, -1, self.hidden_size * (1 + self.deepstack_layers)).float()
 
     def describe(self) -> str:
         """One line for the load's log: the tower's shape and how its matrices are held."""
@@ -209,5 +252,11 @@ class Qwen3VLVisionEncoder(nn.Module):
         return (f"qwen3_vl: ViT {cfg.num_layers} layers (hidden {cfg.hidden_size}, "
                 f"{cfg.num_heads} heads), patches of {cfg.patch_size}px x "
                 f"{cfg.temporal_patch_size} frames, {cfg.merge_size}x{cfg.merge_size} patches a "
-                f"token -> {self.hidden_size}; matrices {', '.join(kinds)}; attention "
-                f"{str(self.attention_dtype)[6:]} ({self.attention_why})")
+                f"token -> {self.hidden_size}{self._deepstack_words()}; matrices "
+                f"{', '.join(kinds)}; attention {str(self.attention_dtype)[6:]} "
+                f"({self.attention_why})")
+
+    def _deepstack_words(self) -> str:
+        if not self.deepstack_layers:
+            return ""
+        return f" (+ deepstack after blocks {list(self.config.deepstack_indexes)})"

@@ -1,17 +1,20 @@
-"""Qwen3.5's vision encoder from a Hugging Face folder or a ``qwen3vl_merger`` mmproj GGUF: the
-builders models/vision/load.py's tables name (``Qwen3_5ForConditionalGeneration``,
-``Qwen3_5MoeForConditionalGeneration``, ``clip.projector_type`` qwen3vl_merger).
+"""The Qwen3-VL / Qwen3.5 vision encoder from a Hugging Face folder or a ``qwen3vl_merger``
+mmproj GGUF: the builders models/vision/load.py's tables name (``Qwen3VLForConditionalGeneration``
+with deepstack mergers; ``Qwen3_5ForConditionalGeneration``, ``Qwen3_5MoeForConditionalGeneration``
+without; ``clip.projector_type`` qwen3vl_merger, either).
 
 A folder keeps the tower as ``model.visual.*`` (the releases and transformers 5's saves; older
-layouts ``visual.*``) and its shape in ``vision_config`` (transformers' ``Qwen3_5VisionConfig``
-defaults fill what it leaves out). llama.cpp's converter (conversion/qwen3vl.py) writes the
-shape as ``clip.vision.*`` keys (the position table's side as ``image_size / patch_size``, the
-LayerNorms' eps as ``attention.layer_norm_epsilon``), renames the tensors (gguf-py's MMPROJ
-map: ``v.blk.N.attn_qkv``, ``mm.0`` / ``mm.2`` for the merger's fc1 / fc2, ``v.post_ln`` for
-its norm) and cuts the Conv3d kernel into its two frames: ``v.patch_embd.weight`` and
-``.weight.1`` ([hidden, C, P, P] each; only 2 frames are supported there). Matrices are F16 or
-``ftype``, the patch kernel F16 or F32, the position table and 1-D tensors F32.
-Qwen3-VL's own checkpoints (deepstack mergers) are not taken.
+layouts ``visual.*``) and its shape in ``vision_config`` (transformers' ``Qwen3VLVisionConfig``
+/ ``Qwen3_5VisionConfig`` defaults fill what it leaves out: Qwen3-VL's deepstack blocks
+``[8, 16, 24]``). llama.cpp's converter (conversion/qwen3vl.py) writes the shape as
+``clip.vision.*`` keys (the position table's side as ``image_size / patch_size``, the
+LayerNorms' eps as ``attention.layer_norm_epsilon``, ``is_deepstack_layers`` one flag a block),
+renames the tensors (gguf-py's MMPROJ map: ``v.blk.N.attn_qkv``, ``mm.0`` / ``mm.2`` for the
+merger's fc1 / fc2, ``v.post_ln`` for its norm, ``v.deepstack.B.{norm,fc1,fc2}`` for the
+deepstack merger after block B) and cuts the Conv3d kernel into its two frames:
+``v.patch_embd.weight`` and ``.weight.1`` ([hidden, C, P, P] each; only 2 frames are supported
+there). Matrices are F16 or ``ftype``, the patch kernel F16 or F32, the position table and 1-D
+tensors F32.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from radixserve.layers.gguf_quant import dequantize
 from radixserve.models.vision.qwen3_vl import Qwen3VLConfig, Qwen3VLVisionEncoder
 from radixserve.models.vision.stored import Matrix, make_linear
 
-# transformers' Qwen3_5VisionConfig defaults
+# transformers' Qwen3_5VisionConfig defaults (Qwen3VLVisionConfig's, less deepstack)
 _VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh",
                     "intermediate_size": 4304, "num_heads": 16, "in_channels": 3,
                     "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
@@ -40,6 +43,8 @@ _GGUF_LAYER = {"norm1": "ln1", "norm2": "ln2", "attn.qkv": "attn_qkv", "attn.pro
 _GGUF_TOP = {"pos_embed": "v.position_embd", "merger.norm": "v.post_ln",
              "merger.linear_fc1": "mm.0", "merger.linear_fc2": "mm.2",
              "patch_embed.proj": "v.patch_embd"}
+_QWEN3_VL_DEEPSTACK = (8, 16, 24)  # Qwen3VLVisionConfig's deepstack_visual_indexes default
+_GGUF_DEEPSTACK = {"norm": "norm", "linear_fc1": "fc1", "linear_fc2": "fc2"}
 _T = GGMLQuantizationType
 _WORDS = {_T.F32: torch.int32, _T.F16: torch.int16, _T.BF16: torch.int16}  # one element
 
@@ -100,8 +105,13 @@ class _FolderWeights:
         return self._get(name).float()
 
 
-def _gguf_name(name: str) -> str:
-    """llama.cpp's mmproj name of a ``visual.`` tensor (gguf-py's MMPROJ map)."""
+def _gguf_name(name: str, deepstack: tuple[int, ...]) -> str:
+    """llama.cpp's mmproj name of a ``visual.`` tensor (gguf-py's MMPROJ map); ``deepstack``:
+    the block after which each deepstack merger runs (its mmproj names carry the block)."""
+    if name.startswith("deepstack_merger_list."):
+        _, merger, part, suffix = name.split(".")
+        if int(merger) < len(deepstack) and part in _GGUF_DEEPSTACK:
+            return f"v.deepstack.{deepstack[int(merger)]}.{_GGUF_DEEPSTACK[part]}.{suffix}"
     if name.startswith("blocks."):
         _, layer, rest = name.split(".", 2)
         base, _, suffix = rest.rpartition(".")
@@ -117,9 +127,9 @@ class _GgufWeights:
     """The tensors of a ``qwen3vl_merger`` mmproj by transformers' names; the patch kernel's
     two frames put back together as the Conv3d's [hidden, C * 2 * P * P]."""
 
-    def __init__(self, reader, in_channels: int) -> None:
+    def __init__(self, reader, in_channels: int, deepstack: tuple[int, ...]) -> None:
         self._tensors = {t.name: t for t in reader.tensors}
-        self._in_channels = in_channels
+        self._in_channels, self._deepstack = in_channels, deepstack
 
     def _get(self, gguf_name: str):
         if gguf_name not in self._tensors:
@@ -128,12 +138,12 @@ class _GgufWeights:
 
     def matrix(self, name: str) -> Matrix:
         if name != "patch_embed.proj.weight":
-            return Matrix.from_gguf(self._get(_gguf_name(name)))
+            return Matrix.from_gguf(self._get(_gguf_name(name, self._deepstack)))
         frames = [Matrix.from_gguf(self._get(f"v.patch_embd.weight{s}")) for s in ("", ".1")]
         return _interleave_frames(frames, self._in_channels)
 
     def tensor(self, name: str) -> torch.Tensor:
-        t = self._get(_gguf_name(name))
+        t = self._get(_gguf_name(name, self._deepstack))
         return dequantize(t.data, t.tensor_type, tuple(int(d) for d in reversed(t.shape)))
 
 
@@ -154,14 +164,31 @@ def _interleave_frames(frames: list[Matrix], channels: int) -> Matrix:
     return Matrix.from_tensor(rows)
 
 
+def qwen3_vl_vision_from_hf(config: dict, folder: str, device: torch.device,
+                            dtype: torch.dtype):
+    """The encoder of the Qwen3-VL ``folder`` (``config``: its config.json), with its deepstack
+    mergers; None, with a warning, where its weights hold no tower. ValueError for missing or
+    misshapen weights."""
+    v = config["vision_config"]
+    deepstack = tuple(v.get("deepstack_visual_indexes", _QWEN3_VL_DEEPSTACK))
+    return _from_folder(v, deepstack, folder, device, dtype)
+
+
 def qwen35_vision_from_hf(config: dict, folder: str, device: torch.device,
                           dtype: torch.dtype):
     """The encoder of the Qwen3.5 ``folder`` (``config``: its config.json); None, with a
     warning, where its weights hold no tower (the text model is served alone). ValueError for
-    missing or misshapen weights or a Qwen3-VL tower with deepstack mergers."""
-    v = {**_VISION_DEFAULTS, **config["vision_config"]}
+    missing or misshapen weights or deepstack mergers (Qwen3.5's tower has none)."""
+    v = config["vision_config"]
     if v.get("deepstack_visual_indexes"):
-        raise ValueError("a vision tower with deepstack mergers (Qwen3-VL) is not supported")
+        raise ValueError("a Qwen3.5 vision tower with deepstack mergers is not one; Qwen3-VL's "
+                         "(Qwen3VLForConditionalGeneration) are taken")
+    return _from_folder(v, (), folder, device, dtype)
+
+
+def _from_folder(vision_config: dict, deepstack: tuple[int, ...], folder: str,
+                 device: torch.device, dtype: torch.dtype):
+    v = {**_VISION_DEFAULTS, **vision_config}
     rope = v.get("rope_parameters") or {}
     vision = Qwen3VLConfig(
         hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
@@ -169,7 +196,8 @@ def qwen35_vision_from_hf(config: dict, folder: str, device: torch.device,
         temporal_patch_size=v["temporal_patch_size"], merge_size=v["spatial_merge_size"],
         num_position_embeddings=v["num_position_embeddings"],
         out_hidden_size=v["out_hidden_size"], in_channels=v["in_channels"],
-        rope_theta=float(rope.get("rope_theta", 10000.0)), hidden_act=v["hidden_act"])
+        rope_theta=float(rope.get("rope_theta", 10000.0)), hidden_act=v["hidden_act"],
+        deepstack_indexes=tuple(int(i) for i in deepstack))
     weights = _FolderWeights(folder)
     if not weights.has_tower:
         logger.warning("%s names a vision tower but its weights hold none (no "
@@ -178,9 +206,10 @@ def qwen35_vision_from_hf(config: dict, folder: str, device: torch.device,
     return Qwen3VLVisionEncoder(vision, _Parts(weights, device, dtype), device, dtype)
 
 
-def qwen35_vision_from_gguf(reader, device: torch.device, dtype: torch.dtype):
-    """The encoder of a ``qwen3vl_merger`` mmproj GGUF (``reader``: radixserve.gguf_reader's).
-    ValueError for missing metadata or tensors, or deepstack layers (Qwen3-VL)."""
+def qwen3_vl_from_gguf(reader, device: torch.device, dtype: torch.dtype):
+    """The encoder of a ``qwen3vl_merger`` mmproj GGUF (``reader``: radixserve.gguf_reader's):
+    Qwen3-VL's where ``clip.vision.is_deepstack_layers`` flags blocks, Qwen3.5's where none.
+    ValueError for missing metadata or tensors."""
     def get(key: str, default=None):
         field = reader.fields.get(key)
         if field is not None:
@@ -189,18 +218,23 @@ def qwen35_vision_from_gguf(reader, device: torch.device, dtype: torch.dtype):
             raise ValueError(f"mmproj metadata missing: {key}")
         return default
 
-    if any(get("clip.vision.is_deepstack_layers", [False])):
-        raise ValueError("an mmproj with deepstack layers (Qwen3-VL) is not supported")
     patch = get("clip.vision.patch_size")
     side = get("clip.vision.image_size") // patch
+    num_layers = get("clip.vision.block_count")
+    flags = list(get("clip.vision.is_deepstack_layers", [False]))
+    if any(flags) and len(flags) != num_layers:
+        raise ValueError(f"clip.vision.is_deepstack_layers has {len(flags)} flags for "
+                         f"{num_layers} blocks")
+    deepstack = tuple(i for i, flag in enumerate(flags) if flag)
     vision = Qwen3VLConfig(
         hidden_size=get("clip.vision.embedding_length"),
         intermediate_size=get("clip.vision.feed_forward_length"),
-        num_layers=get("clip.vision.block_count"),
+        num_layers=num_layers,
         num_heads=get("clip.vision.attention.head_count"), patch_size=patch,
         temporal_patch_size=2, merge_size=get("clip.vision.spatial_merge_size", 2),
         num_position_embeddings=side * side,
         out_hidden_size=get("clip.vision.projection_dim"),
-        layer_norm_eps=get("clip.vision.attention.layer_norm_epsilon", 1e-6))
-    source = _GgufWeights(reader, vision.in_channels)
+        layer_norm_eps=get("clip.vision.attention.layer_norm_epsilon", 1e-6),
+        deepstack_indexes=deepstack)
+    source = _GgufWeights(reader, vision.in_channels, deepstack)
     return Qwen3VLVisionEncoder(vision, _Parts(source, device, dtype), device, dtype)
