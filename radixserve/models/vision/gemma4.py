@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.layers.block_linear import BlockLinear
+from radixserve.layers.layer_progress import layer_done
 from radixserve.models.vision.attention_dtype import vision_attention_dtype
 from radixserve.models.vision.stored import describe_linear
 
@@ -234,6 +235,7 @@ class Gemma4VisionEncoder(nn.Module):
         x = x + pos.to(self.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin)
+            layer_done()  # a long encode is progress, not a hang (layers/layer_progress.py)
         pooled = self._pool(x, ph, pw)
         if self.std_bias is not None:
             pooled = (pooled - self.std_bias) * self.std_scale

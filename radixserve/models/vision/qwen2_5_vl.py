@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.layers.block_linear import BlockLinear
+from radixserve.layers.layer_progress import layer_done
 from radixserve.models.vision.attention_dtype import vision_attention_dtype
 from radixserve.models.vision.qwen_vision_grid import Groups, VisionGrid
 from radixserve.models.vision.stored import describe_linear, make_linear
@@ -205,6 +206,7 @@ class Qwen25VisionEncoder(nn.Module):
         for i, block in enumerate(self.blocks):
             groups = grid.frames if i in self.config.fullatt_layers else grid.windows
             x = block(x, rope, groups)
+            layer_done()  # a long encode is progress, not a hang (layers/layer_progress.py)
         merged = self.ln_q(x).reshape(n * grid.num_tokens, -1)
         out = self.merger[1](F.gelu(self.merger[0](merged)))
         return out.view(n, grid.num_tokens, -1)[:, grid.token_restore].float()

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.layers.block_linear import BlockLinear
+from radixserve.layers.layer_progress import layer_done
 from radixserve.models.vision.attention_dtype import vision_attention_dtype
 from radixserve.models.vision.stored import describe_linear
 
@@ -238,6 +239,7 @@ class Qwen3VLVisionEncoder(nn.Module):
         deepstack = []
         for index, block in enumerate(self.blocks):
             x = block(x, cos, sin)
+            layer_done()  # a long encode is progress, not a hang (layers/layer_progress.py)
             if index in self.config.deepstack_indexes:
                 merger = self.deepstack_mergers[self.config.deepstack_indexes.index(index)]
                 deepstack.append(merger(x))

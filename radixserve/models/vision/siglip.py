@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.layers.layer_progress import layer_done
 from radixserve.models.vision.attention_dtype import vision_attention_dtype
 from radixserve.models.vision.stored import Matrix, make_linear
 
@@ -177,4 +178,5 @@ class SiglipVisionTower(nn.Module):
         x = x + self.position_embedding
         for layer in self.layers:
             x = layer(x)
+            layer_done()  # a long encode is progress, not a hang (layers/layer_progress.py)
         return self.post_layernorm(x)
