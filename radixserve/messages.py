@@ -26,7 +26,9 @@ class ImageInput(msgspec.Struct, array_like=True):
     encoder's output by it, and the prefix cache tells images apart by it. ``grid``: for a
     model with mRoPE positions (Qwen VL), the image's token grid ``[t, h, w]`` (``t * h * w
     == length``; its rows in that order), which places each row in time, height and width;
-    ``[]`` for the others."""
+    ``[]`` for the others. ``row_breaks`` (Pixtral: Mistral 3): each row of the ``grid``
+    ``[1, h, w]`` is ``w`` image tokens and one other token ([IMG_BREAK], [IMG_END] after the
+    last), ``length == h * (w + 1)``; the encoder's ``h * w`` rows replace the image tokens."""
 
     offset: int
     length: int
@@ -34,6 +36,7 @@ class ImageInput(msgspec.Struct, array_like=True):
     pixels: bytes
     shape: list[int]
     grid: list[int] = []
+    row_breaks: bool = False
 
 
 class EngineCoreRequest(msgspec.Struct, kw_only=True):

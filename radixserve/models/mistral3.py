@@ -10,8 +10,11 @@ applies the temperature (``TemperedRope``).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
+from radixserve.layers.forward_context import splice_images
 from radixserve.layers.rotary import RotaryEmbedding
 from radixserve.model_config import ModelConfig
 from radixserve.models.llama import LlamaForCausalLM
@@ -44,7 +47,10 @@ class TemperedRope(RotaryEmbedding):
 
 class Mistral3ForCausalLM(LlamaForCausalLM):
     """The text model of Mistral 3 checkpoints; weights use Hugging Face names (the vision
-    tower's skipped by the family's name map), as in LlamaForCausalLM."""
+    tower's skipped by the family's name map), as in LlamaForCausalLM. Image rows (Pixtral:
+    models/vision/pixtral.py) replace the image tokens' embeddings."""
+
+    takes_images: ClassVar[bool] = True
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
@@ -66,5 +72,5 @@ class Mistral3ForCausalLM(LlamaForCausalLM):
             if self._python_stack is None:
                 self._python_stack = PythonLayerStack(self.layers)
             stack = self._python_stack
-        x, residual = stack(positions, self.embed_tokens(input_ids))
+        x, residual = stack(positions, splice_images(self.embed_tokens(input_ids)))
         return self.norm(x, residual)[0]

@@ -48,18 +48,21 @@ class ProcessedImage:
     """One image, ready for the encoder: ``pixels`` float32, C order (Gemma 3: [3, H, W]);
     ``num_tokens``: the image tokens `ImageProcessor.expand` writes for it; ``key``: `image_key`;
     ``grid``: the token grid ``(t, h, w)`` of a model with mRoPE positions (Qwen VL;
-    ``t * h * w == num_tokens``), ``()`` for the others (`messages.ImageInput.grid`)."""
+    ``t * h * w == num_tokens``), ``()`` for the others (`messages.ImageInput.grid`);
+    ``row_breaks``: the text writes one other token after each grid row (Pixtral's
+    [IMG_BREAK] / [IMG_END]; `messages.ImageInput.row_breaks`)."""
 
     pixels: np.ndarray
     num_tokens: int
     key: bytes
     grid: tuple[int, ...] = ()
+    row_breaks: bool = False
 
     @classmethod
     def of(cls, name: str, pixels: np.ndarray, num_tokens: int,
-           grid: tuple[int, ...] = ()) -> ProcessedImage:
+           grid: tuple[int, ...] = (), row_breaks: bool = False) -> ProcessedImage:
         pixels = np.ascontiguousarray(pixels, dtype=np.float32)
-        return cls(pixels, num_tokens, image_key(name, pixels), tuple(grid))
+        return cls(pixels, num_tokens, image_key(name, pixels), tuple(grid), row_breaks)
 
 
 class ImageProcessor(Protocol):

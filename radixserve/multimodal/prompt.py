@@ -9,7 +9,8 @@ span::
     ids: [ ...text... | boi | img img ... img | eoi | ...text... | boi | img ... img | eoi ]
                              ^offset, length = num_tokens ^
 A `TilingImageProcessor` (SmolVLM) writes several runs for one image, one per tile, and each
-tile becomes its own `ImageInput`. Torch-free (the API process, and the offline `LLM`).
+tile becomes its own `ImageInput`. Pixtral (Mistral 3) writes a run per grid row, each followed
+by one break token: the rows and their breaks are one span (`ImageInput.row_breaks`). Torch-free (the API process, and the offline `LLM`).
 """
 
 from __future__ import annotations
@@ -44,14 +45,32 @@ def place_images(text: str, images: list[Image.Image], details: list[str | None]
     prompt = pieces[0] + "".join(c.text + piece for c, piece in zip(cut, pieces[1:]))
     processed = [tile for c in cut for tile in c.tiles]
     ids = encode(prompt)
-    spans = _runs(ids, processor.image_token_id)
-    if [length for _, length in spans] != [p.num_tokens for p in processed]:
-        raise ValueError(f"the prompt holds {len(spans)} runs of image tokens for "
+    runs = _runs(ids, processor.image_token_id)
+    spans = _spans(runs, processed)
+    if spans is None:
+        raise ValueError(f"the prompt holds {len(runs)} runs of image tokens for "
                          f"{len(images)} images (is the image token typed in the text?)")
     return prompt, ids, [
         ImageInput(offset=offset, length=length, key=p.key, pixels=p.pixels.tobytes(),
-                   shape=list(p.pixels.shape), grid=list(p.grid))
+                   shape=list(p.pixels.shape), grid=list(p.grid), row_breaks=p.row_breaks)
         for (offset, length), p in zip(spans, processed)]
+
+
+def _spans(runs: list[tuple[int, int]],
+           processed: list) -> list[tuple[int, int]] | None:
+    """(offset, length) of each processed image's span in the prompt, None where the runs of
+    image tokens do not fit them: one run each, or, for an image with ``row_breaks``, one run
+    of ``w`` a grid row, each followed by one other token (its span takes that token too)."""
+    spans, i = [], 0
+    for p in processed:
+        rows, width = (p.grid[1], p.grid[2]) if p.row_breaks else (1, p.num_tokens)
+        mine = runs[i:i + rows]
+        if len(mine) != rows or any(n != width for _, n in mine) or any(
+                b[0] != a[0] + width + 1 for a, b in zip(mine, mine[1:])):
+            return None
+        spans.append((mine[0][0], rows * (width + 1) if p.row_breaks else width))
+        i += rows
+    return spans if i == len(runs) else None
 
 
 def _tiles(processor: ImageProcessor | TilingImageProcessor, image: Image.Image,

@@ -64,6 +64,18 @@ class ImageSplice:
             x.index_add_(0, self.rows, block.to(x.dtype))
 
 
+def _image_rows(image, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the prompt positions among ``lo .. hi`` that take an encoder row, those rows): all of
+    them, in order, but where each grid row ends with a break token (``row_breaks``)."""
+    span = np.arange(lo, hi)
+    k = span - image.offset
+    if not image.row_breaks:
+        return span, k
+    width = image.grid[2]
+    keep = k % (width + 1) != width
+    return span[keep], (k[keep] // (width + 1)) * width + k[keep] % (width + 1)
+
+
 class ImageEmbeds:
     """Over ``encoder`` (a models/vision `VisionEncoder`); ``bidirectional``: the pool layers
     (`ForwardContext.layer_metadata` indices) that attend within an image both ways (empty: a
@@ -92,29 +104,32 @@ class ImageEmbeds:
         end = 0
         for i, image in enumerate(images):
             try:
-                tokens = self.encoder.tokens_for(list(image.shape), list(image.grid))
+                self._check_one(image)
             except ValueError as exc:
                 raise ValueError(f"image {i}: {exc}") from None
-            if len(image.pixels) != 4 * math.prod(image.shape):
-                raise ValueError(f"image {i}: {len(image.pixels)} bytes of pixels for float32 "
-                                 f"{list(image.shape)}")
-            if (self.rope is not None) != bool(image.grid):
-                raise ValueError(f"image {i}: " + ("this model places image rows by their "
-                                 "grid; the image has none" if not image.grid else
-                                 "a grid for a model without mRoPE positions"))
-            if image.length != tokens:
-                raise ValueError(f"image {i}: {image.length} image tokens; this model gives "
-                                 f"an image {tokens}")
             stop = image.offset + image.length
             if image.offset < end or stop > num_prompt:
                 raise ValueError(f"image {i}: its tokens {image.offset}..{stop} overlap "
                                  "another image or leave the prompt")
-            if len(image.key) != 32:
-                raise ValueError(f"image {i}: its key must be 32 bytes")
-            if self.bidirectional and image.length > self.max_chunk:
-                raise ValueError(f"an image's {image.length} tokens go in one step; "
-                                 f"--max-num-batched-tokens is {self.max_chunk}")
             end = stop
+
+    def _check_one(self, image) -> None:
+        tokens = self.encoder.tokens_for(list(image.shape), list(image.grid))
+        if len(image.pixels) != 4 * math.prod(image.shape):
+            raise ValueError(f"{len(image.pixels)} bytes of pixels for float32 "
+                             f"{list(image.shape)}")
+        if self.rope is not None and not image.grid:
+            raise ValueError("this model places image rows by their grid; the image has none")
+        if self.rope is None and image.grid and not image.row_breaks:
+            raise ValueError("a grid for a model without mRoPE positions")
+        span = tokens + image.grid[1] if image.row_breaks else tokens  # + one break a row
+        if image.length != span:
+            raise ValueError(f"{image.length} tokens; this model gives the image {span}")
+        if len(image.key) != 32:
+            raise ValueError("its key must be 32 bytes")
+        if self.bidirectional and image.length > self.max_chunk:
+            raise ValueError(f"its {image.length} tokens go in one step; "
+                             f"--max-num-batched-tokens is {self.max_chunk}")
 
     def positions(self, seqs: list[ScheduledSeq], positions: np.ndarray) -> np.ndarray:
         """The rope positions of the packed rows of ``seqs`` (their indices ``positions``)."""
@@ -135,9 +150,10 @@ class ImageEmbeds:
             start, stop = seq.start_pos, seq.start_pos + seq.num_tokens
             for image in seq.images:
                 lo, hi = max(image.offset, start), min(image.offset + image.length, stop)
-                rows.append(np.arange(base + lo - start, base + hi - start))
-                parts.append(embeds[image.key][lo - image.offset:hi - image.offset])
-                limits.append(np.full(hi - lo, image.offset + image.length))
+                span, enc = _image_rows(image, lo, hi)
+                rows.append(span - start + base)
+                parts.append(embeds[image.key][torch.from_numpy(enc)])
+                limits.append(np.full(len(span), image.offset + image.length))
             base += seq.num_tokens
         row_idx = torch.from_numpy(np.concatenate(rows)).to(self.device)
         if self.bidirectional:
