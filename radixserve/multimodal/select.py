@@ -30,7 +30,8 @@ _HF_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3",
                 "qwen3_5": "radixserve.multimodal.qwen_vl_settings",
                 "qwen3_5_moe": "radixserve.multimodal.qwen_vl_settings",
                 # Gemma 4's text-only checkpoints are "gemma4_text": no images
-                "gemma4": "radixserve.multimodal.gemma4"}
+                "gemma4": "radixserve.multimodal.gemma4",
+                "mistral3": "radixserve.multimodal.pixtral"}
 # an mmproj's clip.projector_type (llama.cpp's PROJECTOR_TYPE_*) -> family module
 _MMPROJ_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3",
                     "idefics3": "radixserve.multimodal.smolvlm",
@@ -38,14 +39,17 @@ _MMPROJ_FAMILIES = {"gemma3": "radixserve.multimodal.gemma3",
                     # Qwen3-VL's (deepstack layers) and Qwen3.5's (none)
                     "qwen3vl_merger": "radixserve.multimodal.qwen_vl_settings",
                     # Gemma 4's (E2B / E4B files hold the audio projector "gemma4a" beside it)
-                    "gemma4v": "radixserve.multimodal.gemma4"}
+                    "gemma4v": "radixserve.multimodal.gemma4",
+                    # Mistral 3's (and the original Pixtral 12B's: no merger)
+                    "pixtral": "radixserve.multimodal.pixtral"}
 _ARCHITECTURES = {"Gemma3ForConditionalGeneration": "gemma3",  # where model_type is missing
                   "SmolVLMForConditionalGeneration": "smolvlm",
                   "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
                   "Qwen3VLForConditionalGeneration": "qwen3_vl",
                   "Qwen3_5ForConditionalGeneration": "qwen3_5",
                   "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
-                  "Gemma4ForConditionalGeneration": "gemma4"}
+                  "Gemma4ForConditionalGeneration": "gemma4",
+                  "Mistral3ForConditionalGeneration": "mistral3"}
 
 
 def image_processor_for(model_path: str, mmproj: str | None,
@@ -96,7 +100,8 @@ def image_processor(model_path: str | None, mmproj: str | None, tokenizer,
                     max_tokens: int | None = None) -> ImageProcessor | TilingImageProcessor | None:
     """`image_processor_for` as a server starts it: ``mmproj`` as given (``--mmproj``), else
     the one beside a GGUF model (multimodal/mmproj_path.py), as the engine finds it. One found
-    that does not fit the model is not used (a WARNING; the engine leaves it out too).
+    that does not fit the model is not used (a WARNING; the engine leaves it out too), nor is
+    a folder's own preprocessing it cannot read (a WARNING: the text serves, images get a 400).
     ``max_tokens`` (``--image-max-tokens``): the most tokens an image may take where the family
     sizes images to their content (Qwen VL: larger ones are downscaled); a family of one fixed
     size (Gemma 3, SmolVLM's tiles) keeps its own."""
@@ -108,9 +113,7 @@ def image_processor(model_path: str | None, mmproj: str | None, tokenizer,
     try:
         return with_max_tokens(image_processor_for(model_path, found, tokenizer), max_tokens)
     except ValueError as exc:
-        if found is None:
-            raise
-        logger.warning("images: %s found beside the model is not used: %s", found, exc)
+        logger.warning("images are off: %s cannot be used: %s", found or model_path, exc)
         return None
 
 

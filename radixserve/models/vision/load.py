@@ -29,7 +29,8 @@ GGUF_PROJECTORS = {"gemma3": "radixserve.models.vision.load:_gemma3_from_gguf",
                    "qwen2.5vl_merger":
                        "radixserve.models.vision.qwen2_5_vl_load:qwen25_vl_from_gguf",
                    "qwen3vl_merger":
-                       "radixserve.models.vision.qwen3_vl_load:qwen3_vl_from_gguf"}
+                       "radixserve.models.vision.qwen3_vl_load:qwen3_vl_from_gguf",
+                   "pixtral": "radixserve.models.vision.pixtral_load:pixtral_from_gguf"}
 HF_ARCHITECTURES = {
     "Gemma3ForConditionalGeneration": "radixserve.models.vision.load:_gemma3_from_hf",
     "Gemma4ForConditionalGeneration":
@@ -42,7 +43,8 @@ HF_ARCHITECTURES = {
     "Qwen3_5ForConditionalGeneration":
         "radixserve.models.vision.qwen3_vl_load:qwen35_vision_from_hf",
     "Qwen3_5MoeForConditionalGeneration":
-        "radixserve.models.vision.qwen3_vl_load:qwen35_vision_from_hf"}
+        "radixserve.models.vision.qwen3_vl_load:qwen35_vision_from_hf",
+    "Mistral3ForConditionalGeneration": "radixserve.models.vision.pixtral_load:pixtral_from_hf"}
 
 
 def load_vision_encoder(model_path: str, mmproj: str | None, device: torch.device,
