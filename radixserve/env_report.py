@@ -192,7 +192,8 @@ def image_lines(path: str) -> list[str]:
     import torch
 
     from radixserve.gguf_reader import open_gguf
-    from radixserve.models.vision.attention_dtype import vision_attention_dtype
+    from radixserve.models.vision.attention_dtype import (vision_attention_dtype,
+                                                          vision_matmul_dtype)
     from radixserve.models.vision.load import GGUF_PROJECTORS, HF_ARCHITECTURES
     from radixserve.multimodal.mmproj_path import find_mmproj
 
@@ -212,8 +213,11 @@ def image_lines(path: str) -> list[str]:
         if not known:
             return []
         where = f"the folder's vision tower ({known[0]})"
-    dtype, why = vision_attention_dtype(torch.device("cpu"), torch.float32)
-    return [f"  images: {where}; vision attention {str(dtype).removeprefix('torch.')} ({why})"]
+    cpu = torch.device("cpu")
+    dtype, why = vision_attention_dtype(cpu, torch.float32)
+    matmul, because = vision_matmul_dtype(cpu, torch.float32)
+    return [f"  images: {where}; vision attention {str(dtype).removeprefix('torch.')} ({why}), "
+            f"16-bit matrices in {str(matmul).removeprefix('torch.')} ({because})"]
 
 
 def kv_pool_lines(config, kv_dtype, weights: int, available: int | None = None) -> list[str]:

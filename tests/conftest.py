@@ -16,9 +16,10 @@ os.environ.setdefault("RADIXSERVE_KV_CACHE_MEMORY_GB", "1")
 # servers the tests start keep no disk tier unless a test gives one (kvdisk/args.py): one test's
 # pages saved at its server's exit would be another's cache hits
 os.environ.setdefault("RADIXSERVE_KV_DISK_CACHE", "off")
-# the vision towers' attention in float32 whatever the CPU (their parity tests'; the bfloat16
-# one has its own test: tests/models/test_gemma3_vision.py)
+# the vision towers' attention and 16-bit matrices in float32 whatever the CPU (their parity
+# tests'; the bfloat16 ones have their own: tests/models/test_gemma3_vision.py)
 os.environ.setdefault("RADIXSERVE_VISION_ATTENTION", "float32")
+os.environ.setdefault("RADIXSERVE_VISION_MATMUL", "float32")
 
 from pathlib import Path  # noqa: E402
 

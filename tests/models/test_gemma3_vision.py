@@ -236,3 +236,27 @@ def test_bfloat16_attention(folders, pixels, monkeypatch):
     monkeypatch.setenv(ENV, "float16")
     with pytest.raises(ValueError, match=ENV):
         vision_attention_dtype(CPU, torch.float32)
+
+
+def test_bfloat16_matmuls(folders, pixels, monkeypatch, tmp_path):
+    """Where the CPU has AMX an F16 mmproj's matrices multiply in bfloat16 (models/vision/
+    stored.py `Bf16Linear`: ~5x the float32 kernel there): the features stay within 2e-2 of
+    the largest, the load's line says so; float32 keeps the stored-F16 kernel."""
+    from radixserve.kernels import native
+    from radixserve.models.vision.attention_dtype import MATMUL_ENV, vision_matmul_dtype
+
+    monkeypatch.delenv(MATMUL_ENV, raising=False)
+    has_amx = native.load() is not None and native.describe().amx_tiles
+    auto, _ = vision_matmul_dtype(CPU, torch.float32)
+    assert auto == (torch.bfloat16 if has_amx else torch.float32)
+    path = tiny.gemma3_mmproj_gguf(folders["release"], tmp_path / "mmproj-f16.gguf", "f16")
+    monkeypatch.setenv(MATMUL_ENV, "bfloat16")
+    encoder = load_vision_encoder(str(path), str(path), CPU, torch.float32)
+    assert "F16 as bfloat16 GEMM" in encoder.describe()
+    got, want = encoder(pixels), _reference(folders["transformers5"], pixels)
+    scale = want.abs().max()
+    assert got.dtype == torch.float32
+    assert 1e-5 * scale < (got - want).abs().max() <= 2e-2 * scale  # bfloat16 did run
+    monkeypatch.setenv(MATMUL_ENV, "float32")
+    assert "bfloat16 GEMM" not in load_vision_encoder(str(path), str(path), CPU,
+                                                      torch.float32).describe()

@@ -37,3 +37,27 @@ def vision_attention_dtype(device: torch.device, dtype: torch.dtype) -> tuple[to
     if native.load() is not None and native.describe().amx_tiles:
         return torch.bfloat16, "AMX: bfloat16 flash attention, ~3x float32's"
     return torch.float32, "float32 (no AMX)"
+
+
+MATMUL_ENV = "RADIXSERVE_VISION_MATMUL"
+
+
+def vision_matmul_dtype(device: torch.device, dtype: torch.dtype) -> tuple[torch.dtype, str]:
+    """(the element type a vision tower's 16-bit matrices multiply in, why): bfloat16 where
+    the CPU has AMX tiles (torch's bfloat16 GEMM runs on them: ~5x the float32 FMA peak that
+    the stored-F16 kernel reaches; the releases' weights are bfloat16 values, which an F16
+    mmproj holds exactly, so only the activations round), else the tower's ``dtype``.
+    ``RADIXSERVE_VISION_MATMUL`` (``float32`` | ``bfloat16``) fixes it; ValueError for
+    another value."""
+    asked = os.environ.get(MATMUL_ENV)
+    if asked:
+        if asked not in _NAMES:
+            raise ValueError(f"{MATMUL_ENV}={asked!r}: expected one of {sorted(_NAMES)}")
+        return _NAMES[asked], f"{MATMUL_ENV}={asked}"
+    if device.type != "cpu" or dtype != torch.float32:
+        return dtype, "the tower's dtype"
+    from radixserve.kernels import native
+
+    if native.load() is not None and native.describe().amx_tiles:
+        return torch.bfloat16, "AMX: bfloat16 GEMM"
+    return dtype, "no AMX"

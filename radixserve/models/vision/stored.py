@@ -17,10 +17,12 @@ from dataclasses import dataclass
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
+from torch.nn import functional as F
 
 from radixserve.kernels import native
 from radixserve.layers.block_linear import FORMATS, HALF_TYPES, K_QUANTS, BlockLinear
 from radixserve.layers.gguf_quant import dequantize, to_torch
+from radixserve.models.vision.attention_dtype import vision_matmul_dtype
 
 _T = GGMLQuantizationType
 _TORCH_TYPES = {torch.float32: _T.F32, torch.float16: _T.F16, torch.bfloat16: _T.BF16}
@@ -80,8 +82,14 @@ def runs_stored(m: Matrix, device: torch.device) -> bool:
 
 def make_linear(m: Matrix, bias: torch.Tensor | None, device: torch.device,
                 dtype: torch.dtype) -> nn.Module:
-    """``y = x @ W.T + bias`` for ``x`` [M, k] → [M, n] in ``x``'s dtype: a BlockLinear on the
-    stored bytes where ``runs_stored``, else an ``nn.Linear`` in ``dtype`` on ``device``."""
+    """``y = x @ W.T + bias`` for ``x`` [M, k] → [M, n] in ``x``'s dtype: a `Bf16Linear` for
+    a 16-bit matrix where the tower multiplies in bfloat16 (attention_dtype.py
+    `vision_matmul_dtype`: AMX), a BlockLinear on the stored bytes where ``runs_stored``,
+    else an ``nn.Linear`` in ``dtype`` on ``device``."""
+    if m.qtype in (_T.F16, _T.BF16) and dtype == torch.float32:
+        matmul, _ = vision_matmul_dtype(device, dtype)
+        if matmul == torch.bfloat16:
+            return Bf16Linear(m, bias, device)
     if runs_stored(m, device):
         layer = BlockLinear.from_stored([(m.qtype, m.raw)], m.k, bias)
         if layer is not None:
@@ -93,8 +101,30 @@ def make_linear(m: Matrix, bias: torch.Tensor | None, device: torch.device,
     return layer
 
 
+class Bf16Linear(nn.Linear):
+    """A 16-bit matrix multiplied in bfloat16 (float32 in and out, the bias added in float32):
+    the F16 / BF16 weight held as bfloat16 (exact for the releases' bfloat16 values), the
+    activations rounded to bfloat16, the products summed in float32 by torch's GEMM (oneDNN:
+    AMX tiles where the CPU has them)."""
+
+    def __init__(self, m: Matrix, bias: torch.Tensor | None, device: torch.device) -> None:
+        super().__init__(m.k, m.n, bias=bias is not None, device="meta")
+        self.stored = m.qtype.name
+        self.weight = nn.Parameter(m.floats().to(device=device, dtype=torch.bfloat16),
+                                   requires_grad=False)
+        if bias is not None:
+            self.bias = nn.Parameter(bias.to(device=device, dtype=torch.float32),
+                                     requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
 def describe_linear(layer: nn.Module) -> str:
     """How a layer made by `make_linear` holds its weight, for the load's log line."""
     if isinstance(layer, BlockLinear):
         return f"{'+'.join(layer.types)} as stored"
+    if isinstance(layer, Bf16Linear):
+        return f"{layer.stored} as bfloat16 GEMM"
     return str(layer.weight.dtype).removeprefix("torch.")
