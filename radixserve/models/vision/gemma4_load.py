@@ -19,18 +19,16 @@ tensors, stores norms as they are (Gemma 4's multiply by w) and the patch kernel
 
 from __future__ import annotations
 
-import glob
 import logging
 import math
-import os
 
 import torch
 from gguf import GGMLQuantizationType
-from safetensors import safe_open
 
 from radixserve.layers.gguf_quant import dequantize
 from radixserve.models.vision.gemma4 import ClippedLinear, Gemma4VisionConfig, Gemma4VisionEncoder
 from radixserve.models.vision.stored import Matrix, make_linear
+from radixserve.models.vision.weights import PrefixedFolder
 
 logger = logging.getLogger(__name__)
 
@@ -88,41 +86,16 @@ class _Parts:
         return self.tensor(f"{name}.weight", (size,))
 
 
-class _FolderWeights:
+class _FolderWeights(PrefixedFolder):
     """The ``vision_tower.`` / ``embed_vision.`` tensors of a safetensors folder; ``has_tower``
     False where it has none (a text-only copy of a release)."""
 
     def __init__(self, folder: str) -> None:
-        files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-        if not files:
-            raise ValueError(f"no .safetensors file in {folder}")
-        self._files = {}
-        for path in files:
-            handle = safe_open(path, framework="pt")
-            self._files.update({key: handle for key in handle.keys()})  # noqa: SIM118
-        probe = "vision_tower.patch_embedder.input_proj.weight"
-        found = [p for p in _FOLDER_PREFIXES if p + probe in self._files]
-        self.has_tower = bool(found)
-        self._prefix = found[0] if found else _FOLDER_PREFIXES[0]
+        super().__init__(folder, _FOLDER_PREFIXES, "vision_tower.patch_embedder.input_proj.weight")
 
-    def _key(self, name: str) -> str:
+    def key(self, name: str) -> str:
         inner = name if name.startswith("embed_vision.") else f"vision_tower.{name}"
-        return self._prefix + inner
-
-    def has(self, name: str) -> bool:
-        return self._key(name) in self._files
-
-    def _get(self, name: str) -> torch.Tensor:
-        key = self._key(name)
-        if key not in self._files:
-            raise ValueError(f"vision weight missing from the checkpoint: {key!r}")
-        return self._files[key].get_tensor(key)
-
-    def matrix(self, name: str) -> Matrix:
-        return Matrix.from_tensor(self._get(name))
-
-    def tensor(self, name: str) -> torch.Tensor:
-        return self._get(name).float()
+        return super().key(inner)
 
 
 def _gguf_name(name: str) -> str:

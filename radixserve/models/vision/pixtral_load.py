@@ -18,49 +18,14 @@ an f16 file and F32 otherwise, 1-D tensors F32.
 
 from __future__ import annotations
 
-import glob
-import os
-
 import torch
 
 from radixserve.layers.gguf_quant import dequantize
 from radixserve.models.vision.pixtral import PixtralConfig
 from radixserve.models.vision.stored import Matrix
+from radixserve.models.vision.weights import PrefixedFolder
 
 _FOLDER_PREFIXES = ("", "model.")  # releases and transformers 5's saves; in-memory names
-
-
-class PixtralFolderWeights:
-    """The vision tensors of a safetensors folder by their release names."""
-
-    def __init__(self, folder: str) -> None:
-        from safetensors import safe_open
-
-        self._files = {}
-        for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
-            handle = safe_open(path, framework="pt")
-            self._files.update({key: handle for key in handle.keys()})  # noqa: SIM118
-        probe = "vision_tower.patch_conv.weight"
-        found = [p for p in _FOLDER_PREFIXES if p + probe in self._files]
-        if not found:
-            raise ValueError(f"no Pixtral vision tower in {folder} (looked for "
-                             f"{[p + probe for p in _FOLDER_PREFIXES]})")
-        self._prefix = found[0]
-
-    def has(self, name: str) -> bool:
-        return self._prefix + name in self._files
-
-    def _get(self, name: str) -> torch.Tensor:
-        key = self._prefix + name
-        if key not in self._files:
-            raise ValueError(f"vision weight missing from the checkpoint: {key!r}")
-        return self._files[key].get_tensor(key)
-
-    def matrix(self, name: str) -> Matrix:
-        return Matrix.from_tensor(self._get(name))
-
-    def tensor(self, name: str) -> torch.Tensor:
-        return self._get(name).float()
 
 
 _LAYER = {"attention.q_proj": "attn_q", "attention.k_proj": "attn_k",
@@ -158,7 +123,8 @@ def pixtral_from_hf(config: dict, folder: str, device: torch.device, dtype: torc
         rope_theta=rope.get("rope_theta", v.get("rope_theta", 10000.0)),
         projector_norm_eps=text.get("rms_norm_eps", 1e-5),
         num_channels=v.get("num_channels", 3))
-    return PixtralVisionEncoder(cfg, PixtralFolderWeights(folder), device, dtype)
+    weights = PrefixedFolder(folder, _FOLDER_PREFIXES, "vision_tower.patch_conv.weight")
+    return PixtralVisionEncoder(cfg, weights.require_tower("Pixtral"), device, dtype)
 
 
 def pixtral_from_gguf(reader, device: torch.device, dtype: torch.dtype):

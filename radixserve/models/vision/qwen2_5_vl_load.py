@@ -13,46 +13,14 @@ window size: llama.cpp then runs the releases' 112 px, as here.
 
 from __future__ import annotations
 
-import glob
-import os
-
 import torch
 
 from radixserve.layers.gguf_quant import dequantize
 from radixserve.models.vision.qwen2_5_vl import Qwen25VisionConfig
 from radixserve.models.vision.stored import Matrix
+from radixserve.models.vision.weights import PrefixedFolder
 
 _FOLDER_PREFIXES = ("visual.", "model.visual.")  # releases, transformers 5
-
-
-class QwenFolderWeights:
-    """The ``visual`` tensors of a safetensors folder by their names under ``visual.``."""
-
-    def __init__(self, folder: str) -> None:
-        from safetensors import safe_open
-
-        files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-        self._files = {}
-        for path in files:
-            handle = safe_open(path, framework="pt")
-            self._files.update({key: handle for key in handle.keys()})  # noqa: SIM118
-        found = [p for p in _FOLDER_PREFIXES if f"{p}patch_embed.proj.weight" in self._files]
-        if not found:
-            raise ValueError(f"no Qwen2.5-VL vision tower in {folder} (looked for "
-                             f"{[p + 'patch_embed.proj.weight' for p in _FOLDER_PREFIXES]})")
-        self._prefix = found[0]
-
-    def _get(self, name: str) -> torch.Tensor:
-        key = self._prefix + name
-        if key not in self._files:
-            raise ValueError(f"vision weight missing from the checkpoint: {key!r}")
-        return self._files[key].get_tensor(key)
-
-    def matrix(self, name: str) -> Matrix:
-        return Matrix.from_tensor(self._get(name))
-
-    def tensor(self, name: str) -> torch.Tensor:
-        return self._get(name).float()
 
 
 _LAYER = {"norm1": "ln1", "norm2": "ln2", "attn.proj": "attn_out", "mlp.gate_proj": "ffn_gate",
@@ -140,7 +108,8 @@ def qwen25_vl_from_hf(config: dict, folder: str, device: torch.device, dtype: to
         merge_size=v.get("spatial_merge_size", 2), window_size=v.get("window_size", 112),
         num_channels=v.get("in_channels", v.get("in_chans", 3)),
         rope_theta=rope.get("rope_theta", 10000.0))
-    return Qwen25VisionEncoder(cfg, QwenFolderWeights(folder), device, dtype)
+    weights = PrefixedFolder(folder, _FOLDER_PREFIXES, "patch_embed.proj.weight")
+    return Qwen25VisionEncoder(cfg, weights.require_tower("Qwen2.5-VL"), device, dtype)
 
 
 def qwen25_vl_from_gguf(reader, device: torch.device, dtype: torch.dtype):

@@ -19,18 +19,16 @@ tensors F32.
 
 from __future__ import annotations
 
-import glob
 import logging
-import os
 
 import torch
 from gguf import GGMLQuantizationType
-from safetensors import safe_open
 from torch import nn
 
 from radixserve.layers.gguf_quant import dequantize
 from radixserve.models.vision.qwen3_vl import Qwen3VLConfig, Qwen3VLVisionEncoder
 from radixserve.models.vision.stored import Matrix, make_linear
+from radixserve.models.vision.weights import PrefixedFolder
 
 # transformers' Qwen3_5VisionConfig defaults (Qwen3VLVisionConfig's, less deepstack)
 _VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh",
@@ -74,35 +72,6 @@ class _Parts:
         norm.weight = nn.Parameter(weight, requires_grad=False)
         norm.bias = nn.Parameter(self.tensor(f"{name}.bias"), requires_grad=False)
         return norm
-
-
-class _FolderWeights:
-    """The ``visual.`` tensors of a safetensors folder; ``has_tower`` False where it has none
-    (a text-only copy of a release)."""
-
-    def __init__(self, folder: str) -> None:
-        files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-        if not files:
-            raise ValueError(f"no .safetensors file in {folder}")
-        self._files = {}
-        for path in files:
-            handle = safe_open(path, framework="pt")
-            self._files.update({key: handle for key in handle.keys()})  # noqa: SIM118
-        found = [p for p in _FOLDER_PREFIXES if f"{p}pos_embed.weight" in self._files]
-        self.has_tower = bool(found)
-        self._prefix = found[0] if found else _FOLDER_PREFIXES[0]
-
-    def _get(self, name: str) -> torch.Tensor:
-        key = self._prefix + name
-        if key not in self._files:
-            raise ValueError(f"vision weight missing from the checkpoint: {key!r}")
-        return self._files[key].get_tensor(key)
-
-    def matrix(self, name: str) -> Matrix:
-        return Matrix.from_tensor(self._get(name))
-
-    def tensor(self, name: str) -> torch.Tensor:
-        return self._get(name).float()
 
 
 def _gguf_name(name: str, deepstack: tuple[int, ...]) -> str:
@@ -198,7 +167,7 @@ def _from_folder(vision_config: dict, deepstack: tuple[int, ...], folder: str,
         out_hidden_size=v["out_hidden_size"], in_channels=v["in_channels"],
         rope_theta=float(rope.get("rope_theta", 10000.0)), hidden_act=v["hidden_act"],
         deepstack_indexes=tuple(int(i) for i in deepstack))
-    weights = _FolderWeights(folder)
+    weights = PrefixedFolder(folder, _FOLDER_PREFIXES, "pos_embed.weight")
     if not weights.has_tower:
         logger.warning("%s names a vision tower but its weights hold none (no "
                        "model.visual.*): serving text only", folder)

@@ -26,17 +26,63 @@ _PROJECTOR_PREFIXES = ("", "model.")  # before "multi_modal_projector." / "conne
 _PROJECTOR = ("multi_modal_projector.", "connector.")  # Gemma 3's, SmolVLM's
 
 
+def open_folder(folder: str) -> dict:
+    """Each tensor name of a safetensors folder → its file, open for the load (the tensors are
+    read by name, the text model's never); ValueError for a folder without one."""
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise ValueError(f"no .safetensors file in {folder}")
+    found = {}
+    for path in files:
+        handle = safe_open(path, framework="pt")
+        found.update({key: handle for key in handle.keys()})  # noqa: SIM118
+    return found
+
+
+class PrefixedFolder:
+    """A vision tower's tensors in a safetensors folder, under the first of ``prefixes``
+    (the releases' and transformers 5's layouts) whose ``probe`` tensor exists; the names
+    given to ``has`` / ``matrix`` / ``tensor`` go after it (``key`` says where a family
+    stores one). ``has_tower`` is False where no prefix holds the probe (a text-only copy of
+    a release); `require_tower` makes that a ValueError."""
+
+    def __init__(self, folder: str, prefixes: tuple[str, ...], probe: str) -> None:
+        self.folder, self._files = folder, open_folder(folder)
+        found = [p for p in prefixes if p + probe in self._files]
+        self.has_tower = bool(found)
+        self._prefix = found[0] if found else prefixes[0]
+        self._looked_for = [p + probe for p in prefixes]
+
+    def require_tower(self, family: str) -> PrefixedFolder:
+        if not self.has_tower:
+            raise ValueError(f"no {family} vision tower in {self.folder} (looked for "
+                             f"{self._looked_for})")
+        return self
+
+    def key(self, name: str) -> str:
+        return self._prefix + name
+
+    def has(self, name: str) -> bool:
+        return self.key(name) in self._files
+
+    def _get(self, name: str) -> torch.Tensor:
+        key = self.key(name)
+        if key not in self._files:
+            raise ValueError(f"vision weight missing from the checkpoint: {key!r}")
+        return self._files[key].get_tensor(key)
+
+    def matrix(self, name: str) -> Matrix:
+        return Matrix.from_tensor(self._get(name))
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self._get(name).float()
+
+
 class HfWeights:
     """The vision tensors of a safetensors folder (the text model's are never read)."""
 
     def __init__(self, folder: str) -> None:
-        files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-        if not files:
-            raise ValueError(f"no .safetensors file in {folder}")
-        self._files = {}  # tensor name → its file, open for the load
-        for path in files:
-            handle = safe_open(path, framework="pt")
-            self._files.update({key: handle for key in handle.keys()})  # noqa: SIM118
+        self._files = open_folder(folder)
         tower = [p for p in _TOWER_PREFIXES if f"{p}post_layernorm.weight" in self._files]
         if not tower:
             raise ValueError(f"no vision tower in {folder} (looked for "
