@@ -25,18 +25,8 @@ _NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def vision_attention_dtype(device: torch.device, dtype: torch.dtype) -> tuple[torch.dtype, str]:
     """(the attention's element type, why) for a tower run in ``dtype`` on ``device``;
     ValueError for an unknown ``RADIXSERVE_VISION_ATTENTION``."""
-    asked = os.environ.get(ENV)
-    if asked:
-        if asked not in _NAMES:
-            raise ValueError(f"{ENV}={asked!r}: expected one of {sorted(_NAMES)}")
-        return _NAMES[asked], f"{ENV}={asked}"
-    if device.type != "cpu" or dtype != torch.float32:
-        return dtype, "the tower's dtype"
-    from radixserve.kernels import native
-
-    if native.load() is not None and native.describe().amx_tiles:
-        return torch.bfloat16, "AMX: bfloat16 flash attention, ~3x float32's"
-    return torch.float32, "float32 (no AMX)"
+    return _choose(ENV, device, dtype, "AMX: bfloat16 flash attention, ~3x float32's",
+                   "float32 (no AMX)")
 
 
 MATMUL_ENV = "RADIXSERVE_VISION_MATMUL"
@@ -49,15 +39,22 @@ def vision_matmul_dtype(device: torch.device, dtype: torch.dtype) -> tuple[torch
     mmproj holds exactly, so only the activations round), else the tower's ``dtype``.
     ``RADIXSERVE_VISION_MATMUL`` (``float32`` | ``bfloat16``) fixes it; ValueError for
     another value."""
-    asked = os.environ.get(MATMUL_ENV)
+    return _choose(MATMUL_ENV, device, dtype, "AMX: bfloat16 GEMM", "no AMX")
+
+
+def _choose(env: str, device: torch.device, dtype: torch.dtype, amx_why: str,
+            other_why: str) -> tuple[torch.dtype, str]:
+    """``env``'s type where set (ValueError for an unknown one), else bfloat16 for a float32
+    tower on a CPU with AMX tiles, else ``dtype``."""
+    asked = os.environ.get(env)
     if asked:
         if asked not in _NAMES:
-            raise ValueError(f"{MATMUL_ENV}={asked!r}: expected one of {sorted(_NAMES)}")
-        return _NAMES[asked], f"{MATMUL_ENV}={asked}"
+            raise ValueError(f"{env}={asked!r}: expected one of {sorted(_NAMES)}")
+        return _NAMES[asked], f"{env}={asked}"
     if device.type != "cpu" or dtype != torch.float32:
         return dtype, "the tower's dtype"
     from radixserve.kernels import native
 
     if native.load() is not None and native.describe().amx_tiles:
-        return torch.bfloat16, "AMX: bfloat16 GEMM"
-    return dtype, "no AMX"
+        return torch.bfloat16, amx_why
+    return dtype, other_why
