@@ -28,7 +28,8 @@ from tqdm import tqdm
 from radixserve.models.tp_shard import TensorShard
 from radixserve.layers.block_linear import BlockLinear, packed_bytes
 from radixserve.layers.block_rows import PackedEmbedding
-from radixserve.models.gguf_stored import materialize, trim_heap
+from radixserve.cpu.memory import trim_heap
+from radixserve.models.gguf_stored import materialize
 from radixserve.models.moe import HF_FUSED_EXPERTS, fused_expert_parts
 
 logger = logging.getLogger(__name__)

@@ -79,10 +79,9 @@ class SpecChecker:
     def warm(self) -> None:
         with self._lock:
             if self._view is None:
-                t = self._tokenizer
-                self._view = llguidance.LLTokenizer(
-                    t.backend.to_str(), n_vocab=t.vocab_size,
-                    eos_token=sorted(t.eos_token_ids) or None)
+                from radixserve.structured.llguidance_tokenizer import ll_tokenizer
+
+                self._view = ll_tokenizer(self._tokenizer, self._tokenizer.vocab_size)
 
     def __call__(self, spec: GrammarSpec) -> None:
         self.warm()

@@ -56,7 +56,7 @@ class GrammarValidator:
 
     async def warm_when_quiet(self, num_in_flight: Callable[[], int],
                               quiet_s: float = 1.0) -> None:
-        """Build the checker's tokenizer view (llguidance's: ~1.2 CPU s holding the GIL for a
+        """Build the checker's tokenizer view (llguidance's: ~0.4 CPU s holding the GIL for a
         152k vocabulary) on the validator's thread once no request has been in flight for
         ``quiet_s``: not beside the engine's load, which it slowed (coder 1.5B: ready 2.97 s
         against 2.42 s without it), nor beside the first requests. A constrained request

@@ -295,6 +295,12 @@ class Tokenizer:
     def _token_bytes(self) -> TokenBytes | None:
         return token_bytes(self.backend)
 
+    @property
+    def token_bytes_table(self) -> TokenBytes | None:
+        """Every id's bytes, the detokenizer's table (built on first use): byte-level BPE and
+        SentencePiece vocabularies; None for others."""
+        return self._token_bytes
+
     def decode_as_text(self, tokens: Iterable[str]) -> list[str]:
         """Let the special tokens spelled `tokens` reach the text even where special tokens are
         skipped: the markers a tool-call parser reads (Mistral's ``[TOOL_CALLS]``). Returns

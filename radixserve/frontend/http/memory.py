@@ -10,27 +10,15 @@ returns the free pages of every arena; it runs on a thread after requests whose 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import logging
+
+from radixserve.cpu.memory import trim_heap
 
 logger = logging.getLogger(__name__)
 
 TRIM_AFTER_BYTES = 1 << 20
 
 
-def _malloc_trim():
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc (musl, macOS)
-        return None
-
-
-_TRIM = _malloc_trim()
-
-
 def trim_soon() -> None:
     """Return free heap pages to the system, on a worker thread (fire and forget)."""
-    if _TRIM is not None:
-        asyncio.get_running_loop().run_in_executor(None, _TRIM, 0)
+    asyncio.get_running_loop().run_in_executor(None, trim_heap)

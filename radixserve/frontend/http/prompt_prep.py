@@ -25,7 +25,7 @@ class PromptPrep:
     def __init__(self, tokenizer: Tokenizer, max_model_len: int) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
-        self.chars_per_token = max_chars_per_token(tokenizer.backend)
+        self.chars_per_token = max_chars_per_token(tokenizer.backend, tokenizer.token_bytes_table)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-prompt")
         if self.chars_per_token is None:
             logger.warning("prompt length bound: none for this tokenizer's pipeline (it may "

@@ -9,13 +9,11 @@ models' processes)."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 from dataclasses import dataclass
 
 from radixserve.frontend.models_dir.catalog import ModelEntry
-from radixserve.cpu.memory import mem_available
+from radixserve.cpu.memory import mem_available, trim_heap
 
 GIB = 1 << 30
 ENGINE_OVERHEAD_BYTES = 300 << 20  # an engine process's interpreter, torch and buffers
@@ -47,20 +45,7 @@ def reclaim() -> None:
     hand the freed heap back to the system (glibc's ``malloc_trim``), or RSS stays at its
     peak."""
     gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _libc():
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
-
-
-_LIBC = _libc()  # None off glibc (musl, macOS): the collection alone then
+    trim_heap()
 
 
 def gib(num_bytes: int) -> str:
