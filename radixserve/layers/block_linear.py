@@ -78,16 +78,19 @@ class BlockLinear(nn.Module):
     """``x`` [M, in_features] (any float dtype) → [M, out_features] in ``x``'s dtype. Build it
     with ``from_blocks`` (None where the native kernels do not load)."""
 
-    def __init__(self, parts: Sequence[tuple[GGMLQuantizationType, torch.Tensor]],
+    def __init__(self, parts: Sequence[tuple[GGMLQuantizationType, Sequence[torch.Tensor]]],
                  in_features: int, bias: torch.Tensor | None) -> None:
+        """``parts``: (file type, its matrices' GGUF bytes, rows stacked in output order) per
+        part, one part per run of matrices of one type."""
         super().__init__()
         self.in_features = in_features
-        self.out_features = sum(raw.shape[0] for _, raw in parts)
+        rows = [sum(raw.shape[0] for raw in raws) for _, raws in parts]
+        self.out_features = sum(rows)
         self.types = tuple(qtype.name for qtype, _ in parts)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         packed = []
-        for i, (qtype, raw) in enumerate(parts):
-            packed.append((FORMATS[qtype], pack(qtype, raw, in_features), raw.shape[0]))
+        for i, ((qtype, raws), n) in enumerate(zip(parts, rows)):
+            packed.append((FORMATS[qtype], pack(qtype, raws, in_features), n))
             self.register_buffer(f"packed{i}", packed[-1][1])
         self._native = ops.BlockWeight(packed, in_features, self.bias)  # the kernel's parts
 
@@ -100,7 +103,7 @@ class BlockLinear(nn.Module):
         if not parts:
             raise ValueError("a block linear needs at least one matrix")
         k = in_features
-        merged: list[tuple[GGMLQuantizationType, torch.Tensor]] = []
+        merged: list[tuple[GGMLQuantizationType, list[torch.Tensor]]] = []
         for qtype, raw in parts:
             qtype = GGMLQuantizationType(qtype)
             if qtype not in FORMATS:
@@ -116,9 +119,9 @@ class BlockLinear(nn.Module):
                 raise ValueError(f"{qtype.name} rows of {tuple(raw.shape)} {raw.dtype} do not "
                                  f"hold {k} weights each")
             if merged and merged[-1][0] == qtype:
-                merged[-1] = (qtype, torch.cat((merged[-1][1], raw)))
+                merged[-1][1].append(raw)
             else:
-                merged.append((qtype, raw))
+                merged.append((qtype, [raw]))
         return None if native.load() is None else cls(merged, k, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -146,18 +149,30 @@ def packed_bytes(qtype: GGMLQuantizationType, n: int, k: int) -> int:
     return -(-n // 16) * (k // (32 * u)) * (u * (256 + plane + per_block) + per_unit)
 
 
-def pack(qtype: GGMLQuantizationType, raw: torch.Tensor, k: int) -> torch.Tensor:
-    """A matrix's GGUF bytes ``raw`` [N, bytes per row] (rows in output order) → the kernel's
-    packed bytes (the layout in ``kernels/block_linear.cpp``; tile types: the file's blocks as
+def pack(qtype: GGMLQuantizationType, raw: torch.Tensor | Sequence[torch.Tensor],
+         k: int) -> torch.Tensor:
+    """A matrix's GGUF bytes ``raw`` [N, bytes per row] (rows in output order), or several
+    matrices of this type whose rows stack, → the kernel's packed bytes (the layout in
+    ``kernels/block_linear.cpp``; tile types: the file's blocks as
     [ceil(N / 16)][K / block][16 rows][block bytes], ``kernels/tile_linear.cpp``), uint8
     [packed_bytes(qtype, N, k)]: block formats by the native repack (``kernels/block_pack.cpp``),
-    16-bit ones here."""
+    16-bit ones here. Every layout is groups of 16 rows one after another, so stacked matrices
+    are packed one by one into their groups' place (no copy of their concatenation) where each
+    but the last fills whole groups."""
     qtype = GGMLQuantizationType(qtype)
-    n = raw.shape[0]
-    out = torch.empty(packed_bytes(qtype, n, k), dtype=torch.uint8)
-    if qtype in HALF_TYPES:
-        return _pack_half(raw, k, out)
-    return ops.block_pack(FORMATS[qtype], raw, k, out)
+    raws = [raw] if isinstance(raw, torch.Tensor) else list(raw)
+    out = torch.empty(packed_bytes(qtype, sum(r.shape[0] for r in raws), k), dtype=torch.uint8)
+    if any(r.shape[0] % 16 for r in raws[:-1]):  # a group of 16 rows would hold two of them
+        raws = [torch.cat(raws)]
+    start = 0
+    for r in raws:
+        end = start + packed_bytes(qtype, r.shape[0], k)
+        if qtype in HALF_TYPES:
+            _pack_half(r, k, out[start:end])
+        else:
+            ops.block_pack(FORMATS[qtype], r, k, out[start:end])
+        start = end
+    return out
 
 
 def _pack_half(raw: torch.Tensor, k: int, out: torch.Tensor) -> torch.Tensor:

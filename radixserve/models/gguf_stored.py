@@ -1,7 +1,8 @@
 """A GGUF model loaded as stored (``--quantization gguf``, what ``auto`` picks for quantized
 GGUF files on CPU): every quantized matrix becomes a `BlockLinear` on the file's own blocks,
-the token embedding keeps its stored rows and dequantizes the ones a step looks up (a head tied
-to it holds the only copy: the embedding reads the head's packed rows, layers/block_rows.py),
+the token embedding keeps its stored rows on the file's mapping and dequantizes the ones a
+step looks up (a head tied to it holds the only copy: the embedding reads the head's packed
+rows, layers/block_rows.py),
 and only the small float tensors (norms, biases) become float32.
 
 No float copy of a matrix exists at any point: the model is built on the meta device, each
@@ -17,7 +18,6 @@ hold 4 bytes a weight for no gain over the float model.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import mmap
 from collections.abc import Iterable
@@ -30,6 +30,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 from tqdm import tqdm
 
+from radixserve.cpu.memory import trim_heap
 from radixserve.model_config import ModelConfig
 from radixserve.models.tp_shard import TensorShard
 from radixserve.layers.block_linear import FORMATS, BlockLinear, packed_bytes
@@ -43,7 +44,10 @@ logger = logging.getLogger(__name__)
 
 class StoredEmbedding(nn.Module):
     """Token embedding on the file's rows: ``ids`` [T] → [T, dim] float32, each looked-up row
-    dequantized exactly as ``gguf_quant.dequantize`` gives it."""
+    dequantized exactly as ``gguf_quant.dequantize`` gives it. ``raw`` is a view of the file's
+    read-only mapping, as llama.cpp keeps its tables: only the pages of rows looked up are
+    read in (a 152k-row table is 125 MB at Q4_K, of which a conversation touches a few MB),
+    and they are the page cache's, shared with any other process reading the file."""
 
     def __init__(self, raw: torch.Tensor, qtype: GGMLQuantizationType, dim: int) -> None:
         super().__init__()
@@ -103,10 +107,9 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
         model.lm_head = _linear([embed], [], [None], unpermute_rows, requantized, pages)
     if tied and isinstance(model.lm_head, BlockLinear):
         model.embed_tokens = PackedEmbedding(model.lm_head)  # the table once, in the head
-    else:
-        model.embed_tokens = StoredEmbedding(_raw_rows(embed).clone(), embed.tensor_type,
+    else:  # the file's rows, mapped: only the rows looked up are ever read in
+        model.embed_tokens = StoredEmbedding(_raw_rows(embed), embed.tensor_type,
                                              config.hidden_size)
-        pages.release(embed)
     _store_tables_(model, tensors, pages)
     if requantized:
         logger.info("GGUF matrices stored as %s run in int8 (native as stored: the block "
@@ -129,9 +132,8 @@ def _store_tables_(model: nn.Module, tensors: dict, pages: _Pages) -> None:
     for name, child in list(model.named_children()):
         table = tensors.pop(f"{name}.weight", None) if isinstance(child, nn.Embedding) else None
         if table is not None:
-            setattr(model, name, StoredEmbedding(_raw_rows(table).clone(), table.tensor_type,
+            setattr(model, name, StoredEmbedding(_raw_rows(table), table.tensor_type,
                                                  _shape(table)[1]))
-            pages.release(table)
 
 
 def _say_tiles(model: nn.Module) -> None:
@@ -146,14 +148,6 @@ def _say_tiles(model: nn.Module) -> None:
     if note:
         (logger.info if level in VECTOR_TILE_LEVELS else logger.warning)(
             "GGUF matrices%s", note.replace(";", ":", 1))
-
-
-def trim_heap() -> None:
-    """Hand the load's freed transient memory back to the kernel (glibc keeps it otherwise)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 def _take(tensors: dict, name: str):
@@ -273,7 +267,8 @@ class _Pages:
 class MemoryPlan:
     """What loading a GGUF file as stored holds, in bytes, from its tensor table (no weights
     read): ``weights`` the packed matrices (``by_type`` per file type), ``embedding`` the stored
-    rows of a lookup table of its own (none where a packed head tied to it serves the lookups),
+    rows of a lookup table of its own (none where a packed head tied to it serves the lookups;
+    on the file's mapping, so at most this much, paged in as rows are looked up),
     ``floats`` the float32 tensors (norms, biases) and int8 copies of F32-stored matrices
     (F16 / BF16 ones are ``weights``, 2 bytes a weight), ``transient`` the most the load holds
     beyond them at once (the largest layer's rows gathered; the native repack writes straight

@@ -264,6 +264,25 @@ def test_native_repack_is_the_reference_layout_byte_for_byte(qtype, n):
         assert torch.equal(pack(qtype, rows, k), reference_pack(qtype, rows, k))
 
 
+@needs_native
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.F16, T.IQ4_XS],
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [(32, 16, 48), (32, 16, 5), (17, 32)])
+def test_stacked_matrices_pack_as_their_concatenation(qtype, rows):
+    """A fused layer's matrices of one type packed one by one into their groups' place (or,
+    where one would share a group of 16 rows with the next, concatenated first) give the
+    bytes of packing their concatenation."""
+    k = 256
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    gen = np.random.default_rng(sum(rows))
+    parts = [torch.from_numpy(gen.integers(0, 256, (n, k // block * size), dtype=np.uint8))
+             for n in rows]
+    if qtype in HALF_TYPES:  # finite 16-bit values
+        parts = [torch.randn(n, k).to(torch.float16 if qtype == T.F16 else torch.bfloat16)
+                 .view(torch.uint8).reshape(n, -1) for n in rows]
+    assert torch.equal(pack(qtype, parts, k), pack(qtype, torch.cat(parts), k))
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_packed_size_is_about_the_file_size(qtype):
     block, size = gguf.GGML_QUANT_SIZES[qtype]
@@ -370,6 +389,20 @@ def test_stored_embedding_rows_are_the_dequantized_table(arch, k_quant_files):
     table = dequantize(embd.data, embd.tensor_type, (model.config.vocab_size, 256))
     assert torch.equal(model.embed_tokens(ids), table[ids])
     assert torch.equal(model.embed_tokens.weight, table)
+    if arch == "llama":  # its own table stays on the file's mapping: no copy in memory
+        assert isinstance(model.embed_tokens, StoredEmbedding)
+        assert _mapped_file(model.embed_tokens.rows.data_ptr()) == str(path)
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file mapped at ``address`` in this process (/proc/self/maps), None if anonymous."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(a, 16) for a in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5].strip() if len(fields) > 5 else None
+    return None
     plan = memory_plan((t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
                        for t in gguf.GGUFReader(str(path)).tensors)
     assert plan.embedding == (0 if arch == "qwen2" else int(embd.n_bytes))  # tied: the head's
