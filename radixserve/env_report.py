@@ -152,6 +152,9 @@ def report(model: str | None, quantization: str = "auto",
         lines.append(f"  memory: weights {plan.steady / mb:.1f} MB as stored (file "
                      f"{plan.file / mb:.1f} MB), at most {plan.peak / mb:.1f} MB while "
                      "loading; plus the KV pool (--kv-cache-memory-gb)")
+        from radixserve.models.packed_cache import cache_line
+
+        lines.append(cache_line())
     if resolved == "16bit-stored":
         from radixserve.models.half_stored import stored_bytes
 

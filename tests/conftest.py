@@ -8,8 +8,15 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# derived-data caches (the GGUF tokenizer's) in a folder of this run, not the user's home
-os.environ.setdefault("RADIXSERVE_CACHE_DIR", __import__("tempfile").mkdtemp(prefix="rs-cache-"))
+# derived-data caches (the GGUF tokenizer's, packed weights) in a folder of this run, not the
+# user's home, removed when the run ends
+if "RADIXSERVE_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["RADIXSERVE_CACHE_DIR"] = tempfile.mkdtemp(prefix="rs-cache-")
+    atexit.register(shutil.rmtree, os.environ["RADIXSERVE_CACHE_DIR"], True)
 # every engine the tests start (servers' too) keeps the fixed 1 GiB pool, not a share of the
 # machine's memory (engine/kv_budget.py); tests of that default remove it
 os.environ.setdefault("RADIXSERVE_KV_CACHE_MEMORY_GB", "1")

@@ -44,8 +44,10 @@ from radixserve.engine.structured_manager import StructuredOutputManager
 from radixserve.engine.tp.group import TensorParallelGroup
 from radixserve.engine.tp.ranks import start_tensor_parallel
 from radixserve.kvdisk.setup import make_disk_tier
+from radixserve.layers.block_linear import REPACK
 from radixserve.models.half_stored import checkpoint_dtype
 from radixserve.models.cross_encoder_config import cross_encoder_config
+from radixserve.models.packed_cache import packed_store
 from radixserve.models.loader import (device_and_dtype, load_model, load_model_config,
                                       open_gguf)
 from radixserve.models.quantization import resolve_quantization
@@ -125,6 +127,7 @@ def build_engine_core(config: EngineConfig, source: ModelSource, show_progress: 
     engine = EngineCore(scheduler, engine_runner, model_config.vocab_size, config.seed,
                         structured, kv_events, config.lora.max_loras)
     engine.images = runner.images
+    engine.idle_work.append(model.packs.save_when_idle)  # the packed weights cache's entry
     for name, path in config.lora.adapters:  # --lora NAME=PATH
         engine.load_lora(name, path)
     return engine
@@ -153,8 +156,13 @@ def _load_shard(config: EngineConfig, source: ModelSource, model_config: ModelCo
         raise ValueError("device 'cuda' was asked for but CUDA is not available")
     quantization = resolve_quantization(config.device.quantization, device, reader,
                                         checkpoint_dtype(source))
+    packs = (packed_store(source.path) if quantization == "gguf" and not shard.is_split
+             else REPACK)
     model = load_model(source, model_config, device, dtype, reader, show_progress,
-                       quantization, shard)
+                       quantization, shard, packs)
+    model.packs = packs  # written once the engine is idle (EngineCore.idle)
+    if packs.loaded():
+        logger.info("%s", packs.loaded())
     return model, quantization
 
 

@@ -74,14 +74,37 @@ QUANT_BITS = {_T.Q4_0: 4, _T.Q4_1: 4, _T.Q4_K: 4, _T.Q5_0: 5, _T.Q5_1: 5, _T.Q5_
          _T.Q8_0: 8}
 
 
+class Repack:
+    """Where a load gets each matrix's packed bytes: packed now (this class, the null store),
+    or read from a cache of an earlier load's (models/packed_cache.py)."""
+
+    def packed(self, name: str, qtype: GGMLQuantizationType, raws: Sequence[torch.Tensor],
+               k: int) -> torch.Tensor:
+        """The packed bytes of the matrices ``raws`` (rows stacked, GGUF bytes of ``qtype``,
+        ``k`` columns), known as ``name`` (the tensors they come from)."""
+        return pack(qtype, raws, k)
+
+    def save_when_idle(self) -> None:
+        """Keep what this load packed, where the store does (on a thread of its own)."""
+
+    def loaded(self) -> str:
+        """What the load took from the store, for the start-up log ('' for nothing)."""
+        return ""
+
+
+REPACK = Repack()
+
+
 class BlockLinear(nn.Module):
     """``x`` [M, in_features] (any float dtype) → [M, out_features] in ``x``'s dtype. Build it
     with ``from_blocks`` (None where the native kernels do not load)."""
 
     def __init__(self, parts: Sequence[tuple[GGMLQuantizationType, Sequence[torch.Tensor]]],
-                 in_features: int, bias: torch.Tensor | None) -> None:
+                 in_features: int, bias: torch.Tensor | None, packs: Repack = REPACK,
+                 name: str = "") -> None:
         """``parts``: (file type, its matrices' GGUF bytes, rows stacked in output order) per
-        part, one part per run of matrices of one type."""
+        part, one part per run of matrices of one type; ``packs`` gives each part's packed
+        bytes, as ``name#i`` (``name``: the layer's tensors)."""
         super().__init__()
         self.in_features = in_features
         rows = [sum(raw.shape[0] for raw in raws) for _, raws in parts]
@@ -90,16 +113,19 @@ class BlockLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         packed = []
         for i, ((qtype, raws), n) in enumerate(zip(parts, rows)):
-            packed.append((FORMATS[qtype], pack(qtype, raws, in_features), n))
+            packed.append((FORMATS[qtype], packs.packed(f"{name}#{i}", qtype, raws,
+                                                        in_features), n))
             self.register_buffer(f"packed{i}", packed[-1][1])
         self._native = ops.BlockWeight(packed, in_features, self.bias)  # the kernel's parts
 
     @classmethod
     def from_stored(cls, parts: Sequence[tuple[GGMLQuantizationType, torch.Tensor]],
-                    in_features: int, bias: torch.Tensor | None = None) -> BlockLinear | None:
+                    in_features: int, bias: torch.Tensor | None = None,
+                    packs: Repack = REPACK, name: str = "") -> BlockLinear | None:
         """``parts``: (file type, the matrix's GGUF bytes [n_i, bytes per row] uint8, rows in
         output order) per matrix stacked in the layer; consecutive parts of one type are packed
-        as one. ValueError on types or shapes that do not fit."""
+        as one, by ``packs`` (the matrices known together as ``name``: a cache's key, unique
+        per layer of one file). ValueError on types or shapes that do not fit."""
         if not parts:
             raise ValueError("a block linear needs at least one matrix")
         k = in_features
@@ -122,7 +148,7 @@ class BlockLinear(nn.Module):
                 merged[-1][1].append(raw)
             else:
                 merged.append((qtype, [raw]))
-        return None if native.load() is None else cls(merged, k, bias)
+        return None if native.load() is None else cls(merged, k, bias, packs, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = ops.block_linear(x.float().contiguous(), self._native)

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from radixserve.cpu.memory import trim_heap
 from radixserve.model_config import ModelConfig
 from radixserve.models.tp_shard import TensorShard
-from radixserve.layers.block_linear import FORMATS, BlockLinear, packed_bytes
+from radixserve.layers.block_linear import REPACK, FORMATS, BlockLinear, Repack, packed_bytes
 from radixserve.layers.block_rows import PackedEmbedding
 from radixserve.layers.int8_linear import Int8Linear
 from radixserve.layers.gguf_quant import dequantize, to_torch
@@ -69,14 +69,17 @@ class StoredEmbedding(nn.Module):
 
 def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.device,
                 hf_name, unpermute_rows, show_progress: bool = True,
-                shard: TensorShard = TensorShard(), layout=None) -> nn.Module:
+                shard: TensorShard = TensorShard(), layout=None,
+                packs: Repack = REPACK) -> nn.Module:
     """Fill ``model`` (built on the meta device) from the GGUF ``reader`` as stored.
     ``hf_name``: GGUF tensor name → HF name (None to skip); ``unpermute_rows(n, heads)``: the
     row order that undoes llama.cpp's Q/K permutation, or None for architectures without it;
     ``shard``: the tensor-parallel rank's rows and columns of each matrix (``config`` is the
     whole model's shape); ``layout``: where the converter reordered or changed tensors beyond
     that (models/qwen35_gguf.py's ``Qwen35Gguf``: a matrix's ``row_order``, a layer's
-    ``wrap`` for input columns in the file's order, the float tensors' ``to_hf``), or None.
+    ``wrap`` for input columns in the file's order, the float tensors' ``to_hf``), or None;
+    ``packs``: where each layer's packed bytes come from (models/packed_cache.py), keyed by
+    its HF name.
     ValueError for a missing tensor or one of an unsupported type."""
     tensors = {}
     for t in reader.tensors:  # a 3-D expert tensor as one view per expert
@@ -97,14 +100,15 @@ def load_stored(model: nn.Module, reader, config: ModelConfig, device: torch.dev
         biases = [_take(tensors, f"{s}.bias") for s in shards] if bias is not None else []
         heads = [_heads(config, s) for s in shards]
         layer = _linear(weights, biases, heads, unpermute_rows, requantized, pages, shard, shards,
-                        layout)
+                        layout, packs, base)
         setattr(parent, name, layout.wrap(base, layer) if layout else layer)
     embed = tensors.pop("embed_tokens.weight", None)
     if embed is None:
         raise ValueError("weights missing from the checkpoint: ['embed_tokens.weight']")
     tied = getattr(model, "lm_head", False) is None
     if tied:  # the head multiplies the stored table
-        model.lm_head = _linear([embed], [], [None], unpermute_rows, requantized, pages)
+        model.lm_head = _linear([embed], [], [None], unpermute_rows, requantized, pages,
+                                packs=packs, name="lm_head")
     if tied and isinstance(model.lm_head, BlockLinear):
         model.embed_tokens = PackedEmbedding(model.lm_head)  # the table once, in the head
     else:  # the file's rows, mapped: only the rows looked up are ever read in
@@ -176,7 +180,8 @@ def _matrix_shape(tensor) -> tuple[int, int]:
 
 def _linear(weights: list, biases: list, heads: list, unpermute_rows, requantized: list,
             pages: _Pages, shard: TensorShard = TensorShard(),
-            names: list[str] | None = None, layout=None) -> nn.Module:
+            names: list[str] | None = None, layout=None, packs: Repack = REPACK,
+            name: str = "") -> nn.Module:
     """One layer from its shards' GGUF tensors (HF ``names``, for ``shard``'s part of each): a
     BlockLinear when every shard's type has a part kind (block quantized, F16, BF16), else
     int8 on the dequantized matrices (a shard stored as F32 / F64)."""
@@ -201,7 +206,7 @@ def _linear(weights: list, biases: list, heads: list, unpermute_rows, requantize
         raw, k_local = shard.take_stored(f"{s}.weight", _rows(_raw_rows(t), order), k, block,
                                          type_size)
         parts.append((t.tensor_type, raw))
-    layer = BlockLinear.from_stored(parts, k_local, bias)
+    layer = BlockLinear.from_stored(parts, k_local, bias, packs, name)
     for t in weights:
         pages.release(t)
     if layer is None:

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from radixserve.config import DTYPES, DeviceConfig
 from radixserve.models.tp_shard import TensorShard
+from radixserve.layers.block_linear import REPACK, Repack
 from radixserve.layers.gguf_quant import dequantize
 from radixserve.models.gguf_stored import load_stored
 from radixserve.models.moe import (GGUF_EXPERT_NAMES, moe_from_gguf, moe_from_hf,
@@ -56,13 +57,14 @@ def load_model_config(source: ModelSource, reader=None) -> ModelConfig:
 def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
                dtype: torch.dtype, reader=None, show_progress: bool = True,
                quantization: str = "none",
-               shard: TensorShard = TensorShard()) -> torch.nn.Module:
+               shard: TensorShard = TensorShard(), packs: Repack = REPACK) -> torch.nn.Module:
     """The model with its weights loaded; ``quantization``: a resolved name, "none", "int8",
     "gguf" or "16bit-stored" (see models/quantization.py; "gguf": the file's matrices as
     stored, "16bit-stored": a float16 / bfloat16 folder's linear weights in 16 bits; no float
     copy of those matrices either way). ``shard``: the tensor-parallel rank's share to build
     and load (models/tp_shard.py; the default keeps the whole model); its ``config`` is
-    then the rank's shape."""
+    then the rank's shape. ``packs``: where a GGUF's packed matrices come from ("gguf":
+    models/packed_cache.py)."""
     cls = get_model_class(config.architecture)
     with torch.device("meta"):
         model = cls(shard.local_config(config))
@@ -71,7 +73,8 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device,
         reader = reader or open_gguf(source.path)
         layout = _gguf_layout(config)
         load_stored(model, reader, config, device, _gguf_namer(config, reader),
-                    unpermute_rows if unpermute else None, show_progress, shard, layout)
+                    unpermute_rows if unpermute else None, show_progress, shard, layout,
+                    packs)
         return shard.wrap_row_parallel_(model.eval())
     if quantization == "16bit-stored":
         family = family_of(config.architecture)
