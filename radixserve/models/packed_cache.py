@@ -8,8 +8,9 @@ read each matrix's packed bytes in place (the file's pages, like llama.cpp's map
 shared with the page cache, read in as the kernels touch them).
 
 An entry is two files in ``<cache folder>/packed/`` named by a key: a hash of the GGUF file's
-identity (path, size, modification time, inode), the tensor-parallel shard, the kernel library
-that packs (each CPU level's own file) and the Python code of ``pack``. Any change to one is a
+identity (path, size, modification time, inode) and of 33 samples of its bytes (4 KiB each,
+evenly spaced), the tensor-parallel shard, the kernel library that packs (each CPU level's own
+file) and the Python code of ``pack``. Any change to one is a
 new entry, never a stale one. ``<key>.bin`` holds the packed matrices, each at a 4 KiB
 boundary; ``<key>.json`` lists them by the GGUF tensors each was packed from (name, type,
 rows, columns, offset, bytes). A matrix the index does not list, or lists with another shape,
@@ -245,14 +246,23 @@ def _budget() -> int | None:
     return int(gb * (1 << 30))
 
 
+SAMPLES, SAMPLE_BYTES = 32, 4096
+
+
 def _key(path: str, shard: TensorShard) -> str:
     """The entry's key (see the module docstring). OSError if the file cannot be read."""
-    st = os.stat(path)
     key = hashlib.sha256()
-    for part in (VERSION, os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino,
-                 shard.rank, shard.size, inspect.getsource(block_linear.pack),
-                 inspect.getsource(block_linear._pack_half)):
-        key.update(repr(part).encode())
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        for part in (VERSION, os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino,
+                     shard.rank, shard.size, inspect.getsource(block_linear.pack),
+                     inspect.getsource(block_linear._pack_half)):
+            key.update(repr(part).encode())
+        # and samples of the bytes: a file rewritten within the clock's tick (same size and
+        # modification time) is another entry as well
+        for i in range(SAMPLES + 1):
+            f.seek(min(i * st.st_size // SAMPLES, max(st.st_size - SAMPLE_BYTES, 0)))
+            key.update(f.read(SAMPLE_BYTES))
     library = native.describe().path
     if library is not None:
         key.update(Path(library).read_bytes())

@@ -99,6 +99,14 @@ def test_a_changed_file_is_a_new_entry(gguf_file, tmp_path, cache_dir):
     assert again.key != first.key
     _load(copy, again)
     assert again.hits == 0
+    # rewritten in place within the clock's tick: same size, time and inode, other bytes
+    stat = copy.stat()
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a sampled byte (32 evenly spaced samples)
+    copy.write_bytes(bytes(data))
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert copy.stat().st_ino == stat.st_ino
+    assert packed_store(str(copy)).key != again.key
 
 
 def test_a_damaged_entry_is_packed_again(gguf_file, cache_dir, caplog):
