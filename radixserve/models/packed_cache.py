@@ -161,7 +161,7 @@ class PackedCache(Repack):
             logger.info("packed weights cache: %.1f GiB do not fit its budget (%s); each "
                         "start packs the weights again", end / (1 << 30), ENV)
             return False
-        tmp = self.bin_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = self.bin_path.with_name(f"{self.bin_path.name}.{os.getpid()}.tmp")
         try:
             with open(tmp, "wb") as f:
                 for name, (entry, data) in self._kept.items():
@@ -171,7 +171,7 @@ class PackedCache(Repack):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.bin_path)
-            index_tmp = self.index_path.with_suffix(f".{os.getpid()}.tmp")
+            index_tmp = self.index_path.with_name(f"{self.index_path.name}.{os.getpid()}.tmp")
             index_tmp.write_text(json.dumps({"version": VERSION, "bytes": end,
                                              "matrices": layout}))
             os.replace(index_tmp, self.index_path)
@@ -184,6 +184,7 @@ class PackedCache(Repack):
     def _make_room(self, size: int) -> bool:
         """Evict the least recently used other entries until ``size`` more bytes fit the
         budget; False where they cannot."""
+        _remove_orphans(self.folder)
         budget = self.budget if self.budget is not None else min(
             DEFAULT_BUDGET, shutil.disk_usage(self.folder).free // 2)
         entries = sorted((p for p in self.folder.glob("*.json") if p.stem != self.key),
@@ -212,6 +213,18 @@ def cache_line() -> str:
     if budget == 0:
         return f"  packed weights cache: off ({ENV}=0): every start packs the weights"
     return f"  packed weights cache: {cache_dir() / 'packed'} ({_budget_text()})"
+
+
+def _remove_orphans(folder: Path) -> None:
+    """Delete the partial files of writes whose process is gone (one stopped mid-write)."""
+    for tmp in folder.glob("*.tmp"):
+        try:
+            pid = int(tmp.suffixes[-2].lstrip("."))
+            os.kill(pid, 0)  # alive (maybe writing): keep
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except (ValueError, IndexError, OSError):
+            continue
 
 
 def _entry_bytes(index: Path) -> int:

@@ -161,6 +161,20 @@ def test_the_budget(gguf_file, tmp_path, cache_dir, monkeypatch):
     assert new.bin_path.exists() and not old.bin_path.exists() and not old.index_path.exists()
 
 
+def test_a_write_cut_short_leaves_nothing_read_and_its_file_is_removed(gguf_file, cache_dir):
+    first = packed_store(str(gguf_file))
+    _load(gguf_file, first)
+    dead = 2 ** 22 + 12345  # above pid_max's default: no such process
+    orphan = cache_dir / f"{first.key}.bin.{dead}.tmp"
+    mine = cache_dir / f"another.bin.{os.getpid()}.tmp"  # another load of this process
+    cache_dir.mkdir(parents=True)
+    orphan.write_bytes(b"partial")
+    mine.write_bytes(b"partial")
+    assert packed_store(str(gguf_file)).hits == 0  # no index: not an entry
+    assert first.save()
+    assert not orphan.exists() and mine.exists()  # a live writer's file is kept
+
+
 def test_the_engine_writes_the_entry_once_idle_and_reads_it_next_start(gguf_file, cache_dir):
     prompt = [1, 5, 9, 200, 17, 33]
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=1)
