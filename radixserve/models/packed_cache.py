@@ -99,10 +99,13 @@ class PackedCache(Repack):
                         or size == 0):
                     raise ValueError("the index does not describe the data file")
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if not all(isinstance(e, dict) and isinstance(e.get("offset"), int)
+                       for e in index["matrices"].values()):
+                raise ValueError("malformed matrices")
             self._index = index["matrices"]
         except FileNotFoundError:
             pass
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             logger.warning("packed weights cache entry %s unreadable (%s); packing again",
                            self.index_path, exc)
             return
@@ -112,6 +115,8 @@ class PackedCache(Repack):
             pass
 
     def loaded(self) -> str:
+        if not self.hits + self.misses:
+            return ""
         if self.misses:
             return (f"packed weights: {self.hits} of {self.hits + self.misses} matrices read "
                     f"from the cache, the rest packed (the entry {self.bin_path} is written "
