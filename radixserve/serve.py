@@ -43,7 +43,7 @@ from radixserve.cluster.engine_supervisor import RestartPolicy
 from radixserve.cluster.ray_executor import RayPlacement, require_ray
 from radixserve.cluster.replica_set import ReplicaSet
 from radixserve.cpu.memory import trim_heap
-from radixserve.engine.core_proc import build_engine
+from radixserve.engine.core_proc import QUIET_S, build_engine
 from radixserve.engine.kv_events import with_replica_rank
 from radixserve.frontend.app import build_app
 from radixserve.frontend.async_llm import AsyncLLM
@@ -282,7 +282,8 @@ async def _serve(args, builds, tables, name, embedding, prestarted=None) -> int:
               f"reasoning: {reasoning_name or 'none'}; tool calls: {tool_format})",
               file=sys.stderr, flush=True)
         startup_trace.end()
-        warm = asyncio.ensure_future(validator.warm_when_quiet(lambda: client.num_in_flight))
+        warm = asyncio.ensure_future(validator.warm_when_quiet(lambda: client.num_in_flight,
+                                                             quiet_s=QUIET_S))
         try:
             await server.serve()
         finally:

@@ -43,6 +43,10 @@ from radixserve.messages import (
     LoraAdapterCall, LoraReply, ResetPrefixCache, Shutdown)
 
 _IDLE_POLL_MS = 1000
+# the engine's idle work (EngineCore.idle: warm-ups holding the GIL for a few tenths of a second
+# at a time) waits for this long without a message or a step: a client pausing a second
+# between requests (benchmark loops, evaluators) no longer meets it with its next request
+QUIET_S = 3.0
 _SEND_TIMEOUT_MS = 1000
 HEARTBEAT_S = 1.0  # a step's sign of life between its layers, at most this often
 
@@ -218,9 +222,13 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
     decoder = msgspec.msgpack.Decoder(EngineInput)
     heartbeat = Heartbeat(out, encoder, parent)
     layer_progress.install(heartbeat)
+    quiet_since = time.monotonic()
     while True:
         busy = engine.has_unfinished_requests()
+        if busy:
+            quiet_since = time.monotonic()
         if inp.poll(0 if busy else _IDLE_POLL_MS):
+            quiet_since = time.monotonic()
             errors, state, resets, loras = [], None, [], []
             while True:
                 try:
@@ -263,7 +271,7 @@ def _loop(engine, inp: zmq.Socket, out: zmq.Socket, encoder, parent: int) -> Non
             if os.getppid() != parent:
                 return  # orphaned: the API process is gone
             idle = getattr(engine, "idle", None)  # (the mock engine has no warm-up)
-            if idle is not None:
+            if idle is not None and time.monotonic() - quiet_since >= QUIET_S:
                 idle()
         if engine.has_unfinished_requests():
             outputs = engine.step()
