@@ -10,7 +10,7 @@ shared with the page cache, read in as the kernels touch them).
 An entry is two files in ``<cache folder>/packed/`` named by a key: a hash of the GGUF file's
 identity (path, size, modification time, inode) and of 33 samples of its bytes (4 KiB each,
 evenly spaced), the tensor-parallel shard, the kernel library that packs (each CPU level's own
-file) and the Python code of ``pack``. Any change to one is a
+file) and the Python code that packs (``layers/block_linear.py``). Any change to one is a
 new entry, never a stale one. ``<key>.bin`` holds the packed matrices, each at a 4 KiB
 boundary; ``<key>.json`` lists them by the GGUF tensors each was packed from (name, type,
 rows, columns, offset, bytes). A matrix the index does not list, or lists with another shape,
@@ -273,8 +273,7 @@ def _key(path: str, shard: TensorShard) -> str:
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
         for part in (VERSION, os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino,
-                     shard.rank, shard.size, inspect.getsource(block_linear.pack),
-                     inspect.getsource(block_linear._pack_half)):
+                     shard.rank, shard.size, inspect.getsource(block_linear)):
             key.update(repr(part).encode())
         # and samples of the bytes: a file rewritten within the clock's tick (same size and
         # modification time) is another entry as well
