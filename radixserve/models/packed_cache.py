@@ -20,8 +20,10 @@ write was cut short has no index and is never read.
 The write waits until the engine has been idle (``EngineCore.idle``), on a thread of its own
 at background priority. The folder is held to a budget, ``RADIXSERVE_PACKED_CACHE_GB`` (default
 the smaller of 64 GiB and half the disk's free space; 0 turns the cache off): the least
-recently used entries go first, and an entry that does not fit is not written. A folder that
-cannot be written (a read-only home) only makes every start pack again.
+recently used entries go first, and an entry that does not fit is not written. Writing a
+file's entry removes its older ones (from before the file, the code or the kernel level
+changed): one entry per file at a time. A folder that cannot be written (a read-only home)
+only makes every start pack again.
 """
 
 from __future__ import annotations
@@ -67,15 +69,17 @@ def packed_store(path: str, shard: TensorShard = TensorShard()) -> Repack:
         key = _key(path, shard)
     except OSError:
         return REPACK
-    return PackedCache(cache_dir() / "packed", key, budget)
+    return PackedCache(cache_dir() / "packed", key, budget, os.path.realpath(path))
 
 
 class PackedCache(Repack):
     """One GGUF file's packed matrices on disk (see the module docstring). Not thread-safe
     while loading (the loader's thread); ``save_when_idle`` hands the work to a thread."""
 
-    def __init__(self, folder: Path, key: str, budget: int | None) -> None:
-        self.folder, self.key, self.budget = folder, key, budget
+    def __init__(self, folder: Path, key: str, budget: int | None, source: str = "") -> None:
+        """``source``: the GGUF file's resolved path (its other entries, from an older file
+        or older code, are removed when this one is written)."""
+        self.folder, self.key, self.budget, self.source = folder, key, budget, source
         self._index: dict[str, dict] = {}
         self._map: mmap.mmap | None = None
         self._kept: dict[str, tuple[dict, torch.Tensor]] = {}  # name -> (entry, bytes)
@@ -178,7 +182,7 @@ class PackedCache(Repack):
             os.replace(tmp, self.bin_path)
             index_tmp = self.index_path.with_name(f"{self.index_path.name}.{os.getpid()}.tmp")
             index_tmp.write_text(json.dumps({"version": VERSION, "bytes": end,
-                                             "matrices": layout}))
+                                             "source": self.source, "matrices": layout}))
             os.replace(index_tmp, self.index_path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -194,13 +198,28 @@ class PackedCache(Repack):
             DEFAULT_BUDGET, shutil.disk_usage(self.folder).free // 2)
         entries = sorted((p for p in self.folder.glob("*.json") if p.stem != self.key),
                          key=lambda p: p.stat().st_mtime)
+        for stale in [p for p in entries if self.source and _source(p) == self.source]:
+            entries.remove(stale)  # this file's entry from before (the file or the code changed)
+            _remove(stale)
         used = sum(_entry_bytes(p) for p in entries)
         while entries and used + size > budget:
             oldest = entries.pop(0)
             used -= _entry_bytes(oldest)
-            oldest.unlink(missing_ok=True)  # the index first: the entry is gone from then on
-            oldest.with_suffix(".bin").unlink(missing_ok=True)
+            _remove(oldest)
         return used + size <= budget
+
+
+def _remove(index: Path) -> None:
+    index.unlink(missing_ok=True)  # the index first: the entry is gone from then on
+    index.with_suffix(".bin").unlink(missing_ok=True)
+
+
+def _source(index: Path) -> str | None:
+    """The GGUF file an entry was packed from (None if its index cannot be read)."""
+    try:
+        return json.loads(index.read_text()).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _budget_text() -> str:

@@ -88,7 +88,7 @@ def test_a_second_load_reads_every_matrix_from_the_entry_in_place(gguf_file, cac
     assert torch.equal(_outputs(fresh), _outputs(cached))  # the kernels read it as packed
 
 
-def test_a_changed_file_is_a_new_entry(gguf_file, tmp_path, cache_dir):
+def test_a_changed_file_is_a_new_entry_that_replaces_the_old(gguf_file, tmp_path, cache_dir):
     copy = tmp_path / "copy.gguf"
     copy.write_bytes(gguf_file.read_bytes())
     first = packed_store(str(copy))
@@ -99,6 +99,11 @@ def test_a_changed_file_is_a_new_entry(gguf_file, tmp_path, cache_dir):
     assert again.key != first.key
     _load(copy, again)
     assert again.hits == 0
+    other = packed_store(str(gguf_file))  # another file's entry stays
+    _load(gguf_file, other)
+    assert other.save() and again.save()
+    assert not first.bin_path.exists() and not first.index_path.exists()
+    assert other.bin_path.exists()
     # rewritten in place within the clock's tick: same size, time and inode, other bytes
     stat = copy.stat()
     data = bytearray(copy.read_bytes())
