@@ -161,8 +161,8 @@ def _load_shard(config: EngineConfig, source: ModelSource, model_config: ModelCo
     model = load_model(source, model_config, device, dtype, reader, show_progress,
                        quantization, shard, packs)
     model.packs = packs  # written once the engine is idle (EngineCore.idle)
-    if packs.loaded():
-        logger.info("%s", packs.loaded())
+    if loaded := packs.loaded():
+        logger.info("%s", loaded)
     return model, quantization
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from block_pack_reference import reference_pack
 from kquants import quantize
+from mapped_files import mapped_file
 from test_numerics import PagedSeqs, make_runner
 from tiny_models import hf_to_gguf, make_hf_model
 
@@ -391,18 +392,7 @@ def test_stored_embedding_rows_are_the_dequantized_table(arch, k_quant_files):
     assert torch.equal(model.embed_tokens.weight, table)
     if arch == "llama":  # its own table stays on the file's mapping: no copy in memory
         assert isinstance(model.embed_tokens, StoredEmbedding)
-        assert _mapped_file(model.embed_tokens.rows.data_ptr()) == str(path)
-
-
-def _mapped_file(address: int) -> str | None:
-    """The file mapped at ``address`` in this process (/proc/self/maps), None if anonymous."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            start, end = (int(a, 16) for a in fields[0].split("-"))
-            if start <= address < end:
-                return fields[5].strip() if len(fields) > 5 else None
-    return None
+        assert mapped_file(model.embed_tokens.rows.data_ptr()) == str(path)
     plan = memory_plan((t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
                        for t in gguf.GGUFReader(str(path)).tensors)
     assert plan.embedding == (0 if arch == "qwen2" else int(embd.n_bytes))  # tied: the head's

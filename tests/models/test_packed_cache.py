@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from mapped_files import mapped_file
 from tiny_models import hf_to_gguf, make_hf_model
 
 from radixserve import LLM, SamplingParams
@@ -52,16 +53,6 @@ def _packed(model) -> dict[str, torch.Tensor]:
             if isinstance(m, BlockLinear) for b, buf in m.named_buffers() if b.startswith("packed")}
 
 
-def _mapped_file(address: int) -> str | None:
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            start, end = (int(a, 16) for a in fields[0].split("-"))
-            if start <= address < end:
-                return fields[5].strip() if len(fields) > 5 else None
-    return None
-
-
 def _outputs(model, ids=(1, 5, 9, 200, 17)) -> torch.Tensor:
     """Every layer taking the hidden width, on a few embedding rows: the kernels' reading of
     the packed bytes."""
@@ -84,7 +75,7 @@ def test_a_second_load_reads_every_matrix_from_the_entry_in_place(gguf_file, cac
     assert second.hits == first.misses and second.misses == 0
     a, b = _packed(fresh), _packed(cached)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert all(_mapped_file(t.data_ptr()) == str(second.bin_path) for t in b.values())
+    assert all(mapped_file(t.data_ptr()) == str(second.bin_path) for t in b.values())
     assert torch.equal(_outputs(fresh), _outputs(cached))  # the kernels read it as packed
 
 
